@@ -1,0 +1,50 @@
+"""ddptui: launch PyTorch DDP runs and watch every rank live.
+
+The public reporting API for training scripts. Importing this module is cheap: no Textual,
+no torch, no CUDA initialisation. Both calls are no-ops unless the script runs under ddptui
+(which sets ``DDPTUI_ENDPOINT``), so the same script runs unchanged under plain torchrun::
+
+    import ddptui
+    ddptui.log(loss=loss.item(), samples=len(batch))     # one training step on this rank
+    ddptui.log_eval(accuracy=acc, loss=val_loss)         # an all-reduced evaluation
+
+Rank, step number, timing and throughput are derived; ``epoch=`` is optional; any extra
+keyword metrics are carried along in the event's ``metrics``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["log", "log_eval", "started", "finished"]
+__version__ = "0.1.0"
+
+
+def log(**metrics: Any) -> None:
+    """Report one training step on this rank (``loss``, ``samples``, ``epoch``, extras)."""
+    from ddptui.reporter import get_reporter  # cached after the first call
+
+    get_reporter().log(**metrics)
+
+
+def log_eval(**metrics: Any) -> None:
+    """Report an all-reduced evaluation (``accuracy``, ``loss``, ``count``, ``epoch``)."""
+    from ddptui.reporter import get_reporter
+
+    get_reporter().log_eval(**metrics)
+
+
+def started(device: str | None = None, device_uuid: str | None = None,
+            epochs: int | None = None) -> None:
+    """Announce this rank with its device and planned epochs (optional: the first ``log``
+    announces the rank too, without them)."""
+    from ddptui.reporter import get_reporter
+
+    get_reporter().started(device=device, device_uuid=device_uuid, epochs=epochs)
+
+
+def finished(error: str | None = None) -> None:
+    """Announce that this rank finished, or failed with ``error`` (optional: done at exit)."""
+    from ddptui.reporter import get_reporter
+
+    get_reporter().finished(error=error)

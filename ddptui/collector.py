@@ -1,0 +1,95 @@
+"""The ddptui side of telemetry: one PULL socket, validated events out.
+
+Bound to 127.0.0.1 on a free port by default. Every message is size-capped and decoded
+against the schema; malformed, foreign (another run id) and oversized messages are counted
+and ignored — they never stop the collector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import zmq
+
+from ddptui import protocol
+
+#: libzmq drops a peer that sends more than this, before it reaches us (memory safety);
+#: anything between MAX_MESSAGE_BYTES and this is received and counted as oversized.
+_SOCKET_MAX_BYTES = 4 * protocol.MAX_MESSAGE_BYTES
+
+
+@dataclass
+class CollectorStats:
+    received: int = 0
+    malformed: int = 0
+    foreign: int = 0
+    oversized: int = 0
+
+    @property
+    def rejected(self) -> int:
+        return self.malformed + self.foreign + self.oversized
+
+
+class Collector:
+    """PULL socket owned by ddptui. ``endpoint`` goes to the ranks as ``DDPTUI_ENDPOINT``."""
+
+    def __init__(self, run_id: str, host: str = "127.0.0.1", port: int = 0,
+                 max_batch: int = 10_000, receive_hwm: int = 100_000) -> None:
+        self.run_id = run_id
+        self.max_batch = max_batch
+        self.stats = CollectorStats()
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.RCVHWM, receive_hwm)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, _SOCKET_MAX_BYTES)
+        if port:
+            self._socket.bind(f"tcp://{host}:{port}")
+        else:
+            self._socket.bind(f"tcp://{host}:0")
+        self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+
+    def poll(self, timeout: float = 0.1) -> list[protocol.AnyEvent]:
+        """Wait up to ``timeout`` seconds for messages, then drain what is queued."""
+        events: list[protocol.AnyEvent] = []
+        if not self._poller.poll(int(timeout * 1000)):
+            return events
+        recv = self._socket.recv
+        for _ in range(self.max_batch):
+            try:
+                data = recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            event = self.accept(data)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def accept(self, data: bytes) -> protocol.AnyEvent | None:
+        """Validate one raw message; count and drop it if it is not an event of this run."""
+        if len(data) > protocol.MAX_MESSAGE_BYTES:
+            self.stats.oversized += 1
+            return None
+        try:
+            event = protocol.decode(data)
+        except protocol.InvalidEvent:
+            self.stats.malformed += 1
+            return None
+        if event.run != self.run_id:
+            self.stats.foreign += 1
+            return None
+        self.stats.received += 1
+        return event
+
+    def close(self) -> None:
+        if not self._socket.closed:
+            self._socket.close(linger=0)
+        self._context.term()
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,120 @@
+"""The launcher-side child process: ``python -m ddptui.launch.drivers spawn|torchrun …``.
+
+It runs in its own session, starts the ranks with torch.multiprocessing (mp.spawn's
+``start_processes``) or torch.distributed.run (torchrun), and on a rank failure writes the
+first failing rank, its exit code and signal name to ``--result`` (JSON) before exiting 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from ddptui.launch.rank_entry import die_with_parent, threads_per_rank
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_result(path: str | None, **result: object) -> None:
+    if not path:
+        return
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="ddptui-driver")
+    parser.add_argument("kind", choices=("spawn", "torchrun"))
+    parser.add_argument("--nprocs", type=int, required=True)
+    parser.add_argument("--run-dir")
+    parser.add_argument("--result")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--module")
+    target.add_argument("--script")
+    rest: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, rest = argv[:split], argv[split + 1:]
+    return parser.parse_args(argv), rest
+
+
+def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ["OMP_NUM_THREADS"] = str(threads_per_rank(opts.nprocs))
+    if opts.module and "--init-method" not in args:
+        args = [*args, "--init-method", f"tcp://127.0.0.1:{port}"]
+    from ddptui.launch.rank_entry import spawn_worker
+
+    context = mp.start_processes(
+        spawn_worker,
+        args=(opts.nprocs, opts.module, opts.script, args, opts.run_dir),
+        nprocs=opts.nprocs,
+        join=False,
+        start_method="spawn",
+    )
+    try:
+        while not context.join(timeout=0.2, grace_period=2.0):
+            pass
+    except mp.ProcessExitedException as exc:
+        write_result(opts.result, rank=exc.error_index, exit_code=exc.exit_code,
+                     signal=exc.signal_name, pid=exc.error_pid)
+        return 1
+    except mp.ProcessRaisedException as exc:
+        last = str(exc).strip().splitlines()[-1:] or [""]
+        write_result(opts.result, rank=exc.error_index, exit_code=1, signal=None,
+                     pid=exc.error_pid, error=last[0])
+        return 1
+    return 0
+
+
+def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    target = ["-m", "ddptui.launch.rank_entry"]
+    target += ["--run-dir", opts.run_dir] if opts.run_dir else []
+    target += ["--module", opts.module] if opts.module else ["--script", opts.script]
+    torchrun_args = torchrun.parse_args([
+        "--standalone",
+        "--nnodes", "1",
+        "--nproc-per-node", str(opts.nprocs),
+        "--max-restarts", "0",
+        "--monitor-interval", "0.1",
+        *target, "--", *args,
+    ])
+    try:
+        torchrun.run(torchrun_args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        signal_name = failure.signal_name() if failure.exitcode < 0 else None
+        message = failure.message if isinstance(failure.message, str) else None
+        if message and message.startswith(("To enable traceback", "Signal ")):
+            message = None
+        write_result(opts.result, rank=rank, exit_code=failure.exitcode, signal=signal_name,
+                     pid=failure.pid, error=message)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, args = _parse(list(sys.argv[1:] if argv is None else argv))
+    die_with_parent()  # ddptui gone → tear the run down
+    if opts.kind == "spawn":
+        return run_spawn(opts, args)
+    return run_torchrun(opts, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The telemetry wire protocol: typed, versioned events; encode, decode, validate.
+
+Ranks send events as msgpack over ZeroMQ; ddptui writes the same events as JSON lines
+(``events.jsonl``). Nothing here ever unpickles: decoding is schema-driven (msgspec), so a
+message is either a well-formed event of a known kind or it is rejected.
+
+Every event carries ``v`` (schema version), ``run`` (run id), ``rank``, ``kind``, ``t``
+(wall-clock seconds since the epoch, for display) and ``seq`` (a per-rank counter; a gap in
+it means events were dropped on the way).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+#: Largest message accepted from a socket; anything bigger is counted as oversized.
+MAX_MESSAGE_BYTES = 64 * 1024
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Metric = float | int | str | bool | None
+
+
+class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=False):
+    """Fields shared by every event."""
+
+    v: int = SCHEMA_VERSION
+    run: Annotated[str, msgspec.Meta(max_length=128)]
+    rank: NonNegInt
+    t: float
+    seq: NonNegInt
+
+
+RankState = Literal["started", "finished", "failed"]
+
+
+class Status(Event, tag="status"):
+    """A rank's lifecycle: started (with where it runs), finished, or failed (with why)."""
+
+    state: RankState
+    pid: int | None = None
+    host: str | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    #: Planned number of epochs (for progress and ETA), when the script knows it.
+    epochs: int | None = None
+    device: str | None = None
+    device_uuid: str | None = None
+    error: str | None = None
+    #: Events this rank's reporter had to drop (queue full or nobody listening).
+    dropped: int | None = None
+
+
+class Step(Event, tag="step"):
+    """One training step on one rank."""
+
+    step: NonNegInt
+    epoch: int | None = None
+    loss: float | None = None
+    samples: NonNegInt = 0
+    samples_per_s: float | None = None
+    step_time: float | None = None
+    metrics: dict[str, Metric] = {}
+
+
+class Eval(Event, tag="eval"):
+    """An all-reduced evaluation (the same values on every rank)."""
+
+    epoch: int | None = None
+    accuracy: float | None = None
+    loss: float | None = None
+    count: int | None = None
+    metrics: dict[str, Metric] = {}
+
+
+class EpochEnd(Event, tag="epoch"):
+    """End of one training epoch on one rank."""
+
+    epoch: int
+    time: float
+    samples: NonNegInt
+
+
+class LogLine(Event, tag="log"):
+    """A line of worker output."""
+
+    stream: Literal["stdout", "stderr"]
+    line: Annotated[str, msgspec.Meta(max_length=4096)]
+
+
+AnyEvent = Status | Step | Eval | EpochEnd | LogLine
+KINDS = ("status", "step", "eval", "epoch", "log")
+
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_msgpack_decoder = msgspec.msgpack.Decoder(AnyEvent)
+_json_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+class InvalidEvent(ValueError):
+    """A message that is not a valid event of this schema version."""
+
+
+def encode(event: AnyEvent) -> bytes:
+    """Wire encoding (msgpack)."""
+    return _msgpack_encoder.encode(event)
+
+
+def decode(data: bytes) -> AnyEvent:
+    """Decode and validate one wire message; raise :class:`InvalidEvent` if it is not one."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise InvalidEvent(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        event = _msgpack_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidEvent(str(exc)) from None
+    if event.v != SCHEMA_VERSION:
+        raise InvalidEvent(f"schema version {event.v}, expected {SCHEMA_VERSION}")
+    return event
+
+
+def to_json(event: AnyEvent) -> bytes:
+    """One ``events.jsonl`` line (without the newline)."""
+    return _json_encoder.encode(event)
+
+
+def from_json(line: bytes | str) -> AnyEvent:
+    """Parse one ``events.jsonl`` line; raise :class:`InvalidEvent` if it is not an event."""
+    try:
+        return _json_decoder.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidEvent(str(exc)) from None

@@ -1,0 +1,283 @@
+"""The worker side of telemetry: a PUSH socket that never blocks training.
+
+A :class:`Reporter` is created lazily inside each rank process (after spawn/fork, never
+inherited), from ``DDPTUI_ENDPOINT`` and ``DDPTUI_RUN_ID``. Sends are non-blocking
+(``zmq.DONTWAIT``) into a bounded queue (``SNDHWM``); when the queue is full the event is
+dropped and counted. Closing waits at most ``LINGER`` for queued events to leave.
+
+``IMMEDIATE`` is deliberately *not* set: with it, events sent before the TCP handshake
+completes (the rank's ``started`` status, sent first thing) would be dropped. The bounded
+HWM already caps memory when nobody listens.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from ddptui import protocol
+
+ENDPOINT_ENV = "DDPTUI_ENDPOINT"
+RUN_ID_ENV = "DDPTUI_RUN_ID"
+SEND_HWM = 10_000
+LINGER_MS = 1_000
+
+_STEP_FIELDS = ("epoch", "loss", "samples", "step", "step_time", "samples_per_s")
+_EVAL_FIELDS = ("epoch", "accuracy", "loss", "count")
+
+
+def _rank_from_env() -> int:
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+class Reporter:
+    """Sends this rank's events. Use the module functions in :mod:`ddptui` instead."""
+
+    def __init__(self, endpoint: str | None, run_id: str, rank: int) -> None:
+        self.endpoint = endpoint
+        self.run_id = run_id
+        self.rank = rank
+        self.sent = 0
+        self.dropped = 0
+        self._seq = 0
+        self._step = 0
+        self._epoch: int | None = None
+        self._epoch_started = time.monotonic()
+        self._epoch_samples = 0
+        self._last_step_at: float | None = None
+        self._started_sent = False
+        self._finished_sent = False
+        self._lock = threading.Lock()
+        self._socket = None
+        self._context = None
+        if endpoint:
+            import zmq  # imported only when there is somewhere to send
+
+            self._zmq = zmq
+            self._context = zmq.Context()
+            sock = self._context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+            sock.setsockopt(zmq.LINGER, LINGER_MS)
+            sock.connect(endpoint)
+            self._socket = sock
+
+    @property
+    def enabled(self) -> bool:
+        return self._socket is not None
+
+    # -- sending -------------------------------------------------------------------------
+    def _send(self, cls: type[protocol.Event], **fields: Any) -> None:
+        if self._socket is None:
+            return
+        with self._lock:
+            event = cls(run=self.run_id, rank=self.rank, t=time.time(), seq=self._seq, **fields)
+            self._seq += 1
+            try:
+                self._socket.send(protocol.encode(event), self._zmq.DONTWAIT)
+                self.sent += 1
+            except self._zmq.Again:
+                self.dropped += 1
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def started(self, device: str | None = None, device_uuid: str | None = None,
+                epochs: int | None = None) -> None:
+        """Announce this rank (pid, host, local rank, device, planned epochs). Sent once."""
+        if self._started_sent or self._socket is None:
+            return
+        self._started_sent = True
+        if device is None:
+            device, device_uuid = _current_device()
+        self._send(
+            protocol.Status,
+            state="started",
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            local_rank=int(os.environ.get("LOCAL_RANK", self.rank)),
+            world_size=int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None,
+            epochs=epochs,
+            device=device,
+            device_uuid=device_uuid,
+        )
+
+    def finished(self, error: str | None = None) -> None:
+        """Announce the end of this rank: finished, or failed with ``error``. Sent once."""
+        if self._finished_sent or self._socket is None:
+            return
+        self.started()
+        if self._epoch is not None and self._epoch_samples:
+            self._end_epoch()
+        self._finished_sent = True
+        self._send(
+            protocol.Status,
+            state="failed" if error else "finished",
+            pid=os.getpid(),
+            error=error[-2000:] if error else None,
+            dropped=self.dropped,
+        )
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=LINGER_MS)
+            self._socket = None
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+
+    # -- metrics -------------------------------------------------------------------------
+    def log(self, **values: Any) -> None:
+        if self._socket is None:
+            return
+        now = time.monotonic()
+        self.started()
+        epoch = values.pop("epoch", None)
+        if epoch is not None and self._epoch is not None and epoch != self._epoch:
+            self._end_epoch()
+        if epoch is not None and epoch != self._epoch:
+            self._epoch = epoch
+            self._epoch_started = self._last_step_at or now
+            self._epoch_samples = 0
+        samples = int(values.pop("samples", 0) or 0)
+        step = values.pop("step", None)
+        self._step = int(step) if step is not None else self._step + 1
+        step_time = values.pop("step_time", None)
+        if step_time is None and self._last_step_at is not None:
+            step_time = now - self._last_step_at
+        self._last_step_at = now
+        samples_per_s = values.pop("samples_per_s", None)
+        if samples_per_s is None and step_time and samples:
+            samples_per_s = samples / step_time
+        loss = values.pop("loss", None)
+        self._epoch_samples += samples
+        self._send(
+            protocol.Step,
+            step=self._step,
+            epoch=epoch if epoch is not None else self._epoch,
+            loss=None if loss is None else float(loss),
+            samples=samples,
+            samples_per_s=samples_per_s,
+            step_time=step_time,
+            metrics=_plain(values),
+        )
+
+    def log_eval(self, **values: Any) -> None:
+        if self._socket is None:
+            return
+        self.started()
+        epoch = values.pop("epoch", self._epoch)
+        if self._epoch is not None and self._epoch_samples:
+            self._end_epoch()
+        accuracy = values.pop("accuracy", None)
+        loss = values.pop("loss", None)
+        count = values.pop("count", None)
+        self._send(
+            protocol.Eval,
+            epoch=epoch,
+            accuracy=None if accuracy is None else float(accuracy),
+            loss=None if loss is None else float(loss),
+            count=None if count is None else int(count),
+            metrics=_plain(values),
+        )
+        # Evaluation time is not training time: the next step's interval starts now.
+        self._last_step_at = time.monotonic()
+
+    def _end_epoch(self) -> None:
+        end = self._last_step_at or time.monotonic()
+        self._send(
+            protocol.EpochEnd,
+            epoch=self._epoch,
+            time=max(0.0, end - self._epoch_started),
+            samples=self._epoch_samples,
+        )
+        self._epoch_samples = 0
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """Extra metrics as wire-safe scalars (tensors and numpy scalars become floats)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None or isinstance(value, bool | int | float | str):
+            out[str(key)] = value
+        elif hasattr(value, "item"):
+            out[str(key)] = value.item()
+        else:
+            out[str(key)] = str(value)
+    return out
+
+
+def _current_device() -> tuple[str, str | None]:
+    """This rank's device without initialising CUDA ourselves.
+
+    Only when the script has already initialised CUDA do we ask torch which device is
+    current and its UUID (the key the GPU monitor joins ranks to GPUs by).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        index = torch.cuda.current_device()
+        return f"cuda:{index}", cuda_uuid(index)
+    return "cpu", None
+
+
+def cuda_uuid(index: int) -> str | None:
+    """NVML-style UUID (``GPU-…``) of CUDA device ``index``, or None."""
+    import torch
+
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except (AttributeError, RuntimeError):
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+_reporter: Reporter | None = None
+_reporter_pid: int | None = None
+_reporter_lock = threading.Lock()
+
+
+def get_reporter() -> Reporter:
+    """This process's reporter, created on first use (and again after a fork)."""
+    global _reporter, _reporter_pid
+    pid = os.getpid()
+    if _reporter is not None and _reporter_pid == pid:
+        return _reporter
+    with _reporter_lock:
+        if _reporter is None or _reporter_pid != pid:
+            _reporter = Reporter(
+                os.environ.get(ENDPOINT_ENV) or None,
+                os.environ.get(RUN_ID_ENV, "local"),
+                _rank_from_env(),
+            )
+            _reporter_pid = pid
+            if _reporter.enabled:
+                atexit.register(_at_exit, _reporter)
+                _install_excepthook()
+    return _reporter
+
+
+def reset_reporter() -> None:
+    """Close and forget this process's reporter (tests; a new run in the same process)."""
+    global _reporter, _reporter_pid
+    if _reporter is not None:
+        _reporter.close()
+    _reporter, _reporter_pid = None, None
+
+
+def _at_exit(reporter: Reporter) -> None:
+    if reporter is _reporter and reporter.enabled:
+        reporter.finished()
+        reporter.close()
+
+
+def _install_excepthook() -> None:
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        if _reporter is not None and exc_type is not SystemExit:
+            _reporter.finished(error=f"{exc_type.__name__}: {exc}")
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook

@@ -1,0 +1,274 @@
+"""RunState: everything known about a run, built only from events. Pure: no I/O, no clocks.
+
+Both front ends (headless and the dashboard) and replay read the same RunState. The caller
+supplies ``now`` (any monotonic-ish clock, used consistently) to :meth:`RunState.apply` and
+to the queries that depend on time; replay uses the events' own ``t``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from ddptui import protocol
+
+#: Points kept per series (loss, throughput, step time) per rank.
+SERIES_LENGTH = 2_000
+#: A rank whose recent step time exceeds this multiple of the ranks' median is a straggler.
+STRAGGLER_FACTOR = 1.5
+#: A running rank silent for this many expected step intervals (and MIN_SILENT_S) is silent.
+SILENT_INTERVALS = 10
+MIN_SILENT_S = 5.0
+_RECENT = 10  # steps in the rolling step-time window
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    epoch: int | None
+    accuracy: float | None
+    loss: float | None
+    count: int | None
+    t: float
+
+
+@dataclass(frozen=True)
+class RankFailureInfo:
+    """How the run failed, from the launcher's point of view (exit code, signal, stderr)."""
+
+    rank: int | None
+    exit_code: int | None = None
+    signal: str | None = None
+    error: str | None = None
+    stderr_tail: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "the launcher"
+        if self.signal:
+            how = f"was killed by signal {self.signal}"
+        elif self.exit_code is not None:
+            how = f"exited with code {self.exit_code}"
+        else:
+            how = "failed"
+        return f"{who} {how}" + (f": {self.error}" if self.error else "")
+
+
+@dataclass
+class RankView:
+    """Latest values and bounded history for one rank."""
+
+    rank: int
+    state: str = "pending"  # pending | started | finished | failed
+    pid: int | None = None
+    host: str | None = None
+    local_rank: int | None = None
+    device: str | None = None
+    device_uuid: str | None = None
+    error: str | None = None
+    epoch: int | None = None
+    step: int = 0
+    steps_in_epoch: int = 0
+    loss: float | None = None
+    samples_total: int = 0
+    samples_per_s: float | None = None
+    step_time: float | None = None
+    last_seen: float | None = None
+    last_seq: int = -1
+    events: int = 0
+    gaps: int = 0  # events missing according to seq numbers (dropped on the way)
+    reporter_dropped: int = 0
+    epochs_done: int = 0
+    loss_series: deque[tuple[int, float]] = field(
+        default_factory=lambda: deque(maxlen=SERIES_LENGTH))
+    sps_series: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=SERIES_LENGTH))
+    recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
+
+    @property
+    def typical_step_time(self) -> float | None:
+        return statistics.median(self.recent_step_times) if self.recent_step_times else None
+
+
+class RunState:
+    """Apply events in arrival order; read per-rank views, global numbers and health."""
+
+    def __init__(self, run_id: str, world_size: int, epochs: int | None = None) -> None:
+        self.run_id = run_id
+        self.world_size = world_size
+        self.epochs = epochs
+        self.ranks: dict[int, RankView] = {r: RankView(r) for r in range(world_size)}
+        self.evals: dict[int | None, EvalPoint] = {}
+        self.steps_per_epoch: int | None = None
+        self.started_at: float | None = None
+        self.last_event_at: float | None = None
+        self.finished_at: float | None = None
+        self.failure: RankFailureInfo | None = None
+        self.stopped = False
+        self.outcome: str | None = None  # None while live; "finished" | "failed" | "stopped"
+        self.events_applied = 0
+
+    # -- applying events ------------------------------------------------------------------
+    def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
+        now = event.t if now is None else now
+        if self.started_at is None:
+            self.started_at = now
+        self.last_event_at = now
+        self.events_applied += 1
+        view = self.ranks.get(event.rank)
+        if view is None:  # a rank beyond the declared world size still gets a row
+            view = self.ranks[event.rank] = RankView(event.rank)
+        if event.seq > view.last_seq + 1 and view.last_seq >= -1:
+            view.gaps += event.seq - view.last_seq - 1
+        view.last_seq = max(view.last_seq, event.seq)
+        view.last_seen = now
+        view.events += 1
+        handler = getattr(self, "_on_" + type(event).__name__.lower(), None)
+        if handler is not None:
+            handler(view, event, now)
+
+    def _on_status(self, view: RankView, ev: protocol.Status, now: float) -> None:
+        view.state = ev.state
+        for name in ("pid", "host", "local_rank", "device", "device_uuid", "error"):
+            value = getattr(ev, name)
+            if value is not None:
+                setattr(view, name, value)
+        if ev.dropped is not None:
+            view.reporter_dropped = ev.dropped
+
+    def _on_step(self, view: RankView, ev: protocol.Step, now: float) -> None:
+        if view.state == "pending":
+            view.state = "started"
+        if ev.epoch is not None and ev.epoch != view.epoch:
+            view.epoch = ev.epoch
+            view.steps_in_epoch = 0
+        view.steps_in_epoch += 1
+        view.step = ev.step
+        view.samples_total += ev.samples
+        if ev.loss is not None:
+            view.loss = ev.loss
+            view.loss_series.append((ev.step, ev.loss))
+        if ev.samples_per_s is not None:
+            view.samples_per_s = ev.samples_per_s
+            view.sps_series.append((now, ev.samples_per_s))
+        if ev.step_time is not None:
+            view.step_time = ev.step_time
+            view.recent_step_times.append(ev.step_time)
+
+    def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
+        # Every rank reports the same all-reduced result; the first one to arrive counts.
+        self.evals.setdefault(ev.epoch, EvalPoint(ev.epoch, ev.accuracy, ev.loss, ev.count, now))
+
+    def _on_epochend(self, view: RankView, ev: protocol.EpochEnd, now: float) -> None:
+        view.epochs_done = max(view.epochs_done, ev.epoch)
+        if self.steps_per_epoch is None and view.steps_in_epoch:
+            self.steps_per_epoch = view.steps_in_epoch
+
+    def set_outcome(self, outcome: str, failure: RankFailureInfo | None = None,
+                    now: float | None = None) -> None:
+        """Record how the run ended (from the launcher): finished, failed or stopped."""
+        self.outcome = outcome
+        self.failure = failure
+        self.finished_at = now if now is not None else self.last_event_at
+        if failure is not None and failure.rank in self.ranks:
+            view = self.ranks[failure.rank]
+            view.state = "failed"
+            view.error = view.error or failure.describe()
+
+    # -- reading ----------------------------------------------------------------------------
+    @property
+    def eval_history(self) -> list[EvalPoint]:
+        return sorted(self.evals.values(), key=lambda p: (p.epoch is None, p.epoch or 0, p.t))
+
+    @property
+    def last_eval(self) -> EvalPoint | None:
+        history = self.eval_history
+        return history[-1] if history else None
+
+    @property
+    def status(self) -> str:
+        if self.outcome:
+            return self.outcome
+        if any(v.state == "failed" for v in self.ranks.values()):
+            return "failing"
+        if any(v.state != "pending" for v in self.ranks.values()):
+            return "running"
+        return "starting"
+
+    def global_samples_per_s(self) -> float:
+        """Sum of each live rank's latest throughput."""
+        return sum(
+            v.samples_per_s or 0.0 for v in self.ranks.values()
+            if v.state == "started" and v.samples_per_s
+        )
+
+    @property
+    def samples_total(self) -> int:
+        return sum(v.samples_total for v in self.ranks.values())
+
+    @property
+    def mean_loss(self) -> float | None:
+        losses = [v.loss for v in self.ranks.values() if v.loss is not None]
+        return sum(losses) / len(losses) if losses else None
+
+    @property
+    def current_epoch(self) -> int | None:
+        epochs = [v.epoch for v in self.ranks.values() if v.epoch is not None]
+        return min(epochs) if epochs else None
+
+    def progress(self) -> float | None:
+        """Fraction of the run done, 0..1, once the epoch count is known."""
+        if not self.epochs:
+            return None
+        if self.outcome == "finished":
+            return 1.0
+        views = [v for v in self.ranks.values() if v.epoch is not None]
+        if not views:
+            return 0.0
+        slowest = min(views, key=lambda v: (v.epoch, v.steps_in_epoch))
+        done = slowest.epoch - 1
+        if slowest.epochs_done >= slowest.epoch:
+            done = slowest.epoch
+        elif self.steps_per_epoch:
+            done += min(slowest.steps_in_epoch / self.steps_per_epoch, 1.0)
+        return max(0.0, min(done / self.epochs, 1.0))
+
+    def elapsed(self, now: float) -> float:
+        if self.started_at is None:
+            return 0.0
+        end = self.finished_at if self.outcome and self.finished_at else now
+        return max(0.0, end - self.started_at)
+
+    def eta(self, now: float) -> float | None:
+        """Seconds left, from progress so far; None until it can be estimated."""
+        progress = self.progress()
+        if not progress or progress <= 0 or self.outcome:
+            return None if not self.outcome else 0.0
+        elapsed = self.elapsed(now)
+        return elapsed * (1 - progress) / progress
+
+    @property
+    def dropped(self) -> int:
+        return sum(max(v.gaps, v.reporter_dropped) for v in self.ranks.values())
+
+    def health(self, now: float) -> dict[int, str]:
+        """Ranks that need attention, with why: stragglers and silent ranks."""
+        problems: dict[int, str] = {}
+        if self.outcome:
+            return problems
+        typical = {r: v.typical_step_time for r, v in self.ranks.items()
+                   if v.state == "started" and v.typical_step_time}
+        if len(typical) >= 2:
+            median = statistics.median(typical.values())
+            for rank, value in typical.items():
+                if median > 0 and value > STRAGGLER_FACTOR * median:
+                    problems[rank] = (f"straggler: step time {value * 1000:.0f} ms is "
+                                      f"{value / median:.1f}x the median {median * 1000:.0f} ms")
+        for rank, view in self.ranks.items():
+            if view.state != "started" or view.last_seen is None:
+                continue
+            interval = view.typical_step_time or 0.0
+            limit = max(MIN_SILENT_S, SILENT_INTERVALS * interval)
+            quiet = now - view.last_seen
+            if quiet > limit:
+                problems[rank] = f"silent: no event for {quiet:.0f} s"
+        return problems

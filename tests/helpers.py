@@ -1,0 +1,41 @@
+"""Shared helpers for tests that start real runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+
+from ddptui.reporter import RUN_ID_ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+USER_SCRIPT = ROOT / "tests" / "scripts" / "user_ddp.py"
+
+
+def processes_of_run(run_id: str) -> list[psutil.Process]:
+    """Every live process started for ``run_id`` (identified by its environment)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(RUN_ID_ENV) == run_id:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return None

@@ -1,0 +1,128 @@
+"""Both launchers with real processes and real gloo process groups."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddptui.config import Machine, build_config
+from ddptui.launch import Launcher, wait_for
+from ddptui.session import RunSession
+from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
+
+pytestmark = pytest.mark.slow
+CPU = Machine(0, "no CUDA", 2)
+
+
+def session_for(tmp_path, **raw):
+    cfg = build_config({"run_dir": str(tmp_path / "run"), "script": str(USER_SCRIPT), **raw}, CPU)
+    return RunSession(cfg)
+
+
+def run_to_end(session, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    with session:
+        session.start()
+        while session.poll() is None and time.monotonic() < deadline:
+            session.pump(0.1)
+        assert session.result is not None, "run did not end in time"
+    return session.result
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_user_script_delivers_events_from_every_rank(tmp_path, launcher):
+    session = session_for(tmp_path, launcher=launcher, world_size="2",
+                          script_args=("--steps", "6"))
+    result = run_to_end(session)
+    assert result.ok, result
+    events = read_events(session.run_dir)
+    steps = {e["rank"] for e in events if e["kind"] == "step"}
+    assert steps == {0, 1}
+    assert sum(e["kind"] == "step" for e in events) == 12
+    assert {e["rank"] for e in events if e["kind"] == "eval"} == {0, 1}
+    finished = [e for e in events if e["kind"] == "status" and e["state"] == "finished"]
+    assert {e["rank"] for e in finished} == {0, 1}
+    assert session.state.last_eval.accuracy == 1.0
+    # Each rank's output went to its own log.
+    for rank in (0, 1):
+        assert f"rank {rank} done" in (session.run_dir / f"rank-{rank}.log").read_text()
+    assert processes_of_run(session.cfg.run_id) == []
+
+
+def test_failing_rank_is_named_with_exit_code_and_stderr_tail(tmp_path):
+    session = session_for(tmp_path, launcher="spawn", world_size="2",
+                          script_args=("--steps", "40", "--fail-rank", "1", "--sleep", "0.02"))
+    result = run_to_end(session)
+    assert not result.ok and result.failure is not None
+    assert result.failure.rank == 1 and result.failure.exit_code == 1
+    assert any("RuntimeError: boom on rank 1" in line for line in result.failure.stderr_tail)
+    assert session.state.ranks[1].state == "failed"
+    assert processes_of_run(session.cfg.run_id) == []
+
+
+def test_stop_tears_down_torchrun_workers_in_their_own_sessions(tmp_path):
+    launcher = Launcher("torchrun", 2, tmp_path, "stop-test", endpoint=None,
+                        script=str(USER_SCRIPT), args=["--steps", "100000", "--sleep", "0.01"])
+    launcher.start()
+    try:
+        # torchrun puts each worker in a new session: wait until both exist.
+        def workers():
+            found = [p for p in processes_of_run("stop-test")
+                     if "rank_entry" in " ".join(p.cmdline())]
+            return found if len(found) == 2 else None
+
+        ranks = wait_until(workers, 60)
+        assert ranks, "workers never started"
+        assert any(os.getsid(p.pid) != os.getsid(launcher.pid) for p in ranks)
+        result = launcher.stop(grace=2.0)
+    finally:
+        launcher.stop()
+    assert result.stopped and result.failure is None
+    assert processes_of_run("stop-test") == []
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+def test_sigkill_of_one_rank_ends_the_run_quickly_and_names_it(tmp_path, launcher):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--launcher", launcher,
+           "--world-size", "2", "--script", str(USER_SCRIPT), "--run-dir", str(run_dir),
+           "--", "--steps", "100000", "--sleep", "0.01"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def rank1_pid():
+            if not (run_dir / "events.jsonl").exists():
+                return None
+            started = [e for e in read_events(run_dir)
+                       if e["kind"] == "status" and e["rank"] == 1 and e.get("pid")]
+            steps = [e for e in read_events(run_dir) if e["kind"] == "step"]
+            return started[0]["pid"] if started and len(steps) > 4 else None
+
+        pid = wait_until(rank1_pid, 90)
+        assert pid, "rank 1 never started"
+        run_id = read_events(run_dir)[0]["run"]
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    assert took < 10, f"took {took:.1f}s to notice"
+    assert "FAILED: rank 1 was killed by signal SIGKILL" in out
+    assert processes_of_run(run_id) == []
+
+
+def test_wait_for_gives_up_after_timeout(tmp_path):
+    launcher = Launcher("spawn", 1, tmp_path, "wait-test", endpoint=None,
+                        script=str(USER_SCRIPT), args=["--steps", "100000", "--sleep", "0.01"])
+    launcher.start()
+    try:
+        assert wait_for(launcher, 0.3) is None
+    finally:
+        result = launcher.stop(grace=1.0)
+    assert result.stopped
+    assert processes_of_run("wait-test") == []

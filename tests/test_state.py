@@ -1,0 +1,132 @@
+import pytest
+
+from ddptui import protocol
+from ddptui.state import RankFailureInfo, RunState
+
+
+def ev(cls, rank=0, seq=0, t=0.0, **fields):
+    return cls(run="r", rank=rank, seq=seq, t=t, **fields)
+
+
+def step(rank, seq, step_no, t, epoch=1, loss=1.0, samples=10, step_time=0.1, sps=100.0):
+    return ev(protocol.Step, rank, seq, t, step=step_no, epoch=epoch, loss=loss,
+              samples=samples, step_time=step_time, samples_per_s=sps)
+
+
+def test_status_then_steps_update_rank_view():
+    s = RunState("r", 2, epochs=2)
+    s.apply(ev(protocol.Status, 0, 0, 0.0, state="started", pid=11, host="h", device="cpu"))
+    s.apply(step(0, 1, 1, 0.1, loss=2.0))
+    s.apply(step(0, 2, 2, 0.2, loss=1.5))
+    v = s.ranks[0]
+    assert (v.state, v.pid, v.host, v.step, v.loss, v.samples_total) == (
+        "started", 11, "h", 2, 1.5, 20)
+    assert list(v.loss_series) == [(1, 2.0), (2, 1.5)]
+    assert s.ranks[1].state == "pending"
+    assert s.status == "running"
+
+
+def test_seq_gaps_count_dropped_events():
+    s = RunState("r", 1)
+    for seq in (0, 1, 5, 6, 9):
+        s.apply(step(0, seq, seq, float(seq)))
+    assert s.ranks[0].gaps == 5
+    assert s.dropped == 5
+
+
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [({0: 100.0, 1: 50.0}, 150.0), ({0: 100.0}, 100.0), ({}, 0.0)],
+)
+def test_global_throughput_sums_live_ranks(rates, expected):
+    s = RunState("r", 2)
+    for rank, rate in rates.items():
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"))
+        s.apply(step(rank, 1, 1, 0.1, sps=rate))
+    assert s.global_samples_per_s() == expected
+
+
+def test_finished_rank_no_longer_counts_towards_throughput():
+    s = RunState("r", 1)
+    s.apply(step(0, 0, 1, 0.1, sps=100.0))
+    s.apply(ev(protocol.Status, 0, 1, 0.2, state="finished"))
+    assert s.global_samples_per_s() == 0.0
+
+
+def test_eval_from_every_rank_is_counted_once_per_epoch():
+    s = RunState("r", 3, epochs=2)
+    for rank in range(3):
+        s.apply(ev(protocol.Eval, rank, 0, 1.0, epoch=1, accuracy=0.9, loss=0.3, count=11))
+    s.apply(ev(protocol.Eval, 0, 1, 2.0, epoch=2, accuracy=0.95, loss=0.2, count=11))
+    assert [(p.epoch, p.accuracy) for p in s.eval_history] == [(1, 0.9), (2, 0.95)]
+    assert s.last_eval.accuracy == 0.95
+
+
+def test_progress_and_eta_from_steps_per_epoch():
+    s = RunState("r", 1, epochs=2)
+    for i in range(1, 11):
+        s.apply(step(0, i, i, float(i)), now=float(i))
+    s.apply(ev(protocol.EpochEnd, 0, 11, 10.0, epoch=1, time=10.0, samples=100), now=10.0)
+    assert s.steps_per_epoch == 10
+    assert s.progress() == pytest.approx(0.5)
+    for i in range(11, 16):
+        s.apply(step(0, i + 1, i, float(i), epoch=2), now=float(i))
+    assert s.progress() == pytest.approx(0.75)
+    s.started_at = 0.0
+    assert s.eta(15.0) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize(
+    ("times", "flagged"),
+    [
+        ({0: 0.1, 1: 0.1, 2: 0.1}, set()),
+        ({0: 0.1, 1: 0.1, 2: 0.5}, {2}),
+        ({0: 0.1, 1: 0.12, 2: 0.13}, set()),
+        ({0: 0.1, 1: 0.4}, {1}),
+    ],
+)
+def test_stragglers_by_step_time_against_median(times, flagged):
+    s = RunState("r", len(times))
+    for rank, st in times.items():
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        for i in range(5):
+            s.apply(step(rank, i + 1, i + 1, 0.0, step_time=st), now=1.0)
+    problems = s.health(now=1.5)
+    assert set(problems) == flagged
+    for rank in flagged:
+        assert problems[rank].startswith("straggler")
+
+
+def test_silent_rank_is_flagged_after_several_intervals():
+    s = RunState("r", 2)
+    for rank in (0, 1):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        s.apply(step(rank, 1, 1, 0.0, step_time=1.0), now=0.0)
+    s.apply(step(0, 2, 2, 0.0, step_time=1.0), now=20.0)
+    problems = s.health(now=20.0)
+    assert list(problems) == [1] and problems[1] == "silent: no event for 20 s"
+    assert s.health(now=5.0) == {}
+
+
+def test_outcome_marks_failing_rank_and_stops_health_checks():
+    s = RunState("r", 2)
+    s.apply(ev(protocol.Status, 1, 0, 0.0, state="started"), now=0.0)
+    failure = RankFailureInfo(rank=1, signal="SIGKILL", stderr_tail=("x",))
+    s.set_outcome("failed", failure, now=3.0)
+    assert s.status == "failed" and s.ranks[1].state == "failed"
+    assert "rank 1 was killed by signal SIGKILL" in s.ranks[1].error
+    assert s.health(now=100.0) == {}
+
+
+@pytest.mark.parametrize(
+    ("failure", "text"),
+    [
+        (RankFailureInfo(rank=1, signal="SIGKILL"), "rank 1 was killed by signal SIGKILL"),
+        (RankFailureInfo(rank=0, exit_code=3), "rank 0 exited with code 3"),
+        (RankFailureInfo(rank=None, exit_code=2), "the launcher exited with code 2"),
+        (RankFailureInfo(rank=2, exit_code=1, error="ValueError: x"),
+         "rank 2 exited with code 1: ValueError: x"),
+    ],
+)
+def test_failure_descriptions(failure, text):
+    assert failure.describe() == text

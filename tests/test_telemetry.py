@@ -1,0 +1,146 @@
+"""Reporter → collector over real ZeroMQ sockets."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from ddptui import protocol
+from ddptui.collector import Collector
+from ddptui.reporter import Reporter
+from ddptui.state import RunState
+
+
+def drain(collector, want, timeout=10.0):
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got += collector.poll(0.05)
+    return got
+
+
+@pytest.fixture
+def collector():
+    c = Collector("run-1")
+    yield c
+    c.close()
+
+
+def test_collector_binds_loopback_on_a_free_port(collector):
+    assert collector.endpoint.startswith("tcp://127.0.0.1:")
+    assert not collector.endpoint.endswith(":0")
+
+
+def test_steps_are_derived_and_delivered_in_order(collector):
+    rep = Reporter(collector.endpoint, "run-1", rank=3)
+    try:
+        rep.log(epoch=1, loss=2.0, samples=8)
+        time.sleep(0.01)
+        rep.log(epoch=1, loss=1.0, samples=8, lr=0.5)
+        rep.log_eval(accuracy=0.5, loss=0.7, count=10)
+        rep.finished()
+        events = drain(collector, 6)
+    finally:
+        rep.close()
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["Status", "Step", "Step", "EpochEnd", "Eval", "Status"]
+    assert [e.seq for e in events] == list(range(6))
+    started, s1, s2, epoch_end, evaluation, finished = events
+    assert started.state == "started" and started.rank == 3 and started.pid > 0
+    assert (s1.step, s2.step) == (1, 2)
+    assert s1.step_time is None and s2.step_time >= 0.01
+    assert s2.samples_per_s == pytest.approx(8 / s2.step_time)
+    assert s2.metrics == {"lr": 0.5}
+    assert (epoch_end.epoch, epoch_end.samples) == (1, 16)
+    assert (evaluation.epoch, evaluation.accuracy, evaluation.count) == (1, 0.5, 10)
+    assert finished.state == "finished" and finished.dropped == 0
+
+
+def test_no_endpoint_is_a_no_op():
+    rep = Reporter(None, "run", rank=0)
+    rep.log(loss=1.0, samples=1)
+    rep.log_eval(accuracy=1.0)
+    rep.finished()
+    assert (rep.sent, rep.dropped, rep.enabled) == (0, 0, False)
+
+
+def test_nobody_listening_never_blocks_and_counts_drops():
+    with zmq.Context() as ctx, ctx.socket(zmq.PULL) as probe:
+        port = probe.bind_to_random_port("tcp://127.0.0.1")
+    # The port is closed again: nobody listens there.
+    rep = Reporter(f"tcp://127.0.0.1:{port}", "run", rank=0)
+    try:
+        n = 30_000  # well past the send HWM: a blocking send would hang here
+        for _ in range(n):
+            rep.log(loss=1.0, samples=1)
+        assert rep.sent + rep.dropped == n + 1  # + the started status
+        assert rep.dropped > 0
+    finally:
+        rep.close()
+
+
+def test_flooding_drops_are_counted_and_visible_as_seq_gaps():
+    collector = Collector("run-1", receive_hwm=1_000)
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    n = 40_000  # the collector is not reading: both HWMs fill, the rest must drop
+    try:
+        for i in range(n):
+            rep.log(loss=float(i), samples=1)
+        rep_sent, rep_dropped = rep.sent, rep.dropped
+        events = drain(collector, rep_sent, timeout=20)
+    finally:
+        rep.close()
+        collector.close()
+    assert rep_dropped > 0
+    assert len(events) == rep_sent
+    assert rep_sent + rep_dropped == n + 1
+    state = RunState("run-1", 1)
+    for e in events:
+        state.apply(e, now=0.0)
+    # Drops inside the stream show as gaps; drops at the very end have no later seq to show.
+    assert state.ranks[0].gaps <= rep_dropped
+    if rep_dropped:
+        assert state.ranks[0].gaps > 0 or events[-1].seq < n
+
+
+def test_garbage_foreign_and_oversized_are_counted_and_ignored(collector):
+    with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as push:
+        push.connect(collector.endpoint)
+        push.send(b"\xff\x00garbage")
+        push.send(msgspec.msgpack.encode({"kind": "step", "run": "run-1"}))
+        push.send(protocol.encode(protocol.Step(run="other-run", rank=0, t=0, seq=0, step=1)))
+        push.send(b"\x00" * (protocol.MAX_MESSAGE_BYTES + 10))
+        push.send(protocol.encode(protocol.Step(run="run-1", rank=0, t=0, seq=0, step=1)))
+        events = drain(collector, 1)
+    assert len(events) == 1 and events[0].step == 1
+    stats = collector.stats
+    assert (stats.malformed, stats.foreign, stats.oversized, stats.received) == (2, 1, 1, 1)
+
+
+def test_unhandled_exception_in_a_script_reports_failed_status(collector, tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(textwrap.dedent("""
+        import ddptui
+        ddptui.log(loss=1.0, samples=1)
+        raise ValueError("bad batch")
+    """))
+    env = {"DDPTUI_ENDPOINT": collector.endpoint, "DDPTUI_RUN_ID": "run-1", "RANK": "1",
+           "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "ValueError: bad batch" in proc.stderr
+    events = drain(collector, 3)
+    assert [getattr(e, "state", None) for e in events] == ["started", None, "failed"]
+    assert events[-1].error == "ValueError: bad batch" and events[-1].rank == 1
+
+
+def test_import_ddptui_is_light():
+    code = ("import sys, ddptui; ddptui.log(loss=1.0); "
+            "print(sorted(m for m in ('torch', 'textual', 'zmq') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "[]", out.stderr
