@@ -112,6 +112,11 @@ def decode(data: bytes) -> AnyEvent:
     """Decode and validate one wire message; raise :class:`InvalidEvent` if it is not one."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise InvalidEvent(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return decode_unchecked(data)
+
+
+def decode_unchecked(data: bytes) -> AnyEvent:
+    """:func:`decode` without the size check (for callers that check the size first)."""
     try:
         event = _msgpack_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

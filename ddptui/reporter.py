@@ -133,11 +133,12 @@ class Reporter:
         if self._socket is None:
             return
         now = time.monotonic()
-        self.started()
+        if not self._started_sent:
+            self.started()
         epoch = values.pop("epoch", None)
-        if epoch is not None and self._epoch is not None and epoch != self._epoch:
-            self._end_epoch()
         if epoch is not None and epoch != self._epoch:
+            if self._epoch is not None:
+                self._end_epoch()
             self._epoch = epoch
             self._epoch_started = self._last_step_at or now
             self._epoch_samples = 0
@@ -156,12 +157,12 @@ class Reporter:
         self._send(
             protocol.Step,
             step=self._step,
-            epoch=epoch if epoch is not None else self._epoch,
+            epoch=self._epoch,
             loss=None if loss is None else float(loss),
             samples=samples,
             samples_per_s=samples_per_s,
             step_time=step_time,
-            metrics=_plain(values),
+            metrics=_plain(values) if values else {},
         )
 
     def log_eval(self, **values: Any) -> None:
