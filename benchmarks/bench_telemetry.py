@@ -1,4 +1,6 @@
-"""Telemetry costs, printed as numbers (not a test). Run: uv run python benchmarks/bench_telemetry.py
+"""Telemetry costs, printed as numbers (not a test).
+
+Run: uv run python benchmarks/bench_telemetry.py [log] [train] [ingest]
 
 1. One ``ddptui.log`` call: no endpoint (plain torchrun), nobody listening, a live listener.
    Target <= 10 us.
@@ -28,13 +30,14 @@ def per_call_us(n: int = 50_000) -> float:
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
-        for i in range(n):
+        for _ in range(n):
             ddptui.log(loss=0.5, samples=32)
         best = min(best, (time.perf_counter() - t0) / n * 1e6)
     return best
 
 
-def with_env(endpoint: str | None, fn):
+def with_env(endpoint: str | None, fn) -> tuple[float, tuple[int, int]]:
+    """Run ``fn`` with a fresh reporter for ``endpoint``; its result and (sent, dropped)."""
     reporter.reset_reporter()
     if endpoint:
         os.environ[reporter.ENDPOINT_ENV] = endpoint
@@ -42,29 +45,26 @@ def with_env(endpoint: str | None, fn):
     else:
         os.environ.pop(reporter.ENDPOINT_ENV, None)
     try:
-        return fn()
-    finally:
+        result = fn()
         r = reporter.get_reporter()
-        stats = (r.sent, r.dropped)
+        return result, (r.sent, r.dropped)
+    finally:
         reporter.reset_reporter()
         os.environ.pop(reporter.ENDPOINT_ENV, None)
-        globals()["_last_stats"] = stats
 
 
 def bench_log_call() -> None:
     print("== ddptui.log() cost per call (best of 5 x 50k calls)")
-    us = with_env(None, per_call_us)
+    us, _ = with_env(None, per_call_us)
     print(f"no DDPTUI_ENDPOINT (no-op)     : {us:6.2f} us")
     with zmq.Context() as ctx, ctx.socket(zmq.PULL) as probe:
         port = probe.bind_to_random_port("tcp://127.0.0.1")
-    us = with_env(f"tcp://127.0.0.1:{port}", per_call_us)
-    print(f"endpoint, nobody listening      : {us:6.2f} us  (sent {_last_stats[0]}, "
-          f"dropped {_last_stats[1]})")
+    us, (sent, dropped) = with_env(f"tcp://127.0.0.1:{port}", per_call_us)
+    print(f"endpoint, nobody listening      : {us:6.2f} us  (sent {sent}, dropped {dropped})")
     endpoint, stop = start_collector_process()
-    us = with_env(endpoint, per_call_us)
+    us, (sent, dropped) = with_env(endpoint, per_call_us)
     stop()
-    print(f"live collector (own process)    : {us:6.2f} us  (sent {_last_stats[0]}, "
-          f"dropped {_last_stats[1]})")
+    print(f"live collector (own process)    : {us:6.2f} us  (sent {sent}, dropped {dropped})")
 
 
 def start_collector_process():

@@ -243,8 +243,8 @@ def _build(
 
     init_method = None if _blank(raw.get("init_method")) else str(raw["init_method"]).strip()
     if init_method is not None and not init_method.startswith(("tcp://", "file://", "env://")):
-        attempt(_fail, "init_method",
-                f"--init-method must be tcp://HOST:PORT, file://PATH or env://, got {init_method!r}")
+        attempt(_fail, "init_method", "--init-method must be tcp://HOST:PORT, file://PATH or "
+                f"env://, got {init_method!r}")
 
     run_id = str(raw.get("run_id") or new_run_id())
     run_dir = None if _blank(raw.get("run_dir")) else str(raw["run_dir"])

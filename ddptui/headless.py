@@ -129,6 +129,16 @@ class ConsoleReporter:
         self._print(f"run directory: {session.run_dir}")
 
 
+def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
+    """Before an nccl run: GPUs that another job's processes already hold."""
+    if cfg.backend != "nccl":
+        return []
+    from ddptui.monitor import SystemMonitor, preflight
+
+    with SystemMonitor(nvml_module, pcie=False) as monitor:
+        return preflight(monitor.sample())
+
+
 def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
     """Run ``cfg`` to the end; 0 on success, 1 when a rank failed, 130 on Ctrl-C."""
     out = out or sys.stdout
@@ -138,6 +148,8 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         f"ddptui run {cfg.run_id}: {cfg.target_label} x{cfg.world_size} "
         f"({cfg.launcher}, {cfg.backend}, amp {cfg.amp}) -> {session.run_dir}"
     )
+    for warning in gpu_preflight(cfg):
+        console._print(f"warning: {warning}")
     interrupted = False
     try:
         session.start()

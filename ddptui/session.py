@@ -18,7 +18,7 @@ from pathlib import Path
 from ddptui import protocol
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig
-from ddptui.launch import LaunchResult, Launcher
+from ddptui.launch import Launcher, LaunchResult
 from ddptui.state import RunState
 
 EVENTS_FILE = "events.jsonl"

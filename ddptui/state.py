@@ -20,6 +20,8 @@ STRAGGLER_FACTOR = 1.5
 #: A running rank silent for this many expected step intervals (and MIN_SILENT_S) is silent.
 SILENT_INTERVALS = 10
 MIN_SILENT_S = 5.0
+#: Before its first step a rank is loading data and joining the process group: allow more.
+STARTUP_SILENT_S = 60.0
 _RECENT = 10  # steps in the rolling step-time window
 
 
@@ -266,8 +268,11 @@ class RunState:
         for rank, view in self.ranks.items():
             if view.state != "started" or view.last_seen is None:
                 continue
-            interval = view.typical_step_time or 0.0
-            limit = max(MIN_SILENT_S, SILENT_INTERVALS * interval)
+            interval = view.typical_step_time
+            if interval is None and view.step == 0:
+                limit = STARTUP_SILENT_S
+            else:
+                limit = max(MIN_SILENT_S, SILENT_INTERVALS * (interval or 0.0))
             quiet = now - view.last_seen
             if quiet > limit:
                 problems[rank] = f"silent: no event for {quiet:.0f} s"

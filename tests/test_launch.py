@@ -126,3 +126,22 @@ def test_wait_for_gives_up_after_timeout(tmp_path):
         result = launcher.stop(grace=1.0)
     assert result.stopped
     assert processes_of_run("wait-test") == []
+
+
+def test_sigkill_of_ddptui_itself_leaves_no_worker_and_keeps_events(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--launcher", "spawn",
+           "--world-size", "2", "--script", str(USER_SCRIPT), "--run-dir", str(run_dir),
+           "--", "--steps", "100000", "--sleep", "0.01"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        stepped = wait_until(lambda: (run_dir / "events.jsonl").exists() and sum(
+            e["kind"] == "step" for e in read_events(run_dir)) > 10, 90)
+        assert stepped, "ranks never stepped"
+    finally:
+        proc.kill()
+        proc.wait()
+    received = read_events(run_dir)  # every line written so far is a whole event
+    run_id = received[0]["run"]
+    assert wait_until(lambda: processes_of_run(run_id) == [], 15), processes_of_run(run_id)
+    assert len(read_events(run_dir)) == len(received)

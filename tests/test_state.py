@@ -130,3 +130,10 @@ def test_outcome_marks_failing_rank_and_stops_health_checks():
 )
 def test_failure_descriptions(failure, text):
     assert failure.describe() == text
+
+
+def test_rank_still_starting_gets_a_startup_allowance():
+    s = RunState("r", 1)
+    s.apply(ev(protocol.Status, 0, 0, 0.0, state="started"), now=0.0)
+    assert s.health(now=30.0) == {}
+    assert s.health(now=61.0) == {0: "silent: no event for 61 s"}

@@ -1,0 +1,167 @@
+"""``ddptui monitor``: print GPU, CPU and RAM samples until stopped (no UI, no textual).
+
+``python -m ddptui.monitor.cli --json --count 3 --interval 0.2`` prints three JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from types import ModuleType
+from typing import IO, Any
+
+from ddptui.monitor.sampler import DEFAULT_INTERVAL, validate_interval
+from ddptui.monitor.snapshot import NA, GpuSnapshot, SystemSnapshot, to_dict
+from ddptui.monitor.system import SystemMonitor
+from ddptui.monitor.units import format_bytes, format_percent, format_value
+
+__all__ = ["run_monitor_headless", "format_table", "main"]
+
+
+def run_monitor_headless(
+    interval: float = DEFAULT_INTERVAL,
+    count: int | None = None,
+    as_json: bool = False,
+    out: IO[str] | None = None,
+    nvml_module: ModuleType | Any | None = None,
+) -> int:
+    """Sample every ``interval`` seconds and print a table (or one JSON object per line).
+
+    Stops after ``count`` samples (never when None), or on Ctrl-C; returns the exit code
+    (0). ``out`` defaults to ``sys.stdout`` (looked up at call time). Raises ValueError for
+    an interval below the minimum or a count below 1.
+    """
+    if out is None:
+        out = sys.stdout
+    interval = validate_interval(interval)
+    if count is not None and count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    try:
+        with SystemMonitor(nvml_module) as monitor:
+            time.sleep(monitor.cpu_warmup_remaining())  # so the first CPU % means something
+            taken = 0
+            next_at = time.monotonic()
+            while True:
+                snapshot = monitor.sample()
+                taken += 1
+                if as_json:
+                    out.write(json.dumps(to_dict(snapshot), separators=(",", ":")) + "\n")
+                else:  # blocks separated by a blank line
+                    out.write(("\n" if taken > 1 else "") + format_table(snapshot) + "\n")
+                out.flush()
+                if count is not None and taken >= count:
+                    return 0
+                next_at += interval
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                else:  # a slow sample: carry on from now rather than bursting to catch up
+                    next_at = time.monotonic()
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        # The reader went away (`ddptui monitor | head`): stop quietly, and keep Python from
+        # complaining when it flushes stdout at exit.
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+# -- table -----------------------------------------------------------------------------------
+
+_GPU_HEADER = (
+    f"{'GPU':>3}  {'NAME':<22} {'UTIL':>4} {'MEM':>21} {'TEMP':>4} {'POWER':>11}  PROCESSES"
+)
+
+
+def format_table(snapshot: SystemSnapshot) -> str:
+    """An nvidia-smi/gpustat-like block: one line per GPU, then CPU, RAM and swap lines."""
+    stamp = datetime.fromtimestamp(snapshot.time).strftime("%Y-%m-%d %H:%M:%S")
+    report = snapshot.gpu
+    lines = []
+    if report.available:
+        lines.append(f"{stamp}  driver {report.driver_version}")
+        lines.append(_GPU_HEADER)
+        lines.extend(_gpu_line(gpu) for gpu in report.devices)
+    else:
+        lines.append(stamp)
+        lines.append(f"GPU  {report.summary}")
+    host = snapshot.host
+    cores = " ".join(f"{c:.0f}" for c in host.cpu_percent_per_core)
+    load = "N/A" if host.load_average is NA else " ".join(f"{x:.2f}" for x in host.load_average)
+    lines.append(
+        f"CPU  {format_percent(host.cpu_percent, 1):>6} of {host.cpu_count} cores"
+        f"  load {load}" + (f"  per core: {cores}" if cores else "")
+    )
+    lines.append(
+        f"RAM  {format_bytes(host.memory_used)} / {format_bytes(host.memory_total)}"
+        f" ({host.memory_percent:.1f}%)"
+        f"  swap {format_bytes(host.swap_used)} / {format_bytes(host.swap_total)}"
+    )
+    return "\n".join(lines)
+
+
+def _gpu_line(gpu: GpuSnapshot) -> str:
+    name = "N/A" if gpu.name is NA else str(gpu.name).removeprefix("NVIDIA ")
+    mem = (
+        f"{_gib(gpu.memory_used)} / {_gib(gpu.memory_total)} GiB"
+        f" {format_percent(gpu.memory_percent):>4}"
+    )
+    power = f"{format_value(gpu.power_draw, precision=0)} / {format_value(gpu.power_limit, 'W', 0)}"
+    if gpu.processes is NA:
+        procs = "N/A"
+    else:
+        procs = " ".join(f"{p.pid}({format_bytes(p.used_memory)})" for p in gpu.processes) or "-"
+    return (
+        f"{gpu.index:>3}  {name[:22]:<22} {format_percent(gpu.utilization_gpu):>4}"
+        f" {mem:>21} {format_value(gpu.temperature, 'C'):>4} {power:>11}  {procs}"
+    )
+
+
+def _gib(value: object) -> str:
+    return "N/A" if value is NA else f"{value / 1024**3:.1f}"  # type: ignore[operator]
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddptui monitor",
+        description="Print GPU (NVML), CPU and RAM usage every INTERVAL seconds.",
+    )
+    parser.add_argument(
+        "--interval",
+        "-i",
+        type=float,
+        default=DEFAULT_INTERVAL,
+        help=f"seconds between samples (default {DEFAULT_INTERVAL}, minimum 0.1)",
+    )
+    parser.add_argument(
+        "--count", "-n", type=int, default=None, help="stop after N samples (default: never)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object per line instead of a table"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        validate_interval(args.interval)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits with status 2 and a usage line
+    if args.count is not None and args.count < 1:
+        parser.error(f"--count must be at least 1, got {args.count}")
+    return run_monitor_headless(interval=args.interval, count=args.count, as_json=args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

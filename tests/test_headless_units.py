@@ -1,0 +1,59 @@
+"""Headless pieces that need no real run: preflight, console lines."""
+
+import io
+
+from ddptui import protocol
+from ddptui.config import Machine, build_config
+from ddptui.headless import ConsoleReporter, gpu_preflight, progress_line
+from ddptui.state import RunState
+from tests.fake_nvml import FakeGpu, FakeNvml, GiB
+
+
+def test_nccl_preflight_warns_about_another_jobs_gpu_memory():
+    cfg = build_config({"backend": "nccl", "world_size": "1"}, Machine(1, "", 2))
+    nvml = FakeNvml([FakeGpu(uuid="GPU-aaaa", name="NVIDIA H100", processes={4321: 10 * GiB})])
+    warnings = gpu_preflight(cfg, nvml)
+    assert len(warnings) == 1 and "pid 4321" in warnings[0] and "10.0 GiB" in warnings[0]
+
+
+def test_gloo_run_skips_the_gpu_preflight():
+    cfg = build_config({"backend": "gloo"}, Machine(0, "none", 2))
+    assert gpu_preflight(cfg, FakeNvml([FakeGpu(processes={1: GiB})])) == []
+
+
+def step(rank, seq, epoch, sps=500.0):
+    return protocol.Step(run="r", rank=rank, seq=seq, t=0.0, step=seq, epoch=epoch, loss=0.25,
+                         samples=50, samples_per_s=sps, step_time=0.1)
+
+
+def test_console_prints_status_and_one_line_per_evaluated_epoch():
+    state = RunState("r", 2, epochs=3)
+    out = io.StringIO()
+    console = ConsoleReporter(out, tty=False)
+    events = [
+        protocol.Status(run="r", rank=0, seq=0, t=0.0, state="started", pid=7, host="h",
+                        device="cpu"),
+        protocol.Status(run="r", rank=1, seq=0, t=0.0, state="started", pid=8, host="h",
+                        device="cpu"),
+        step(0, 1, 1), step(1, 1, 1),
+        protocol.Eval(run="r", rank=0, seq=2, t=0.0, epoch=1, accuracy=0.9612, loss=0.12,
+                      count=1001),
+        protocol.Eval(run="r", rank=1, seq=2, t=0.0, epoch=1, accuracy=0.9612, loss=0.12,
+                      count=1001),
+    ]
+    for event in events:
+        state.apply(event, now=1.0)
+    console.on_events(state, events, now=1.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "rank 0 started: pid 7 on h, device cpu"
+    assert lines[2].startswith("epoch 1/3  accuracy 0.9612 (1001 samples)  eval loss 0.1200")
+    assert len(lines) == 3  # the eval of rank 1 is the same evaluation: not printed twice
+
+
+def test_progress_line_shows_throughput_loss_accuracy_and_problems():
+    state = RunState("r", 2, epochs=2)
+    state.apply(step(0, 0, 1, sps=1200.0), now=0.0)
+    state.apply(step(1, 0, 1, sps=800.0), now=0.0)
+    line = progress_line(state, now=10.0)
+    assert "epoch 1/2" in line and "2,000 samples/s" in line and "loss 0.2500" in line
+    assert "rank 0 silent" in line and "rank 1 silent" in line
