@@ -214,7 +214,8 @@ def _build(
     backend = attempt(parse_choice, "backend", _default(raw, "backend", "auto"), BACKENDS)
     amp = attempt(parse_choice, "amp", _default(raw, "amp", "off"), AMP_MODES) or "off"
 
-    needs_machine = backend in ("auto", "nccl") or amp == "fp16"
+    sync_bn = bool(raw.get("sync_bn"))
+    needs_machine = backend in ("auto", "nccl") or amp == "fp16" or sync_bn
     if needs_machine and machine is None:
         machine = Machine.detect()
     if backend == "auto":
@@ -232,6 +233,10 @@ def _build(
     if amp == "fp16" and machine is not None and machine.cuda_devices == 0:
         attempt(_fail, "amp", f"AMP fp16 needs a CUDA GPU ({machine.cuda_reason}); "
                 "use --amp bf16 on CPU")
+
+    if sync_bn and machine is not None and machine.cuda_devices == 0:
+        attempt(_fail, "sync_bn", f"--sync-bn needs a CUDA GPU: torch's SyncBatchNorm runs only "
+                f"on GPUs ({machine.cuda_reason})")
 
     resume = None if _blank(raw.get("resume")) else str(raw["resume"]).strip()
     if resume is not None:
@@ -268,7 +273,7 @@ def _build(
         run_dir=run_dir,
         resume=resume,
         init_method=init_method,
-        sync_bn=bool(raw.get("sync_bn")),
+        sync_bn=sync_bn,
         model=None if _blank(raw.get("model")) else str(raw["model"]),
         run_id=run_id,
     )

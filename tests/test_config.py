@@ -46,6 +46,7 @@ def test_script_defaults_to_torchrun_and_resolves_path(tmp_path):
         ({"script": "/nonexistent/train.py"}, CPU, "script", "script not found"),
         ({"resume": "/nonexistent/ckpt.pt"}, CPU, "resume", "cannot read resume checkpoint"),
         ({"init_method": "udp://x"}, CPU, "init_method", "--init-method must be"),
+        ({"sync_bn": True}, CPU, "sync_bn", "--sync-bn needs a CUDA GPU"),
     ],
 )
 def test_bad_values_are_refused_with_one_line(raw, machine, field, message):
@@ -72,11 +73,11 @@ def test_trainer_argv_carries_every_option(tmp_path):
     cfg = build_config({"epochs": "3", "batch_size": "16", "lr": "0.1", "seed": "7",
                         "data_dir": "/d", "resume": str(ckpt), "sync_bn": True,
                         "init_method": "file:///tmp/x", "model": "resnet50",
-                        "amp": "bf16", "run_dir": str(tmp_path / "run")}, CPU)
+                        "amp": "bf16", "run_dir": str(tmp_path / "run")}, TWO_GPUS)
     argv = cfg.trainer_argv()
     joined = " ".join(argv)
     for part in ("--epochs 3", "--batch-size 16", "--lr 0.1", "--seed 7", "--data-dir /d",
                  f"--resume {ckpt}", "--sync-bn", "--init-method file:///tmp/x",
-                 "--model resnet50", "--amp bf16", "--backend gloo",
+                 "--model resnet50", "--amp bf16", "--backend nccl",
                  f"--checkpoint {tmp_path / 'run' / 'checkpoint.pt'}"):
         assert part in joined

@@ -1,0 +1,65 @@
+"""CIFAR-10 with a torchvision ResNet (needs the python batches in --data-dir).
+
+    torchrun --nproc-per-node 2 -m trainers.cifar10 --data-dir data --model resnet18
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import CosineAnnealingLR, LRScheduler
+
+from trainers import datasets
+from trainers.distributed import DistContext, rank_zero_first
+from trainers.loop import Task, run
+from trainers.models import RESNETS, resnet
+from trainers.options import TrainConfig, add_download_option, build_parser, parse_config
+
+
+def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
+    if config.download:
+        rank_zero_first(functools.partial(datasets.download_cifar10, config.data_dir), ctx, device)
+    return datasets.cifar10_splits(config.data_dir, verify=config.verify_data)
+
+
+def build_model(config: TrainConfig, num_classes: int) -> nn.Module:
+    return resnet(config.model, num_classes)
+
+
+def build_optimizer(config: TrainConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=config.lr, momentum=0.9, weight_decay=5e-4)
+
+
+def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer) -> LRScheduler:
+    return CosineAnnealingLR(optimizer, T_max=config.epochs)
+
+
+TASK = Task(
+    data=build_data, model=build_model, optimizer=build_optimizer, scheduler=build_scheduler
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(
+        "cifar10",
+        description=__doc__,
+        epochs=30,
+        batch_size=128,
+        lr=0.1,
+        models=RESNETS,
+    )
+    add_download_option(parser)
+    parser.add_argument(
+        "--no-verify", action="store_true",
+        help="skip the md5 check of the batch files (re-packed or subset data)",
+    )
+    run(parse_config(parser, argv), TASK)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

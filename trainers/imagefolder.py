@@ -1,0 +1,66 @@
+"""An ImageNet-style folder (train/<class>/*, val/<class>/*) with a torchvision ResNet.
+
+    torchrun --nproc-per-node 8 -m trainers.imagefolder --data-dir /data/imagenet --model resnet50
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler, StepLR
+
+from trainers import datasets
+from trainers.distributed import DistContext
+from trainers.loop import Task, run
+from trainers.models import RESNETS, resnet
+from trainers.options import TrainConfig, build_parser, parse_config, positive_int
+
+DEFAULT_IMAGE_SIZE = 224
+
+
+def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
+    return datasets.imagefolder_splits(
+        config.data_dir, image_size=config.image_size or DEFAULT_IMAGE_SIZE
+    )
+
+
+def build_model(config: TrainConfig, num_classes: int) -> nn.Module:
+    return resnet(config.model, num_classes)
+
+
+def build_optimizer(config: TrainConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=config.lr, momentum=0.9, weight_decay=1e-4)
+
+
+def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer) -> LRScheduler:
+    return StepLR(optimizer, step_size=30, gamma=0.1)  # as pytorch/examples imagenet
+
+
+TASK = Task(
+    data=build_data, model=build_model, optimizer=build_optimizer, scheduler=build_scheduler
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(
+        "imagefolder",
+        description=__doc__,
+        epochs=90,
+        batch_size=32,
+        lr=0.1,
+        models=RESNETS,
+    )
+    parser.add_argument(
+        "--image-size", type=positive_int, default=DEFAULT_IMAGE_SIZE, metavar="PX",
+        help=f"training crop size; validation resizes to size*256/224 and centre-crops "
+             f"(default: {DEFAULT_IMAGE_SIZE})",
+    )
+    run(parse_config(parser, argv), TASK)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

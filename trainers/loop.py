@@ -1,0 +1,384 @@
+"""The one DDP training loop every trainer runs: train, evaluate, checkpoint, report.
+
+A trainer describes its data, model and optimizer in a :class:`Task` and calls :func:`run`
+with its :class:`~trainers.options.TrainConfig`. :func:`run` joins the process group, builds
+everything and hands over to :class:`Trainer`, which reads top to bottom::
+
+    for epoch in start..epochs:
+        _run_epoch(epoch)        # DistributedSampler.set_epoch, _run_batch per step
+        evaluate(epoch)          # sharded over ranks, each test sample counted once
+        _save_checkpoint(epoch)  # global rank 0, atomic
+
+Every step is reported with ``ddptui.log`` and every evaluation with ``ddptui.log_eval``,
+exactly as a user's own script would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data.distributed import DistributedSampler
+
+import ddptui
+from ddptui.reporter import cuda_uuid
+from trainers.datasets import DataSplits, first
+from trainers.distributed import DistContext, context_from_env, shard_indices
+from trainers.options import TrainConfig
+
+THREADS_ENV = "DDPTUI_THREADS"
+"""Set by ddptui's launchers when they have chosen the CPU threads per rank."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint to resume from is missing, unreadable or from another trainer."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a trainer contributes to the loop; everything else is shared."""
+
+    data: Callable[[TrainConfig, DistContext, torch.device], DataSplits]
+    """Builds the datasets (after the process group exists, so rank 0 may download first)."""
+    model: Callable[[TrainConfig, int], nn.Module]
+    """Builds the model for ``num_classes`` outputs (seeded identically on every rank)."""
+    optimizer: Callable[[TrainConfig, Iterable[nn.Parameter]], Optimizer]
+    scheduler: Callable[[TrainConfig, Optimizer], LRScheduler] | None = None
+    """Optional learning-rate schedule, stepped once per epoch."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """An evaluation over the whole test set, all-reduced over ranks."""
+
+    accuracy: float
+    loss: float
+    """Mean per-sample cross-entropy."""
+    count: int
+    """Test samples seen over all ranks (the test set's size)."""
+
+
+def run(config: TrainConfig, task: Task) -> EvalResult:
+    """Train and evaluate ``task`` as this process's rank; returns the last evaluation.
+
+    Reports ``ddptui.finished`` (with ``"ExcType: message"`` on failure, then re-raises) and
+    destroys the process group on every way out.
+    """
+    try:
+        ctx = context_from_env(config.init_method)
+        device = resolve_device(config, ctx)
+        _default_threads(ctx)
+        dist.init_process_group(
+            config.backend, init_method=ctx.init_method, rank=ctx.rank, world_size=ctx.world_size
+        )
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        ddptui.started(
+            device=str(device),
+            device_uuid=cuda_uuid(device.index) if device.type == "cuda" else None,
+            epochs=config.epochs,
+        )
+        data = task.data(config, ctx, device)
+        data = DataSplits(
+            first(data.train, config.train_size), first(data.test, config.test_size),
+            data.num_classes,
+        )
+        torch.manual_seed(config.seed)  # identical initial weights on every rank
+        model = task.model(config, data.num_classes)
+        if config.sync_bn:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model.to(device)
+        optimizer = task.optimizer(config, model.parameters())
+        scheduler = task.scheduler(config, optimizer) if task.scheduler else None
+        # From here on ranks should differ (dropout masks, augmentation), not repeat each other.
+        torch.manual_seed(config.seed + ctx.rank)
+        result = Trainer(config, ctx, device, model, optimizer, scheduler, data).train()
+    except BaseException as exc:
+        ddptui.finished(error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    ddptui.finished()
+    return result
+
+
+def resolve_device(config: TrainConfig, ctx: DistContext) -> torch.device:
+    """This rank's device (``cuda:LOCAL_RANK`` or cpu), refusing combinations that can't run."""
+    if config.device == "cpu":
+        if config.backend == "nccl":
+            raise ValueError("the nccl backend needs CUDA; use --backend gloo on CPU")
+        if config.amp == "fp16":
+            raise ValueError(
+                "--amp fp16 needs CUDA (fp16 autocast with a GradScaler); "
+                "use --amp bf16 or off on CPU"
+            )
+        if config.sync_bn:
+            raise ValueError("--sync-bn needs CUDA: torch's SyncBatchNorm only runs on GPUs")
+        return torch.device("cpu")
+    if config.device != "cuda":
+        raise ValueError(f"unknown device {config.device!r}; use cpu or cuda")
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda but CUDA is not available here")
+    if ctx.local_rank >= torch.cuda.device_count():
+        raise ValueError(
+            f"LOCAL_RANK {ctx.local_rank} has no GPU: only {torch.cuda.device_count()} visible"
+        )
+    if config.amp == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ValueError("--amp bf16: this GPU does not support bfloat16; use fp16")
+    return torch.device("cuda", ctx.local_rank)
+
+
+class Trainer:
+    """Runs the epochs for one rank: a DDP-wrapped model, its optimizer and the data."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        ctx: DistContext,
+        device: torch.device,
+        model: nn.Module,
+        optimizer: Optimizer,
+        scheduler: LRScheduler | None,
+        data: DataSplits,
+    ) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.device = device
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.data = data
+        self.scaler = torch.amp.GradScaler("cuda") if config.amp == "fp16" else None
+        self.start_epoch = 1
+        if config.resume:
+            self.start_epoch = self._load_checkpoint(model, config.resume) + 1
+        # Wrapped after resuming on purpose: DDP's constructor is a collective, so no rank
+        # trains (and rank 0 cannot overwrite the checkpoint) before every rank has read it.
+        cuda = device.type == "cuda"
+        self.model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+        self.sampler = DistributedSampler(
+            data.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed
+        )
+        self.train_loader = DataLoader(
+            data.train,
+            batch_size=config.batch_size,
+            sampler=self.sampler,
+            num_workers=config.workers,
+            pin_memory=cuda,
+            persistent_workers=config.workers > 0,
+        )
+
+    def train(self) -> EvalResult:
+        """Train the remaining epochs, evaluating (and checkpointing) after each."""
+        if self.start_epoch > self.config.epochs:  # resumed after the last epoch
+            epoch = self.start_epoch - 1
+            started = time.monotonic()
+            result = self.evaluate(epoch)
+            self._print_epoch(epoch, result, time.monotonic() - started)
+            return result
+        for epoch in range(self.start_epoch, self.config.epochs + 1):
+            started = time.monotonic()
+            self._run_epoch(epoch)
+            if self.scheduler is not None:
+                self.scheduler.step()
+            result = self.evaluate(epoch)
+            if self.config.checkpoint and self.ctx.is_main:
+                self._save_checkpoint(epoch)
+            self._print_epoch(epoch, result, time.monotonic() - started)
+        return result
+
+    def _run_epoch(self, epoch: int) -> None:
+        self.model.train()
+        self.sampler.set_epoch(epoch)
+        for inputs, targets in self.train_loader:
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            loss = self._run_batch(inputs, targets)
+            ddptui.log(epoch=epoch, loss=loss, samples=len(targets))
+
+    def _run_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.device, self.config.amp):
+            loss = F.cross_entropy(self.model(inputs), targets)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        return loss.item()
+
+    def evaluate(self, epoch: int) -> EvalResult:
+        """Evaluate rank 0's weights on the test set, sharded over ranks; report it."""
+        module = self.model.module
+        sync_buffers(module)
+        result = evaluate(
+            module,
+            self.data.test,
+            device=self.device,
+            batch_size=self.config.batch_size,
+            amp=self.config.amp,
+            workers=self.config.workers,
+        )
+        ddptui.log_eval(
+            epoch=epoch, accuracy=result.accuracy, loss=result.loss, count=result.count
+        )
+        return result
+
+    def _save_checkpoint(self, epoch: int) -> None:
+        """Write the checkpoint atomically: a temp file beside it, then ``os.replace``."""
+        path = Path(self.config.checkpoint)  # type: ignore[arg-type]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "epoch": epoch,
+            "config": asdict(self.config),
+        }
+        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(temp, "wb") as file:
+                torch.save(state, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+            raise
+
+    def _load_checkpoint(self, model: nn.Module, path: str) -> int:
+        """Restore model, optimizer, scaler and schedule from ``path``; returns its epoch."""
+        if not Path(path).is_file():
+            raise CheckpointError(f"cannot resume: checkpoint {path} does not exist")
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=True)
+            epoch = int(state["epoch"])
+            trainer = state["config"]["trainer"]
+        except Exception as exc:
+            raise CheckpointError(
+                f"cannot resume from {path}: not a readable checkpoint "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        if trainer != self.config.trainer:
+            raise CheckpointError(
+                f"cannot resume from {path}: it was saved by the {trainer!r} trainer, "
+                f"not {self.config.trainer!r}"
+            )
+        try:
+            model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            if self.scheduler is not None and state.get("scheduler"):
+                self.scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"cannot resume from {path}: it does not fit this model/optimizer "
+                f"(saved with {state['config'].get('model')!r}): {exc}"
+            ) from exc
+        return epoch
+
+    def _print_epoch(self, epoch: int, result: EvalResult, seconds: float) -> None:
+        if self.ctx.is_main:
+            print(
+                f"epoch {epoch}/{self.config.epochs} loss {result.loss:.4f} "
+                f"acc {result.accuracy:.4f} ({result.count} samples) {seconds:.1f}s",
+                flush=True,
+            )
+
+
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    *,
+    device: torch.device,
+    batch_size: int,
+    amp: str = "off",
+    workers: int = 0,
+) -> EvalResult:
+    """Accuracy and mean loss of ``model`` (unwrapped, not DDP) over all of ``dataset``.
+
+    Under an initialised process group each rank evaluates its :func:`shard_indices` and one
+    float64 ``all_reduce`` sums correct predictions, sample count and loss sum, so every test
+    sample counts exactly once and the result equals a single-process evaluation. Without a
+    process group it is that single-process evaluation.
+    """
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    shard = Subset(dataset, shard_indices(len(dataset), rank, world_size))  # type: ignore[arg-type]
+    loader = DataLoader(
+        shard, batch_size=batch_size, num_workers=workers, pin_memory=device.type == "cuda"
+    )
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # correct, count, loss sum
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for inputs, targets in loader:
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            with autocast(device, amp):
+                logits = model(inputs)
+            logits = logits.float()
+            totals[0] += (logits.argmax(dim=1) == targets).sum()
+            totals[1] += len(targets)
+            totals[2] += F.cross_entropy(logits, targets, reduction="sum").double()
+    model.train(was_training)
+    if world_size > 1:
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    correct, count, loss_sum = totals.tolist()
+    if count == 0:
+        return EvalResult(accuracy=0.0, loss=0.0, count=0)
+    return EvalResult(accuracy=correct / count, loss=loss_sum / count, count=int(count))
+
+
+def sync_buffers(module: nn.Module, src: int = 0) -> None:
+    """Give every rank ``src``'s buffers (BatchNorm running statistics), if distributed.
+
+    Each rank's last training forward updates its running stats locally; rank 0's are the
+    ones DDP broadcasts at the next forward and the checkpoint saves, so evaluate with those.
+    """
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=src)
+
+
+def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` for ``--amp`` (fp16 or bf16) on ``device``; a no-op for ``off``."""
+    if amp == "off":
+        return contextlib.nullcontext()
+    if amp not in _AMP_DTYPES:
+        raise ValueError(f"unknown --amp {amp!r}; use off, fp16 or bf16")
+    if amp == "fp16" and device.type != "cuda":
+        raise ValueError("--amp fp16 needs CUDA; use --amp bf16 or off on CPU")
+    return torch.autocast(device_type=device.type, dtype=_AMP_DTYPES[amp])
+
+
+_AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _default_threads(ctx: DistContext) -> None:
+    """Split the CPU cores between this machine's ranks, unless ddptui's launcher did."""
+    if THREADS_ENV not in os.environ:
+        torch.set_num_threads(max(1, _cpu_count() // ctx.local_world_size))
+
+
+def _cpu_count() -> int:
+    with contextlib.suppress(AttributeError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

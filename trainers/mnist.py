@@ -1,0 +1,61 @@
+"""MNIST with the pytorch/examples CNN and Adadelta (needs the dataset in --data-dir).
+
+    torchrun --nproc-per-node 2 -m trainers.mnist --data-dir data [--download]
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler, StepLR
+
+from trainers import datasets
+from trainers.distributed import DistContext, rank_zero_first
+from trainers.loop import Task, run
+from trainers.models import MnistNet
+from trainers.options import TrainConfig, add_download_option, build_parser, parse_config
+
+
+def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
+    if config.download:
+        rank_zero_first(functools.partial(datasets.download_mnist, config.data_dir), ctx, device)
+    return datasets.mnist_splits(config.data_dir)
+
+
+def build_model(config: TrainConfig, num_classes: int) -> nn.Module:
+    return MnistNet(num_classes)
+
+
+def build_optimizer(config: TrainConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.Adadelta(params, lr=config.lr)
+
+
+def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer) -> LRScheduler:
+    return StepLR(optimizer, step_size=1, gamma=0.7)
+
+
+TASK = Task(
+    data=build_data, model=build_model, optimizer=build_optimizer, scheduler=build_scheduler
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(
+        "mnist",
+        description=__doc__,
+        epochs=14,
+        batch_size=64,
+        lr=1.0,
+        models=["mnistnet"],
+    )
+    add_download_option(parser)
+    run(parse_config(parser, argv), TASK)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

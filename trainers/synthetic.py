@@ -1,0 +1,56 @@
+"""Synthetic image classification: learnable, in memory, no downloads (the default trainer).
+
+Ten classes of 1x16x16 images (a fixed smooth pattern per class, shifted, plus noise) and a
+small CNN. The defaults reach >= 0.95 test accuracy within seconds on two CPU ranks::
+
+    torchrun --nproc-per-node 2 -m trainers.synthetic
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from trainers.datasets import DataSplits, synthetic_splits
+from trainers.distributed import DistContext
+from trainers.loop import Task, run
+from trainers.models import SmallCNN
+from trainers.options import TrainConfig, build_parser, parse_config
+
+
+def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> DataSplits:
+    assert config.train_size is not None and config.test_size is not None
+    return synthetic_splits(config.train_size, config.test_size, config.seed)
+
+
+def build_model(config: TrainConfig, num_classes: int) -> nn.Module:
+    return SmallCNN(in_channels=1, num_classes=num_classes)
+
+
+def build_optimizer(config: TrainConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=config.lr)
+
+
+TASK = Task(data=build_data, model=build_model, optimizer=build_optimizer)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(
+        "synthetic",
+        description=__doc__,
+        epochs=3,
+        batch_size=32,
+        lr=3e-3,
+        models=["smallcnn"],
+        train_size=4000,
+        test_size=1001,
+    )
+    run(parse_config(parser, argv), TASK)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
