@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers import DEFAULT_TRAINER, TRAINERS
+from trainers.data_files import missing_data_message
 
 LAUNCHERS = ("spawn", "torchrun")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -246,6 +247,12 @@ def _build(
         else:
             resume = str(path.resolve())
 
+    data_dir = None if _blank(raw.get("data_dir")) else str(Path(raw["data_dir"]).expanduser())
+    if script is None and "--download" not in (raw.get("script_args") or ()):
+        problem = missing_data_message(trainer, data_dir or "data")
+        if problem:
+            attempt(_fail, "data_dir", problem)
+
     init_method = None if _blank(raw.get("init_method")) else str(raw["init_method"]).strip()
     if init_method is not None and not init_method.startswith(("tcp://", "file://", "env://")):
         attempt(_fail, "init_method", "--init-method must be tcp://HOST:PORT, file://PATH or "
@@ -269,7 +276,7 @@ def _build(
         batch_size=batch_size,
         lr=lr,
         seed=seed if seed is not None else 0,
-        data_dir=None if _blank(raw.get("data_dir")) else str(raw["data_dir"]),
+        data_dir=data_dir,
         run_dir=run_dir,
         resume=resume,
         init_method=init_method,

@@ -26,6 +26,8 @@ ENV_NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
         (["--no-ui", "--script", "/no/such/train.py"], "script not found: /no/such/train.py"),
         (["--no-ui", "--resume", "/no/such.pt"], "cannot read resume checkpoint: /no/such.pt"),
         (["--no-ui", "--bogus-flag"], "unrecognized arguments: --bogus-flag"),
+        (["--no-ui", "--trainer", "mnist", "--data-dir", "/no/data"],
+         "MNIST not found in /no/data"),
         (["monitor", "--interval", "0.01"], "--interval must be at least 0.1"),
         (["monitor", "--count", "zero"], "--count must be a whole number"),
         (["replay", "/no/such/run"], "not a run directory"),

@@ -47,6 +47,12 @@ def test_script_defaults_to_torchrun_and_resolves_path(tmp_path):
         ({"resume": "/nonexistent/ckpt.pt"}, CPU, "resume", "cannot read resume checkpoint"),
         ({"init_method": "udp://x"}, CPU, "init_method", "--init-method must be"),
         ({"sync_bn": True}, CPU, "sync_bn", "--sync-bn needs a CUDA GPU"),
+        ({"trainer": "mnist", "data_dir": "/no/data"}, CPU, "data_dir",
+         "MNIST not found in /no/data (expected MNIST/raw/train-images-idx3-ubyte"),
+        ({"trainer": "cifar10", "data_dir": "/no/data"}, CPU, "data_dir",
+         "CIFAR-10 not found in /no/data"),
+        ({"trainer": "imagefolder", "data_dir": "/no/data"}, CPU, "data_dir",
+         "image folder /no/data has no train/ directory"),
     ],
 )
 def test_bad_values_are_refused_with_one_line(raw, machine, field, message):
@@ -81,3 +87,9 @@ def test_trainer_argv_carries_every_option(tmp_path):
                  "--model resnet50", "--amp bf16", "--backend nccl",
                  f"--checkpoint {tmp_path / 'run' / 'checkpoint.pt'}"):
         assert part in joined
+
+
+def test_download_request_skips_the_data_check():
+    cfg = build_config({"trainer": "mnist", "data_dir": "/no/data",
+                        "script_args": ("--download",)}, CPU)
+    assert cfg.trainer_argv()[-1] == "--download"

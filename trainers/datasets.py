@@ -18,6 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset, TensorDataset
 
+from trainers.data_files import (
+    CIFAR10_FILES,
+    MNIST_FILES,
+    cifar10_dir,
+    missing_data_message,
+    missing_files,
+    mnist_raw_dir,
+)
+
 
 class DatasetError(RuntimeError):
     """The dataset cannot be used (corrupt, inconsistent, or its download failed)."""
@@ -85,22 +94,9 @@ def synthetic_splits(train_size: int, test_size: int, seed: int) -> DataSplits:
 
 
 # -- MNIST --------------------------------------------------------------------------------
-MNIST_FILES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
-
-
-def mnist_raw_dir(data_dir: str | os.PathLike[str]) -> Path:
-    """Where torchvision's MNIST looks for the IDX files."""
-    return Path(data_dir) / "MNIST" / "raw"
-
-
 def download_mnist(data_dir: str | os.PathLike[str]) -> None:
     """Fetch MNIST into ``data_dir`` unless it is already there."""
-    if not _missing(mnist_raw_dir(data_dir), MNIST_FILES):
+    if not missing_files(mnist_raw_dir(data_dir), MNIST_FILES):
         return
     from torchvision import datasets
 
@@ -114,12 +110,8 @@ def download_mnist(data_dir: str | os.PathLike[str]) -> None:
 
 def mnist_splits(data_dir: str | os.PathLike[str]) -> DataSplits:
     """MNIST from ``data_dir/MNIST/raw`` with the usual normalisation."""
-    missing = _missing(mnist_raw_dir(data_dir), MNIST_FILES)
-    if missing:
-        raise DatasetNotFoundError(
-            f"MNIST not found in {Path(data_dir).resolve()} (expected "
-            f"{', '.join(f'MNIST/raw/{name}' for name in missing)}); pass --download when online"
-        )
+    if message := missing_data_message("mnist", data_dir):
+        raise DatasetNotFoundError(message)
     from torchvision import datasets, transforms
 
     transform = transforms.Compose(
@@ -133,12 +125,6 @@ def mnist_splits(data_dir: str | os.PathLike[str]) -> DataSplits:
 
 
 # -- CIFAR-10 -----------------------------------------------------------------------------
-CIFAR10_FOLDER = "cifar-10-batches-py"
-CIFAR10_FILES = (
-    *(f"data_batch_{i}" for i in range(1, 6)),
-    "test_batch",
-    "batches.meta",
-)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
@@ -163,13 +149,9 @@ def _cifar10_class(verify: bool) -> type:
     return UnverifiedCIFAR10
 
 
-def cifar10_dir(data_dir: str | os.PathLike[str]) -> Path:
-    return Path(data_dir) / CIFAR10_FOLDER
-
-
 def download_cifar10(data_dir: str | os.PathLike[str]) -> None:
     """Fetch and unpack CIFAR-10 into ``data_dir`` unless its batches are already there."""
-    if not _missing(cifar10_dir(data_dir), CIFAR10_FILES):
+    if not missing_files(cifar10_dir(data_dir), CIFAR10_FILES):
         return
     from torchvision import datasets
 
@@ -184,13 +166,8 @@ def download_cifar10(data_dir: str | os.PathLike[str]) -> None:
 def cifar10_splits(data_dir: str | os.PathLike[str], *, verify: bool = True) -> DataSplits:
     """CIFAR-10 python batches from ``data_dir/cifar-10-batches-py``, standard augmentation."""
     folder = cifar10_dir(data_dir)
-    missing = _missing(folder, CIFAR10_FILES)
-    if missing:
-        raise DatasetNotFoundError(
-            f"CIFAR-10 not found in {Path(data_dir).resolve()} (expected "
-            f"{', '.join(f'{folder.name}/{name}' for name in missing)}); "
-            "pass --download when online"
-        )
+    if message := missing_data_message("cifar10", data_dir):
+        raise DatasetNotFoundError(message)
     from torchvision import transforms
 
     normalize = transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)
@@ -225,12 +202,8 @@ def imagefolder_splits(data_dir: str | os.PathLike[str], *, image_size: int = 22
     ``image_size * 256/224`` and centre-cropped.
     """
     root = Path(data_dir)
-    for split in ("train", "val"):
-        if not (root / split).is_dir():
-            raise DatasetNotFoundError(
-                f"image folder {root.resolve()} has no {split}/ directory "
-                f"(expected {split}/<class>/<image files>)"
-            )
+    if message := missing_data_message("imagefolder", data_dir):
+        raise DatasetNotFoundError(message)
     from torchvision import datasets, transforms
 
     normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
@@ -257,7 +230,3 @@ def imagefolder_splits(data_dir: str | os.PathLike[str], *, image_size: int = 22
             f"train/ classes {train.classes}"
         )
     return DataSplits(train=train, test=val, num_classes=len(train.classes))
-
-
-def _missing(folder: Path, names: tuple[str, ...]) -> list[str]:
-    return [name for name in names if not (folder / name).is_file()]
