@@ -19,12 +19,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from trainers.data_files import (
-    CIFAR10_FILES,
-    MNIST_FILES,
     cifar10_dir,
     missing_data_message,
-    missing_files,
-    mnist_raw_dir,
 )
 
 
@@ -93,21 +89,24 @@ def synthetic_splits(train_size: int, test_size: int, seed: int) -> DataSplits:
     )
 
 
-# -- MNIST --------------------------------------------------------------------------------
-def download_mnist(data_dir: str | os.PathLike[str]) -> None:
-    """Fetch MNIST into ``data_dir`` unless it is already there."""
-    if not missing_files(mnist_raw_dir(data_dir), MNIST_FILES):
+# -- downloads (only when asked for) ------------------------------------------------------
+def download_dataset(trainer: str, data_dir: str | os.PathLike[str]) -> None:
+    """Fetch MNIST or CIFAR-10 into ``data_dir`` with torchvision, unless it is already there."""
+    if missing_data_message(trainer, data_dir) is None:
         return
     from torchvision import datasets
 
+    cls, label = {"mnist": (datasets.MNIST, "MNIST"),
+                  "cifar10": (datasets.CIFAR10, "CIFAR-10")}[trainer]
     try:
-        datasets.MNIST(str(data_dir), download=True)
+        cls(str(data_dir), download=True)
     except Exception as exc:
         raise DatasetNotFoundError(
-            f"downloading MNIST into {Path(data_dir).resolve()} failed: {exc}"
+            f"downloading {label} into {Path(data_dir).resolve()} failed: {exc}"
         ) from exc
 
 
+# -- MNIST --------------------------------------------------------------------------------
 def mnist_splits(data_dir: str | os.PathLike[str]) -> DataSplits:
     """MNIST from ``data_dir/MNIST/raw`` with the usual normalisation."""
     if message := missing_data_message("mnist", data_dir):
@@ -147,20 +146,6 @@ def _cifar10_class(verify: bool) -> type:
         meta = {**datasets.CIFAR10.meta, "md5": None}
 
     return UnverifiedCIFAR10
-
-
-def download_cifar10(data_dir: str | os.PathLike[str]) -> None:
-    """Fetch and unpack CIFAR-10 into ``data_dir`` unless its batches are already there."""
-    if not missing_files(cifar10_dir(data_dir), CIFAR10_FILES):
-        return
-    from torchvision import datasets
-
-    try:
-        datasets.CIFAR10(str(data_dir), download=True)
-    except Exception as exc:
-        raise DatasetNotFoundError(
-            f"downloading CIFAR-10 into {Path(data_dir).resolve()} failed: {exc}"
-        ) from exc
 
 
 def cifar10_splits(data_dir: str | os.PathLike[str], *, verify: bool = True) -> DataSplits:

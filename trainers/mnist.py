@@ -22,7 +22,8 @@ from trainers.options import TrainConfig, add_download_option, build_parser, par
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
     if config.download:
-        rank_zero_first(functools.partial(datasets.download_mnist, config.data_dir), ctx, device)
+        fetch = functools.partial(datasets.download_dataset, "mnist", config.data_dir)
+        rank_zero_first(fetch, ctx, device)
     return datasets.mnist_splits(config.data_dir)
 
 
