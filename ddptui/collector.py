@@ -1,8 +1,8 @@
 """The ddptui side of telemetry: one PULL socket, validated events out.
 
-Bound to 127.0.0.1 on a free port by default. Every message is size-capped and decoded
-against the schema; malformed, foreign (another run id) and oversized messages are counted
-and ignored — they never stop the collector.
+Bound to 127.0.0.1 on a free port by default. Every message (a batch of events) is
+size-capped and decoded against the schema; malformed and oversized messages and foreign
+events (another run id) are counted and ignored — they never stop the collector.
 """
 
 from __future__ import annotations
@@ -52,32 +52,34 @@ class Collector:
         self._poller.register(self._socket, zmq.POLLIN)
 
     def poll(self, timeout: float = 0.1) -> list[protocol.AnyEvent]:
-        """Wait up to ``timeout`` seconds for messages, then drain what is queued."""
+        """Return what has arrived, waiting up to ``timeout`` seconds when nothing has."""
         events: list[protocol.AnyEvent] = []
-        if not self._poller.poll(int(timeout * 1000)):
-            return events
-        # The hot loop of ingest: names bound locally, the accept logic inlined.
+        # The hot loop of ingest: names bound locally, no poll while messages are queued.
         recv, noblock, again = self._socket.recv, zmq.NOBLOCK, zmq.Again
-        decode, invalid = protocol.decode_unchecked, protocol.InvalidEvent
-        limit, run_id, stats, append = protocol.MAX_MESSAGE_BYTES, self.run_id, self.stats, \
-            events.append
+        decode, invalid = protocol.decode_batch, protocol.InvalidEvent
+        limit, run_id, stats = protocol.MAX_MESSAGE_BYTES, self.run_id, self.stats
+        waited = False
         for _ in range(self.max_batch):
             try:
                 data = recv(noblock)
             except again:
-                break
+                if waited or events or not self._poller.poll(int(timeout * 1000)):
+                    break
+                waited = True
+                continue
             if len(data) > limit:
                 stats.oversized += 1
                 continue
             try:
-                event = decode(data)
+                batch = decode(data)
             except invalid:
                 stats.malformed += 1
                 continue
-            if event.run != run_id:
-                stats.foreign += 1
-                continue
-            append(event)
+            for event in batch:
+                if event.run == run_id:
+                    events.append(event)
+                else:
+                    stats.foreign += 1
         stats.received += len(events)
         return events
 

@@ -1,8 +1,9 @@
 """The telemetry wire protocol: typed, versioned events; encode, decode, validate.
 
-Ranks send events as msgpack over ZeroMQ; ddptui writes the same events as JSON lines
-(``events.jsonl``). Nothing here ever unpickles: decoding is schema-driven (msgspec), so a
-message is either a well-formed event of a known kind or it is rejected.
+Ranks send events as msgpack over ZeroMQ, a batch (a list of events) per message; ddptui
+writes the same events as JSON lines (``events.jsonl``). Nothing here ever unpickles:
+decoding is schema-driven (msgspec), so a message is either a batch of well-formed events
+of known kinds or it is rejected whole.
 
 Every event carries ``v`` (schema version), ``run`` (run id), ``rank``, ``kind``, ``t``
 (wall-clock seconds since the epoch, for display) and ``seq`` (a per-rank counter; a gap in
@@ -17,16 +18,21 @@ import msgspec
 
 SCHEMA_VERSION = 1
 #: Largest message accepted from a socket; anything bigger is counted as oversized.
-MAX_MESSAGE_BYTES = 64 * 1024
+MAX_MESSAGE_BYTES = 1024 * 1024
+#: Most events a sender puts in one message.
+MAX_BATCH_EVENTS = 256
+#: Most extra metrics one event may carry.
+MAX_METRICS = 64
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 Metric = float | int | str | bool | None
+Metrics = Annotated[dict[str, Metric], msgspec.Meta(max_length=MAX_METRICS)]
 
 
 class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=False):
     """Fields shared by every event."""
 
-    v: int = SCHEMA_VERSION
+    v: Literal[1] = SCHEMA_VERSION  # another version fails validation
     run: Annotated[str, msgspec.Meta(max_length=128)]
     rank: NonNegInt
     t: float
@@ -62,7 +68,7 @@ class Step(Event, tag="step"):
     samples: NonNegInt = 0
     samples_per_s: float | None = None
     step_time: float | None = None
-    metrics: dict[str, Metric] = {}
+    metrics: Metrics = {}
 
 
 class Eval(Event, tag="eval"):
@@ -72,7 +78,7 @@ class Eval(Event, tag="eval"):
     accuracy: float | None = None
     loss: float | None = None
     count: int | None = None
-    metrics: dict[str, Metric] = {}
+    metrics: Metrics = {}
 
 
 class EpochEnd(Event, tag="epoch"):
@@ -94,36 +100,31 @@ AnyEvent = Status | Step | Eval | EpochEnd | LogLine
 KINDS = ("status", "step", "eval", "epoch", "log")
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
-_msgpack_decoder = msgspec.msgpack.Decoder(AnyEvent)
+_batch_decoder = msgspec.msgpack.Decoder(
+    Annotated[list[AnyEvent], msgspec.Meta(max_length=MAX_BATCH_EVENTS)]
+)
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder(AnyEvent)
 
 
 class InvalidEvent(ValueError):
-    """A message that is not a valid event of this schema version."""
+    """A message that is not a valid batch of events of this schema version."""
 
 
-def encode(event: AnyEvent) -> bytes:
-    """Wire encoding (msgpack)."""
-    return _msgpack_encoder.encode(event)
+def encode_batch(events: list[AnyEvent]) -> bytes:
+    """Wire encoding of one message: a msgpack list of events."""
+    return _msgpack_encoder.encode(events)
 
 
-def decode(data: bytes) -> AnyEvent:
-    """Decode and validate one wire message; raise :class:`InvalidEvent` if it is not one."""
+def decode_batch(data: bytes) -> list[AnyEvent]:
+    """Decode and validate one wire message; raise :class:`InvalidEvent` unless every event
+    in it is valid (a message is accepted or rejected whole)."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise InvalidEvent(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
-    return decode_unchecked(data)
-
-
-def decode_unchecked(data: bytes) -> AnyEvent:
-    """:func:`decode` without the size check (for callers that check the size first)."""
     try:
-        event = _msgpack_decoder.decode(data)
+        return _batch_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InvalidEvent(str(exc)) from None
-    if event.v != SCHEMA_VERSION:
-        raise InvalidEvent(f"schema version {event.v}, expected {SCHEMA_VERSION}")
-    return event
 
 
 def to_json(event: AnyEvent) -> bytes:

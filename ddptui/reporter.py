@@ -2,8 +2,13 @@
 
 A :class:`Reporter` is created lazily inside each rank process (after spawn/fork, never
 inherited), from ``DDPTUI_ENDPOINT`` and ``DDPTUI_RUN_ID``. Sends are non-blocking
-(``zmq.DONTWAIT``) into a bounded queue (``SNDHWM``); when the queue is full the event is
+(``zmq.DONTWAIT``) into a bounded queue (``SNDHWM``); when the queue is full the events are
 dropped and counted. Closing waits at most ``LINGER`` for queued events to leave.
+
+Step events are batched: they go out together at most every ``FLUSH_INTERVAL_S`` (or when
+``MAX_BATCH_EVENTS`` are waiting), and any other event goes out at once with whatever is
+waiting. Each send wakes ZeroMQ's I/O thread, which costs tens of microseconds when training
+keeps the cores busy; batching makes that a cost per 50 ms instead of per step.
 
 ``IMMEDIATE`` is deliberately *not* set: with it, events sent before the TCP handshake
 completes (the rank's ``started`` status, sent first thing) would be dropped. The bounded
@@ -24,8 +29,13 @@ from ddptui import protocol
 
 ENDPOINT_ENV = "DDPTUI_ENDPOINT"
 RUN_ID_ENV = "DDPTUI_RUN_ID"
-SEND_HWM = 10_000
+#: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
+SEND_HWM = 1_000
 LINGER_MS = 1_000
+#: After a send finds the queue full, drop (and count) without trying for this long.
+FULL_BACKOFF_S = 0.01
+#: Step events wait at most this long (or for the next step after it) before they are sent.
+FLUSH_INTERVAL_S = 0.05
 
 _STEP_FIELDS = ("epoch", "loss", "samples", "step", "step_time", "samples_per_s")
 _EVAL_FIELDS = ("epoch", "accuracy", "loss", "count")
@@ -38,7 +48,8 @@ def _rank_from_env() -> int:
 class Reporter:
     """Sends this rank's events. Use the module functions in :mod:`ddptui` instead."""
 
-    def __init__(self, endpoint: str | None, run_id: str, rank: int) -> None:
+    def __init__(self, endpoint: str | None, run_id: str, rank: int,
+                 send_hwm: int = SEND_HWM) -> None:
         self.endpoint = endpoint
         self.run_id = run_id
         self.rank = rank
@@ -53,6 +64,9 @@ class Reporter:
         self._started_sent = False
         self._finished_sent = False
         self._lock = threading.Lock()
+        self._full_until = 0.0
+        self._batch: list[protocol.AnyEvent] = []
+        self._flushed_at = time.monotonic()
         self._socket = None
         self._context = None
         if endpoint:
@@ -61,7 +75,7 @@ class Reporter:
             self._zmq = zmq
             self._context = zmq.Context()
             sock = self._context.socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+            sock.setsockopt(zmq.SNDHWM, send_hwm)
             sock.setsockopt(zmq.LINGER, LINGER_MS)
             sock.connect(endpoint)
             self._socket = sock
@@ -71,17 +85,41 @@ class Reporter:
         return self._socket is not None
 
     # -- sending -------------------------------------------------------------------------
-    def _send(self, cls: type[protocol.Event], **fields: Any) -> None:
+    def _send(self, cls: type[protocol.Event], urgent: bool = True, **fields: Any) -> None:
+        """Queue one event; send the batch when ``urgent``, full, or due."""
         if self._socket is None:
             return
         with self._lock:
-            event = cls(run=self.run_id, rank=self.rank, t=time.time(), seq=self._seq, **fields)
-            self._seq += 1
-            try:
-                self._socket.send(protocol.encode(event), self._zmq.DONTWAIT)
-                self.sent += 1
-            except self._zmq.Again:
-                self.dropped += 1
+            seq = self._seq
+            self._seq += 1  # a dropped event still takes its number: the gap shows the drop
+            self._batch.append(
+                cls(run=self.run_id, rank=self.rank, t=time.time(), seq=seq, **fields))
+            now = time.monotonic()
+            if (urgent or len(self._batch) >= protocol.MAX_BATCH_EVENTS
+                    or now - self._flushed_at >= FLUSH_INTERVAL_S):
+                self._flush(now)
+
+    def _flush(self, now: float) -> None:
+        batch, self._batch = self._batch, []
+        self._flushed_at = now
+        if not batch or self._socket is None:
+            return
+        if now < self._full_until:
+            self.dropped += len(batch)
+            return
+        try:
+            self._socket.send(protocol.encode_batch(batch), self._zmq.DONTWAIT)
+            self.sent += len(batch)
+        except self._zmq.Again:
+            # Queue full (or nobody listening): drop without asking zmq again for a while,
+            # so a stalled collector costs the training loop almost nothing.
+            self.dropped += len(batch)
+            self._full_until = now + FULL_BACKOFF_S
+
+    def flush(self) -> None:
+        """Send the step events still waiting in the batch."""
+        with self._lock:
+            self._flush(time.monotonic())
 
     # -- lifecycle -----------------------------------------------------------------------
     def started(self, device: str | None = None, device_uuid: str | None = None,
@@ -112,6 +150,7 @@ class Reporter:
         if self._epoch is not None and self._epoch_samples:
             self._end_epoch()
         self._finished_sent = True
+        self._full_until = 0.0  # the final status always gets its chance
         self._send(
             protocol.Status,
             state="failed" if error else "finished",
@@ -122,6 +161,7 @@ class Reporter:
 
     def close(self) -> None:
         if self._socket is not None:
+            self.flush()
             self._socket.close(linger=LINGER_MS)
             self._socket = None
         if self._context is not None:
@@ -156,6 +196,7 @@ class Reporter:
         self._epoch_samples += samples
         self._send(
             protocol.Step,
+            urgent=False,
             step=self._step,
             epoch=self._epoch,
             loss=None if loss is None else float(loss),

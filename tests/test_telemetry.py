@@ -35,6 +35,32 @@ def test_collector_binds_loopback_on_a_free_port(collector):
     assert not collector.endpoint.endswith(":0")
 
 
+def test_steps_wait_for_a_batch_but_other_events_go_at_once(collector):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep.log(loss=1.0, samples=8)  # started goes at once, the step waits
+        first = drain(collector, 1, timeout=1.0)
+        assert [type(e).__name__ for e in first] == ["Status"]
+        assert collector.poll(0.2) == []
+        rep.log_eval(accuracy=0.5)  # not a step: sends the waiting step along with it
+        second = drain(collector, 2, timeout=2.0)
+    finally:
+        rep.close()
+    assert [type(e).__name__ for e in second] == ["Step", "Eval"]
+
+
+def test_waiting_steps_go_out_after_the_flush_interval(collector):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep.log(loss=1.0, samples=8)
+        time.sleep(0.06)
+        rep.log(loss=0.5, samples=8)  # the interval has passed: both steps go now
+        events = drain(collector, 3, timeout=2.0)
+    finally:
+        rep.close()
+    assert [type(e).__name__ for e in events] == ["Status", "Step", "Step"]
+
+
 def test_steps_are_derived_and_delivered_in_order(collector):
     rep = Reporter(collector.endpoint, "run-1", rank=3)
     try:
@@ -72,11 +98,12 @@ def test_nobody_listening_never_blocks_and_counts_drops():
     with zmq.Context() as ctx, ctx.socket(zmq.PULL) as probe:
         port = probe.bind_to_random_port("tcp://127.0.0.1")
     # The port is closed again: nobody listens there.
-    rep = Reporter(f"tcp://127.0.0.1:{port}", "run", rank=0)
+    rep = Reporter(f"tcp://127.0.0.1:{port}", "run", rank=0, send_hwm=10)
     try:
         n = 30_000  # well past the send HWM: a blocking send would hang here
         for _ in range(n):
             rep.log(loss=1.0, samples=1)
+        rep.flush()
         assert rep.sent + rep.dropped == n + 1  # + the started status
         assert rep.dropped > 0
     finally:
@@ -84,12 +111,13 @@ def test_nobody_listening_never_blocks_and_counts_drops():
 
 
 def test_flooding_drops_are_counted_and_visible_as_seq_gaps():
-    collector = Collector("run-1", receive_hwm=1_000)
-    rep = Reporter(collector.endpoint, "run-1", rank=0)
-    n = 40_000  # the collector is not reading: both HWMs fill, the rest must drop
+    collector = Collector("run-1", receive_hwm=5)
+    rep = Reporter(collector.endpoint, "run-1", rank=0, send_hwm=5)
+    n = 200_000  # the collector is not reading: HWMs and socket buffers fill, the rest drops
     try:
         for i in range(n):
             rep.log(loss=float(i), samples=1)
+        rep.flush()
         rep_sent, rep_dropped = rep.sent, rep.dropped
         events = drain(collector, rep_sent, timeout=20)
     finally:
@@ -111,10 +139,12 @@ def test_garbage_foreign_and_oversized_are_counted_and_ignored(collector):
     with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as push:
         push.connect(collector.endpoint)
         push.send(b"\xff\x00garbage")
-        push.send(msgspec.msgpack.encode({"kind": "step", "run": "run-1"}))
-        push.send(protocol.encode(protocol.Step(run="other-run", rank=0, t=0, seq=0, step=1)))
+        push.send(msgspec.msgpack.encode([{"kind": "step", "run": "run-1"}]))
+        push.send(protocol.encode_batch(
+            [protocol.Step(run="other-run", rank=0, t=0, seq=0, step=1)]))
         push.send(b"\x00" * (protocol.MAX_MESSAGE_BYTES + 10))
-        push.send(protocol.encode(protocol.Step(run="run-1", rank=0, t=0, seq=0, step=1)))
+        push.send(protocol.encode_batch(
+            [protocol.Step(run="run-1", rank=0, t=0, seq=0, step=1)]))
         events = drain(collector, 1)
     assert len(events) == 1 and events[0].step == 1
     stats = collector.stats
