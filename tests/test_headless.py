@@ -1,5 +1,6 @@
 """``ddptui --no-ui`` end to end with the built-in synthetic trainer (real ranks, gloo)."""
 
+import json
 import subprocess
 import sys
 
@@ -76,3 +77,15 @@ def test_resume_under_torchrun_with_bf16_continues_at_next_epoch(tmp_path, defau
     assert {e["epoch"] for e in evals} == {done + 1}
     # Started from the saved weights: already accurate in its only epoch.
     assert min(e["accuracy"] for e in evals) >= 0.95
+
+
+def test_file_init_method_as_in_the_manual_recipe(tmp_path):
+    run_dir = tmp_path / "run"
+    store = tmp_path / "rendezvous"
+    proc = ddptui("--world-size", "2", "--epochs", "1", "--init-method", f"file://{store}",
+                  "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = read_events(run_dir)
+    assert {e["rank"] for e in events if e["kind"] == "eval"} == {0, 1}
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["init_method"] == f"file://{store}"

@@ -57,3 +57,16 @@ def test_progress_line_shows_throughput_loss_accuracy_and_problems():
     line = progress_line(state, now=10.0)
     assert "epoch 1/2" in line and "2,000 samples/s" in line and "loss 0.2500" in line
     assert "rank 0 silent" in line and "rank 1 silent" in line
+
+
+def test_terminal_gets_a_redrawn_progress_bar_and_pipes_get_lines():
+    state = RunState("r", 1, epochs=2)
+    state.apply(step(0, 0, 1), now=0.0)
+    state.apply(protocol.EpochEnd(run="r", rank=0, seq=1, t=0.0, epoch=1, time=1.0, samples=50),
+                now=0.5)
+    tty, pipe = io.StringIO(), io.StringIO()
+    ConsoleReporter(tty, tty=True).tick(state, now=1.0)
+    ConsoleReporter(pipe, tty=False).tick(state, now=10.0)
+    assert tty.getvalue().startswith("\r\x1b[2K") and "50%" in tty.getvalue()
+    assert "█" * 12 + "░" * 12 in tty.getvalue() and not tty.getvalue().endswith("\n")
+    assert pipe.getvalue().endswith("\n") and "\r" not in pipe.getvalue()

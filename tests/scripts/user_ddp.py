@@ -36,6 +36,6 @@ try:
     correct = torch.tensor([float(rank + 1)])
     dist.all_reduce(correct)
     ddptui.log_eval(epoch=1, accuracy=correct.item() / (world * (world + 1) / 2), count=world)
-    print(f"rank {rank} done pid {os.getpid()}", flush=True)
+    print(f"rank {rank} done pid {os.getpid()} threads {torch.get_num_threads()}", flush=True)
 finally:
     dist.destroy_process_group()
