@@ -1,0 +1,336 @@
+"""Dashboard cost under load: CPU of the dashboard process and event-to-screen delay.
+
+A feeder process sends a synthetic run over the real telemetry path (ZeroMQ PUSH →
+the dashboard's Collector → events.jsonl → RunState), N ranks × R step events per second
+each. The dashboard runs in a pseudo-terminal (120x40) exactly as ``ddptui --start`` would,
+except that the feeder replaces the launcher. Measured:
+
+* CPU of the dashboard process (all its threads: pump, monitor sampler, UI), as a percent of
+  one core, over a steady window; and the same for an ingest-only process (the same session
+  pumped with no UI), to show what the UI itself costs;
+* delay from an event's arrival in the dashboard (the pump thread receiving it) to the first
+  screen refresh that shows it (median, p95, max).
+
+Prints numbers; it is not a test. Usage::
+
+    uv run python benchmarks/bench_tui.py                      # 8 ranks x 50/s, 20 s
+    uv run python benchmarks/bench_tui.py --ranks 16 --seconds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import fcntl
+import json
+import os
+import pty
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WARMUP_S = 5.0  # start-up (imports, first layout) is not what we measure
+SIZE = (120, 40)
+
+
+# -- the feeder: a synthetic run over the real wire protocol ------------------------------------
+def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) -> None:
+    import zmq
+
+    from ddptui import protocol
+
+    sock = zmq.Context().socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(endpoint)
+    seq = [0] * ranks
+    steps_per_epoch = int(rate * 10)  # an epoch (and an eval) every 10 s
+
+    def send(*events) -> None:  # one message per rank per step, as the reporter batches
+        sock.send(protocol.encode_batch(list(events)))
+
+    def common(rank: int) -> dict:
+        seq[rank] += 1
+        return {"run": run_id, "rank": rank, "t": time.time(), "seq": seq[rank] - 1}
+
+    for rank in range(ranks):
+        send(protocol.Status(state="started", pid=os.getpid(), host="bench", local_rank=rank,
+                             world_size=ranks, epochs=max(1, int(seconds // 10)),
+                             device="cpu", **common(rank)))
+    start = time.monotonic()
+    step = 0
+    while True:
+        step += 1
+        due = start + step / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        if time.monotonic() - start > seconds:
+            break
+        epoch = 1 + (step - 1) // steps_per_epoch
+        for rank in range(ranks):
+            step_time = (1 / rate) * (1.0 + 0.02 * rank)
+            events = [protocol.Step(step=step, epoch=epoch,
+                                    loss=2.0 / (1 + step / 100) + rank / 100, samples=32,
+                                    samples_per_s=32 / step_time, step_time=step_time,
+                                    **common(rank))]
+            if step % steps_per_epoch == 0:
+                events.append(protocol.EpochEnd(epoch=epoch, time=10.0,
+                                                samples=32 * steps_per_epoch, **common(rank)))
+                events.append(protocol.Eval(epoch=epoch, accuracy=1 - 0.5 / epoch, loss=0.1,
+                                            count=1000, **common(rank)))
+            send(*events)
+    for rank in range(ranks):
+        send(protocol.Status(state="finished", **common(rank)))
+    sock.close()
+
+
+# -- the dashboard side ------------------------------------------------------------------------
+def make_session_class():
+    from ddptui.collector import Collector
+    from ddptui.launch import LaunchResult
+    from ddptui.session import RunSession
+
+    class FeedLauncher:
+        """Launcher stand-in: runs the feeder instead of the ranks."""
+
+        def __init__(self, endpoint: str, run_id: str, ranks: int, rate: float, seconds: float):
+            self.cmd = [sys.executable, __file__, "--feed", endpoint, run_id, str(ranks),
+                        str(rate), str(seconds)]
+            self.process: subprocess.Popen | None = None
+
+        def start(self) -> None:
+            self.process = subprocess.Popen(self.cmd, cwd=ROOT)
+
+        def poll(self) -> LaunchResult | None:
+            code = self.process.poll() if self.process else 0
+            return None if code is None else LaunchResult(code)
+
+        def stop(self, grace: float | None = None) -> LaunchResult:
+            if self.process and self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            return LaunchResult(0, stopped=True)
+
+    class FeedSession(RunSession):
+        """A real RunSession (collector, events.jsonl, RunState) fed by the feeder; it also
+        notes when each batch of events arrived, for the delay measurement."""
+
+        ranks = 8
+        rate = 50.0
+        seconds = 20.0
+        arrivals: list[tuple[float, dict[int, int], int]] = []
+
+        def start(self) -> None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._events_file = open(self.events_path, "ab")
+            self.collector = Collector(self.cfg.run_id)
+            self.stats = self.collector.stats
+            self.launcher = FeedLauncher(self.collector.endpoint, self.cfg.run_id, self.ranks,
+                                         self.rate, self.seconds)
+            self.state.started_at = self.clock()
+            self.launcher.start()
+
+        def _record(self, events) -> None:
+            super()._record(events)
+            newest: dict[int, int] = {}
+            for event in events:
+                step = getattr(event, "step", None)
+                if step is not None:
+                    newest[event.rank] = max(step, newest.get(event.rank, 0))
+            if newest:
+                self.arrivals.append((time.monotonic(), newest, len(events)))
+
+    return FeedSession
+
+
+def child(args: argparse.Namespace) -> None:
+    """The dashboard process (in a pty), or the ingest-only process (``--ingest-only``)."""
+    from ddptui.config import Machine, RunConfig
+    from ddptui.tui.machine import HostInfo
+
+    FeedSession = make_session_class()
+    FeedSession.ranks, FeedSession.rate, FeedSession.seconds = (
+        args.ranks, args.rate, args.seconds + WARMUP_S + 2)
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-tui-"))
+    cfg = RunConfig(world_size=args.ranks, epochs=None, run_dir=str(run_dir / "run"),
+                    run_id="bench", backend="gloo")
+    if args.ingest_only:
+        session = FeedSession(cfg)
+        session.start()
+        deadline = time.monotonic() + WARMUP_S + args.seconds + 1
+        while time.monotonic() < deadline and session.poll() is None:
+            session.pump(0.1)
+        session.stop()
+        session.close()
+        return
+
+    from ddptui.tui.app import DdpTuiApp, Deps
+    from ddptui.tui.screens.run import RunScreen
+
+    paints: list[tuple[float, dict[int, int]]] = []
+    host = HostInfo(Machine(0, "benchmark", os.cpu_count() or 1), None)
+    deps = Deps(detect_host=lambda: host, session_factory=FeedSession,
+                refresh_hz=args.refresh_hz, runs_root=run_dir)
+    if args.no_monitor:
+        deps.make_sampler = lambda interval: _NullSampler()
+
+    def on_frame(frame) -> None:
+        shown = {}
+        for row in frame.rows:
+            step = row.epoch_step.rsplit("/", 1)[-1]
+            if step.isdigit():
+                shown[row.rank] = int(step)
+        paints.append((time.monotonic(), shown))
+
+    class BenchApp(DdpTuiApp):
+        """The dashboard as ``ddptui --start`` runs it, plus a probe on each refresh."""
+
+        def on_mount(self) -> None:  # Textual runs DdpTuiApp.on_mount as well
+            self.set_timer(WARMUP_S + args.seconds + 1, lambda: self.exit(0))
+            self.call_after_refresh(self._probe)
+
+        def _probe(self) -> None:
+            if isinstance(self.screen, RunScreen):
+                self.screen.on_frame_drawn = on_frame
+            else:
+                self.set_timer(0.05, self._probe)
+
+    app = BenchApp("run", deps=deps, cfg=cfg, start=True, host_info=host)
+    app.run()
+    app.stop_everything()
+    Path(args.out).write_text(json.dumps({"paints": paints, "arrivals": FeedSession.arrivals}))
+
+
+class _NullSampler:
+    """No system sampling (``--no-monitor``: to see what the monitor thread costs)."""
+
+    def start(self):
+        return self
+
+    def stop(self, timeout=None):
+        pass
+
+    def latest(self):
+        return None
+
+    def set_pids(self, pids):
+        pass
+
+
+def delays(paints, arrivals, start: float, end: float) -> list[float]:
+    """For every event arriving in [start, end]: time to the first paint that shows it."""
+    times = [p[0] for p in paints]
+    out: list[float] = []
+    for arrived, newest, count in arrivals:
+        if not start <= arrived <= end:
+            continue
+        i = bisect.bisect_left(times, arrived)
+        for t, shown in paints[i:]:
+            if all(shown.get(r, -1) >= s for r, s in newest.items()):
+                out.extend([t - arrived] * count)
+                break
+    return out
+
+
+# -- the parent: runs the children and measures them ---------------------------------------------
+def run_child(extra: list[str], seconds: float, pty_mode: bool) -> tuple[float, Path]:
+    """Start a child, return (CPU % of one core over the steady window, output path)."""
+    import psutil
+
+    out = Path(tempfile.mkstemp(prefix="bench-tui-", suffix=".json")[1])
+    cmd = [sys.executable, __file__, "--child", "--out", str(out), *extra]
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(SIZE[0]), LINES=str(SIZE[1]))
+    if pty_mode:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
+        proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env,
+                                cwd=ROOT, start_new_session=True)
+        os.close(slave)
+
+        def drain() -> None:  # the terminal: read everything the app draws
+            while True:
+                try:
+                    if not os.read(master, 65536):
+                        break
+                except OSError:
+                    break
+
+        threading.Thread(target=drain, daemon=True).start()
+    else:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+    ps = psutil.Process(proc.pid)
+    time.sleep(WARMUP_S)
+    t0, c0 = time.monotonic(), sum(ps.cpu_times()[:2])
+    time.sleep(seconds)
+    t1, c1 = time.monotonic(), sum(ps.cpu_times()[:2])
+    proc.wait(timeout=60)
+    return 100.0 * (c1 - c0) / (t1 - t0), out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=50.0, help="step events/s per rank")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured window")
+    parser.add_argument("--refresh-hz", type=float, default=4.0)
+    parser.add_argument("--no-monitor", action="store_true",
+                        help="no GPU/system sampling thread (to see what it costs)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ingest-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--feed", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.feed:
+        endpoint, run_id, ranks, rate, seconds = args.feed
+        feed(endpoint, run_id, int(ranks), float(rate), float(seconds))
+        return
+    if args.child:
+        child(args)
+        return
+
+    common = ["--ranks", str(args.ranks), "--rate", str(args.rate), "--seconds",
+              str(args.seconds), "--refresh-hz", str(args.refresh_hz)]
+    if args.no_monitor:
+        common.append("--no-monitor")
+    print(f"ddptui dashboard benchmark: {args.ranks} ranks x {args.rate:g} events/s "
+          f"({args.ranks * args.rate:g} events/s), refresh {args.refresh_hz:g} Hz, "
+          f"{args.seconds:g} s window, {os.cpu_count()} CPUs")
+    ingest_cpu, _ = run_child([*common, "--ingest-only"], args.seconds, pty_mode=False)
+    ui_cpu, out = run_child(common, args.seconds, pty_mode=True)
+    data = json.loads(out.read_text())
+    # JSON turned the rank keys into strings: back to ints.
+    paints = [(t, {int(r): s for r, s in shown.items()}) for t, shown in data["paints"]]
+    arrivals = [(t, {int(r): s for r, s in newest.items()}, n)
+                for t, newest, n in data["arrivals"]]
+    if not arrivals or not paints:
+        print("no measurements: the dashboard did not run (see the child's output)")
+        return
+    first = arrivals[0][0]
+    waits = sorted(delays(paints, arrivals, first + WARMUP_S, first + WARMUP_S + args.seconds))
+    intervals = [b[0] - a[0] for a, b in zip(paints, paints[1:], strict=False)]
+    print(f"CPU, dashboard process (pump + monitor + UI): {ui_cpu:5.1f} % of one core "
+          "(target <= 10 %)")
+    print(f"CPU, ingest only (same session, no UI):        {ingest_cpu:5.1f} % of one core")
+    print(f"CPU, the UI's share:                           {ui_cpu - ingest_cpu:5.1f} % of one "
+          "core")
+    if waits:
+        p95 = waits[int(0.95 * (len(waits) - 1))]
+        print(f"event arrival -> on screen: median {statistics.median(waits) * 1000:.0f} ms, "
+              f"p95 {p95 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms over {len(waits)} events "
+              "(target <= 250 ms)")
+    if intervals:
+        print(f"refreshes: {len(paints)}, interval median "
+              f"{statistics.median(intervals) * 1000:.0f} ms, max {max(intervals) * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Plain, immutable views of a RunState for drawing: taken under the state's lock, drawn
+after it is released. Pure functions, testable without Textual.
+
+:func:`run_frame` is cheap (per-rank latest values) and runs at the screen's refresh rate;
+:func:`chart_data` walks the series and runs at the slower chart rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ddptui.headless import fmt_duration, fmt_num
+from ddptui.state import RankFailureInfo, RunState
+
+#: Most points drawn per chart line (more would not fit a terminal's width anyway).
+MAX_POINTS = 240
+#: Narrowest time bucket of the global throughput chart, in seconds.
+MIN_BUCKET_S = 0.25
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One line of the rank table, already formatted."""
+
+    rank: int
+    pid: str
+    host: str
+    device: str
+    epoch_step: str
+    loss: str
+    samples_per_s: str
+    step_time: str
+    last_seen: str
+    state: str
+    #: Why the rank needs attention (straggler, silent, failed), or None.
+    problem: str | None
+
+    def cells(self) -> tuple[str, ...]:
+        return (str(self.rank), self.pid, self.host, self.device, self.epoch_step, self.loss,
+                self.samples_per_s, self.step_time, self.last_seen, self.state)
+
+
+@dataclass(frozen=True)
+class RunFrame:
+    """Everything the header, rank table and failure panel show, at one instant."""
+
+    status: str
+    elapsed: str
+    eta: str
+    progress: float | None
+    epoch: str
+    summary: str
+    rows: tuple[RankRow, ...]
+    problems: dict[int, str]
+    failure: RankFailureInfo | None
+    #: Rank -> (pid, device_uuid), for joining ranks to GPUs and tracking their processes.
+    rank_devices: dict[int, tuple[int | None, str | None]]
+    events_applied: int
+
+
+def config_label(config: dict[str, Any]) -> str:
+    """``synthetic`` or ``script user_ddp.py``."""
+    script = config.get("script")
+    if script:
+        return f"script {str(script).rsplit('/', 1)[-1]}"
+    return str(config.get("trainer") or "?")
+
+
+def run_frame(state: RunState, now: float) -> RunFrame:
+    """Snapshot the per-rank table and the header numbers (call with the state's lock held)."""
+    problems = state.health(now)
+    # Once the run has ended, ages are measured at its end, not against a running clock.
+    seen_at = state.finished_at if state.outcome and state.finished_at else now
+    rows = []
+    devices = {}
+    for rank, view in sorted(state.ranks.items()):
+        problem = problems.get(rank)
+        if view.state == "failed":
+            problem = view.error or "failed"
+        step = f"{view.epoch if view.epoch is not None else '-'}/{view.step}"
+        shown_state = view.state
+        if state.outcome in ("failed", "stopped") and view.state in ("started", "pending"):
+            # The launcher has ended the run; a rank that never said it ended was torn down.
+            shown_state = "stopped"
+        rows.append(RankRow(
+            rank=rank,
+            pid=str(view.pid) if view.pid is not None else "--",
+            host=view.host or "--",
+            device=view.device or "--",
+            epoch_step=step,
+            loss=fmt_num(view.loss),
+            samples_per_s=fmt_num(view.samples_per_s, ",.0f"),
+            step_time=_ms(view.step_time),
+            last_seen=_ago(seen_at, view.last_seen),
+            state=shown_state,
+            problem=problem,
+        ))
+        devices[rank] = (view.pid, view.device_uuid)
+    last = state.last_eval
+    parts = [
+        f"{state.global_samples_per_s():,.0f} samples/s",
+        f"loss {fmt_num(state.mean_loss)}",
+        f"acc {fmt_num(last.accuracy if last else None)}",
+        f"{state.samples_total:,} samples",
+    ]
+    if state.dropped:
+        parts.append(f"{state.dropped} events dropped")
+    epoch = state.current_epoch
+    return RunFrame(
+        status=state.status,
+        elapsed=fmt_duration(state.elapsed(now)),
+        eta=fmt_duration(state.eta(now)),
+        progress=state.progress(),
+        epoch=f"{epoch if epoch is not None else '-'}/{state.epochs or '?'}",
+        summary="  ".join(parts),
+        rows=tuple(rows),
+        problems=problems,
+        failure=state.failure,
+        rank_devices=devices,
+        events_applied=state.events_applied,
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "--" if seconds is None else f"{seconds * 1000:,.1f} ms"
+
+
+def _ago(now: float, then: float | None) -> str:
+    if then is None:
+        return "--"
+    age = max(0.0, now - then)
+    return f"{age:.1f}s ago" if age < 60 else f"{fmt_duration(age)} ago"
+
+
+# -- charts -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChartData:
+    """Series for the three charts, already thinned to at most MAX_POINTS points each."""
+
+    #: Rank -> (steps, losses).
+    loss_by_rank: dict[int, tuple[list[float], list[float]]]
+    #: (steps, mean loss over the ranks that reported that step).
+    mean_loss: tuple[list[float], list[float]]
+    #: (epochs, accuracies) of the evaluations so far.
+    accuracy: tuple[list[float], list[float]]
+    #: (seconds since start, global samples/s).
+    throughput: tuple[list[float], list[float]]
+    #: Epochs planned (None when unknown), for the accuracy chart's x range.
+    epochs: int | None = None
+
+
+def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
+    """Copy and thin the series (call with the state's lock held).
+
+    Thins before any per-point Python work, so the cost stays flat however many points
+    the series hold (deque/dict/set copies run at C speed).
+    """
+    by_rank = {}
+    losses = []
+    for rank, view in sorted(state.ranks.items()):
+        points = list(view.loss_series)
+        losses.append(dict(points))
+        points = thin(points, max_points)
+        by_rank[rank] = ([float(s) for s, _ in points], [v for _, v in points])
+    steps = thin(sorted(set().union(*losses)), max_points)
+    mean_x, mean_y = [], []
+    for step in steps:
+        values = [d[step] for d in losses if step in d]
+        mean_x.append(float(step))
+        mean_y.append(sum(values) / len(values))
+    evals = [p for p in state.eval_history if p.accuracy is not None]
+    accuracy = ([float(p.epoch if p.epoch is not None else i + 1) for i, p in enumerate(evals)],
+                [float(p.accuracy) for p in evals])  # type: ignore[arg-type]
+    return ChartData(
+        loss_by_rank=by_rank,
+        mean_loss=(mean_x, mean_y),
+        accuracy=accuracy,
+        throughput=global_throughput(
+            [thin(list(v.sps_series), 2 * max_points) for v in state.ranks.values()],
+            state.started_at, max_points),
+        epochs=state.epochs,
+    )
+
+
+def thin(points: Sequence[Any], max_points: int) -> list[Any]:
+    """Every k-th point so at most ``max_points`` remain (always keeping the last)."""
+    n = len(points)
+    if n <= max_points:
+        return list(points)
+    stride = -(-n // max_points)
+    kept = list(points[n - 1::-stride])
+    kept.reverse()
+    return kept
+
+
+def global_throughput(series: Iterable[Sequence[tuple[float, float]]], start: float | None,
+                      max_points: int = MAX_POINTS) -> tuple[list[float], list[float]]:
+    """Sum of the ranks' samples/s over time, from their (time, samples/s) series.
+
+    Time is cut into equal buckets; each rank contributes its latest value in a bucket, carried
+    forward through buckets where it reported nothing (a slow step) until its last report.
+    """
+    series = [s for s in series if s]
+    if not series:
+        return [], []
+    t0 = start if start is not None else min(s[0][0] for s in series)
+    t1 = max(s[-1][0] for s in series)
+    span = max(t1 - t0, 1e-9)
+    buckets = min(max_points, max(1, int(span / MIN_BUCKET_S) + 1))
+    width = span / buckets
+    totals = [0.0] * buckets
+    for points in series:
+        values: list[float | None] = [None] * buckets
+        for t, value in points:
+            values[min(buckets - 1, max(0, int((t - t0) / width)))] = value
+        last_bucket = min(buckets - 1, max(0, int((points[-1][0] - t0) / width)))
+        first_bucket = min(buckets - 1, max(0, int((points[0][0] - t0) / width)))
+        carry = None
+        for i in range(first_bucket, last_bucket + 1):
+            if values[i] is not None:
+                carry = values[i]
+            if carry is not None:
+                totals[i] += carry
+    xs = [round((i + 1) * width, 3) for i in range(buckets)]
+    return xs, totals

@@ -1,0 +1,296 @@
+"""The run screen: header, per-rank table, charts, system panel, logs, failure summary.
+
+Drawing is pull-based and throttled: a timer at ``refresh_hz`` (4 Hz) copies what the header
+and table need out of the RunState (under the source's lock) and updates the widgets; slower
+timers do the same for the charts (``chart_hz``, 0.5 Hz: plotext is the costliest thing on
+screen) and for the system panel and logs (``panel_hz``, 1 Hz). Events themselves never
+trigger a redraw, so 16 ranks at 50 steps/s cost about what 2 ranks at 1 step/s do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer
+from textual.worker import get_current_worker
+
+from ddptui.launch import LaunchResult
+from ddptui.tui.model import RunFrame, chart_data, run_frame
+from ddptui.tui.sources import LiveSource, RunSource
+from ddptui.tui.widgets.charts import AccuracyChart, LossChart, ThroughputChart
+from ddptui.tui.widgets.failure import FailurePanel
+from ddptui.tui.widgets.header import RunHeader
+from ddptui.tui.widgets.logs import RankLogs
+from ddptui.tui.widgets.ranks import HealthLine, RankTable
+from ddptui.tui.widgets.system import SystemPanel
+
+
+class RunScreen(Screen):
+    """Shows one run from a :class:`RunSource`; drives it when it is a live one."""
+
+    BINDINGS = [
+        Binding("s", "stop_run", "Stop run"),
+        Binding("r", "restart", "Restart"),
+        Binding("b", "back", "Back to form"),
+        Binding("l", "toggle_logs", "Logs"),
+        Binding("f", "cycle_log_filter", "Log filter"),
+        Binding("m", "toggle_loss", "Loss mean/ranks"),
+        Binding("g", "monitor", "GPU monitor"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    @dataclass
+    class RunEnded(Message):
+        """A live run has ended (finished, failed, stopped, or could not start)."""
+
+        screen: RunScreen
+        result: LaunchResult | None
+        error: str | None
+
+    @dataclass
+    class RestartRequested(Message):
+        """The user wants the same run again (the app builds and launches it)."""
+
+        config: dict
+
+    @dataclass
+    class BackRequested(Message):
+        """The user wants the launch form back."""
+
+        screen: RunScreen
+
+    def __init__(self, source: RunSource, refresh_hz: float = 4.0, chart_hz: float = 0.5,
+                 panel_hz: float = 1.0):
+        super().__init__()
+        self.source = source
+        self.refresh_hz = refresh_hz
+        self.chart_hz = chart_hz
+        self.panel_hz = panel_hz
+        self.frame: RunFrame | None = None
+        self._after_end: str | None = None  # "restart" | "back" once the live run has ended
+        #: Called after each header/table refresh with the frame drawn (benchmarks, tests).
+        self.on_frame_drawn = None
+        self._charted_events = -1
+        self._chart_tick = 0
+        self._redraw_timers: list = []
+        self._chart_data = None
+
+    # -- layout -------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="run-header")
+        yield FailurePanel(id="failure")
+        yield RankTable(id="ranks")
+        yield HealthLine(id="health")
+        with Horizontal(id="run-body"):
+            with Vertical(id="charts"):
+                yield LossChart(id="chart-loss")
+                with Horizontal(id="charts-lower"):
+                    yield AccuracyChart(id="chart-acc")
+                    yield ThroughputChart(id="chart-sps")
+            yield SystemPanel(id="system")
+        yield RankLogs(self.source.log_path, id="logs")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(FailurePanel).display = False
+        self.query_one(HealthLine).display = False
+        self.app.feed.start()
+        if isinstance(self.source, LiveSource):
+            self._drive()
+        # Nested widgets (the header's parts) may not be mounted yet: draw after a refresh.
+        self.call_after_refresh(self._start_drawing)
+
+    def _start_drawing(self) -> None:
+        self._header = self.query_one(RunHeader)
+        self._table = self.query_one(RankTable)
+        self._health = self.query_one(HealthLine)
+        self._failure = self.query_one(FailurePanel)
+        self._logs = self.query_one(RankLogs)
+        self._charts = (self.query_one(LossChart), self.query_one(AccuracyChart),
+                        self.query_one(ThroughputChart))
+        self._system = self.query_one(SystemPanel)
+        self._redraw_timers = [
+            self.set_interval(1 / self.refresh_hz, self.refresh_view, name="refresh-view"),
+            self.set_interval(1 / (2 * self.chart_hz), self.refresh_charts,
+                              name="refresh-charts"),
+            self.set_interval(1 / self.panel_hz, self.refresh_slow, name="refresh-slow"),
+        ]
+        self.refresh_view()
+        self.refresh_charts()
+        self.refresh_charts()
+        self.refresh_slow()
+
+    # -- the live run's worker ------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="drive", exit_on_error=False)
+    def _drive(self) -> None:
+        assert isinstance(self.source, LiveSource)
+        worker = get_current_worker()
+        result = self.source.drive(lambda: worker.is_cancelled)
+        self.post_message(self.RunEnded(self, result, self.source.error))
+
+    def on_run_screen_run_ended(self, message: RunEnded) -> None:
+        if message.screen is not self:
+            return
+        self.refresh_bindings()
+        self.refresh_view()
+        self.refresh_charts()
+        self.refresh_charts()
+        self.refresh_slow()
+        after, self._after_end = self._after_end, None
+        if after == "restart":
+            self.post_message(self.RestartRequested(self.source.config))
+        elif after == "back":
+            self.post_message(self.BackRequested(self))
+        if message.error:
+            self.notify(message.error, title="run could not start", severity="error")
+
+    # -- drawing ------------------------------------------------------------------------------
+    def refresh_view(self) -> None:
+        """Header, rank table, health and failure (at ``refresh_hz``)."""
+        if not self._redraw_timers:  # not drawing yet (see _start_drawing)
+            return
+        source = self.source
+        with source.locked():
+            frame = run_frame(source.state, source.now())
+        self.frame = frame
+        self._header.show(frame, source.config, self.note())
+        self._table.show(frame.rows)
+        self._health.show(frame.problems)
+        self._failure.show(frame.failure, frame.rows)
+        self.app.feed.set_ranks(frame.rank_devices)
+        self._logs.set_ranks(r.rank for r in frame.rows)
+        if self.on_frame_drawn is not None:
+            self.call_after_refresh(self.on_frame_drawn, frame)
+
+    def note(self) -> str:
+        """What the header says beside the state: replay, starting…, stopping…, an error."""
+        source = self.source
+        if isinstance(source, LiveSource):
+            if source.error:
+                return f"could not start: {source.error}"
+            if source.running and source.stop_requested:
+                return "stopping every worker…"
+            if source.running and not source.started.is_set():
+                return "launching…"
+            return ""
+        return source.note
+
+    def refresh_charts(self) -> None:
+        """Charts, each at ``chart_hz``, only when events arrived. The loss and accuracy
+        charts and the throughput chart are drawn on alternate ticks, so that no single
+        frame pays for every plotext render (which would delay the table's next refresh)."""
+        if not self._redraw_timers:
+            return
+        self._chart_tick += 1
+        if self._chart_tick % 2:
+            source = self.source
+            with source.locked():
+                applied = source.state.events_applied
+                if applied != self._charted_events:
+                    self._charted_events = applied
+                    self._chart_data = chart_data(source.state)
+            charts = self._charts[:2]
+        else:
+            charts = self._charts[2:]
+        if self._chart_data is not None:
+            for chart in charts:
+                chart.show(self._chart_data)
+
+    def refresh_slow(self) -> None:
+        """System panel and logs (at ``panel_hz``)."""
+        if not self._redraw_timers:
+            return
+        feed = self.app.feed
+        feed.tick()
+        self._system.show(feed)
+        if self._logs.display:
+            self._logs.poll()
+
+    # -- actions ------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop_run":  # hidden for a replay, greyed out once a live run ended
+            if not isinstance(self.source, LiveSource):
+                return False
+            return True if self.live_running else None
+        return True
+
+    @property
+    def live_running(self) -> bool:
+        return isinstance(self.source, LiveSource) and self.source.running
+
+    def action_stop_run(self) -> None:
+        if not self.live_running:
+            self.notify("the run is not running", severity="warning")
+            return
+        assert isinstance(self.source, LiveSource)
+        self.source.request_stop()
+        self.refresh_view()
+
+    def action_restart(self) -> None:
+        if not self.live_running:
+            self.post_message(self.RestartRequested(self.source.config))
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._after_end = "restart"
+                self.action_stop_run()
+
+        from ddptui.tui.screens.confirm import ConfirmScreen
+        self.app.push_screen(
+            ConfirmScreen("The run is still going. Stop every worker and start it again "
+                          "with the same options?", yes="Restart"), answer)
+
+    def action_back(self) -> None:
+        if not self.live_running:
+            self.post_message(self.BackRequested(self))
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._after_end = "back"
+                self.action_stop_run()
+
+        from ddptui.tui.screens.confirm import ConfirmScreen
+        self.app.push_screen(
+            ConfirmScreen("The run is still going. Stop every worker and go back to the "
+                          "form?", yes="Stop run"), answer)
+
+    def action_toggle_logs(self) -> None:
+        logs = self.query_one(RankLogs)
+        logs.display = not logs.display
+        if logs.display:
+            logs.poll()
+
+    def action_cycle_log_filter(self) -> None:
+        logs = self.query_one(RankLogs)
+        if not logs.display:
+            logs.display = True
+        logs.cycle_filter()
+
+    def action_toggle_loss(self) -> None:
+        chart = self.query_one(LossChart)
+        chart.set_per_rank(not chart.per_rank)
+        if self._chart_data is not None:
+            chart.show(self._chart_data)
+
+    def action_monitor(self) -> None:
+        self.app.open_monitor()
+
+    def on_screen_suspend(self) -> None:
+        # Hidden (another mode, or the monitor): stop drawing; the run itself goes on.
+        for timer in self._redraw_timers:
+            timer.pause()
+
+    def on_screen_resume(self) -> None:
+        if not self._redraw_timers:  # the first showing: on_mount starts everything
+            return
+        for timer in self._redraw_timers:
+            timer.resume()
+        self.refresh_view()

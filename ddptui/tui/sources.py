@@ -1,0 +1,170 @@
+"""Where the run screen's data comes from: a live :class:`RunSession`, or a replayed run.
+
+The run screen only reads ``source.state`` (under ``source.locked()``) and calls
+``source.now()``; it never touches sockets or processes. A :class:`LiveSource` is driven by
+exactly one thread (the screen's worker): ``start``/``pump``/``poll``/``stop``/``close`` all
+happen there, because the session's ZeroMQ socket is not thread-safe. Other threads only
+*ask* it to stop (:meth:`LiveSource.request_stop`) and wait on :attr:`LiveSource.done`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ddptui.config import RunConfig
+from ddptui.launch import RESULT_FILE, LaunchResult, tail_lines
+from ddptui.session import RunSession, load_run
+from ddptui.state import RankFailureInfo, RunState
+
+#: How long one pump waits for events; also how quickly a stop request is noticed.
+PUMP_TIMEOUT_S = 0.1
+
+
+class RunSource:
+    """Read side shared by every source: config, state, its lock and its clock."""
+
+    live: bool = False
+    #: Shown next to the run's state in the header (e.g. "replay").
+    note: str = ""
+
+    def __init__(self, config: dict[str, Any], state: RunState, run_dir: Path | None) -> None:
+        self.config = config
+        self.state = state
+        self.run_dir = run_dir
+        self._lock: Any = threading.RLock()
+
+    def locked(self) -> contextlib.AbstractContextManager[Any]:
+        """Hold while reading :attr:`state`."""
+        return self._lock
+
+    def now(self) -> float:
+        """The clock :attr:`state` was built with (for elapsed, ETA, last seen, health)."""
+        return time.monotonic()
+
+    @property
+    def running(self) -> bool:
+        """True while the run may still change (a live run not yet ended)."""
+        return False
+
+    def log_path(self, rank: int) -> Path | None:
+        return self.run_dir / f"rank-{rank}.log" if self.run_dir else None
+
+
+class ReplaySource(RunSource):
+    """A finished or crashed run read back from its run directory (or a RunState in tests).
+
+    Time stands still at ``now`` (default: the last event), so a replay shows the run as it
+    was when it ended, and tests get a frozen clock.
+    """
+
+    def __init__(self, config: dict[str, Any], state: RunState, run_dir: Path | None = None,
+                 now: float | None = None, note: str = "replay") -> None:
+        super().__init__(config, state, run_dir)
+        self._now = now
+        self.note = note
+
+    @classmethod
+    def load(cls, run_dir: Path, now: float | None = None) -> ReplaySource:
+        run_dir = Path(run_dir)
+        config, state = load_run(run_dir)
+        if state.failure is None and state.outcome == "failed":
+            failure = failure_from_run_dir(run_dir, state)
+            if failure is not None:
+                state.set_outcome("failed", failure, now=state.finished_at)
+        return cls(config, state, run_dir, now)
+
+    def now(self) -> float:
+        if self._now is not None:
+            return self._now
+        return self.state.finished_at or self.state.last_event_at or 0.0
+
+
+def failure_from_run_dir(run_dir: Path, state: RunState) -> RankFailureInfo | None:
+    """Rebuild a crashed run's failure summary from its files.
+
+    The launcher's result file names the first failing rank and how it ended; without one,
+    the first rank whose status said "failed" is taken. (This belongs in ``load_run``; it is
+    here until the core does it.)
+    """
+    info: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        info = json.loads((run_dir / RESULT_FILE).read_text())
+    rank = info.get("rank")
+    if rank is None:
+        failed = [v for v in state.ranks.values() if v.state == "failed"]
+        if not failed:
+            return None
+        rank = failed[0].rank
+    view = state.ranks.get(rank)
+    return RankFailureInfo(
+        rank=rank,
+        exit_code=info.get("exit_code"),
+        signal=info.get("signal"),
+        error=info.get("error") or (view.error if view else None),
+        stderr_tail=tuple(tail_lines(run_dir / f"rank-{rank}.log")),
+    )
+
+
+class LiveSource(RunSource):
+    """A run launched from the dashboard. :meth:`drive` runs it on a worker thread."""
+
+    live = True
+
+    def __init__(self, cfg: RunConfig,
+                 session_factory: Callable[[RunConfig], RunSession] = RunSession) -> None:
+        self.cfg = cfg
+        self.session = session_factory(cfg)
+        super().__init__(cfg.to_json_dict(), self.session.state, self.session.run_dir)
+        self.result: LaunchResult | None = None
+        self.error: str | None = None  # why the run could not start or was lost
+        self.started = threading.Event()
+        self.done = threading.Event()
+        self._stop = threading.Event()
+
+    def locked(self) -> contextlib.AbstractContextManager[Any]:
+        return self.session.locked()
+
+    def now(self) -> float:
+        return self.session.clock()
+
+    @property
+    def running(self) -> bool:
+        return not self.done.is_set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """Ask the driving thread to stop every worker (returns at once)."""
+        self._stop.set()
+
+    def drive(self, cancelled: Callable[[], bool] = lambda: False) -> LaunchResult | None:
+        """Start the run and pump it until it ends or a stop is requested (blocking).
+
+        Always leaves nothing running: the session is stopped and closed on every way out.
+        """
+        try:
+            self.session.start()
+            self.started.set()
+            while self.result is None:
+                if self._stop.is_set() or cancelled():
+                    self.result = self.session.stop()
+                    break
+                self.session.pump(PUMP_TIMEOUT_S)
+                self.result = self.session.poll()
+        except Exception as exc:  # a launch that cannot start: say why on screen
+            self.error = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                self.result = self.session.stop()
+        finally:
+            with contextlib.suppress(Exception):
+                self.session.close()
+            self.done.set()
+        return self.result

@@ -1,0 +1,135 @@
+"""Run charts drawn with plotext (textual-plotext): loss per step, eval accuracy per epoch,
+global samples/s. Each chart redraws only when its data changed."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from textual_plotext import PlotextPlot
+
+from ddptui.tui.model import ChartData
+
+#: Line colors for per-rank loss (plotext color names), cycled for more ranks.
+RANK_COLORS = ("cyan", "orange", "green", "magenta", "yellow", "blue", "red", "white")
+
+
+class _Chart(PlotextPlot):
+    """Replots (and refreshes) only when ``signature`` of the new data differs."""
+
+    title = ""
+
+    def on_mount(self) -> None:
+        self._signature: Any = None
+        self._plot_empty()
+
+    def _plot_empty(self, message: str = "no data yet") -> None:
+        plt = self.plt
+        plt.clear_figure()
+        plt.title(f"{self.title} — {message}")
+        self.refresh()
+
+    def show(self, data: ChartData) -> None:
+        signature = self.signature(data)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        plt = self.plt
+        plt.clear_figure()
+        plt.title(self.title)
+        if not self.draw(data):
+            self._plot_empty()
+            return
+        self.refresh()
+
+    def signature(self, data: ChartData) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def draw(self, data: ChartData) -> bool:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+def _tail_signature(xs: list[float], ys: list[float]) -> tuple:
+    return (len(xs), xs[-1] if xs else None, ys[-1] if ys else None)
+
+
+class LossChart(_Chart):
+    """Training loss per step: the mean over ranks, or one line per rank."""
+
+    title = "loss per step"
+
+    def on_mount(self) -> None:
+        self.per_rank = False
+        super().on_mount()
+
+    def set_per_rank(self, per_rank: bool) -> None:
+        self.per_rank = per_rank
+        self._signature = None  # force a redraw on the next show()
+
+    def signature(self, data: ChartData) -> Any:
+        if self.per_rank:
+            return ("ranks", tuple((r, *_tail_signature(*xy))
+                                   for r, xy in data.loss_by_rank.items()))
+        return ("mean", *_tail_signature(*data.mean_loss))
+
+    def draw(self, data: ChartData) -> bool:
+        plt = self.plt
+        if self.per_rank:
+            drawn = False
+            for rank, (xs, ys) in data.loss_by_rank.items():
+                if xs:
+                    plt.plot(xs, ys, label=f"rank {rank}", marker="braille",
+                             color=RANK_COLORS[rank % len(RANK_COLORS)])
+                    drawn = True
+            plt.title("loss per step, per rank")
+            return drawn
+        xs, ys = data.mean_loss
+        if not xs:
+            return False
+        plt.plot(xs, ys, marker="braille", color="cyan")
+        plt.title("loss per step (mean of ranks)")
+        return True
+
+
+class AccuracyChart(_Chart):
+    """Evaluation accuracy after each epoch."""
+
+    title = "eval accuracy"
+
+    def signature(self, data: ChartData) -> Any:
+        return (data.epochs, tuple(zip(*data.accuracy, strict=True)))
+
+    def draw(self, data: ChartData) -> bool:
+        epochs, accuracy = data.accuracy
+        if not epochs:
+            return False
+        plt = self.plt
+        if len(epochs) > 1:
+            plt.plot(epochs, accuracy, marker="braille", color="green")
+        plt.scatter(epochs, accuracy, marker="●", color="green")
+        last = max(data.epochs or 0, int(max(epochs)))
+        plt.xlim(0.5, last + 0.5)
+        plt.xticks(list(range(1, last + 1)))
+        # Accuracy near 1 is where runs differ: zoom in, to the nearest tenth below.
+        plt.ylim(max(0.0, math.floor((min(accuracy) - 0.05) * 10) / 10), 1.0)
+        plt.title(f"eval accuracy per epoch: {accuracy[-1]:.4f}")
+        return True
+
+
+class ThroughputChart(_Chart):
+    """Global samples/s (all ranks) over time."""
+
+    title = "global samples/s"
+
+    def signature(self, data: ChartData) -> Any:
+        return _tail_signature(*data.throughput)
+
+    def draw(self, data: ChartData) -> bool:
+        xs, ys = data.throughput
+        if not xs:
+            return False
+        plt = self.plt
+        plt.plot(xs, ys, marker="braille", color="orange")
+        plt.xlabel("seconds")
+        plt.ylim(0, max(ys) * 1.1 or 1)
+        return True

@@ -1,0 +1,122 @@
+"""The logs pane: each rank's output (``rank-N.log`` in the run directory), followed
+incrementally, filterable by rank, bounded."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Log, Select
+
+#: Lines kept per rank and shown in the pane.
+MAX_LINES = 1000
+#: Most bytes read from one file per poll; a first look at a big file reads only its end.
+MAX_READ = 64 * 1024
+ALL = -1
+
+
+class LogFollower:
+    """Reads new complete lines appended to each rank's log file since the last poll.
+
+    Pure file I/O, no Textual: the screen calls :meth:`poll` at a low rate.
+    """
+
+    def __init__(self, path_for_rank: Callable[[int], Path | None], keep: int = MAX_LINES):
+        self._path_for_rank = path_for_rank
+        self._offsets: dict[int, int] = {}
+        self._partial: dict[int, bytes] = {}
+        self.by_rank: dict[int, deque[str]] = {}
+        self.merged: deque[tuple[int, str]] = deque(maxlen=keep)
+        self._keep = keep
+
+    def poll(self, ranks: Iterable[int]) -> list[tuple[int, str]]:
+        """New (rank, line) pairs, rank by rank, oldest first."""
+        new: list[tuple[int, str]] = []
+        for rank in ranks:
+            for line in self._read(rank):
+                self.by_rank.setdefault(rank, deque(maxlen=self._keep)).append(line)
+                self.merged.append((rank, line))
+                new.append((rank, line))
+        return new
+
+    def lines(self, rank: int = ALL) -> list[tuple[int, str]]:
+        if rank == ALL:
+            return list(self.merged)
+        return [(rank, line) for line in self.by_rank.get(rank, ())]
+
+    def _read(self, rank: int) -> list[str]:
+        path = self._path_for_rank(rank)
+        if path is None:
+            return []
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                offset = self._offsets.get(rank)
+                skip_partial = False
+                if offset is None or offset > size:  # first look, or the file was replaced
+                    offset = max(0, size - MAX_READ)
+                    skip_partial = offset > 0
+                    self._partial.pop(rank, None)
+                f.seek(offset)
+                data = f.read(MAX_READ)
+        except OSError:
+            return []
+        self._offsets[rank] = offset + len(data)
+        data = self._partial.pop(rank, b"") + data
+        if skip_partial:
+            data = data.partition(b"\n")[2]
+        *complete, rest = data.split(b"\n")
+        if rest:
+            self._partial[rank] = rest
+        return [line.decode("utf-8", "replace").rstrip("\r") for line in complete if line.strip()]
+
+
+class RankLogs(Vertical):
+    """Rank filter + a bounded Log of the selected ranks' output."""
+
+    def __init__(self, path_for_rank: Callable[[int], Path | None], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.follower = LogFollower(path_for_rank)
+        self._ranks: tuple[int, ...] = ()
+        self.rank_filter = ALL
+
+    def compose(self) -> ComposeResult:
+        yield Select([("all ranks", ALL)], value=ALL, allow_blank=False, compact=True,
+                     id="log-filter")
+        yield Log(max_lines=MAX_LINES, id="log-lines")
+
+    def set_ranks(self, ranks: Iterable[int]) -> None:
+        ranks = tuple(sorted(ranks))
+        if ranks != self._ranks:
+            self._ranks = ranks
+            self.query_one(Select).set_options(
+                [("all ranks", ALL)] + [(f"rank {r}", r) for r in ranks])
+            self.query_one(Select).value = self.rank_filter
+
+    def poll(self) -> None:
+        new = self.follower.poll(self._ranks)
+        log = self.query_one(Log)
+        lines = [_fmt(r, line) for r, line in new if self.rank_filter in (ALL, r)]
+        if lines:
+            log.write_lines(lines)
+
+    def cycle_filter(self) -> None:
+        options = [ALL, *self._ranks]
+        i = options.index(self.rank_filter) if self.rank_filter in options else 0
+        self.query_one(Select).value = options[(i + 1) % len(options)]
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        value = event.value if isinstance(event.value, int) else ALL
+        self.rank_filter = value
+        log = self.query_one(Log)
+        log.clear()
+        log.write_lines([_fmt(r, line) for r, line in self.follower.lines(value)])
+
+
+def _fmt(rank: int, line: str) -> str:
+    return f"r{rank}│ {line}"

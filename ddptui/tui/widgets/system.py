@@ -1,0 +1,243 @@
+"""GPU and host panels drawn from monitor snapshots (never from NVML or psutil directly)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Sparkline, Static
+
+from ddptui.monitor import NA, GpuHistory, GpuSnapshot, GpuView, is_na
+from ddptui.monitor.units import GiB, format_bytes, format_percent, format_value
+from ddptui.tui.system_feed import SystemFeed
+from ddptui.tui.widgets.text import QuietStatic
+
+#: Points shown in a sparkline (the newest ones).
+SPARK_POINTS = 60
+
+
+def bar(percent: float | object, width: int = 20) -> Text:
+    """``████████░░░░`` filled to ``percent``; colored by load."""
+    if is_na(percent) or percent is None:
+        return Text("░" * width, style="dim")
+    value = max(0.0, min(100.0, float(percent)))  # type: ignore[arg-type]
+    filled = round(value / 100 * width)
+    style = "green" if value < 60 else "yellow" if value < 85 else "red"
+    return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"))
+
+
+def used_of_total(used: int | object, total: int | object) -> str:
+    """``14.4/40 GiB`` (short enough for a narrow panel)."""
+    if is_na(used) or is_na(total):
+        return f"{format_bytes(used)}/{format_bytes(total)}"
+    return f"{used / GiB:.1f}/{total / GiB:.0f} GiB"  # type: ignore[operator]
+
+
+def short_bytes(value: int | object) -> str:
+    """``3.5G``, ``512M``: for one-line summaries."""
+    text = format_bytes(value)
+    return text.replace(" GiB", "G").replace(" MiB", "M").replace(" KiB", "K")
+
+
+def _points(series: Iterable[float | None]) -> list[float]:
+    values = [0.0 if v is None else v for v in series]
+    return values[-SPARK_POINTS:] or [0.0]
+
+
+def _ranks_label(ranks: tuple[int, ...]) -> str:
+    return "ranks " + ",".join(map(str, ranks)) if ranks else "no rank"
+
+
+class Metric(Horizontal):
+    """``label value  ▁▂▃▅▇`` — one line, or taller with class ``tall``."""
+
+    def __init__(self, label: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._label = label
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._label, classes="metric-label")
+        yield QuietStatic(classes="metric-value")
+        yield Sparkline([0.0], classes="metric-spark")
+
+    def show(self, value: Text | str, points: list[float]) -> None:
+        self.query_one(".metric-value", QuietStatic).show_text(value)
+        spark = self.query_one(Sparkline)
+        if spark.data != points:
+            spark.data = points
+
+
+class GpuCard(Vertical):
+    """One GPU: name and ranks, then utilization, memory, temperature, power."""
+
+    def __init__(self, index: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.index = index
+
+    def compose(self) -> ComposeResult:
+        yield QuietStatic(classes="gpu-title")
+        yield Metric("util", classes="gpu-util")
+        yield Metric("mem", classes="gpu-mem")
+        yield Metric("temp", classes="gpu-temp")
+        yield Metric("power", classes="gpu-power")
+
+    def show(self, gpu: GpuSnapshot, view: GpuView | None, history: GpuHistory | None,
+             wide: bool = False, with_ranks: bool = True) -> None:
+        ranks = view.ranks if view else ()
+        name = str(gpu.name).removeprefix("NVIDIA ")
+        title = Text.assemble((f"GPU {gpu.index} ", "bold"), (name, "cyan"), "  ")
+        if with_ranks:
+            title.append(_ranks_label(ranks), "bold magenta" if ranks else "dim")
+            if view and view.foreign:
+                title.append(f" +{len(view.foreign)} other", "yellow")
+        elif view:
+            n = len(view.processes)
+            title.append(f"{n} process{'es' if n != 1 else ''}", "dim")
+        self.query_one(".gpu-title", QuietStatic).show_text(title)
+        width = 20 if wide else 8
+        util = Text.assemble(bar(gpu.utilization_gpu, width),
+                             f" {format_percent(gpu.utilization_gpu):>4}")
+        mem = Text.assemble(bar(gpu.memory_percent, width),
+                            f" {used_of_total(gpu.memory_used, gpu.memory_total)}")
+        power = f"{format_value(gpu.power_draw, ' W', 0)}"
+        if not is_na(gpu.power_limit):
+            power += f" / {format_value(gpu.power_limit, ' W', 0)}"
+        h = history
+        self.query_one(".gpu-util", Metric).show(util, _points(h.utilization if h else ()))
+        self.query_one(".gpu-mem", Metric).show(mem, _points(h.memory_percent if h else ()))
+        self.query_one(".gpu-temp", Metric).show(format_value(gpu.temperature, "°C"),
+                                                 _points(h.temperature if h else ()))
+        self.query_one(".gpu-power", Metric).show(power, _points(h.power_draw if h else ()))
+
+
+class GpuList(Vertical):
+    """A card per GPU, or the reason there is none."""
+
+    def __init__(self, wide: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.wide = wide
+        self._indices: tuple[int, ...] = ()
+
+    def compose(self) -> ComposeResult:
+        yield QuietStatic("sampling…", classes="gpu-none")
+
+    def show(self, feed: SystemFeed) -> None:
+        snap = feed.snapshot
+        none = self.query_one(".gpu-none", QuietStatic)
+        if snap is None:
+            return
+        if not snap.gpu.available or not snap.gpus:
+            reason = snap.gpu.reason or "NVML lists no device"
+            none.show_text(Text(f"No NVIDIA GPU: {reason}", style="yellow"))
+            none.display = True
+            return
+        none.display = False
+        indices = tuple(g.index for g in snap.gpus)
+        if indices != self._indices:
+            self.query(GpuCard).remove()
+            self.mount_all([GpuCard(i, classes="gpu-card") for i in indices])
+            self._indices = indices
+            self.call_after_refresh(self.show, feed)  # draw once the cards exist
+            return
+        for card, gpu in zip(self.query(GpuCard), snap.gpus, strict=False):
+            view = feed.view.gpu(gpu.index) if feed.view else None
+            card.show(gpu, view, feed.history.gpus.get(gpu.index), wide=self.wide,
+                      with_ranks=feed.has_ranks)
+
+
+class HostLine(Vertical):
+    """Host CPU and RAM with sparklines."""
+
+    def compose(self) -> ComposeResult:
+        yield Metric("CPU", classes="host-cpu")
+        yield Metric("RAM", classes="host-ram")
+
+    def show(self, feed: SystemFeed, wide: bool = False) -> None:
+        snap = feed.snapshot
+        if snap is None:
+            return
+        host = snap.host
+        width = 20 if wide else 8
+        cpu = Text.assemble(bar(host.cpu_percent, width),
+                            f" {format_percent(host.cpu_percent):>4} of {host.cpu_count} cores")
+        ram = Text.assemble(bar(host.memory_percent, width),
+                            f" {used_of_total(host.memory_used, host.memory_total)}")
+        self.query_one(".host-cpu", Metric).show(cpu, _points(feed.host_cpu))
+        self.query_one(".host-ram", Metric).show(ram, _points(feed.host_ram))
+
+
+class RankProcesses(QuietStatic):
+    """Per-rank process CPU and RSS (the rank's whole process tree)."""
+
+    def show(self, feed: SystemFeed) -> None:
+        view = feed.view
+        if view is None or not view.ranks:
+            self.show_text(Text("rank processes: waiting for ranks", style="dim"))
+            return
+        lines = [Text("rank processes", style="bold")]
+        for rank in view.ranks:
+            if not rank.processes:
+                lines.append(Text(f" r{rank.rank} pid {rank.pid or '--'}  not running",
+                                  style="dim"))
+                continue
+            line = (f" r{rank.rank} pid {rank.pid} cpu {format_percent(rank.cpu_percent):>4}"
+                    f" rss {short_bytes(rank.rss)}")
+            if not is_na(rank.gpu_memory):
+                line += f" gpu {short_bytes(rank.gpu_memory)}"
+            lines.append(Text(line))
+        self.show_text(Text("\n").join(lines))
+
+
+class SystemPanel(VerticalScroll):
+    """The run screen's system panel: GPUs, host, rank processes."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("system", classes="panel-title")
+        yield GpuList(id="sys-gpus")
+        yield HostLine(id="sys-host")
+        yield RankProcesses(id="sys-ranks")
+
+    def show(self, feed: SystemFeed) -> None:
+        self.query_one(GpuList).show(feed)
+        self.query_one(HostLine).show(feed)
+        self.query_one(RankProcesses).show(feed)
+
+
+class ProcessTable(DataTable):
+    """GPU processes and rank processes, with the rank each belongs to."""
+
+    COLUMNS = ("GPU", "pid", "rank", "GPU mem", "CPU", "RSS", "name")
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        self.add_columns(*self.COLUMNS)
+
+    def show(self, feed: SystemFeed) -> None:
+        snap, view = feed.snapshot, feed.view
+        if snap is None:
+            return
+        rows = []
+        seen = set()
+        for gpu_view in (view.gpus if view else ()):
+            for proc in gpu_view.processes:
+                seen.add(proc.pid)
+                rows.append((str(gpu_view.gpu.index), proc.pid, proc.rank, proc.used_memory))
+        for rank_view in (view.ranks if view else ()):
+            for proc in rank_view.processes:
+                if proc.pid not in seen:
+                    seen.add(proc.pid)
+                    rows.append(("-", proc.pid, rank_view.rank, NA))
+        self.clear()
+        for gpu, pid, rank, memory in sorted(rows, key=lambda r: (r[0], r[1])):
+            proc = snap.process(pid)
+            label = Text(f"rank {rank}", style="magenta") if rank is not None else \
+                Text("other", style="yellow" if gpu != "-" else "dim")
+            self.add_row(
+                gpu, str(pid), label, format_bytes(memory),
+                format_percent(proc.cpu_percent) if proc else "N/A",
+                format_bytes(proc.rss) if proc else "N/A",
+                str(proc.name) if proc else "N/A",
+            )

@@ -1,0 +1,261 @@
+"""Dashboard behaviour with Pilot: the form validates like the CLI, runs are driven and
+stopped from the keyboard, quitting a live run asks first and stops every worker. Fakes only
+(no processes): see test_tui_real_run.py for a real 2-rank run."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Button, DataTable, Input, Log, Select
+
+from ddptui.config import Machine, build_config, check_options
+from ddptui.tui.machine import HostInfo
+from ddptui.tui.screens.confirm import ConfirmScreen
+from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen
+from ddptui.tui.screens.run import RunScreen
+from ddptui.tui.sources import LiveSource, ReplaySource
+from ddptui.tui.widgets.failure import FailurePanel
+from ddptui.tui.widgets.ranks import HealthLine, RankTable
+from tests.tui_fixtures.fakes import (
+    FAILED_RUN,
+    MID_RUN,
+    NO_CUDA_HOST,
+    RUNS,
+    FakeSession,
+    fake_deps,
+    primed_app,
+    replay,
+)
+
+SIZE = (120, 40)
+
+
+def _app(tmp_path, **kwargs):
+    sessions: list[FakeSession] = []
+
+    def session_factory(cfg):
+        sessions.append(FakeSession(cfg, hold=kwargs.pop("hold", True)))
+        return sessions[-1]
+
+    deps = fake_deps(runs_root=kwargs.pop("runs_root", RUNS), session_factory=session_factory,
+                     refresh_hz=4.0, chart_hz=2.0)
+    app = primed_app("run", deps=deps, raw=kwargs.pop("raw", {"run_dir": str(tmp_path / "r")}),
+                     **kwargs)
+    app.sessions = sessions
+    return app
+
+
+async def _wait(pilot, predicate, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition not met in time")
+
+
+# -- the form -------------------------------------------------------------------------------
+async def test_form_shows_the_clis_own_messages(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        assert isinstance(screen, LaunchScreen)
+        screen.query_one("#f-world_size", Input).value = "0"
+        screen.query_one("#f-backend", Select).value = "nccl"
+        await pilot.pause()
+        expected = check_options(screen.raw_options(), NO_CUDA_HOST.machine)
+        assert {e.field for e in expected} == {"world_size", "backend"}
+        for error in expected:
+            assert str(error) in str(screen.query_one(f"#err-{error.field}").render())
+        assert screen.query_one("#launch", Button).disabled
+        screen.query_one("#f-world_size", Input).value = "2"
+        screen.query_one("#f-backend", Select).value = "gloo"
+        await pilot.pause()
+        assert screen.validate() == []
+        assert not screen.query_one("#launch", Button).disabled
+
+
+async def test_nccl_world_size_above_gpu_count_is_explained(tmp_path):
+    gpus = HostInfo(Machine(2, "", 8), None)
+    app = _app(tmp_path, host_info=gpus, raw={"backend": "nccl", "world_size": "4"})
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        text = str(app.screen.query_one("#err-world_size").render())
+        assert "more than the 2 GPU(s)" in text
+
+
+async def test_command_line_options_prefill_the_form(tmp_path):
+    raw = {"script": "tests/scripts/user_ddp.py", "script_args": ("--steps", "3"),
+           "launcher": "spawn", "world_size": "3", "epochs": "2", "lr": "0.5",
+           "run_dir": str(tmp_path / "x"), "model": "resnet18"}
+    app = _app(tmp_path, raw=raw)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert screen.query_one("#f-trainer", Select).value == OWN_SCRIPT
+        assert screen.query_one("#row-script").display
+        assert screen.query_one("#f-script_args", Input).value == "--steps 3"
+        options = screen.raw_options()
+        assert options["world_size"] == "3" and options["lr"] == "0.5"
+        assert options["model"] == "resnet18"  # not on the form, kept from the command line
+        cfg = build_config(options, NO_CUDA_HOST.machine)
+        assert cfg.launcher == "spawn" and cfg.world_size == 3 and cfg.script_args == (
+            "--steps", "3")
+
+
+async def test_recent_run_opens_in_replay(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        table = app.screen.query_one("#recent", DataTable)
+        keys = [row.value for row in table.rows]
+        assert str(FAILED_RUN) in keys
+        table.focus()
+        table.move_cursor(row=keys.index(str(FAILED_RUN)))
+        await pilot.press("enter")
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        assert isinstance(app.screen.source, ReplaySource)
+        assert app.screen.source.state.status == "failed"
+
+
+# -- a run driven from the dashboard (fake session) ---------------------------------------------
+async def test_launch_stop_back_and_quit(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("f5")
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        screen = app.screen
+        source = screen.source
+        assert isinstance(source, LiveSource)
+        table = screen.query_one(RankTable)
+        await _wait(pilot, lambda: len(table.shown) == 2)
+        await pilot.press("s")
+        await _wait(pilot, lambda: source.done.is_set())
+        assert app.sessions[0].calls == ["start", "stop", "close"]
+        await _wait(pilot, lambda: screen.frame.status == "stopped")
+        await pilot.press("b")
+        await _wait(pilot, lambda: isinstance(app.screen, LaunchScreen))
+        await pilot.press("ctrl+q")  # nothing live: quits without asking
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_quit_while_live_asks_then_stops_every_worker(tmp_path):
+    app = _app(tmp_path, raw={"run_dir": str(tmp_path / "r")})
+    app.start_at_once = True
+    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    async with app.run_test(size=SIZE) as pilot:
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        source = app.screen.source
+        await _wait(pilot, lambda: source.started.is_set())
+        await pilot.press("q")
+        await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("n")  # changed my mind: the run goes on
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        assert source.running
+        await pilot.press("q")
+        await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await _wait(pilot, lambda: not app.is_running or source.done.is_set())
+        await pilot.pause(0.3)
+    assert source.done.is_set()
+    assert app.sessions[0].calls == ["start", "stop", "close"]
+
+
+async def test_restart_launches_the_same_options_again(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("f5")
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        first = app.screen.source
+        await _wait(pilot, lambda: first.started.is_set())
+        await pilot.press("r")
+        await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen)
+                    and app.screen.source is not first)
+        second = app.screen.source
+        assert first.done.is_set() and "stop" in app.sessions[0].calls
+        assert second.cfg.run_id != first.cfg.run_id
+        assert second.cfg.script_args == first.cfg.script_args
+        assert second.cfg.world_size == first.cfg.world_size
+        assert second.cfg.run_dir != first.cfg.run_dir
+        second.request_stop()
+        await _wait(pilot, lambda: second.done.is_set())
+
+
+# -- what the run screen shows --------------------------------------------------------------------
+async def test_failure_names_the_rank_how_and_its_stderr(tmp_path):
+    app = primed_app("replay", replay_source=replay(FAILED_RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        panel = app.screen.query_one(FailurePanel)
+        assert panel.display
+        text = str(panel.content)
+        assert "rank 1 exited with code 1" in text
+        assert "RuntimeError: boom on rank 1" in text
+        assert "other ranks: rank 0 failed" in text
+        states = [row.state for row in app.screen.frame.rows]
+        assert states == ["failed", "failed"]
+
+
+async def test_straggler_is_highlighted_with_the_reason():
+    source = replay(MID_RUN, now_offset=0.5)
+    source.note = ""
+    slow = source.state.ranks[1]
+    for _ in range(10):
+        slow.recent_step_times.append(0.2)  # 8x the other rank's step time
+    app = primed_app("replay", replay_source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        health = app.screen.query_one(HealthLine)
+        assert health.display
+        assert "rank 1 straggler: step time 200 ms" in str(health.content)
+        assert app.screen.query_one(RankTable).shown[1][-1] == "⚠ straggler"
+
+
+async def test_logs_filter_by_rank_and_toggle():
+    app = primed_app("replay", replay_source=replay(FAILED_RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        log = app.screen.query_one(Log)
+        assert any(line.startswith("r0│") for line in log.lines)
+        assert any(line.startswith("r1│") for line in log.lines)
+        await pilot.press("f")  # all -> rank 0
+        await pilot.pause()
+        assert log.lines and all(line.startswith("r0│") for line in log.lines)
+        await pilot.press("f")  # rank 0 -> rank 1
+        await pilot.pause()
+        assert log.lines and all(line.startswith("r1│") for line in log.lines)
+        await pilot.press("l")
+        await pilot.pause()
+        assert not app.screen.query_one("#logs").display
+
+
+async def test_monitor_opens_from_a_run_and_labels_ranks():
+    source = replay(MID_RUN)
+    app = primed_app("replay", replay_source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("g")
+        await pilot.pause()
+        table = app.screen.query_one("#monitor-procs", DataTable)
+        labels = {str(table.get_row_at(i)[1]): str(table.get_row_at(i)[2])
+                  for i in range(table.row_count)}
+        assert labels["1001"] == "rank 0" and labels["1002"] == "rank 1"
+        assert labels["4242"] == "other"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, RunScreen)
+
+
+@pytest.mark.parametrize("mode", ["monitor"])
+async def test_monitor_mode_quits_with_q(mode):
+    app = primed_app(mode)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+    assert app.feed.sampler.stopped

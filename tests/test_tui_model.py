@@ -1,0 +1,129 @@
+"""The dashboard's pure parts: view models, chart series, log following, recent runs,
+restart options, replayed failures. No Textual app is started here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ddptui import protocol
+from ddptui.state import RunState
+from ddptui.tui.app import restart_config
+from ddptui.tui.machine import recent_runs
+from ddptui.tui.model import chart_data, global_throughput, run_frame, thin
+from ddptui.tui.sources import ReplaySource
+from ddptui.tui.widgets.logs import ALL, LogFollower
+from tests.tui_fixtures.fakes import FAILED_RUN, FINISHED_RUN, MID_RUN, RUNS
+
+
+def _step(rank, step, t, loss=1.0, sps=100.0, step_time=0.01, epoch=1, seq=None):
+    return protocol.Step(run="r", rank=rank, t=t, seq=step if seq is None else seq, step=step,
+                         epoch=epoch, loss=loss, samples=8, samples_per_s=sps,
+                         step_time=step_time)
+
+
+@pytest.mark.parametrize("n, limit, expected_len", [(0, 5, 0), (5, 5, 5), (6, 5, 3),
+                                                     (1000, 240, 200), (1001, 240, 201)])
+def test_thin_bounds_points_and_keeps_the_last(n, limit, expected_len):
+    points = list(range(n))
+    kept = thin(points, limit)
+    assert len(kept) == expected_len
+    if n:
+        assert kept[-1] == n - 1 and kept == sorted(kept)
+
+
+def test_global_throughput_sums_ranks_and_carries_slow_ranks_forward():
+    fast = [(t / 4, 100.0) for t in range(0, 17)]  # every 0.25 s for 4 s
+    slow = [(0.0, 50.0), (2.0, 60.0), (4.0, 60.0)]  # every 2 s
+    xs, ys = global_throughput([fast, slow], start=0.0)
+    assert len(xs) == len(ys) == 17
+    assert ys[0] == 150.0
+    assert ys[4] == 150.0  # the slow rank's 50 carried through its silent buckets
+    assert ys[-1] == 160.0
+    assert global_throughput([[], []], 0.0) == ([], [])
+
+
+def test_run_frame_formats_ranks_and_flags_problems():
+    state = RunState("r", 3, epochs=2)
+    for step in range(1, 11):
+        state.apply(_step(0, step, step * 0.1), now=step * 0.1)
+        state.apply(_step(1, step, step * 0.1, step_time=0.05), now=step * 0.1)
+    frame = run_frame(state, now=1.05)
+    rows = {row.rank: row for row in frame.rows}
+    assert rows[0].epoch_step == "1/10" and rows[0].loss == "1.0000"
+    assert rows[0].step_time == "10.0 ms" and rows[0].last_seen == "0.1s ago"
+    assert rows[1].problem.startswith("straggler")
+    assert rows[2].state == "pending" and rows[2].pid == "--"
+    assert frame.status == "running" and frame.epoch == "1/2"
+
+
+def test_chart_data_means_loss_per_step_and_lists_evals():
+    state = RunState("r", 2, epochs=3)
+    for step in (1, 2):
+        state.apply(_step(0, step, step, loss=1.0 * step, seq=step))
+        state.apply(_step(1, step, step, loss=3.0 * step, seq=step))
+    state.apply(protocol.Eval(run="r", rank=0, t=3, seq=3, epoch=1, accuracy=0.5, count=10))
+    data = chart_data(state)
+    assert data.mean_loss == ([1.0, 2.0], [2.0, 4.0])
+    assert data.loss_by_rank[1] == ([1.0, 2.0], [3.0, 6.0])
+    assert data.accuracy == ([1.0], [0.5]) and data.epochs == 3
+
+
+def test_log_follower_reads_only_new_complete_lines(tmp_path):
+    log = tmp_path / "rank-0.log"
+    log.write_text("one\ntwo\npart")
+    follower = LogFollower(lambda r: tmp_path / f"rank-{r}.log", keep=3)
+    assert follower.poll([0, 1]) == [(0, "one"), (0, "two")]  # rank 1 has no file yet
+    assert follower.poll([0]) == []
+    with open(log, "a") as f:
+        f.write("ial\nthree\nfour\n")
+    assert follower.poll([0]) == [(0, "partial"), (0, "three"), (0, "four")]
+    assert follower.lines(0) == [(0, "partial"), (0, "three"), (0, "four")]  # bounded to 3
+    assert follower.lines(ALL)[-1] == (0, "four")
+
+
+def test_log_follower_starts_near_the_end_of_a_big_file(tmp_path):
+    log = tmp_path / "rank-0.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100_000)))
+    new = LogFollower(lambda r: log).poll([0])
+    assert new[-1] == (0, "line 99999") and len(new) < 20_000
+    assert all(line.startswith("line ") for _, line in new)  # no half line at the start
+
+
+def test_recent_runs_are_judged_from_their_files():
+    runs = {r.run_id: r for r in recent_runs(RUNS)}
+    assert runs["rec-ok"].outcome == "finished"
+    assert runs["rec-fail"].outcome == "failed"
+    assert runs["rec-mid"].outcome == "incomplete"
+    assert runs["rec-ok"].target == "script user_ddp.py" and runs["rec-ok"].world_size == 2
+    assert recent_runs(Path("/nonexistent")) == []
+
+
+def test_replayed_failure_says_which_rank_how_and_shows_stderr():
+    source = ReplaySource.load(FAILED_RUN)
+    failure = source.state.failure
+    assert failure is not None and failure.rank == 1 and failure.exit_code == 1
+    assert failure.stderr_tail[-1].endswith("RuntimeError: boom on rank 1")
+    assert source.now() == source.state.finished_at
+
+
+def test_replay_of_a_finished_run_has_its_accuracy():
+    source = ReplaySource.load(FINISHED_RUN)
+    assert source.state.status == "finished"
+    assert source.state.last_eval.accuracy == pytest.approx(0.975)
+
+
+def test_restart_keeps_options_with_a_new_id_and_directory(tmp_path):
+    config = json.loads((MID_RUN / "config.json").read_text())
+    config["run_dir"] = str(tmp_path / config["run_id"])
+    cfg = restart_config(config)
+    assert cfg.run_id != config["run_id"]
+    assert Path(cfg.run_dir) == tmp_path / cfg.run_id
+    assert cfg.script_args == tuple(config["script_args"]) and cfg.epochs == 3
+    named = restart_config({**config, "run_dir": str(tmp_path / "mine")})
+    assert Path(named.run_dir).name == "mine-restart2"
+    (tmp_path / "mine-restart2").mkdir()
+    assert Path(restart_config({**config, "run_dir": named.run_dir}).run_dir).name == \
+        "mine-restart3"

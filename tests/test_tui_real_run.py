@@ -1,0 +1,100 @@
+"""The dashboard drives real 2-rank gloo runs (a user's own script under torchrun): the form
+launches it, the table and charts show it to the end, and quitting leaves no process."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+from textual.widgets import Input, Select
+
+from ddptui.config import Machine
+from ddptui.tui.app import Deps, create_app
+from ddptui.tui.machine import HostInfo
+from ddptui.tui.screens.confirm import ConfirmScreen
+from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen
+from ddptui.tui.screens.run import RunScreen
+from ddptui.tui.sources import LiveSource
+from tests.helpers import USER_SCRIPT, processes_of_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+SIZE = (120, 40)
+CPU_ONLY = HostInfo(Machine(0, "no CUDA here (test)", os.cpu_count() or 1), None)
+
+
+def _app(tmp_path):
+    deps = Deps(detect_host=lambda: CPU_ONLY, runs_root=tmp_path)
+    return create_app("run", deps=deps, host_info=CPU_ONLY)
+
+
+async def _fill_form(pilot, tmp_path, args: str) -> None:
+    screen = pilot.app.screen
+    assert isinstance(screen, LaunchScreen)
+    screen.query_one("#f-trainer", Select).value = OWN_SCRIPT
+    await pilot.pause()
+    await pilot.click("#f-script")
+    await pilot.press(*str(USER_SCRIPT))
+    screen.query_one("#f-script_args", Input).value = args
+    screen.query_one("#f-backend", Select).value = "gloo"
+    screen.query_one("#f-run_dir", Input).value = str(tmp_path / "run")
+    await pilot.pause()
+    assert screen.validate() == []
+
+
+async def _until(pilot, predicate, timeout: float) -> None:
+    for _ in range(int(timeout / 0.25)):
+        if predicate():
+            return
+        await pilot.pause(0.25)
+    raise AssertionError(f"not done within {timeout} s")
+
+
+def _leftovers(run_id: str) -> list[psutil.Process]:
+    mine = [p for p in psutil.Process().children(recursive=True) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+    return processes_of_run(run_id) + mine
+
+
+async def test_form_launches_a_real_run_and_shows_it_to_the_end(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _fill_form(pilot, tmp_path, "--steps 10")
+        await pilot.press("f5")
+        await _until(pilot, lambda: isinstance(app.screen, RunScreen), 5)
+        screen = app.screen
+        source = screen.source
+        assert isinstance(source, LiveSource)
+        run_id = source.cfg.run_id
+        await _until(pilot, lambda: source.done.is_set(), 200)
+        await pilot.pause(0.6)  # one more refresh after the end
+        frame = screen.frame
+        assert frame.status == "finished", source.error
+        assert [(r.rank, r.state, r.epoch_step) for r in frame.rows] == [
+            (0, "finished", "1/10"), (1, "finished", "1/10")]
+        assert all(r.pid != "--" and r.host != "--" for r in frame.rows)
+        assert "acc 1.0000" in frame.summary  # the script's all-reduced final accuracy
+        await pilot.press("q")  # the run is over: no question asked
+        await pilot.pause()
+    assert app.return_code == 0
+    assert _leftovers(run_id) == []
+
+
+async def test_quitting_a_live_run_confirms_and_leaves_no_process(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _fill_form(pilot, tmp_path, "--steps 100000 --sleep 0.05")
+        await pilot.press("f5")
+        await _until(pilot, lambda: isinstance(app.screen, RunScreen), 5)
+        source = app.screen.source
+        run_id = source.cfg.run_id
+        # Quit while the ranks are still starting: the harshest moment to tear down.
+        await _until(pilot, lambda: len(processes_of_run(run_id)) >= 2, 60)
+        await pilot.press("q")
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
+        await pilot.press("y")
+        await _until(pilot, lambda: source.done.is_set(), 60)
+        await pilot.pause(0.3)
+    assert source.result is not None and source.result.stopped
+    assert _leftovers(run_id) == []

@@ -1,0 +1,89 @@
+"""Snapshot tests of the dashboard's screens, from recorded runs, fake GPUs, a fake machine
+and a frozen clock (``--snapshot-update`` regenerates the baselines)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers import ROOT
+from tests.tui_fixtures.fakes import (
+    FAILED_RUN,
+    FINISHED_RUN,
+    GPU_HOST,
+    MID_RUN,
+    RUNS,
+    fake_deps,
+    no_gpu_snapshots,
+    primed_app,
+    replay,
+)
+
+SIZE = (120, 40)
+#: Recent runs are listed newest first: give the recordings a fixed order.
+RUN_ORDER = ("rec-syn", "rec-fail", "rec-ok", "rec-mid")
+
+
+@pytest.fixture(autouse=True)
+def _fixed_run_times(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the form resolves relative script paths like the CLI does
+    for i, name in enumerate(reversed(RUN_ORDER)):
+        os.utime(RUNS / name / "events.jsonl", (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+async def _settle(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.pause()
+
+
+def test_launch_screen(snap_compare):
+    app = primed_app("run", raw={})
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
+
+
+def test_launch_screen_explains_bad_choices(snap_compare):
+    """nccl and fp16 without CUDA, and a bad world size, are explained next to the field."""
+    app = primed_app("run", raw={"backend": "nccl", "amp": "fp16", "world_size": "0",
+                                 "lr": "fast"})
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
+
+
+def test_launch_screen_with_gpus(snap_compare):
+    app = primed_app("run", raw={"script": "tests/scripts/user_ddp.py",
+                                 "script_args": ("--steps", "10")},
+                     deps=fake_deps(host=GPU_HOST), host_info=GPU_HOST)
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
+
+
+def test_run_screen_mid_run(snap_compare):
+    source = replay(MID_RUN, now_offset=0.5)
+    source.note = ""  # shown as a live run caught mid-way
+    app = primed_app("replay", replay_source=source)
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
+
+
+def test_run_screen_failed(snap_compare):
+    app = primed_app("replay", replay_source=replay(FAILED_RUN), snapshots=no_gpu_snapshots())
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
+
+
+def test_run_screen_finished_per_rank_loss(snap_compare):
+    app = primed_app("replay", replay_source=replay(FINISHED_RUN))
+
+    async def per_rank(pilot):
+        await _settle(pilot)
+        await pilot.press("m")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=per_rank)
+
+
+def test_monitor_screen(snap_compare):
+    assert snap_compare(primed_app("monitor"), terminal_size=SIZE, run_before=_settle)
+
+
+def test_monitor_screen_without_gpu(snap_compare):
+    app = primed_app("monitor", snapshots=no_gpu_snapshots())
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)

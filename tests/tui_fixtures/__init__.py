@@ -1,0 +1,1 @@
+"""Recorded runs and fakes for the dashboard tests (snapshot, pilot) and the benchmark."""
