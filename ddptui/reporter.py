@@ -60,6 +60,7 @@ class Reporter:
         self._epoch: int | None = None
         self._epoch_started = time.monotonic()
         self._epoch_samples = 0
+        self._epoch_open = False  # steps of self._epoch were logged and it has not ended
         self._last_step_at: float | None = None
         self._started_sent = False
         self._finished_sent = False
@@ -147,7 +148,7 @@ class Reporter:
         if self._finished_sent or self._socket is None:
             return
         self.started()
-        if self._epoch is not None and self._epoch_samples:
+        if self._epoch_open:
             self._end_epoch()
         self._finished_sent = True
         self._full_until = 0.0  # the final status always gets its chance
@@ -177,7 +178,7 @@ class Reporter:
             self.started()
         epoch = values.pop("epoch", None)
         if epoch is not None and epoch != self._epoch:
-            if self._epoch is not None:
+            if self._epoch_open:
                 self._end_epoch()
             self._epoch = epoch
             self._epoch_started = self._last_step_at or now
@@ -194,6 +195,7 @@ class Reporter:
             samples_per_s = samples / step_time
         loss = values.pop("loss", None)
         self._epoch_samples += samples
+        self._epoch_open = self._epoch is not None
         self._send(
             protocol.Step,
             urgent=False,
@@ -211,7 +213,7 @@ class Reporter:
             return
         self.started()
         epoch = values.pop("epoch", self._epoch)
-        if self._epoch is not None and self._epoch_samples:
+        if self._epoch_open:
             self._end_epoch()
         accuracy = values.pop("accuracy", None)
         loss = values.pop("loss", None)
@@ -236,6 +238,7 @@ class Reporter:
             samples=self._epoch_samples,
         )
         self._epoch_samples = 0
+        self._epoch_open = False
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

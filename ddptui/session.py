@@ -18,8 +18,8 @@ from pathlib import Path
 from ddptui import protocol
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig
-from ddptui.launch import Launcher, LaunchResult
-from ddptui.state import RunState
+from ddptui.launch import Launcher, LaunchResult, read_failure, tail_lines
+from ddptui.state import RankFailureInfo, RunState
 
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.json"
@@ -170,8 +170,15 @@ def load_run(run_dir: Path) -> tuple[dict, RunState]:
         if isinstance(event, protocol.Status) and event.epochs and not state.epochs:
             state.epochs = event.epochs
     ended = [v.state for v in state.ranks.values()]
-    if ended and all(s == "finished" for s in ended):
+    failure = read_failure(run_dir)
+    if failure is None:
+        failed = [v for v in state.ranks.values() if v.state == "failed"]
+        if failed:
+            failure = RankFailureInfo(rank=failed[0].rank, error=failed[0].error,
+                                      stderr_tail=tuple(tail_lines(
+                                          run_dir / f"rank-{failed[0].rank}.log")))
+    if failure is not None:
+        state.set_outcome("failed", failure)
+    elif ended and all(s == "finished" for s in ended):
         state.set_outcome("finished")
-    elif any(s == "failed" for s in ended):
-        state.set_outcome("failed")
     return config, state

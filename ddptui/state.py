@@ -60,7 +60,7 @@ class RankView:
     """Latest values and bounded history for one rank."""
 
     rank: int
-    state: str = "pending"  # pending | started | finished | failed
+    state: str = "pending"  # pending | started | finished | failed | stopped
     pid: int | None = None
     host: str | None = None
     local_rank: int | None = None
@@ -175,6 +175,11 @@ class RunState:
             view = self.ranks[failure.rank]
             view.state = "failed"
             view.error = view.error or failure.describe()
+        if outcome in ("failed", "stopped"):
+            # The launcher ended the run: a rank that never said it ended was torn down.
+            for view in self.ranks.values():
+                if view.state in ("started", "pending"):
+                    view.state = "stopped"
 
     # -- reading ----------------------------------------------------------------------------
     @property

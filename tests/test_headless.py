@@ -35,6 +35,10 @@ def test_default_demo_run_reaches_accuracy(default_run):
     assert f"final accuracy {final['accuracy']:.4f}" in proc.stdout
     assert (run_dir / "config.json").is_file() and (run_dir / "checkpoint.pt").is_file()
     assert (run_dir / "rank-0.log").is_file() and (run_dir / "rank-1.log").is_file()
+    finished = [e for e in events if e["kind"] == "status" and e["state"] == "finished"]
+    assert sorted(e["rank"] for e in finished) == [0, 1]  # sent before each rank exited
+    ends = [(e["rank"], e["epoch"]) for e in events if e["kind"] == "epoch"]
+    assert len(ends) == len(set(ends)) == 2 * final["epoch"]  # each epoch ends once per rank
     assert processes_of_run(events[0]["run"]) == []
 
 

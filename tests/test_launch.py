@@ -10,7 +10,7 @@ import pytest
 
 from ddptui.config import Machine, build_config
 from ddptui.launch import Launcher, wait_for
-from ddptui.session import RunSession
+from ddptui.session import RunSession, load_run
 from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
 
 pytestmark = pytest.mark.slow
@@ -63,6 +63,11 @@ def test_failing_rank_is_named_with_exit_code_and_stderr_tail(tmp_path):
     assert any("RuntimeError: boom on rank 1" in line for line in result.failure.stderr_tail)
     assert session.state.ranks[1].state == "failed"
     assert processes_of_run(session.cfg.run_id) == []
+    # Replaying the run directory tells the same story.
+    _, replayed = load_run(session.run_dir)
+    assert replayed.status == "failed" and replayed.failure.rank == 1
+    assert replayed.failure.exit_code == 1
+    assert any("boom on rank 1" in line for line in replayed.failure.stderr_tail)
 
 
 def test_stop_tears_down_torchrun_workers_in_their_own_sessions(tmp_path):

@@ -115,7 +115,9 @@ def test_outcome_marks_failing_rank_and_stops_health_checks():
     s.set_outcome("failed", failure, now=3.0)
     assert s.status == "failed" and s.ranks[1].state == "failed"
     assert "rank 1 was killed by signal SIGKILL" in s.ranks[1].error
+    assert s.ranks[0].state == "stopped"  # never said it ended: torn down by the launcher
     assert s.health(now=100.0) == {}
+    assert s.global_samples_per_s() == 0.0
 
 
 @pytest.mark.parametrize(

@@ -86,6 +86,21 @@ def test_steps_are_derived_and_delivered_in_order(collector):
     assert finished.state == "finished" and finished.dropped == 0
 
 
+def test_each_epoch_ends_exactly_once(collector):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        for epoch in (1, 2):
+            rep.log(epoch=epoch, loss=1.0, samples=4)
+            rep.log(epoch=epoch, loss=1.0, samples=4)
+            rep.log_eval(epoch=epoch, accuracy=0.5)
+        rep.finished()
+        events = drain(collector, 11)
+    finally:
+        rep.close()
+    ends = [(e.epoch, e.samples) for e in events if type(e).__name__ == "EpochEnd"]
+    assert ends == [(1, 8), (2, 8)]
+
+
 def test_no_endpoint_is_a_no_op():
     rep = Reporter(None, "run", rank=0)
     rep.log(loss=1.0, samples=1)

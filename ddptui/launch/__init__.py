@@ -62,6 +62,24 @@ def tail_lines(path: Path, n: int = STDERR_TAIL_LINES, max_bytes: int = 64 * 102
     return list(deque((ln for ln in lines if ln.strip()), maxlen=n))
 
 
+def read_failure(run_dir: Path) -> RankFailureInfo | None:
+    """The first failing rank as the driver recorded it in the run directory, with the tail
+    of that rank's log; None when the driver recorded no rank failure."""
+    try:
+        info = json.loads((Path(run_dir) / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    rank = info.get("rank")
+    return RankFailureInfo(
+        rank=rank,
+        exit_code=info.get("exit_code"),
+        signal=info.get("signal"),
+        error=info.get("error"),
+        stderr_tail=tuple(tail_lines(Path(run_dir) / f"rank-{rank}.log"))
+        if rank is not None else (),
+    )
+
+
 class Launcher:
     """Runs ``world_size`` ranks of a trainer module or a user script under ``kind``."""
 
@@ -196,23 +214,8 @@ class Launcher:
             self._terminate(min(self.grace, 1.0))
 
     def _result(self, returncode: int) -> LaunchResult:
-        failure = None
-        result_file = self.run_dir / RESULT_FILE
-        if result_file.exists():
-            try:
-                info = json.loads(result_file.read_text())
-            except (OSError, ValueError):
-                info = {}
-            rank = info.get("rank")
-            failure = RankFailureInfo(
-                rank=rank,
-                exit_code=info.get("exit_code"),
-                signal=info.get("signal"),
-                error=info.get("error"),
-                stderr_tail=tuple(tail_lines(self.run_dir / f"rank-{rank}.log"))
-                if rank is not None else (),
-            )
-        elif returncode != 0 and not self._stopping:
+        failure = read_failure(self.run_dir)
+        if failure is None and returncode != 0 and not self._stopping:
             sig = None
             if returncode < 0:
                 try:

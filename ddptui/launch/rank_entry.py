@@ -8,6 +8,7 @@ Used as the mp.spawn worker function (:func:`spawn_worker`) and as torchrun's mo
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import importlib
 import os
@@ -76,6 +77,21 @@ def run_target(module: str | None, script: str | None, args: list[str]) -> int:
         return 1
 
 
+def exit_after_success(code: int) -> None:
+    """End a built-in trainer's rank that has finished its work, skipping native teardown.
+
+    At interpreter exit a native thread (gloo, OpenMP) still joinable can abort the process
+    ("terminate called without an active exception", SIGABRT) after the rank reported
+    ``finished``, turning a good run into a failed one. Python's exit handlers still run (the
+    reporter flushes its last events); then the process ends without native destructors.
+    Only for the built-in trainers: a user's script keeps the ordinary exit.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 def spawn_worker(local_rank: int, nprocs: int, module: str | None, script: str | None,
                  args: list[str], run_dir: str | None) -> None:
     """mp.spawn's function: one rank on this node (rank = local rank: a single node)."""
@@ -94,6 +110,8 @@ def spawn_worker(local_rank: int, nprocs: int, module: str | None, script: str |
         raise
     if code:
         sys.exit(code)
+    if module:
+        exit_after_success(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,10 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     prepare_rank(opts.run_dir, rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
-        return run_target(opts.module, opts.script, rest)
+        code = run_target(opts.module, opts.script, rest)
     except BaseException:
         traceback.print_exc()
         raise
+    if opts.module and code == 0:
+        exit_after_success(0)
+    return code
 
 
 if __name__ == "__main__":

@@ -81,9 +81,6 @@ def run_frame(state: RunState, now: float) -> RunFrame:
             problem = view.error or "failed"
         step = f"{view.epoch if view.epoch is not None else '-'}/{view.step}"
         shown_state = view.state
-        if state.outcome in ("failed", "stopped") and view.state in ("started", "pending"):
-            # The launcher has ended the run; a rank that never said it ended was torn down.
-            shown_state = "stopped"
         rows.append(RankRow(
             rank=rank,
             pid=str(view.pid) if view.pid is not None else "--",

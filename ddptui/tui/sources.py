@@ -10,7 +10,6 @@ happen there, because the session's ZeroMQ socket is not thread-safe. Other thre
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -18,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ddptui.config import RunConfig
-from ddptui.launch import RESULT_FILE, LaunchResult, tail_lines
+from ddptui.launch import LaunchResult
 from ddptui.session import RunSession, load_run
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.state import RunState
 
 #: How long one pump waits for events; also how quickly a stop request is noticed.
 PUMP_TIMEOUT_S = 0.1
@@ -73,42 +72,12 @@ class ReplaySource(RunSource):
     def load(cls, run_dir: Path, now: float | None = None) -> ReplaySource:
         run_dir = Path(run_dir)
         config, state = load_run(run_dir)
-        if state.failure is None and state.outcome == "failed":
-            failure = failure_from_run_dir(run_dir, state)
-            if failure is not None:
-                state.set_outcome("failed", failure, now=state.finished_at)
         return cls(config, state, run_dir, now)
 
     def now(self) -> float:
         if self._now is not None:
             return self._now
         return self.state.finished_at or self.state.last_event_at or 0.0
-
-
-def failure_from_run_dir(run_dir: Path, state: RunState) -> RankFailureInfo | None:
-    """Rebuild a crashed run's failure summary from its files.
-
-    The launcher's result file names the first failing rank and how it ended; without one,
-    the first rank whose status said "failed" is taken. (This belongs in ``load_run``; it is
-    here until the core does it.)
-    """
-    info: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        info = json.loads((run_dir / RESULT_FILE).read_text())
-    rank = info.get("rank")
-    if rank is None:
-        failed = [v for v in state.ranks.values() if v.state == "failed"]
-        if not failed:
-            return None
-        rank = failed[0].rank
-    view = state.ranks.get(rank)
-    return RankFailureInfo(
-        rank=rank,
-        exit_code=info.get("exit_code"),
-        signal=info.get("signal"),
-        error=info.get("error") or (view.error if view else None),
-        stderr_tail=tuple(tail_lines(run_dir / f"rank-{rank}.log")),
-    )
 
 
 class LiveSource(RunSource):
