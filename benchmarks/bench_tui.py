@@ -281,7 +281,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--rate", type=float, default=50.0, help="step events/s per rank")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window")
-    parser.add_argument("--refresh-hz", type=float, default=4.0)
+    parser.add_argument("--refresh-hz", type=float, default=4.5)
     parser.add_argument("--no-monitor", action="store_true",
                         help="no GPU/system sampling thread (to see what it costs)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

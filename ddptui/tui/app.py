@@ -45,8 +45,10 @@ class Deps:
     #: Builds the RunSession of a launched run (default: ``RunSession(cfg, clock=clock)``).
     session_factory: Callable[[RunConfig], RunSession] | None = None
     runs_root: Path = Path("runs")
-    #: Header and rank table redraws per second.
-    refresh_hz: float = 4.0
+    #: Header and rank table redraws per second. Not 4: an event arriving just after a redraw
+    #: would wait 250 ms plus the redraw; 4.5 Hz measured (benchmarks/bench_tui.py) keeps the
+    #: worst delay under 250 ms at under 10 % of a core.
+    refresh_hz: float = 4.5
     #: Chart redraws per second (plotext is the costliest thing on screen).
     chart_hz: float = 0.5
     #: System panel and log redraws per second.

@@ -1,6 +1,6 @@
 """The run screen: header, per-rank table, charts, system panel, logs, failure summary.
 
-Drawing is pull-based and throttled: a timer at ``refresh_hz`` (4 Hz) copies what the header
+Drawing is pull-based and throttled: a timer at ``refresh_hz`` (4.5 Hz) copies what the header
 and table need out of the RunState (under the source's lock) and updates the widgets; slower
 timers do the same for the charts (``chart_hz``, 0.5 Hz: plotext is the costliest thing on
 screen) and for the system panel and logs (``panel_hz``, 1 Hz). Events themselves never
@@ -65,7 +65,7 @@ class RunScreen(Screen):
 
         screen: RunScreen
 
-    def __init__(self, source: RunSource, refresh_hz: float = 4.0, chart_hz: float = 0.5,
+    def __init__(self, source: RunSource, refresh_hz: float = 4.5, chart_hz: float = 0.5,
                  panel_hz: float = 1.0):
         super().__init__()
         self.source = source
