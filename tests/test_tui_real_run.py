@@ -52,8 +52,17 @@ async def _until(pilot, predicate, timeout: float) -> None:
 
 
 def _leftovers(run_id: str) -> list[psutil.Process]:
-    mine = [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    """This run's processes, and any launcher driver or rank still below this test process
+    (other children, e.g. multiprocessing's resource tracker from earlier tests, are not
+    the dashboard's)."""
+    mine = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if (proc.status() != psutil.STATUS_ZOMBIE
+                    and "ddptui.launch" in " ".join(proc.cmdline())):
+                mine.append(proc)
+        except psutil.Error:
+            continue
     return processes_of_run(run_id) + mine
 
 
