@@ -63,11 +63,13 @@ class Sampler:
         callback: Callable[[SystemSnapshot], Any] | None = None,
         pids: Iterable[int] = (),
         nvml_module: ModuleType | Any | None = None,
+        pcie: bool = True,
         name: str = "ddptui-monitor",
     ) -> None:
         self.interval = validate_interval(interval)
         self._owns_monitor = monitor is None
-        self._monitor = monitor if monitor is not None else SystemMonitor(nvml_module)
+        self._monitor = monitor if monitor is not None else SystemMonitor(nvml_module,
+                                                                          pcie=pcie)
         self._callback = callback
         self._pids: tuple[int, ...] = tuple(pids)
         self._latest: SystemSnapshot | None = None
