@@ -263,6 +263,9 @@ def _build(
     run_dir = str(Path(run_dir or Path("runs") / run_id).expanduser().resolve())
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         attempt(_fail, "run_dir", f"run directory is a file: {run_dir}")
+    elif (Path(run_dir) / "events.jsonl").exists():
+        attempt(_fail, "run_dir", f"run directory already holds a run: {run_dir} "
+                "(choose another --run-dir; replay it with 'ddptui replay')")
 
     return RunConfig(
         trainer=trainer,

@@ -148,16 +148,18 @@ def _planned_epochs(events: list[protocol.AnyEvent]) -> int | None:
     return None
 
 
-def read_events(path: Path) -> Iterator[protocol.AnyEvent]:
-    """Events of a run directory's ``events.jsonl``; lines that do not parse are skipped
-    (a crash may leave the last line half-written)."""
+def read_events(path: Path, run_id: str | None = None) -> Iterator[protocol.AnyEvent]:
+    """Events of a run directory's ``events.jsonl`` (only run ``run_id``'s, when given);
+    lines that do not parse are skipped (a crash may leave the last line half-written)."""
     with open(path, "rb") as f:
         for line in f:
             if line.strip():
                 try:
-                    yield protocol.from_json(line)
+                    event = protocol.from_json(line)
                 except protocol.InvalidEvent:
                     continue
+                if run_id is None or event.run == run_id:
+                    yield event
 
 
 def load_run(run_dir: Path) -> tuple[dict, RunState]:
@@ -165,7 +167,7 @@ def load_run(run_dir: Path) -> tuple[dict, RunState]:
     config = json.loads((run_dir / CONFIG_FILE).read_text())
     state = RunState(config.get("run_id", run_dir.name), int(config.get("world_size") or 1),
                      epochs=config.get("epochs"))
-    for event in read_events(run_dir / EVENTS_FILE):
+    for event in read_events(run_dir / EVENTS_FILE, config.get("run_id")):
         state.apply(event)
         if isinstance(event, protocol.Status) and event.epochs and not state.epochs:
             state.epochs = event.epochs

@@ -93,3 +93,11 @@ def test_download_request_skips_the_data_check():
     cfg = build_config({"trainer": "mnist", "data_dir": "/no/data",
                         "script_args": ("--download",)}, CPU)
     assert cfg.trainer_argv()[-1] == "--download"
+
+
+def test_a_run_directory_that_holds_a_run_is_refused(tmp_path):
+    (tmp_path / "events.jsonl").write_text("")
+    with pytest.raises(ConfigError, match="run directory already holds a run") as info:
+        build_config({"run_dir": str(tmp_path)}, CPU)
+    assert info.value.field == "run_dir"
+    build_config({"run_dir": str(tmp_path / "fresh")}, CPU)  # a new one is fine

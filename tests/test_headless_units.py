@@ -70,3 +70,20 @@ def test_terminal_gets_a_redrawn_progress_bar_and_pipes_get_lines():
     assert tty.getvalue().startswith("\r\x1b[2K") and "50%" in tty.getvalue()
     assert "█" * 12 + "░" * 12 in tty.getvalue() and not tty.getvalue().endswith("\n")
     assert pipe.getvalue().endswith("\n") and "\r" not in pipe.getvalue()
+
+
+def test_replay_reads_only_the_events_of_the_run_its_config_names(tmp_path):
+    import json
+
+    from ddptui.session import load_run
+
+    (tmp_path / "config.json").write_text(json.dumps({"run_id": "a", "world_size": 1}))
+    lines = [protocol.to_json(e) for e in (
+        protocol.Step(run="old", rank=0, seq=0, t=0.0, step=1, samples=999),
+        protocol.Step(run="a", rank=0, seq=0, t=100.0, step=1, samples=10),
+        protocol.Status(run="a", rank=0, seq=1, t=101.0, state="finished"),
+    )]
+    (tmp_path / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n{half a line")
+    _, state = load_run(tmp_path)
+    assert state.samples_total == 10 and state.status == "finished"
+    assert state.elapsed(state.last_event_at) == 1.0
