@@ -268,3 +268,27 @@ def test_history_without_ranks_and_sizes():
     assert History.for_window(seconds=60, interval=0.5).maxlen == 120
     with pytest.raises(ValueError, match="at least 1"):
         History(0)
+
+
+def test_rank_labels_come_from_the_rank_processes_environment():
+    import os
+    import subprocess
+    import sys
+
+    from ddptui.monitor import rank_labels_from_environment
+
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "DDPTUI_RUN_ID")}
+    code = "import time; time.sleep(30)"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env={**base, "RANK": "1",
+                                                            "DDPTUI_RUN_ID": "run-x"}),
+        subprocess.Popen([sys.executable, "-c", code], env={**base, "RANK": "0"}),
+        subprocess.Popen([sys.executable, "-c", code], env=base),
+    ]
+    try:
+        labels = rank_labels_from_environment([p.pid for p in procs] + [2**22 + 7])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert labels == {procs[0].pid: "rank 1 · run run-x", procs[1].pid: "rank 0"}

@@ -259,3 +259,24 @@ async def test_monitor_mode_quits_with_q(mode):
         await pilot.pause()
     assert app.return_code == 0
     assert app.feed.sampler.stopped
+
+
+async def test_standalone_monitor_labels_rank_processes_of_any_run(monkeypatch):
+    import ddptui.tui.system_feed as system_feed
+
+    asked = []
+
+    def labels(pids):  # stands in for reading each GPU process's environment
+        asked.append(tuple(pids))
+        return {1001: "rank 0 · run other-run"}
+
+    monkeypatch.setattr(system_feed, "rank_labels_from_environment", labels)
+    app = primed_app("monitor")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(1.2)
+        table = app.screen.query_one("#monitor-procs", DataTable)
+        rows = {str(table.get_row_at(i)[1]): str(table.get_row_at(i)[2])
+                for i in range(table.row_count)}
+    assert rows["1001"] == "rank 0 · run other-run"
+    assert rows["1002"] == "other" and rows["4242"] == "other"
+    assert asked and set(asked[-1]) == {1001, 1002, 4242}

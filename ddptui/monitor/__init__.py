@@ -48,6 +48,7 @@ from ddptui.monitor.ranks import (
     join_ranks,
     normalize_uuid,
     preflight,
+    rank_labels_from_environment,
 )
 from ddptui.monitor.sampler import DEFAULT_INTERVAL, MIN_INTERVAL, Sampler, validate_interval
 from ddptui.monitor.snapshot import (
@@ -94,4 +95,5 @@ __all__ = [
     "join_ranks",
     "normalize_uuid",
     "preflight",
+    "rank_labels_from_environment",
 ]

@@ -35,6 +35,7 @@ __all__ = [
     "normalize_uuid",
     "join_ranks",
     "preflight",
+    "rank_labels_from_environment",
 ]
 
 
@@ -280,3 +281,27 @@ def _sum_or_na(values: Iterable[Any]) -> Any:
             return NA
         total += value
     return total
+
+
+def rank_labels_from_environment(pids: Iterable[int]) -> dict[int, str]:
+    """Labels for processes that are DDP ranks of some run, read from their environment.
+
+    A launcher (torchrun, mp.spawn under ddptui) gives each rank ``RANK``; ddptui adds
+    ``DDPTUI_RUN_ID``. So a standalone monitor can say "rank 1 · run 2026…" for a GPU
+    process without knowing the run. Processes of other users (environment unreadable) and
+    non-rank processes get no label.
+    """
+    import psutil
+
+    labels: dict[int, str] = {}
+    for pid in pids:
+        try:
+            env = psutil.Process(pid).environ()
+        except (psutil.Error, OSError):
+            continue
+        rank = env.get("RANK")
+        if rank is None:
+            continue
+        run = env.get("DDPTUI_RUN_ID")
+        labels[pid] = f"rank {rank}" + (f" · run {run}" if run else "")
+    return labels

@@ -19,6 +19,7 @@ from ddptui.monitor import (
     SystemSnapshot,
     is_na,
     join_ranks,
+    rank_labels_from_environment,
 )
 
 #: Host CPU samples kept for its sparkline.
@@ -53,6 +54,8 @@ class SystemFeed:
         self.host_ram: deque[float] = deque(maxlen=HOST_HISTORY)
         self._ranks: dict[int, RankInfo] = {}
         self._extra_pids: tuple[int, ...] = ()
+        #: pid -> "rank N · run ID" for GPU processes that are ranks of any run.
+        self.env_labels: dict[int, str] = {}
 
     @property
     def has_ranks(self) -> bool:
@@ -85,6 +88,7 @@ class SystemFeed:
                              for p in g.processes}))
         if pids != self._extra_pids:
             self._extra_pids = pids
+            self.env_labels = rank_labels_from_environment(pids)
             self._push_pids()
 
     def _push_pids(self) -> None:

@@ -233,8 +233,12 @@ class ProcessTable(DataTable):
         self.clear()
         for gpu, pid, rank, memory in sorted(rows, key=lambda r: (r[0], r[1])):
             proc = snap.process(pid)
-            label = Text(f"rank {rank}", style="magenta") if rank is not None else \
-                Text("other", style="yellow" if gpu != "-" else "dim")
+            if rank is not None:
+                label = Text(f"rank {rank}", style="magenta")
+            elif pid in feed.env_labels:  # a rank of some run, found by its environment
+                label = Text(feed.env_labels[pid], style="cyan")
+            else:
+                label = Text("other", style="yellow" if gpu != "-" else "dim")
             self.add_row(
                 gpu, str(pid), label, format_bytes(memory),
                 format_percent(proc.cpu_percent) if proc else "N/A",
