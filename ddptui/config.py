@@ -263,6 +263,8 @@ def _build(
     run_dir = str(Path(run_dir or Path("runs") / run_id).expanduser().resolve())
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         attempt(_fail, "run_dir", f"run directory is a file: {run_dir}")
+    elif not _can_create(Path(run_dir)):
+        attempt(_fail, "run_dir", f"cannot create or write the run directory: {run_dir}")
     elif (Path(run_dir) / "events.jsonl").exists():
         attempt(_fail, "run_dir", f"run directory already holds a run: {run_dir} "
                 "(choose another --run-dir; replay it with 'ddptui replay')")
@@ -287,6 +289,14 @@ def _build(
         model=None if _blank(raw.get("model")) else str(raw["model"]),
         run_id=run_id,
     )
+
+
+def _can_create(path: Path) -> bool:
+    """Whether ``path`` is, or can be made, a writable directory (by its nearest ancestor)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    return False
 
 
 def _fail(field: str, message: str) -> None:

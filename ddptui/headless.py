@@ -152,7 +152,12 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         console._print(f"warning: {warning}")
     interrupted = False
     try:
-        session.start()
+        try:
+            session.start()
+        except OSError as exc:  # e.g. a run directory that cannot be created
+            print(f"ddptui: error: cannot start the run in {session.run_dir}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 2
         while session.poll() is None:
             events = session.pump(0.1)
             now = time.monotonic()

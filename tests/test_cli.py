@@ -78,3 +78,13 @@ def test_help_lists_every_run_option(capsys):
                  "--epochs", "--batch-size", "--lr", "--seed", "--data-dir", "--run-dir",
                  "--resume", "--init-method", "--sync-bn", "--no-ui", "--start"):
         assert flag in text
+
+
+def test_run_directory_that_cannot_be_created_is_one_line_not_a_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "--no-ui", "--run-dir", "/proc/ddptui-test/run"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("ddptui: error: cannot start the run in /proc/ddptui-test/run")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

@@ -101,3 +101,9 @@ def test_a_run_directory_that_holds_a_run_is_refused(tmp_path):
         build_config({"run_dir": str(tmp_path)}, CPU)
     assert info.value.field == "run_dir"
     build_config({"run_dir": str(tmp_path / "fresh")}, CPU)  # a new one is fine
+
+
+def test_a_run_directory_under_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="run directory is a file|cannot create or write"):
+        build_config({"run_dir": str(tmp_path / "f" / "run")}, CPU)

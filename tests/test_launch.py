@@ -152,3 +152,24 @@ def test_sigkill_of_ddptui_itself_leaves_no_worker_and_keeps_events(tmp_path):
     run_id = received[0]["run"]
     assert wait_until(lambda: processes_of_run(run_id) == [], 15), processes_of_run(run_id)
     assert len(read_events(run_dir)) == len(received)
+
+
+def test_ctrl_c_in_headless_mode_stops_every_worker(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--launcher", "torchrun",
+           "--world-size", "2", "--script", str(USER_SCRIPT), "--run-dir", str(run_dir),
+           "--", "--steps", "100000", "--sleep", "0.01"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        stepped = wait_until(lambda: (run_dir / "events.jsonl").exists() and sum(
+            e["kind"] == "step" for e in read_events(run_dir)) > 10, 90)
+        assert stepped, "ranks never stepped"
+        run_id = read_events(run_dir)[0]["run"]
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "interrupted: stopping every worker" in out and "run stopped" in out
+    assert processes_of_run(run_id) == []
