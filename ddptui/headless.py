@@ -62,6 +62,7 @@ class ConsoleReporter:
         self._last_line = 0.0
         self._last_bar = 0.0
         self._bar_shown = False
+        self._announced: set[int] = set()
 
     def _print(self, text: str) -> None:
         if self._bar_shown:
@@ -73,7 +74,8 @@ class ConsoleReporter:
     def on_events(self, state: RunState, events: list[protocol.AnyEvent], now: float) -> None:
         for event in events:
             if isinstance(event, protocol.Status):
-                if event.state == "started":
+                if event.state == "started" and event.rank not in self._announced:
+                    self._announced.add(event.rank)
                     self._print(f"rank {event.rank} started: pid {event.pid} on {event.host}, "
                                 f"device {event.device}")
                 elif event.state == "failed":

@@ -52,6 +52,8 @@ class Status(Event, tag="status"):
     world_size: int | None = None
     #: Planned number of epochs (for progress and ETA), when the script knows it.
     epochs: int | None = None
+    #: Training steps per epoch on this rank, when the script knows it (progress from step 1).
+    steps_per_epoch: int | None = None
     device: str | None = None
     device_uuid: str | None = None
     error: str | None = None

@@ -63,6 +63,7 @@ class Reporter:
         self._epoch_open = False  # steps of self._epoch were logged and it has not ended
         self._last_step_at: float | None = None
         self._started_sent = False
+        self._announced: dict[str, Any] = {}  # what the started status has told so far
         self._finished_sent = False
         self._lock = threading.Lock()
         self._full_until = 0.0
@@ -124,13 +125,21 @@ class Reporter:
 
     # -- lifecycle -----------------------------------------------------------------------
     def started(self, device: str | None = None, device_uuid: str | None = None,
-                epochs: int | None = None) -> None:
-        """Announce this rank (pid, host, local rank, device, planned epochs). Sent once."""
-        if self._started_sent or self._socket is None:
+                epochs: int | None = None, steps_per_epoch: int | None = None) -> None:
+        """Announce this rank: pid, host, local rank, device, and what it knows of the plan
+        (epochs, steps per epoch). Sent on the first call, and again only when a later call
+        adds something new (a trainer learns its steps per epoch once its data is loaded)."""
+        if self._socket is None:
+            return
+        if not self._started_sent and device is None:
+            device, device_uuid = _current_device()
+        given = {"device": device, "device_uuid": device_uuid, "epochs": epochs,
+                 "steps_per_epoch": steps_per_epoch}
+        news = {k: v for k, v in given.items() if v is not None and self._announced.get(k) != v}
+        if self._started_sent and not news:
             return
         self._started_sent = True
-        if device is None:
-            device, device_uuid = _current_device()
+        self._announced.update(news)
         self._send(
             protocol.Status,
             state="started",
@@ -138,9 +147,7 @@ class Reporter:
             host=socket.gethostname(),
             local_rank=int(os.environ.get("LOCAL_RANK", self.rank)),
             world_size=int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None,
-            epochs=epochs,
-            device=device,
-            device_uuid=device_uuid,
+            **self._announced,
         )
 
     def finished(self, error: str | None = None) -> None:

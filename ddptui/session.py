@@ -92,8 +92,6 @@ class RunSession:
         with self._lock:
             for event in events:
                 self.state.apply(event, now)
-            if event_epochs := _planned_epochs(events):
-                self.state.epochs = self.state.epochs or event_epochs
 
     def poll(self) -> LaunchResult | None:
         """The launcher's result once the run has ended (after draining late events)."""
@@ -141,13 +139,6 @@ class RunSession:
         return self._lock
 
 
-def _planned_epochs(events: list[protocol.AnyEvent]) -> int | None:
-    for event in events:
-        if isinstance(event, protocol.Status) and event.epochs:
-            return event.epochs
-    return None
-
-
 def read_events(path: Path, run_id: str | None = None) -> Iterator[protocol.AnyEvent]:
     """Events of a run directory's ``events.jsonl`` (only run ``run_id``'s, when given);
     lines that do not parse are skipped (a crash may leave the last line half-written)."""
@@ -169,8 +160,6 @@ def load_run(run_dir: Path) -> tuple[dict, RunState]:
                      epochs=config.get("epochs"))
     for event in read_events(run_dir / EVENTS_FILE, config.get("run_id")):
         state.apply(event)
-        if isinstance(event, protocol.Status) and event.epochs and not state.epochs:
-            state.epochs = event.epochs
     ended = [v.state for v in state.ranks.values()]
     failure = read_failure(run_dir)
     if failure is None:

@@ -136,6 +136,10 @@ class RunState:
                 setattr(view, name, value)
         if ev.dropped is not None:
             view.reporter_dropped = ev.dropped
+        if ev.epochs and not self.epochs:
+            self.epochs = ev.epochs
+        if ev.steps_per_epoch and not self.steps_per_epoch:
+            self.steps_per_epoch = ev.steps_per_epoch
 
     def _on_step(self, view: RankView, ev: protocol.Step, now: float) -> None:
         if view.state == "pending":

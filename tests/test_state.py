@@ -139,3 +139,15 @@ def test_rank_still_starting_gets_a_startup_allowance():
     s.apply(ev(protocol.Status, 0, 0, 0.0, state="started"), now=0.0)
     assert s.health(now=30.0) == {}
     assert s.health(now=61.0) == {0: "silent: no event for 61 s"}
+
+
+def test_announced_plan_gives_progress_from_the_first_step():
+    s = RunState("r", 1)
+    s.apply(ev(protocol.Status, 0, 0, 0.0, state="started", epochs=4), now=0.0)
+    s.apply(ev(protocol.Status, 0, 1, 0.0, state="started", steps_per_epoch=10), now=0.0)
+    for i in range(1, 6):
+        s.apply(step(0, i + 1, i, float(i)), now=float(i))
+    assert (s.epochs, s.steps_per_epoch) == (4, 10)
+    assert s.progress() == pytest.approx(0.125)
+    s.started_at = 0.0
+    assert s.eta(5.0) == pytest.approx(35.0)

@@ -101,6 +101,22 @@ def test_each_epoch_ends_exactly_once(collector):
     assert ends == [(1, 8), (2, 8)]
 
 
+def test_started_is_sent_again_only_when_it_tells_something_new(collector):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep.started(device="cpu", epochs=3)
+        rep.started(device="cpu", epochs=3)  # nothing new: not sent
+        rep.started(steps_per_epoch=125)
+        rep.log(loss=1.0, samples=1)  # a step does not announce again
+        rep.flush()
+        events = drain(collector, 3)
+    finally:
+        rep.close()
+    started = [e for e in events if type(e).__name__ == "Status"]
+    assert [(e.epochs, e.steps_per_epoch, e.device) for e in started] == [
+        (3, None, "cpu"), (3, 125, "cpu")]
+
+
 def test_no_endpoint_is_a_no_op():
     rep = Reporter(None, "run", rank=0)
     rep.log(loss=1.0, samples=1)

@@ -105,7 +105,10 @@ def run(config: TrainConfig, task: Task) -> EvalResult:
         scheduler = task.scheduler(config, optimizer) if task.scheduler else None
         # From here on ranks should differ (dropout masks, augmentation), not repeat each other.
         torch.manual_seed(config.seed + ctx.rank)
-        result = Trainer(config, ctx, device, model, optimizer, scheduler, data).train()
+        trainer = Trainer(config, ctx, device, model, optimizer, scheduler, data)
+        # Known only now that the data is loaded: lets ddptui show progress from step one.
+        ddptui.started(steps_per_epoch=len(trainer.train_loader))
+        result = trainer.train()
     except BaseException as exc:
         ddptui.finished(error=f"{type(exc).__name__}: {exc}")
         raise
