@@ -102,6 +102,7 @@ class RunState:
         self.evals: dict[int | None, EvalPoint] = {}
         self.steps_per_epoch: int | None = None
         self.started_at: float | None = None
+        self.first_step_at: float | None = None  # training time starts here (not start-up)
         self.last_event_at: float | None = None
         self.finished_at: float | None = None
         self.failure: RankFailureInfo | None = None
@@ -142,6 +143,8 @@ class RunState:
             self.steps_per_epoch = ev.steps_per_epoch
 
     def _on_step(self, view: RankView, ev: protocol.Step, now: float) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = now
         if view.state == "pending":
             view.state = "started"
         if ev.epoch is not None and ev.epoch != view.epoch:
@@ -250,12 +253,15 @@ class RunState:
         return max(0.0, end - self.started_at)
 
     def eta(self, now: float) -> float | None:
-        """Seconds left, from progress so far; None until it can be estimated."""
+        """Seconds left, extrapolated from training time so far (start-up excluded: it does
+        not repeat); None until it can be estimated."""
+        if self.outcome:
+            return 0.0
         progress = self.progress()
-        if not progress or progress <= 0 or self.outcome:
-            return None if not self.outcome else 0.0
-        elapsed = self.elapsed(now)
-        return elapsed * (1 - progress) / progress
+        if not progress or progress <= 0 or self.first_step_at is None:
+            return None
+        training = max(0.0, now - self.first_step_at)
+        return training * (1 - progress) / progress
 
     @property
     def dropped(self) -> int:
