@@ -23,6 +23,7 @@ import zmq
 import ddptui
 from ddptui import protocol, reporter
 from ddptui.collector import Collector
+from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
 
 
 def per_call_us(n: int = 50_000) -> float:
@@ -54,17 +55,17 @@ def with_env(endpoint: str | None, fn) -> tuple[float, tuple[int, int]]:
     """Run ``fn`` with a fresh reporter for ``endpoint``; its result and (sent, dropped)."""
     reporter.reset_reporter()
     if endpoint:
-        os.environ[reporter.ENDPOINT_ENV] = endpoint
-        os.environ[reporter.RUN_ID_ENV] = "bench"
+        os.environ[ENDPOINT_ENV] = endpoint
+        os.environ[RUN_ID_ENV] = "bench"
     else:
-        os.environ.pop(reporter.ENDPOINT_ENV, None)
+        os.environ.pop(ENDPOINT_ENV, None)
     try:
         result = fn()
         r = reporter.get_reporter()
         return result, (r.sent, r.dropped)
     finally:
         reporter.reset_reporter()
-        os.environ.pop(reporter.ENDPOINT_ENV, None)
+        os.environ.pop(ENDPOINT_ENV, None)
 
 
 def bench_log_call() -> None:
@@ -111,12 +112,21 @@ def bench_training_overhead(blocks: int = 12, steps: int = 30) -> None:
     from torch import nn
 
     torch.set_num_threads(1)
-    print(f"== training step overhead ({blocks} interleaved blocks x {steps} steps, small CNN, "
-          "batch 64, 1 thread)")
+    print(
+        f"== training step overhead ({blocks} interleaved blocks x {steps} steps, small CNN, "
+        "batch 64, 1 thread)"
+    )
     endpoint, stop = start_collector_process()
-    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                          nn.Flatten(), nn.Linear(32, 10))
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 1, 16, 16), torch.randint(0, 10, (64,))
 
@@ -132,8 +142,8 @@ def bench_training_overhead(blocks: int = 12, steps: int = 30) -> None:
                 ddptui.log(epoch=1, loss=value, samples=64)
         return (time.perf_counter() - t0) / steps
 
-    os.environ[reporter.ENDPOINT_ENV] = endpoint
-    os.environ[reporter.RUN_ID_ENV] = "bench"
+    os.environ[ENDPOINT_ENV] = endpoint
+    os.environ[RUN_ID_ENV] = "bench"
     reporter.reset_reporter()
     block(True)
     block(False)  # warm up
@@ -165,9 +175,19 @@ def bench_ingest(n: int = 200_000) -> None:
     print(f"== collector ingest vs raw pyzmq receive ({n} messages from another process)")
 
     def step(seq: int) -> protocol.Step:
-        return protocol.Step(run="bench", rank=0, t=time.time(), seq=seq, step=seq, epoch=1,
-                             loss=0.5, samples=64, samples_per_s=1e4, step_time=0.0064,
-                             metrics={"lr": 0.1})
+        return protocol.Step(
+            run="bench",
+            rank=0,
+            t=time.time(),
+            seq=seq,
+            step=seq,
+            epoch=1,
+            loss=0.5,
+            samples=64,
+            samples_per_s=1e4,
+            step_time=0.0064,
+            metrics={"lr": 0.1},
+        )
 
     ctx_mp = mp.get_context("spawn")
 
@@ -243,8 +263,10 @@ def bench_ingest(n: int = 200_000) -> None:
     batch = protocol.encode_batch([step(i) for i in range(20)])
     m = n // 20
     c = max(collected(batch, m, 20) for _ in range(3))
-    print(f"pre-filled, batches of 20 steps (as the reporter sends them): "
-          f"{c * 20:,.0f} events/s validated")
+    print(
+        f"pre-filled, batches of 20 steps (as the reporter sends them): "
+        f"{c * 20:,.0f} events/s validated"
+    )
 
 
 if __name__ == "__main__":

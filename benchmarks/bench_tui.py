@@ -62,9 +62,18 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) ->
         return {"run": run_id, "rank": rank, "t": time.time(), "seq": seq[rank] - 1}
 
     for rank in range(ranks):
-        send(protocol.Status(state="started", pid=os.getpid(), host="bench", local_rank=rank,
-                             world_size=ranks, epochs=max(1, int(seconds // 10)),
-                             device="cpu", **common(rank)))
+        send(
+            protocol.Status(
+                state="started",
+                pid=os.getpid(),
+                host="bench",
+                local_rank=rank,
+                world_size=ranks,
+                epochs=max(1, int(seconds // 10)),
+                device="cpu",
+                **common(rank),
+            )
+        )
     start = time.monotonic()
     step = 0
     while True:
@@ -78,15 +87,28 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) ->
         epoch = 1 + (step - 1) // steps_per_epoch
         for rank in range(ranks):
             step_time = (1 / rate) * (1.0 + 0.02 * rank)
-            events = [protocol.Step(step=step, epoch=epoch,
-                                    loss=2.0 / (1 + step / 100) + rank / 100, samples=32,
-                                    samples_per_s=32 / step_time, step_time=step_time,
-                                    **common(rank))]
+            events = [
+                protocol.Step(
+                    step=step,
+                    epoch=epoch,
+                    loss=2.0 / (1 + step / 100) + rank / 100,
+                    samples=32,
+                    samples_per_s=32 / step_time,
+                    step_time=step_time,
+                    **common(rank),
+                )
+            ]
             if step % steps_per_epoch == 0:
-                events.append(protocol.EpochEnd(epoch=epoch, time=10.0,
-                                                samples=32 * steps_per_epoch, **common(rank)))
-                events.append(protocol.Eval(epoch=epoch, accuracy=1 - 0.5 / epoch, loss=0.1,
-                                            count=1000, **common(rank)))
+                events.append(
+                    protocol.EpochEnd(
+                        epoch=epoch, time=10.0, samples=32 * steps_per_epoch, **common(rank)
+                    )
+                )
+                events.append(
+                    protocol.Eval(
+                        epoch=epoch, accuracy=1 - 0.5 / epoch, loss=0.1, count=1000, **common(rank)
+                    )
+                )
             send(*events)
     for rank in range(ranks):
         send(protocol.Status(state="finished", **common(rank)))
@@ -103,8 +125,16 @@ def make_session_class():
         """Launcher stand-in: runs the feeder instead of the ranks."""
 
         def __init__(self, endpoint: str, run_id: str, ranks: int, rate: float, seconds: float):
-            self.cmd = [sys.executable, __file__, "--feed", endpoint, run_id, str(ranks),
-                        str(rate), str(seconds)]
+            self.cmd = [
+                sys.executable,
+                __file__,
+                "--feed",
+                endpoint,
+                run_id,
+                str(ranks),
+                str(rate),
+                str(seconds),
+            ]
             self.process: subprocess.Popen | None = None
 
         def start(self) -> None:
@@ -134,8 +164,9 @@ def make_session_class():
             self._events_file = open(self.events_path, "ab")
             self.collector = Collector(self.cfg.run_id)
             self.stats = self.collector.stats
-            self.launcher = FeedLauncher(self.collector.endpoint, self.cfg.run_id, self.ranks,
-                                         self.rate, self.seconds)
+            self.launcher = FeedLauncher(
+                self.collector.endpoint, self.cfg.run_id, self.ranks, self.rate, self.seconds
+            )
             self.state.started_at = self.clock()
             self.launcher.start()
 
@@ -159,10 +190,18 @@ def child(args: argparse.Namespace) -> None:
 
     FeedSession = make_session_class()
     FeedSession.ranks, FeedSession.rate, FeedSession.seconds = (
-        args.ranks, args.rate, args.seconds + WARMUP_S + 2)
+        args.ranks,
+        args.rate,
+        args.seconds + WARMUP_S + 2,
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="bench-tui-"))
-    cfg = RunConfig(world_size=args.ranks, epochs=None, run_dir=str(run_dir / "run"),
-                    run_id="bench", backend="gloo")
+    cfg = RunConfig(
+        world_size=args.ranks,
+        epochs=None,
+        run_dir=str(run_dir / "run"),
+        run_id="bench",
+        backend="gloo",
+    )
     if args.ingest_only:
         session = FeedSession(cfg)
         session.start()
@@ -178,8 +217,12 @@ def child(args: argparse.Namespace) -> None:
 
     paints: list[tuple[float, dict[int, int]]] = []
     host = HostInfo(Machine(0, "benchmark", os.cpu_count() or 1), None)
-    deps = Deps(detect_host=lambda: host, session_factory=FeedSession,
-                refresh_hz=args.refresh_hz, runs_root=run_dir)
+    deps = Deps(
+        detect_host=lambda: host,
+        session_factory=FeedSession,
+        refresh_hz=args.refresh_hz,
+        runs_root=run_dir,
+    )
     if args.no_monitor:
         deps.make_sampler = lambda interval: _NullSampler()
 
@@ -252,8 +295,9 @@ def run_child(extra: list[str], seconds: float, pty_mode: bool) -> tuple[float, 
     if pty_mode:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
-        proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env,
-                                cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT, start_new_session=True
+        )
         os.close(slave)
 
         def drain() -> None:  # the terminal: read everything the app draws
@@ -282,8 +326,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0, help="step events/s per rank")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window")
     parser.add_argument("--refresh-hz", type=float, default=4.5)
-    parser.add_argument("--no-monitor", action="store_true",
-                        help="no GPU/system sampling thread (to see what it costs)")
+    parser.add_argument(
+        "--no-monitor",
+        action="store_true",
+        help="no GPU/system sampling thread (to see what it costs)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ingest-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -297,39 +344,55 @@ def main() -> None:
         child(args)
         return
 
-    common = ["--ranks", str(args.ranks), "--rate", str(args.rate), "--seconds",
-              str(args.seconds), "--refresh-hz", str(args.refresh_hz)]
+    common = [
+        "--ranks",
+        str(args.ranks),
+        "--rate",
+        str(args.rate),
+        "--seconds",
+        str(args.seconds),
+        "--refresh-hz",
+        str(args.refresh_hz),
+    ]
     if args.no_monitor:
         common.append("--no-monitor")
-    print(f"ddptui dashboard benchmark: {args.ranks} ranks x {args.rate:g} events/s "
-          f"({args.ranks * args.rate:g} events/s), refresh {args.refresh_hz:g} Hz, "
-          f"{args.seconds:g} s window, {os.cpu_count()} CPUs")
+    print(
+        f"ddptui dashboard benchmark: {args.ranks} ranks x {args.rate:g} events/s "
+        f"({args.ranks * args.rate:g} events/s), refresh {args.refresh_hz:g} Hz, "
+        f"{args.seconds:g} s window, {os.cpu_count()} CPUs"
+    )
     ingest_cpu, _ = run_child([*common, "--ingest-only"], args.seconds, pty_mode=False)
     ui_cpu, out = run_child(common, args.seconds, pty_mode=True)
     data = json.loads(out.read_text())
     # JSON turned the rank keys into strings: back to ints.
     paints = [(t, {int(r): s for r, s in shown.items()}) for t, shown in data["paints"]]
-    arrivals = [(t, {int(r): s for r, s in newest.items()}, n)
-                for t, newest, n in data["arrivals"]]
+    arrivals = [(t, {int(r): s for r, s in newest.items()}, n) for t, newest, n in data["arrivals"]]
     if not arrivals or not paints:
         print("no measurements: the dashboard did not run (see the child's output)")
         return
     first = arrivals[0][0]
     waits = sorted(delays(paints, arrivals, first + WARMUP_S, first + WARMUP_S + args.seconds))
     intervals = [b[0] - a[0] for a, b in zip(paints, paints[1:], strict=False)]
-    print(f"CPU, dashboard process (pump + monitor + UI): {ui_cpu:5.1f} % of one core "
-          "(target <= 10 %)")
+    print(
+        f"CPU, dashboard process (pump + monitor + UI): {ui_cpu:5.1f} % of one core "
+        "(target <= 10 %)"
+    )
     print(f"CPU, ingest only (same session, no UI):        {ingest_cpu:5.1f} % of one core")
-    print(f"CPU, the UI's share:                           {ui_cpu - ingest_cpu:5.1f} % of one "
-          "core")
+    print(
+        f"CPU, the UI's share:                           {ui_cpu - ingest_cpu:5.1f} % of one core"
+    )
     if waits:
         p95 = waits[int(0.95 * (len(waits) - 1))]
-        print(f"event arrival -> on screen: median {statistics.median(waits) * 1000:.0f} ms, "
-              f"p95 {p95 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms over {len(waits)} events "
-              "(target <= 250 ms)")
+        print(
+            f"event arrival -> on screen: median {statistics.median(waits) * 1000:.0f} ms, "
+            f"p95 {p95 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms over {len(waits)} events "
+            "(target <= 250 ms)"
+        )
     if intervals:
-        print(f"refreshes: {len(paints)}, interval median "
-              f"{statistics.median(intervals) * 1000:.0f} ms, max {max(intervals) * 1000:.0f} ms")
+        print(
+            f"refreshes: {len(paints)}, interval median "
+            f"{statistics.median(intervals) * 1000:.0f} ms, max {max(intervals) * 1000:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -34,14 +34,19 @@ def log_eval(**metrics: Any) -> None:
     get_reporter().log_eval(**metrics)
 
 
-def started(device: str | None = None, device_uuid: str | None = None,
-            epochs: int | None = None, steps_per_epoch: int | None = None) -> None:
+def started(
+    device: str | None = None,
+    device_uuid: str | None = None,
+    epochs: int | None = None,
+    steps_per_epoch: int | None = None,
+) -> None:
     """Announce this rank with its device, planned epochs and steps per epoch, for progress
     and ETA (optional: the first ``log`` announces the rank too, without them)."""
     from ddptui.reporter import get_reporter
 
-    get_reporter().started(device=device, device_uuid=device_uuid, epochs=epochs,
-                           steps_per_epoch=steps_per_epoch)
+    get_reporter().started(
+        device=device, device_uuid=device_uuid, epochs=epochs, steps_per_epoch=steps_per_epoch
+    )
 
 
 def finished(error: str | None = None) -> None:

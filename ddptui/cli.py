@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from ddptui.config import AMP_MODES, BACKENDS, LAUNCHERS, ConfigError, build_config
+from ddptui.argv import split_passthrough
+from ddptui.config import ConfigError, build_config
+from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
 
 USAGE_ERROR = 2
 
@@ -39,12 +41,14 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-ui", action="store_true", help="headless: log to the console")
     p.add_argument("--start", action="store_true", help="dashboard: launch at once, skip form")
     g = p.add_argument_group("run")
-    g.add_argument("--trainer", help=f"built-in trainer: {', '.join(TRAINERS)} (default "
-                   "synthetic)")
+    g.add_argument("--trainer", help=f"built-in trainer: {', '.join(TRAINERS)} (default synthetic)")
     g.add_argument("--script", help="your own training script (run under torchrun)")
-    g.add_argument("--launcher", help=f"{' | '.join(LAUNCHERS)} (default spawn; torchrun "
-                   "for --script)")
-    g.add_argument("--backend", help=f"{' | '.join(BACKENDS)} (default auto: nccl with CUDA)")
+    g.add_argument(
+        "--launcher", help=f"{' | '.join(LAUNCHERS)} (default spawn; torchrun for --script)"
+    )
+    g.add_argument(
+        "--backend", help=f"{' | '.join(BACKEND_CHOICES)} (default auto: nccl with CUDA)"
+    )
     g.add_argument("--amp", help=f"{' | '.join(AMP_MODES)} (default off)")
     g.add_argument("--world-size", help="number of ranks (default 2)")
     g.add_argument("--epochs", help="epochs (default: the trainer's)")
@@ -58,13 +62,6 @@ def run_parser() -> argparse.ArgumentParser:
     g.add_argument("--init-method", help="process-group init: tcp://HOST:PORT or file://PATH")
     g.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm")
     return p
-
-
-def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, []
 
 
 def fail(message: str) -> int:

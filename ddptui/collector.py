@@ -33,8 +33,14 @@ class CollectorStats:
 class Collector:
     """PULL socket owned by ddptui. ``endpoint`` goes to the ranks as ``DDPTUI_ENDPOINT``."""
 
-    def __init__(self, run_id: str, host: str = "127.0.0.1", port: int = 0,
-                 max_batch: int = 10_000, receive_hwm: int = 100_000) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch: int = 10_000,
+        receive_hwm: int = 100_000,
+    ) -> None:
         self.run_id = run_id
         self.max_batch = max_batch
         self.stats = CollectorStats()

@@ -12,12 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
 from trainers import DEFAULT_TRAINER, TRAINERS
 from trainers.data_files import missing_data_message
-
-LAUNCHERS = ("spawn", "torchrun")
-BACKENDS = ("auto", "gloo", "nccl")
-AMP_MODES = ("off", "fp16", "bf16")
 
 
 class ConfigError(ValueError):
@@ -50,8 +47,11 @@ class Machine:
         except ImportError as exc:  # pragma: no cover - torch is a dependency
             return cls(0, f"torch not importable: {exc}")
         if not torch.cuda.is_available():
-            reason = "torch has no CUDA support" if torch.version.cuda is None else (
-                "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)")
+            reason = (
+                "torch has no CUDA support"
+                if torch.version.cuda is None
+                else ("no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)")
+            )
             return cls(0, reason)
         return cls(torch.cuda.device_count(), "")
 
@@ -212,7 +212,7 @@ def _build(
     batch_size = _optional(raw, "batch_size", lambda v: parse_int("batch_size", v, 1), attempt)
     lr = _optional(raw, "lr", lambda v: parse_float("lr", v), attempt)
     seed = attempt(parse_int, "seed", _default(raw, "seed", 0), 0)
-    backend = attempt(parse_choice, "backend", _default(raw, "backend", "auto"), BACKENDS)
+    backend = attempt(parse_choice, "backend", _default(raw, "backend", "auto"), BACKEND_CHOICES)
     amp = attempt(parse_choice, "amp", _default(raw, "amp", "off"), AMP_MODES) or "off"
 
     sync_bn = bool(raw.get("sync_bn"))
@@ -232,12 +232,19 @@ def _build(
                 "nccl can use on this machine (use --backend gloo, or fewer ranks)",
             )
     if amp == "fp16" and machine is not None and machine.cuda_devices == 0:
-        attempt(_fail, "amp", f"AMP fp16 needs a CUDA GPU ({machine.cuda_reason}); "
-                "use --amp bf16 on CPU")
+        attempt(
+            _fail,
+            "amp",
+            f"AMP fp16 needs a CUDA GPU ({machine.cuda_reason}); use --amp bf16 on CPU",
+        )
 
     if sync_bn and machine is not None and machine.cuda_devices == 0:
-        attempt(_fail, "sync_bn", f"--sync-bn needs a CUDA GPU: torch's SyncBatchNorm runs only "
-                f"on GPUs ({machine.cuda_reason})")
+        attempt(
+            _fail,
+            "sync_bn",
+            f"--sync-bn needs a CUDA GPU: torch's SyncBatchNorm runs only "
+            f"on GPUs ({machine.cuda_reason})",
+        )
 
     resume = None if _blank(raw.get("resume")) else str(raw["resume"]).strip()
     if resume is not None:
@@ -255,8 +262,11 @@ def _build(
 
     init_method = None if _blank(raw.get("init_method")) else str(raw["init_method"]).strip()
     if init_method is not None and not init_method.startswith(("tcp://", "file://", "env://")):
-        attempt(_fail, "init_method", "--init-method must be tcp://HOST:PORT, file://PATH or "
-                f"env://, got {init_method!r}")
+        attempt(
+            _fail,
+            "init_method",
+            f"--init-method must be tcp://HOST:PORT, file://PATH or env://, got {init_method!r}",
+        )
 
     run_id = str(raw.get("run_id") or new_run_id())
     run_dir = None if _blank(raw.get("run_dir")) else str(raw["run_dir"])
@@ -266,8 +276,12 @@ def _build(
     elif not _can_create(Path(run_dir)):
         attempt(_fail, "run_dir", f"cannot create or write the run directory: {run_dir}")
     elif (Path(run_dir) / "events.jsonl").exists():
-        attempt(_fail, "run_dir", f"run directory already holds a run: {run_dir} "
-                "(choose another --run-dir; replay it with 'ddptui replay')")
+        attempt(
+            _fail,
+            "run_dir",
+            f"run directory already holds a run: {run_dir} "
+            "(choose another --run-dir; replay it with 'ddptui replay')",
+        )
 
     return RunConfig(
         trainer=trainer,

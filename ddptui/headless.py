@@ -11,27 +11,13 @@ from typing import TextIO
 
 from ddptui import protocol
 from ddptui.config import RunConfig
+from ddptui.formatting import fmt_duration, fmt_num
 from ddptui.session import RunSession
 from ddptui.state import RunState
 
 PRINT_EVERY_S = 5.0
 BAR_EVERY_S = 0.5
 BAR_WIDTH = 24
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "--"
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
-
-
-def fmt_num(value: float | None, spec: str = ".4f") -> str:
-    return "--" if value is None else format(value, spec)
 
 
 def progress_line(state: RunState, now: float) -> str:
@@ -76,8 +62,10 @@ class ConsoleReporter:
             if isinstance(event, protocol.Status):
                 if event.state == "started" and event.rank not in self._announced:
                     self._announced.add(event.rank)
-                    self._print(f"rank {event.rank} started: pid {event.pid} on {event.host}, "
-                                f"device {event.device}")
+                    self._print(
+                        f"rank {event.rank} started: pid {event.pid} on {event.host}, "
+                        f"device {event.device}"
+                    )
                 elif event.state == "failed":
                     self._print(f"rank {event.rank} failed: {event.error}")
             elif isinstance(event, protocol.Eval) and event.rank == min(state.ranks):
@@ -110,8 +98,11 @@ class ConsoleReporter:
         result = session.result
         stats = session.stats
         last = state.last_eval
-        acc = f"final accuracy {fmt_num(last.accuracy)} (epoch {last.epoch})" if last else \
-            "no evaluation received"
+        acc = (
+            f"final accuracy {fmt_num(last.accuracy)} (epoch {last.epoch})"
+            if last
+            else "no evaluation received"
+        )
         rejected = f", {stats.rejected} rejected" if stats.rejected else ""
         received = stats.received
         verdict = state.outcome or "ended"
@@ -157,8 +148,10 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         try:
             session.start()
         except OSError as exc:  # e.g. a run directory that cannot be created
-            print(f"ddptui: error: cannot start the run in {session.run_dir}: "
-                  f"{exc.strerror or exc}", file=sys.stderr)
+            print(
+                f"ddptui: error: cannot start the run in {session.run_dir}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
             return 2
         while session.poll() is None:
             events = session.pump(0.1)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from ddptui.headless import fmt_duration, fmt_num
+from ddptui.formatting import fmt_duration, fmt_num
 from ddptui.session import load_run
 
 
@@ -14,15 +14,23 @@ def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     config, state = load_run(run_dir)
     end = state.last_event_at or 0.0
-    print(f"run {state.run_id}: {config.get('script') or config.get('trainer')} "
-          f"x{state.world_size} ({config.get('launcher')}, {config.get('backend')}, "
-          f"amp {config.get('amp')}) — {state.status}, {fmt_duration(state.elapsed(end))}",
-          file=out)
+    print(
+        f"run {state.run_id}: {config.get('script') or config.get('trainer')} "
+        f"x{state.world_size} ({config.get('launcher')}, {config.get('backend')}, "
+        f"amp {config.get('amp')}) — {state.status}, {fmt_duration(state.elapsed(end))}",
+        file=out,
+    )
     for point in state.eval_history:
-        print(f"  epoch {point.epoch}: accuracy {fmt_num(point.accuracy)} "
-              f"loss {fmt_num(point.loss)} ({point.count} samples)", file=out)
+        print(
+            f"  epoch {point.epoch}: accuracy {fmt_num(point.accuracy)} "
+            f"loss {fmt_num(point.loss)} ({point.count} samples)",
+            file=out,
+        )
     for rank, view in sorted(state.ranks.items()):
-        print(f"  rank {rank}: {view.state}, pid {view.pid}, {view.device}, "
-              f"step {view.step}, loss {fmt_num(view.loss)}, {view.samples_total:,} samples"
-              + (f", error: {view.error}" if view.error else ""), file=out)
+        print(
+            f"  rank {rank}: {view.state}, pid {view.pid}, {view.device}, "
+            f"step {view.step}, loss {fmt_num(view.loss)}, {view.samples_total:,} samples"
+            + (f", error: {view.error}" if view.error else ""),
+            file=out,
+        )
     return 0

@@ -26,9 +26,8 @@ import time
 from typing import Any
 
 from ddptui import protocol
+from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
 
-ENDPOINT_ENV = "DDPTUI_ENDPOINT"
-RUN_ID_ENV = "DDPTUI_RUN_ID"
 #: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
 SEND_HWM = 1_000
 LINGER_MS = 1_000
@@ -48,8 +47,9 @@ def _rank_from_env() -> int:
 class Reporter:
     """Sends this rank's events. Use the module functions in :mod:`ddptui` instead."""
 
-    def __init__(self, endpoint: str | None, run_id: str, rank: int,
-                 send_hwm: int = SEND_HWM) -> None:
+    def __init__(
+        self, endpoint: str | None, run_id: str, rank: int, send_hwm: int = SEND_HWM
+    ) -> None:
         self.endpoint = endpoint
         self.run_id = run_id
         self.rank = rank
@@ -95,10 +95,14 @@ class Reporter:
             seq = self._seq
             self._seq += 1  # a dropped event still takes its number: the gap shows the drop
             self._batch.append(
-                cls(run=self.run_id, rank=self.rank, t=time.time(), seq=seq, **fields))
+                cls(run=self.run_id, rank=self.rank, t=time.time(), seq=seq, **fields)
+            )
             now = time.monotonic()
-            if (urgent or len(self._batch) >= protocol.MAX_BATCH_EVENTS
-                    or now - self._flushed_at >= FLUSH_INTERVAL_S):
+            if (
+                urgent
+                or len(self._batch) >= protocol.MAX_BATCH_EVENTS
+                or now - self._flushed_at >= FLUSH_INTERVAL_S
+            ):
                 self._flush(now)
 
     def _flush(self, now: float) -> None:
@@ -124,8 +128,13 @@ class Reporter:
             self._flush(time.monotonic())
 
     # -- lifecycle -----------------------------------------------------------------------
-    def started(self, device: str | None = None, device_uuid: str | None = None,
-                epochs: int | None = None, steps_per_epoch: int | None = None) -> None:
+    def started(
+        self,
+        device: str | None = None,
+        device_uuid: str | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int | None = None,
+    ) -> None:
         """Announce this rank: pid, host, local rank, device, and what it knows of the plan
         (epochs, steps per epoch). Sent on the first call, and again only when a later call
         adds something new (a trainer learns its steps per epoch once its data is loaded)."""
@@ -133,8 +142,12 @@ class Reporter:
             return
         if not self._started_sent and device is None:
             device, device_uuid = _current_device()
-        given = {"device": device, "device_uuid": device_uuid, "epochs": epochs,
-                 "steps_per_epoch": steps_per_epoch}
+        given = {
+            "device": device,
+            "device_uuid": device_uuid,
+            "epochs": epochs,
+            "steps_per_epoch": steps_per_epoch,
+        }
         news = {k: v for k, v in given.items() if v is not None and self._announced.get(k) != v}
         if self._started_sent and not news:
             return

@@ -37,9 +37,14 @@ def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
     from trainers import TRAINERS
 
     return Launcher(
-        cfg.launcher, cfg.world_size, cfg.run_dir or ".", cfg.run_id, endpoint,
+        cfg.launcher,
+        cfg.world_size,
+        cfg.run_dir or ".",
+        cfg.run_id,
+        endpoint,
         module=None if cfg.script else TRAINERS[cfg.trainer],
-        script=cfg.script, args=cfg.trainer_argv(),
+        script=cfg.script,
+        args=cfg.trainer_argv(),
     )
 
 
@@ -156,8 +161,11 @@ def read_events(path: Path, run_id: str | None = None) -> Iterator[protocol.AnyE
 def load_run(run_dir: Path) -> tuple[dict, RunState]:
     """Config and replayed state of a finished or crashed run directory."""
     config = json.loads((run_dir / CONFIG_FILE).read_text())
-    state = RunState(config.get("run_id", run_dir.name), int(config.get("world_size") or 1),
-                     epochs=config.get("epochs"))
+    state = RunState(
+        config.get("run_id", run_dir.name),
+        int(config.get("world_size") or 1),
+        epochs=config.get("epochs"),
+    )
     for event in read_events(run_dir / EVENTS_FILE, config.get("run_id")):
         state.apply(event)
     ended = [v.state for v in state.ranks.values()]
@@ -165,9 +173,11 @@ def load_run(run_dir: Path) -> tuple[dict, RunState]:
     if failure is None:
         failed = [v for v in state.ranks.values() if v.state == "failed"]
         if failed:
-            failure = RankFailureInfo(rank=failed[0].rank, error=failed[0].error,
-                                      stderr_tail=tuple(tail_lines(
-                                          run_dir / f"rank-{failed[0].rank}.log")))
+            failure = RankFailureInfo(
+                rank=failed[0].rank,
+                error=failed[0].error,
+                stderr_tail=tuple(tail_lines(run_dir / f"rank-{failed[0].rank}.log")),
+            )
     if failure is not None:
         state.set_outcome("failed", failure)
     elif ended and all(s == "finished" for s in ended):

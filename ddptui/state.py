@@ -81,9 +81,11 @@ class RankView:
     reporter_dropped: int = 0
     epochs_done: int = 0
     loss_series: deque[tuple[int, float]] = field(
-        default_factory=lambda: deque(maxlen=SERIES_LENGTH))
+        default_factory=lambda: deque(maxlen=SERIES_LENGTH)
+    )
     sps_series: deque[tuple[float, float]] = field(
-        default_factory=lambda: deque(maxlen=SERIES_LENGTH))
+        default_factory=lambda: deque(maxlen=SERIES_LENGTH)
+    )
     recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
 
     @property
@@ -172,8 +174,9 @@ class RunState:
         if self.steps_per_epoch is None and view.steps_in_epoch:
             self.steps_per_epoch = view.steps_in_epoch
 
-    def set_outcome(self, outcome: str, failure: RankFailureInfo | None = None,
-                    now: float | None = None) -> None:
+    def set_outcome(
+        self, outcome: str, failure: RankFailureInfo | None = None, now: float | None = None
+    ) -> None:
         """Record how the run ended (from the launcher): finished, failed or stopped."""
         self.outcome = outcome
         self.failure = failure
@@ -211,7 +214,8 @@ class RunState:
     def global_samples_per_s(self) -> float:
         """Sum of each live rank's latest throughput."""
         return sum(
-            v.samples_per_s or 0.0 for v in self.ranks.values()
+            v.samples_per_s or 0.0
+            for v in self.ranks.values()
             if v.state == "started" and v.samples_per_s
         )
 
@@ -272,14 +276,19 @@ class RunState:
         problems: dict[int, str] = {}
         if self.outcome:
             return problems
-        typical = {r: v.typical_step_time for r, v in self.ranks.items()
-                   if v.state == "started" and v.typical_step_time}
+        typical = {
+            r: v.typical_step_time
+            for r, v in self.ranks.items()
+            if v.state == "started" and v.typical_step_time
+        }
         if len(typical) >= 2:
             median = statistics.median(typical.values())
             for rank, value in typical.items():
                 if median > 0 and value > STRAGGLER_FACTOR * median:
-                    problems[rank] = (f"straggler: step time {value * 1000:.0f} ms is "
-                                      f"{value / median:.1f}x the median {median * 1000:.0f} ms")
+                    problems[rank] = (
+                        f"straggler: step time {value * 1000:.0f} ms is "
+                        f"{value / median:.1f}x the median {median * 1000:.0f} ms"
+                    )
         for rank, view in self.ranks.items():
             if view.state != "started" or view.last_seen is None:
                 continue

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from ddptui.reporter import RUN_ID_ENV
+from ddptui.constants import RUN_ID_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 USER_SCRIPT = ROOT / "tests" / "scripts" / "user_ddp.py"

@@ -26,8 +26,10 @@ ENV_NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
         (["--no-ui", "--script", "/no/such/train.py"], "script not found: /no/such/train.py"),
         (["--no-ui", "--resume", "/no/such.pt"], "cannot read resume checkpoint: /no/such.pt"),
         (["--no-ui", "--bogus-flag"], "unrecognized arguments: --bogus-flag"),
-        (["--no-ui", "--trainer", "mnist", "--data-dir", "/no/data"],
-         "MNIST not found in /no/data"),
+        (
+            ["--no-ui", "--trainer", "mnist", "--data-dir", "/no/data"],
+            "MNIST not found in /no/data",
+        ),
         (["monitor", "--interval", "0.01"], "--interval must be at least 0.1"),
         (["monitor", "--count", "zero"], "--count must be a whole number"),
         (["replay", "/no/such/run"], "not a run directory"),
@@ -45,7 +47,10 @@ def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch)
 def test_real_process_prints_no_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ddptui.cli", "--no-ui", "--world-size", "-3"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2
     assert proc.stderr == "ddptui: error: --world-size must be at least 1, got -3\n"
@@ -63,8 +68,7 @@ def test_headless_path_never_imports_textual():
         " or m.startswith('ddptui.tui'))\n"
         "print(bad)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -74,16 +78,35 @@ def test_help_lists_every_run_option(capsys):
         cli.run_parser().parse_args(["--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--trainer", "--script", "--launcher", "--backend", "--amp", "--world-size",
-                 "--epochs", "--batch-size", "--lr", "--seed", "--data-dir", "--run-dir",
-                 "--resume", "--init-method", "--sync-bn", "--no-ui", "--start"):
+    for flag in (
+        "--trainer",
+        "--script",
+        "--launcher",
+        "--backend",
+        "--amp",
+        "--world-size",
+        "--epochs",
+        "--batch-size",
+        "--lr",
+        "--seed",
+        "--data-dir",
+        "--run-dir",
+        "--resume",
+        "--init-method",
+        "--sync-bn",
+        "--no-ui",
+        "--start",
+    ):
         assert flag in text
 
 
 def test_run_directory_that_cannot_be_created_is_one_line_not_a_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ddptui.cli", "--no-ui", "--run-dir", "/proc/ddptui-test/run"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("ddptui: error: cannot start the run in /proc/ddptui-test/run")

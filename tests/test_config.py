@@ -9,7 +9,12 @@ TWO_GPUS = Machine(cuda_devices=2, cuda_reason="", cpu_count=16)
 def test_defaults_on_cpu(tmp_path):
     cfg = build_config({"run_dir": str(tmp_path / "r")}, CPU)
     assert (cfg.trainer, cfg.launcher, cfg.backend, cfg.amp, cfg.world_size) == (
-        "synthetic", "spawn", "gloo", "off", 2)
+        "synthetic",
+        "spawn",
+        "gloo",
+        "off",
+        2,
+    )
     assert cfg.run_dir == str(tmp_path / "r") and cfg.run_id
 
 
@@ -47,12 +52,24 @@ def test_script_defaults_to_torchrun_and_resolves_path(tmp_path):
         ({"resume": "/nonexistent/ckpt.pt"}, CPU, "resume", "cannot read resume checkpoint"),
         ({"init_method": "udp://x"}, CPU, "init_method", "--init-method must be"),
         ({"sync_bn": True}, CPU, "sync_bn", "--sync-bn needs a CUDA GPU"),
-        ({"trainer": "mnist", "data_dir": "/no/data"}, CPU, "data_dir",
-         "MNIST not found in /no/data (expected MNIST/raw/train-images-idx3-ubyte"),
-        ({"trainer": "cifar10", "data_dir": "/no/data"}, CPU, "data_dir",
-         "CIFAR-10 not found in /no/data"),
-        ({"trainer": "imagefolder", "data_dir": "/no/data"}, CPU, "data_dir",
-         "image folder /no/data has no train/ directory"),
+        (
+            {"trainer": "mnist", "data_dir": "/no/data"},
+            CPU,
+            "data_dir",
+            "MNIST not found in /no/data (expected MNIST/raw/train-images-idx3-ubyte",
+        ),
+        (
+            {"trainer": "cifar10", "data_dir": "/no/data"},
+            CPU,
+            "data_dir",
+            "CIFAR-10 not found in /no/data",
+        ),
+        (
+            {"trainer": "imagefolder", "data_dir": "/no/data"},
+            CPU,
+            "data_dir",
+            "image folder /no/data has no train/ directory",
+        ),
     ],
 )
 def test_bad_values_are_refused_with_one_line(raw, machine, field, message):
@@ -76,22 +93,45 @@ def test_fp16_and_nccl_fine_with_gpus():
 def test_trainer_argv_carries_every_option(tmp_path):
     ckpt = tmp_path / "c.pt"
     ckpt.write_bytes(b"x")
-    cfg = build_config({"epochs": "3", "batch_size": "16", "lr": "0.1", "seed": "7",
-                        "data_dir": "/d", "resume": str(ckpt), "sync_bn": True,
-                        "init_method": "file:///tmp/x", "model": "resnet50",
-                        "amp": "bf16", "run_dir": str(tmp_path / "run")}, TWO_GPUS)
+    cfg = build_config(
+        {
+            "epochs": "3",
+            "batch_size": "16",
+            "lr": "0.1",
+            "seed": "7",
+            "data_dir": "/d",
+            "resume": str(ckpt),
+            "sync_bn": True,
+            "init_method": "file:///tmp/x",
+            "model": "resnet50",
+            "amp": "bf16",
+            "run_dir": str(tmp_path / "run"),
+        },
+        TWO_GPUS,
+    )
     argv = cfg.trainer_argv()
     joined = " ".join(argv)
-    for part in ("--epochs 3", "--batch-size 16", "--lr 0.1", "--seed 7", "--data-dir /d",
-                 f"--resume {ckpt}", "--sync-bn", "--init-method file:///tmp/x",
-                 "--model resnet50", "--amp bf16", "--backend nccl",
-                 f"--checkpoint {tmp_path / 'run' / 'checkpoint.pt'}"):
+    for part in (
+        "--epochs 3",
+        "--batch-size 16",
+        "--lr 0.1",
+        "--seed 7",
+        "--data-dir /d",
+        f"--resume {ckpt}",
+        "--sync-bn",
+        "--init-method file:///tmp/x",
+        "--model resnet50",
+        "--amp bf16",
+        "--backend nccl",
+        f"--checkpoint {tmp_path / 'run' / 'checkpoint.pt'}",
+    ):
         assert part in joined
 
 
 def test_download_request_skips_the_data_check():
-    cfg = build_config({"trainer": "mnist", "data_dir": "/no/data",
-                        "script_args": ("--download",)}, CPU)
+    cfg = build_config(
+        {"trainer": "mnist", "data_dir": "/no/data", "script_args": ("--download",)}, CPU
+    )
     assert cfg.trainer_argv()[-1] == "--download"
 
 

@@ -12,8 +12,12 @@ pytestmark = pytest.mark.slow
 
 
 def ddptui(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "ddptui.cli", "--no-ui", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "--no-ui", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,12 @@ def test_events_are_a_public_jsonl_format(default_run):
 
 def test_replay_summarises_the_run(default_run):
     _, run_dir = default_run
-    out = subprocess.run([sys.executable, "-m", "ddptui.cli", "replay", "--no-ui", str(run_dir)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "replay", "--no-ui", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "finished" in out.stdout and "rank 1: finished" in out.stdout
 
@@ -72,9 +80,20 @@ def test_resume_under_torchrun_with_bf16_continues_at_next_epoch(tmp_path, defau
     first = read_events(first_dir)
     done = max(e["epoch"] for e in first if e["kind"] == "eval")
     run_dir = tmp_path / "resumed"
-    proc = ddptui("--launcher", "torchrun", "--amp", "bf16", "--world-size", "2",
-                  "--epochs", str(done + 1), "--resume", str(first_dir / "checkpoint.pt"),
-                  "--run-dir", str(run_dir))
+    proc = ddptui(
+        "--launcher",
+        "torchrun",
+        "--amp",
+        "bf16",
+        "--world-size",
+        "2",
+        "--epochs",
+        str(done + 1),
+        "--resume",
+        str(first_dir / "checkpoint.pt"),
+        "--run-dir",
+        str(run_dir),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     events = read_events(run_dir)
     assert {e["epoch"] for e in events if e["kind"] == "step"} == {done + 1}
@@ -87,8 +106,16 @@ def test_resume_under_torchrun_with_bf16_continues_at_next_epoch(tmp_path, defau
 def test_file_init_method_as_in_the_manual_recipe(tmp_path):
     run_dir = tmp_path / "run"
     store = tmp_path / "rendezvous"
-    proc = ddptui("--world-size", "2", "--epochs", "1", "--init-method", f"file://{store}",
-                  "--run-dir", str(run_dir))
+    proc = ddptui(
+        "--world-size",
+        "2",
+        "--epochs",
+        "1",
+        "--init-method",
+        f"file://{store}",
+        "--run-dir",
+        str(run_dir),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     events = read_events(run_dir)
     assert {e["rank"] for e in events if e["kind"] == "eval"} == {0, 1}

@@ -22,8 +22,18 @@ def test_gloo_run_skips_the_gpu_preflight():
 
 
 def step(rank, seq, epoch, sps=500.0):
-    return protocol.Step(run="r", rank=rank, seq=seq, t=0.0, step=seq, epoch=epoch, loss=0.25,
-                         samples=50, samples_per_s=sps, step_time=0.1)
+    return protocol.Step(
+        run="r",
+        rank=rank,
+        seq=seq,
+        t=0.0,
+        step=seq,
+        epoch=epoch,
+        loss=0.25,
+        samples=50,
+        samples_per_s=sps,
+        step_time=0.1,
+    )
 
 
 def test_console_prints_status_and_one_line_per_evaluated_epoch():
@@ -31,15 +41,20 @@ def test_console_prints_status_and_one_line_per_evaluated_epoch():
     out = io.StringIO()
     console = ConsoleReporter(out, tty=False)
     events = [
-        protocol.Status(run="r", rank=0, seq=0, t=0.0, state="started", pid=7, host="h",
-                        device="cpu"),
-        protocol.Status(run="r", rank=1, seq=0, t=0.0, state="started", pid=8, host="h",
-                        device="cpu"),
-        step(0, 1, 1), step(1, 1, 1),
-        protocol.Eval(run="r", rank=0, seq=2, t=0.0, epoch=1, accuracy=0.9612, loss=0.12,
-                      count=1001),
-        protocol.Eval(run="r", rank=1, seq=2, t=0.0, epoch=1, accuracy=0.9612, loss=0.12,
-                      count=1001),
+        protocol.Status(
+            run="r", rank=0, seq=0, t=0.0, state="started", pid=7, host="h", device="cpu"
+        ),
+        protocol.Status(
+            run="r", rank=1, seq=0, t=0.0, state="started", pid=8, host="h", device="cpu"
+        ),
+        step(0, 1, 1),
+        step(1, 1, 1),
+        protocol.Eval(
+            run="r", rank=0, seq=2, t=0.0, epoch=1, accuracy=0.9612, loss=0.12, count=1001
+        ),
+        protocol.Eval(
+            run="r", rank=1, seq=2, t=0.0, epoch=1, accuracy=0.9612, loss=0.12, count=1001
+        ),
     ]
     for event in events:
         state.apply(event, now=1.0)
@@ -62,8 +77,9 @@ def test_progress_line_shows_throughput_loss_accuracy_and_problems():
 def test_terminal_gets_a_redrawn_progress_bar_and_pipes_get_lines():
     state = RunState("r", 1, epochs=2)
     state.apply(step(0, 0, 1), now=0.0)
-    state.apply(protocol.EpochEnd(run="r", rank=0, seq=1, t=0.0, epoch=1, time=1.0, samples=50),
-                now=0.5)
+    state.apply(
+        protocol.EpochEnd(run="r", rank=0, seq=1, t=0.0, epoch=1, time=1.0, samples=50), now=0.5
+    )
     tty, pipe = io.StringIO(), io.StringIO()
     ConsoleReporter(tty, tty=True).tick(state, now=1.0)
     ConsoleReporter(pipe, tty=False).tick(state, now=10.0)
@@ -78,11 +94,14 @@ def test_replay_reads_only_the_events_of_the_run_its_config_names(tmp_path):
     from ddptui.session import load_run
 
     (tmp_path / "config.json").write_text(json.dumps({"run_id": "a", "world_size": 1}))
-    lines = [protocol.to_json(e) for e in (
-        protocol.Step(run="old", rank=0, seq=0, t=0.0, step=1, samples=999),
-        protocol.Step(run="a", rank=0, seq=0, t=100.0, step=1, samples=10),
-        protocol.Status(run="a", rank=0, seq=1, t=101.0, state="finished"),
-    )]
+    lines = [
+        protocol.to_json(e)
+        for e in (
+            protocol.Step(run="old", rank=0, seq=0, t=0.0, step=1, samples=999),
+            protocol.Step(run="a", rank=0, seq=0, t=100.0, step=1, samples=10),
+            protocol.Status(run="a", rank=0, seq=1, t=101.0, state="finished"),
+        )
+    ]
     (tmp_path / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n{half a line")
     _, state = load_run(tmp_path)
     assert state.samples_total == 10 and state.status == "finished"

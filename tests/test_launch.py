@@ -34,8 +34,7 @@ def run_to_end(session, timeout=90.0):
 
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
 def test_user_script_delivers_events_from_every_rank(tmp_path, launcher):
-    session = session_for(tmp_path, launcher=launcher, world_size="2",
-                          script_args=("--steps", "6"))
+    session = session_for(tmp_path, launcher=launcher, world_size="2", script_args=("--steps", "6"))
     result = run_to_end(session)
     assert result.ok, result
     events = read_events(session.run_dir)
@@ -55,8 +54,12 @@ def test_user_script_delivers_events_from_every_rank(tmp_path, launcher):
 
 
 def test_failing_rank_is_named_with_exit_code_and_stderr_tail(tmp_path):
-    session = session_for(tmp_path, launcher="spawn", world_size="2",
-                          script_args=("--steps", "40", "--fail-rank", "1", "--sleep", "0.02"))
+    session = session_for(
+        tmp_path,
+        launcher="spawn",
+        world_size="2",
+        script_args=("--steps", "40", "--fail-rank", "1", "--sleep", "0.02"),
+    )
     result = run_to_end(session)
     assert not result.ok and result.failure is not None
     assert result.failure.rank == 1 and result.failure.exit_code == 1
@@ -71,14 +74,22 @@ def test_failing_rank_is_named_with_exit_code_and_stderr_tail(tmp_path):
 
 
 def test_stop_tears_down_torchrun_workers_in_their_own_sessions(tmp_path):
-    launcher = Launcher("torchrun", 2, tmp_path, "stop-test", endpoint=None,
-                        script=str(USER_SCRIPT), args=["--steps", "100000", "--sleep", "0.01"])
+    launcher = Launcher(
+        "torchrun",
+        2,
+        tmp_path,
+        "stop-test",
+        endpoint=None,
+        script=str(USER_SCRIPT),
+        args=["--steps", "100000", "--sleep", "0.01"],
+    )
     launcher.start()
     try:
         # torchrun puts each worker in a new session: wait until both exist.
         def workers():
-            found = [p for p in processes_of_run("stop-test")
-                     if "rank_entry" in " ".join(p.cmdline())]
+            found = [
+                p for p in processes_of_run("stop-test") if "rank_entry" in " ".join(p.cmdline())
+            ]
             return found if len(found) == 2 else None
 
         ranks = wait_until(workers, 60)
@@ -94,16 +105,36 @@ def test_stop_tears_down_torchrun_workers_in_their_own_sessions(tmp_path):
 @pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
 def test_sigkill_of_one_rank_ends_the_run_quickly_and_names_it(tmp_path, launcher):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--launcher", launcher,
-           "--world-size", "2", "--script", str(USER_SCRIPT), "--run-dir", str(run_dir),
-           "--", "--steps", "100000", "--sleep", "0.01"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddptui.cli",
+        "--no-ui",
+        "--launcher",
+        launcher,
+        "--world-size",
+        "2",
+        "--script",
+        str(USER_SCRIPT),
+        "--run-dir",
+        str(run_dir),
+        "--",
+        "--steps",
+        "100000",
+        "--sleep",
+        "0.01",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+
         def rank1_pid():
             if not (run_dir / "events.jsonl").exists():
                 return None
-            started = [e for e in read_events(run_dir)
-                       if e["kind"] == "status" and e["rank"] == 1 and e.get("pid")]
+            started = [
+                e
+                for e in read_events(run_dir)
+                if e["kind"] == "status" and e["rank"] == 1 and e.get("pid")
+            ]
             steps = [e for e in read_events(run_dir) if e["kind"] == "step"]
             return started[0]["pid"] if started and len(steps) > 4 else None
 
@@ -124,8 +155,15 @@ def test_sigkill_of_one_rank_ends_the_run_quickly_and_names_it(tmp_path, launche
 
 
 def test_wait_for_gives_up_after_timeout(tmp_path):
-    launcher = Launcher("spawn", 1, tmp_path, "wait-test", endpoint=None,
-                        script=str(USER_SCRIPT), args=["--steps", "100000", "--sleep", "0.01"])
+    launcher = Launcher(
+        "spawn",
+        1,
+        tmp_path,
+        "wait-test",
+        endpoint=None,
+        script=str(USER_SCRIPT),
+        args=["--steps", "100000", "--sleep", "0.01"],
+    )
     launcher.start()
     try:
         assert wait_for(launcher, 0.3) is None
@@ -137,13 +175,34 @@ def test_wait_for_gives_up_after_timeout(tmp_path):
 
 def test_sigkill_of_ddptui_itself_leaves_no_worker_and_keeps_events(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--launcher", "spawn",
-           "--world-size", "2", "--script", str(USER_SCRIPT), "--run-dir", str(run_dir),
-           "--", "--steps", "100000", "--sleep", "0.01"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddptui.cli",
+        "--no-ui",
+        "--launcher",
+        "spawn",
+        "--world-size",
+        "2",
+        "--script",
+        str(USER_SCRIPT),
+        "--run-dir",
+        str(run_dir),
+        "--",
+        "--steps",
+        "100000",
+        "--sleep",
+        "0.01",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        stepped = wait_until(lambda: (run_dir / "events.jsonl").exists() and sum(
-            e["kind"] == "step" for e in read_events(run_dir)) > 10, 90)
+        stepped = wait_until(
+            lambda: (
+                (run_dir / "events.jsonl").exists()
+                and sum(e["kind"] == "step" for e in read_events(run_dir)) > 10
+            ),
+            90,
+        )
         assert stepped, "ranks never stepped"
     finally:
         proc.kill()
@@ -156,13 +215,34 @@ def test_sigkill_of_ddptui_itself_leaves_no_worker_and_keeps_events(tmp_path):
 
 def test_ctrl_c_in_headless_mode_stops_every_worker(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--launcher", "torchrun",
-           "--world-size", "2", "--script", str(USER_SCRIPT), "--run-dir", str(run_dir),
-           "--", "--steps", "100000", "--sleep", "0.01"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddptui.cli",
+        "--no-ui",
+        "--launcher",
+        "torchrun",
+        "--world-size",
+        "2",
+        "--script",
+        str(USER_SCRIPT),
+        "--run-dir",
+        str(run_dir),
+        "--",
+        "--steps",
+        "100000",
+        "--sleep",
+        "0.01",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        stepped = wait_until(lambda: (run_dir / "events.jsonl").exists() and sum(
-            e["kind"] == "step" for e in read_events(run_dir)) > 10, 90)
+        stepped = wait_until(
+            lambda: (
+                (run_dir / "events.jsonl").exists()
+                and sum(e["kind"] == "step" for e in read_events(run_dir)) > 10
+            ),
+            90,
+        )
         assert stepped, "ranks never stepped"
         run_id = read_events(run_dir)[0]["run"]
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process

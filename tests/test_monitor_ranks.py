@@ -280,8 +280,9 @@ def test_rank_labels_come_from_the_rank_processes_environment():
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "DDPTUI_RUN_ID")}
     code = "import time; time.sleep(30)"
     procs = [
-        subprocess.Popen([sys.executable, "-c", code], env={**base, "RANK": "1",
-                                                            "DDPTUI_RUN_ID": "run-x"}),
+        subprocess.Popen(
+            [sys.executable, "-c", code], env={**base, "RANK": "1", "DDPTUI_RUN_ID": "run-x"}
+        ),
         subprocess.Popen([sys.executable, "-c", code], env={**base, "RANK": "0"}),
         subprocess.Popen([sys.executable, "-c", code], env=base),
     ]

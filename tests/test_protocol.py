@@ -11,8 +11,16 @@ BASE = dict(run="r1", rank=0, t=1.0, seq=0)
     [
         protocol.Status(state="started", pid=1, host="h", local_rank=0, device="cpu", **BASE),
         protocol.Status(state="failed", error="boom", **BASE),
-        protocol.Step(step=3, epoch=1, loss=0.5, samples=32, samples_per_s=100.0,
-                      step_time=0.32, metrics={"lr": 0.1, "tag": "x"}, **BASE),
+        protocol.Step(
+            step=3,
+            epoch=1,
+            loss=0.5,
+            samples=32,
+            samples_per_s=100.0,
+            step_time=0.32,
+            metrics={"lr": 0.1, "tag": "x"},
+            **BASE,
+        ),
         protocol.Eval(epoch=2, accuracy=0.97, loss=0.1, count=1001, **BASE),
         protocol.EpochEnd(epoch=1, time=3.5, samples=4000, **BASE),
         protocol.LogLine(stream="stderr", line="warning", **BASE),

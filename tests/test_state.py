@@ -9,8 +9,18 @@ def ev(cls, rank=0, seq=0, t=0.0, **fields):
 
 
 def step(rank, seq, step_no, t, epoch=1, loss=1.0, samples=10, step_time=0.1, sps=100.0):
-    return ev(protocol.Step, rank, seq, t, step=step_no, epoch=epoch, loss=loss,
-              samples=samples, step_time=step_time, samples_per_s=sps)
+    return ev(
+        protocol.Step,
+        rank,
+        seq,
+        t,
+        step=step_no,
+        epoch=epoch,
+        loss=loss,
+        samples=samples,
+        step_time=step_time,
+        samples_per_s=sps,
+    )
 
 
 def test_status_then_steps_update_rank_view():
@@ -20,7 +30,13 @@ def test_status_then_steps_update_rank_view():
     s.apply(step(0, 2, 2, 0.2, loss=1.5))
     v = s.ranks[0]
     assert (v.state, v.pid, v.host, v.step, v.loss, v.samples_total) == (
-        "started", 11, "h", 2, 1.5, 20)
+        "started",
+        11,
+        "h",
+        2,
+        1.5,
+        20,
+    )
     assert list(v.loss_series) == [(1, 2.0), (2, 1.5)]
     assert s.ranks[1].state == "pending"
     assert s.status == "running"
@@ -126,8 +142,10 @@ def test_outcome_marks_failing_rank_and_stops_health_checks():
         (RankFailureInfo(rank=1, signal="SIGKILL"), "rank 1 was killed by signal SIGKILL"),
         (RankFailureInfo(rank=0, exit_code=3), "rank 0 exited with code 3"),
         (RankFailureInfo(rank=None, exit_code=2), "the launcher exited with code 2"),
-        (RankFailureInfo(rank=2, exit_code=1, error="ValueError: x"),
-         "rank 2 exited with code 1: ValueError: x"),
+        (
+            RankFailureInfo(rank=2, exit_code=1, error="ValueError: x"),
+            "rank 2 exited with code 1: ValueError: x",
+        ),
     ],
 )
 def test_failure_descriptions(failure, text):

@@ -114,7 +114,9 @@ def test_started_is_sent_again_only_when_it_tells_something_new(collector):
         rep.close()
     started = [e for e in events if type(e).__name__ == "Status"]
     assert [(e.epochs, e.steps_per_epoch, e.device) for e in started] == [
-        (3, None, "cpu"), (3, 125, "cpu")]
+        (3, None, "cpu"),
+        (3, 125, "cpu"),
+    ]
 
 
 def test_no_endpoint_is_a_no_op():
@@ -171,11 +173,11 @@ def test_garbage_foreign_and_oversized_are_counted_and_ignored(collector):
         push.connect(collector.endpoint)
         push.send(b"\xff\x00garbage")
         push.send(msgspec.msgpack.encode([{"kind": "step", "run": "run-1"}]))
-        push.send(protocol.encode_batch(
-            [protocol.Step(run="other-run", rank=0, t=0, seq=0, step=1)]))
+        push.send(
+            protocol.encode_batch([protocol.Step(run="other-run", rank=0, t=0, seq=0, step=1)])
+        )
         push.send(b"\x00" * (protocol.MAX_MESSAGE_BYTES + 10))
-        push.send(protocol.encode_batch(
-            [protocol.Step(run="run-1", rank=0, t=0, seq=0, step=1)]))
+        push.send(protocol.encode_batch([protocol.Step(run="run-1", rank=0, t=0, seq=0, step=1)]))
         events = drain(collector, 1)
     assert len(events) == 1 and events[0].step == 1
     stats = collector.stats
@@ -184,15 +186,22 @@ def test_garbage_foreign_and_oversized_are_counted_and_ignored(collector):
 
 def test_unhandled_exception_in_a_script_reports_failed_status(collector, tmp_path):
     script = tmp_path / "crash.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import ddptui
         ddptui.log(loss=1.0, samples=1)
         raise ValueError("bad batch")
-    """))
-    env = {"DDPTUI_ENDPOINT": collector.endpoint, "DDPTUI_RUN_ID": "run-1", "RANK": "1",
-           "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=60)
+    """)
+    )
+    env = {
+        "DDPTUI_ENDPOINT": collector.endpoint,
+        "DDPTUI_RUN_ID": "run-1",
+        "RANK": "1",
+        "PATH": "/usr/bin:/bin",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 1 and "ValueError: bad batch" in proc.stderr
     events = drain(collector, 3)
     assert [getattr(e, "state", None) for e in events] == ["started", None, "failed"]
@@ -200,8 +209,15 @@ def test_unhandled_exception_in_a_script_reports_failed_status(collector, tmp_pa
 
 
 def test_import_ddptui_is_light():
-    code = ("import sys, ddptui; ddptui.log(loss=1.0); "
-            "print(sorted(m for m in ('torch', 'textual', 'zmq') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys, ddptui; ddptui.log(loss=1.0); "
+        "print(sorted(m for m in ('torch', 'textual', 'zmq') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert out.stdout.strip() == "[]", out.stderr

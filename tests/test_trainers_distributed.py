@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from ddptui.net import free_port
 from tests.trainer_data import bn_model, clean_env, eval_worker
 from trainers.datasets import synthetic_images
-from trainers.distributed import free_port
 from trainers.loop import evaluate
 
 # Not divisible by 2 or 3, and one smaller than the world (a rank with no samples).
@@ -39,8 +39,12 @@ def test_distributed_eval_equals_single_process(world_size, tmp_path):
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
     assert all(results == per_rank[0] for results in per_rank)  # every rank got the same
     for size, (accuracy, loss, count) in zip(SIZES, per_rank[0], strict=True):
-        expected = evaluate(model, synthetic_images(size, seed=3, train=False),
-                            device=torch.device("cpu"), batch_size=size)
+        expected = evaluate(
+            model,
+            synthetic_images(size, seed=3, train=False),
+            device=torch.device("cpu"),
+            batch_size=size,
+        )
         assert count == expected.count == size
         assert accuracy == expected.accuracy
         assert loss == pytest.approx(expected.loss, rel=1e-6, abs=1e-6)
@@ -50,14 +54,28 @@ TRAIN = ["--device", "cpu", "--epochs", "2", "--train-size", "256", "--test-size
 
 
 def _train_worker(rank: int, world_size: int, port: int, checkpoint: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), DDPTUI_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        DDPTUI_THREADS="1",
+    )
     os.environ.pop("DDPTUI_ENDPOINT", None)
     torch.set_num_threads(1)
     from trainers import synthetic
 
-    synthetic.main([*TRAIN, "--init-method", f"tcp://127.0.0.1:{port}", "--batch-size", "16",
-                    "--checkpoint", checkpoint])
+    synthetic.main(
+        [
+            *TRAIN,
+            "--init-method",
+            f"tcp://127.0.0.1:{port}",
+            "--batch-size",
+            "16",
+            "--checkpoint",
+            checkpoint,
+        ]
+    )
 
 
 @pytest.mark.slow

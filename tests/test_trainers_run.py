@@ -76,8 +76,18 @@ def test_mnist_main_reads_idx_files(tmp_path, capsys):
 
 def test_cifar10_main_reads_pickle_batches(tmp_path, capsys):
     write_cifar10(tmp_path, per_batch=2, test=5)
-    argv = [*CPU, "--epochs", "1", "--batch-size", "5", "--lr", "0.01", "--data-dir",
-            str(tmp_path), "--no-verify"]
+    argv = [
+        *CPU,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "5",
+        "--lr",
+        "0.01",
+        "--data-dir",
+        str(tmp_path),
+        "--no-verify",
+    ]
     assert cifar10.main(argv) == 0
     [line] = _epoch_lines(capsys.readouterr().out)
     assert "(5 samples)" in line
@@ -94,8 +104,19 @@ def test_imagefolder_main_reads_pngs(tmp_path, capsys):
     write_imagefolder(tmp_path, train=2, val=1)
     # 6 training images in batches of 3: ResNet's BatchNorm cannot train on a batch of
     # one 1x1 feature map, which a 16px image becomes.
-    argv = [*CPU, "--epochs", "1", "--batch-size", "3", "--lr", "0.01", "--data-dir",
-            str(tmp_path), "--image-size", "16"]
+    argv = [
+        *CPU,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "3",
+        "--lr",
+        "0.01",
+        "--data-dir",
+        str(tmp_path),
+        "--image-size",
+        "16",
+    ]
     assert imagefolder.main(argv) == 0
     [line] = _epoch_lines(capsys.readouterr().out)
     assert "(3 samples)" in line
@@ -219,8 +240,9 @@ def test_unreadable_resume_file(tmp_path, content, message):
 def test_resume_from_another_trainer_is_refused(tmp_path, capsys):
     write_mnist(tmp_path, train=16, test=4)
     checkpoint = tmp_path / "mnist.pt"
-    mnist.main([*CPU, "--epochs", "1", "--data-dir", str(tmp_path),
-                "--checkpoint", str(checkpoint)])
+    mnist.main(
+        [*CPU, "--epochs", "1", "--data-dir", str(tmp_path), "--checkpoint", str(checkpoint)]
+    )
     with pytest.raises(CheckpointError, match="saved by the 'mnist' trainer"):
         synthetic.main([*TINY, "--resume", str(checkpoint)])
 
@@ -230,8 +252,22 @@ def test_resume_from_another_trainer_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("amp", ["off", "fp16", "bf16"])
 def test_synthetic_on_cuda_with_nccl(amp, tmp_path, capsys):
     checkpoint = tmp_path / "model.pt"
-    argv = ["--device", "cuda", "--backend", "nccl", "--amp", amp, "--epochs", "1",
-            "--train-size", "256", "--test-size", "101", "--checkpoint", str(checkpoint)]
+    argv = [
+        "--device",
+        "cuda",
+        "--backend",
+        "nccl",
+        "--amp",
+        amp,
+        "--epochs",
+        "1",
+        "--train-size",
+        "256",
+        "--test-size",
+        "101",
+        "--checkpoint",
+        str(checkpoint),
+    ]
     assert synthetic.main(argv) == 0
     assert "(101 samples)" in _epoch_lines(capsys.readouterr().out)[0]
     saved = torch.load(checkpoint, weights_only=True, map_location="cpu")

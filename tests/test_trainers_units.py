@@ -67,8 +67,14 @@ def test_context_standalone_is_world_of_one_on_a_free_port():
 
 
 def test_context_under_torchrun_uses_env_rendezvous():
-    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    env = {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     ctx = context_from_env(None, environ=env)
     assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.local_world_size) == (3, 1, 4, 2)
     assert ctx.init_method == "env://" and ctx.launched and not ctx.is_main
@@ -95,22 +101,69 @@ def _parser(**overrides):
 def test_parse_config_defaults():
     config = parse_config(_parser(train_size=100, test_size=11), ["--device", "cpu"])
     assert config == TrainConfig(
-        trainer="synthetic", model="a", epochs=3, batch_size=32, lr=0.1, seed=0,
-        backend="gloo", device="cpu", amp="off", data_dir="data", train_size=100, test_size=11,
+        trainer="synthetic",
+        model="a",
+        epochs=3,
+        batch_size=32,
+        lr=0.1,
+        seed=0,
+        backend="gloo",
+        device="cpu",
+        amp="off",
+        data_dir="data",
+        train_size=100,
+        test_size=11,
     )
 
 
 def test_parse_config_common_flags():
-    argv = ["--device", "cpu", "--backend", "gloo", "--amp", "bf16", "--epochs", "5",
-            "--batch-size", "8", "--lr", "0.5", "--seed", "7", "--data-dir", "/d",
-            "--checkpoint", "/c.pt", "--resume", "/r.pt", "--init-method", "file:///tmp/x",
-            "--sync-bn", "--model", "b", "--workers", "2", "--train-size", "9",
-            "--test-size", "4"]
+    argv = [
+        "--device",
+        "cpu",
+        "--backend",
+        "gloo",
+        "--amp",
+        "bf16",
+        "--epochs",
+        "5",
+        "--batch-size",
+        "8",
+        "--lr",
+        "0.5",
+        "--seed",
+        "7",
+        "--data-dir",
+        "/d",
+        "--checkpoint",
+        "/c.pt",
+        "--resume",
+        "/r.pt",
+        "--init-method",
+        "file:///tmp/x",
+        "--sync-bn",
+        "--model",
+        "b",
+        "--workers",
+        "2",
+        "--train-size",
+        "9",
+        "--test-size",
+        "4",
+    ]
     config = parse_config(_parser(), argv)
     assert (config.amp, config.epochs, config.batch_size, config.lr, config.seed) == (
-        "bf16", 5, 8, 0.5, 7)
+        "bf16",
+        5,
+        8,
+        0.5,
+        7,
+    )
     assert (config.data_dir, config.checkpoint, config.resume, config.init_method) == (
-        "/d", "/c.pt", "/r.pt", "file:///tmp/x")
+        "/d",
+        "/c.pt",
+        "/r.pt",
+        "file:///tmp/x",
+    )
     assert config.sync_bn and config.model == "b" and config.workers == 2
     assert (config.train_size, config.test_size) == (9, 4)
 
@@ -123,8 +176,15 @@ def test_parse_config_backend_follows_device():
 
 @pytest.mark.parametrize(
     "argv",
-    [["--epochs", "0"], ["--batch-size", "-1"], ["--lr", "0"], ["--amp", "fp8"],
-     ["--backend", "mpi"], ["--model", "c"], ["--workers", "-1"]],
+    [
+        ["--epochs", "0"],
+        ["--batch-size", "-1"],
+        ["--lr", "0"],
+        ["--amp", "fp8"],
+        ["--backend", "mpi"],
+        ["--model", "c"],
+        ["--workers", "-1"],
+    ],
 )
 def test_parse_config_rejects_bad_values(argv, capsys):
     with pytest.raises(SystemExit):
@@ -140,8 +200,9 @@ def test_parse_config_rejects_bad_values(argv, capsys):
     ],
 )
 def test_resolve_device_refuses_what_cpu_cannot_run(overrides, message):
-    config = TrainConfig(trainer="synthetic", model="a", epochs=1, batch_size=1, lr=1.0,
-                         device="cpu", **overrides)
+    config = TrainConfig(
+        trainer="synthetic", model="a", epochs=1, batch_size=1, lr=1.0, device="cpu", **overrides
+    )
     with pytest.raises(ValueError, match=message):
         resolve_device(config, context_from_env(None, environ={}))
 

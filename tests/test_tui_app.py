@@ -36,10 +36,15 @@ def _app(tmp_path, **kwargs):
         sessions.append(FakeSession(cfg, hold=kwargs.pop("hold", True)))
         return sessions[-1]
 
-    deps = fake_deps(runs_root=kwargs.pop("runs_root", RUNS), session_factory=session_factory,
-                     refresh_hz=4.0, chart_hz=2.0)
-    app = primed_app("run", deps=deps, raw=kwargs.pop("raw", {"run_dir": str(tmp_path / "r")}),
-                     **kwargs)
+    deps = fake_deps(
+        runs_root=kwargs.pop("runs_root", RUNS),
+        session_factory=session_factory,
+        refresh_hz=4.0,
+        chart_hz=2.0,
+    )
+    app = primed_app(
+        "run", deps=deps, raw=kwargs.pop("raw", {"run_dir": str(tmp_path / "r")}), **kwargs
+    )
     app.sessions = sessions
     return app
 
@@ -83,9 +88,16 @@ async def test_nccl_world_size_above_gpu_count_is_explained(tmp_path):
 
 
 async def test_command_line_options_prefill_the_form(tmp_path):
-    raw = {"script": "tests/scripts/user_ddp.py", "script_args": ("--steps", "3"),
-           "launcher": "spawn", "world_size": "3", "epochs": "2", "lr": "0.5",
-           "run_dir": str(tmp_path / "x"), "model": "resnet18"}
+    raw = {
+        "script": "tests/scripts/user_ddp.py",
+        "script_args": ("--steps", "3"),
+        "launcher": "spawn",
+        "world_size": "3",
+        "epochs": "2",
+        "lr": "0.5",
+        "run_dir": str(tmp_path / "x"),
+        "model": "resnet18",
+    }
     app = _app(tmp_path, raw=raw)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -97,8 +109,9 @@ async def test_command_line_options_prefill_the_form(tmp_path):
         assert options["world_size"] == "3" and options["lr"] == "0.5"
         assert options["model"] == "resnet18"  # not on the form, kept from the command line
         cfg = build_config(options, NO_CUDA_HOST.machine)
-        assert cfg.launcher == "spawn" and cfg.world_size == 3 and cfg.script_args == (
-            "--steps", "3")
+        assert (
+            cfg.launcher == "spawn" and cfg.world_size == 3 and cfg.script_args == ("--steps", "3")
+        )
 
 
 async def test_recent_run_opens_in_replay(tmp_path):
@@ -173,8 +186,9 @@ async def test_restart_launches_the_same_options_again(tmp_path):
         await pilot.press("r")
         await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await _wait(pilot, lambda: isinstance(app.screen, RunScreen)
-                    and app.screen.source is not first)
+        await _wait(
+            pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.source is not first
+        )
         second = app.screen.source
         assert first.done.is_set() and "stop" in app.sessions[0].calls
         assert second.cfg.run_id != first.cfg.run_id
@@ -241,8 +255,9 @@ async def test_monitor_opens_from_a_run_and_labels_ranks():
         await pilot.press("g")
         await pilot.pause()
         table = app.screen.query_one("#monitor-procs", DataTable)
-        labels = {str(table.get_row_at(i)[1]): str(table.get_row_at(i)[2])
-                  for i in range(table.row_count)}
+        labels = {
+            str(table.get_row_at(i)[1]): str(table.get_row_at(i)[2]) for i in range(table.row_count)
+        }
         assert labels["1001"] == "rank 0" and labels["1002"] == "rank 1"
         assert labels["4242"] == "other"
         await pilot.press("escape")
@@ -275,8 +290,9 @@ async def test_standalone_monitor_labels_rank_processes_of_any_run(monkeypatch):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(1.2)
         table = app.screen.query_one("#monitor-procs", DataTable)
-        rows = {str(table.get_row_at(i)[1]): str(table.get_row_at(i)[2])
-                for i in range(table.row_count)}
+        rows = {
+            str(table.get_row_at(i)[1]): str(table.get_row_at(i)[2]) for i in range(table.row_count)
+        }
     assert rows["1001"] == "rank 0 · run other-run"
     assert rows["1002"] == "other" and rows["4242"] == "other"
     assert asked and set(asked[-1]) == {1001, 1002, 4242}

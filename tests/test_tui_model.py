@@ -19,13 +19,23 @@ from tests.tui_fixtures.fakes import FAILED_RUN, FINISHED_RUN, MID_RUN, RUNS
 
 
 def _step(rank, step, t, loss=1.0, sps=100.0, step_time=0.01, epoch=1, seq=None):
-    return protocol.Step(run="r", rank=rank, t=t, seq=step if seq is None else seq, step=step,
-                         epoch=epoch, loss=loss, samples=8, samples_per_s=sps,
-                         step_time=step_time)
+    return protocol.Step(
+        run="r",
+        rank=rank,
+        t=t,
+        seq=step if seq is None else seq,
+        step=step,
+        epoch=epoch,
+        loss=loss,
+        samples=8,
+        samples_per_s=sps,
+        step_time=step_time,
+    )
 
 
-@pytest.mark.parametrize("n, limit, expected_len", [(0, 5, 0), (5, 5, 5), (6, 5, 3),
-                                                     (1000, 240, 200), (1001, 240, 201)])
+@pytest.mark.parametrize(
+    "n, limit, expected_len", [(0, 5, 0), (5, 5, 5), (6, 5, 3), (1000, 240, 200), (1001, 240, 201)]
+)
 def test_thin_bounds_points_and_keeps_the_last(n, limit, expected_len):
     points = list(range(n))
     kept = thin(points, limit)
@@ -125,5 +135,6 @@ def test_restart_keeps_options_with_a_new_id_and_directory(tmp_path):
     named = restart_config({**config, "run_dir": str(tmp_path / "mine")})
     assert Path(named.run_dir).name == "mine-restart2"
     (tmp_path / "mine-restart2").mkdir()
-    assert Path(restart_config({**config, "run_dir": named.run_dir}).run_dir).name == \
-        "mine-restart3"
+    assert (
+        Path(restart_config({**config, "run_dir": named.run_dir}).run_dir).name == "mine-restart3"
+    )

@@ -58,8 +58,9 @@ def _leftovers(run_id: str) -> list[psutil.Process]:
     mine = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if (proc.status() != psutil.STATUS_ZOMBIE
-                    and "ddptui.launch" in " ".join(proc.cmdline())):
+            if proc.status() != psutil.STATUS_ZOMBIE and "ddptui.launch" in " ".join(
+                proc.cmdline()
+            ):
                 mine.append(proc)
         except psutil.Error:
             continue
@@ -81,7 +82,9 @@ async def test_form_launches_a_real_run_and_shows_it_to_the_end(tmp_path):
         frame = screen.frame
         assert frame.status == "finished", source.error
         assert [(r.rank, r.state, r.epoch_step) for r in frame.rows] == [
-            (0, "finished", "1/10"), (1, "finished", "1/10")]
+            (0, "finished", "1/10"),
+            (1, "finished", "1/10"),
+        ]
         assert all(r.pid != "--" and r.host != "--" for r in frame.rows)
         assert "acc 1.0000" in frame.summary  # the script's all-reduced final accuracy
         await pilot.press("q")  # the run is over: no question asked

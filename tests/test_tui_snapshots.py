@@ -45,15 +45,17 @@ def test_launch_screen(snap_compare):
 
 def test_launch_screen_explains_bad_choices(snap_compare):
     """nccl and fp16 without CUDA, and a bad world size, are explained next to the field."""
-    app = primed_app("run", raw={"backend": "nccl", "amp": "fp16", "world_size": "0",
-                                 "lr": "fast"})
+    app = primed_app("run", raw={"backend": "nccl", "amp": "fp16", "world_size": "0", "lr": "fast"})
     assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
 
 
 def test_launch_screen_with_gpus(snap_compare):
-    app = primed_app("run", raw={"script": "tests/scripts/user_ddp.py",
-                                 "script_args": ("--steps", "10")},
-                     deps=fake_deps(host=GPU_HOST), host_info=GPU_HOST)
+    app = primed_app(
+        "run",
+        raw={"script": "tests/scripts/user_ddp.py", "script_args": ("--steps", "10")},
+        deps=fake_deps(host=GPU_HOST),
+        host_info=GPU_HOST,
+    )
     assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
 
 

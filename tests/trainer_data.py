@@ -14,7 +14,16 @@ from pathlib import Path
 import numpy as np
 
 CIFAR10_CLASSES = [
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
 ]
 
 
@@ -71,8 +80,12 @@ def write_cifar10(root: Path, per_batch: int = 4, test: int = 7, seed: int = 0) 
 
 
 def write_imagefolder(
-    root: Path, classes: tuple[str, ...] = ("cat", "dog", "fox"), train: int = 3, val: int = 2,
-    size: int = 20, seed: int = 0,
+    root: Path,
+    classes: tuple[str, ...] = ("cat", "dog", "fox"),
+    train: int = 3,
+    val: int = 2,
+    size: int = 20,
+    seed: int = 0,
 ) -> Path:
     """``root/{train,val}/<class>/<n>.png`` with small RGB PNGs; returns ``root``."""
     from PIL import Image
@@ -89,8 +102,9 @@ def write_imagefolder(
 
 
 # -- spawn workers (importable by the child processes) ------------------------------------
-def eval_worker(rank: int, world_size: int, init_method: str, state_path: str, out_dir: str,
-                sizes: list[int]) -> None:
+def eval_worker(
+    rank: int, world_size: int, init_method: str, state_path: str, out_dir: str, sizes: list[int]
+) -> None:
     """One rank: load the shared weights, evaluate synthetic test sets of ``sizes``.
 
     Every rank first scrambles its BatchNorm running stats differently, so the result only
@@ -136,6 +150,14 @@ def bn_model():
 
 def clean_env(monkeypatch) -> None:
     """Run as a plain standalone process: no launcher variables, no telemetry endpoint."""
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "DDPTUI_ENDPOINT", "DDPTUI_THREADS"):
+    for name in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "DDPTUI_ENDPOINT",
+        "DDPTUI_THREADS",
+    ):
         monkeypatch.delenv(name, raising=False)

@@ -1,6 +1,6 @@
 """CIFAR-10 with a torchvision ResNet (needs the python batches in --data-dir).
 
-    torchrun --nproc-per-node 2 -m trainers.cifar10 --data-dir data --model resnet18
+torchrun --nproc-per-node 2 -m trainers.cifar10 --data-dir data --model resnet18
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_download_option(parser)
     parser.add_argument(
-        "--no-verify", action="store_true",
+        "--no-verify",
+        action="store_true",
         help="skip the md5 check of the batch files (re-packed or subset data)",
     )
     run(parse_config(parser, argv), TASK)

@@ -47,11 +47,14 @@ def missing_data_message(trainer: str, data_dir: str | os.PathLike[str]) -> str 
         missing = missing_files(cifar10_dir(data_dir), CIFAR10_FILES)
         if missing:
             expected = ", ".join(f"{CIFAR10_FOLDER}/{name}" for name in missing)
-            return (f"CIFAR-10 not found in {root} (expected {expected}); "
-                    "pass --download when online")
+            return (
+                f"CIFAR-10 not found in {root} (expected {expected}); pass --download when online"
+            )
     elif trainer == "imagefolder":
         for split in IMAGEFOLDER_SPLITS:
             if not (root / split).is_dir():
-                return (f"image folder {root} has no {split}/ directory "
-                        f"(expected {split}/<class>/<image files>)")
+                return (
+                    f"image folder {root} has no {split}/ directory "
+                    f"(expected {split}/<class>/<image files>)"
+                )
     return None

@@ -96,8 +96,9 @@ def download_dataset(trainer: str, data_dir: str | os.PathLike[str]) -> None:
         return
     from torchvision import datasets
 
-    cls, label = {"mnist": (datasets.MNIST, "MNIST"),
-                  "cifar10": (datasets.CIFAR10, "CIFAR-10")}[trainer]
+    cls, label = {"mnist": (datasets.MNIST, "MNIST"), "cifar10": (datasets.CIFAR10, "CIFAR-10")}[
+        trainer
+    ]
     try:
         cls(str(data_dir), download=True)
     except Exception as exc:
@@ -156,12 +157,14 @@ def cifar10_splits(data_dir: str | os.PathLike[str], *, verify: bool = True) -> 
     from torchvision import transforms
 
     normalize = transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)
-    train_transform = transforms.Compose([
-        transforms.RandomCrop(32, padding=4),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        normalize,
-    ])
+    train_transform = transforms.Compose(
+        [
+            transforms.RandomCrop(32, padding=4),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            normalize,
+        ]
+    )
     test_transform = transforms.Compose([transforms.ToTensor(), normalize])
     cls = _cifar10_class(verify)
     try:
@@ -192,18 +195,22 @@ def imagefolder_splits(data_dir: str | os.PathLike[str], *, image_size: int = 22
     from torchvision import datasets, transforms
 
     normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    train_transform = transforms.Compose([
-        transforms.RandomResizedCrop(image_size),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        normalize,
-    ])
-    val_transform = transforms.Compose([
-        transforms.Resize(round(image_size * 256 / 224)),
-        transforms.CenterCrop(image_size),
-        transforms.ToTensor(),
-        normalize,
-    ])
+    train_transform = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            normalize,
+        ]
+    )
+    val_transform = transforms.Compose(
+        [
+            transforms.Resize(round(image_size * 256 / 224)),
+            transforms.CenterCrop(image_size),
+            transforms.ToTensor(),
+            normalize,
+        ]
+    )
     try:
         train = datasets.ImageFolder(str(root / "train"), transform=train_transform)
         val = datasets.ImageFolder(str(root / "val"), transform=val_transform)

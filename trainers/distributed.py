@@ -9,13 +9,14 @@ code path.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from ddptui.net import free_port
 
 T = TypeVar("T")
 
@@ -62,13 +63,6 @@ def context_from_env(
         raise ValueError(f"LOCAL_RANK={local_rank} is outside LOCAL_WORLD_SIZE={local_world_size}")
     init = init_method or default_init or f"tcp://127.0.0.1:{free_port()}"
     return DistContext(rank, local_rank, world_size, local_world_size, init, launched)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def shard_indices(size: int, rank: int, world_size: int) -> range:

@@ -1,6 +1,6 @@
 """An ImageNet-style folder (train/<class>/*, val/<class>/*) with a torchvision ResNet.
 
-    torchrun --nproc-per-node 8 -m trainers.imagefolder --data-dir /data/imagenet --model resnet50
+torchrun --nproc-per-node 8 -m trainers.imagefolder --data-dir /data/imagenet --model resnet50
 """
 
 from __future__ import annotations
@@ -54,9 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         models=RESNETS,
     )
     parser.add_argument(
-        "--image-size", type=positive_int, default=DEFAULT_IMAGE_SIZE, metavar="PX",
+        "--image-size",
+        type=positive_int,
+        default=DEFAULT_IMAGE_SIZE,
+        metavar="PX",
         help=f"training crop size; validation resizes to size*256/224 and centre-crops "
-             f"(default: {DEFAULT_IMAGE_SIZE})",
+        f"(default: {DEFAULT_IMAGE_SIZE})",
     )
     run(parse_config(parser, argv), TASK)
     return 0

@@ -34,13 +34,11 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 import ddptui
+from ddptui.cpus import threads_per_rank
 from ddptui.reporter import cuda_uuid
 from trainers.datasets import DataSplits, first
 from trainers.distributed import DistContext, context_from_env, shard_indices
 from trainers.options import TrainConfig
-
-THREADS_ENV = "DDPTUI_THREADS"
-"""Set by ddptui's launchers when they have chosen the CPU threads per rank."""
 
 
 class CheckpointError(RuntimeError):
@@ -93,7 +91,8 @@ def run(config: TrainConfig, task: Task) -> EvalResult:
         )
         data = task.data(config, ctx, device)
         data = DataSplits(
-            first(data.train, config.train_size), first(data.test, config.test_size),
+            first(data.train, config.train_size),
+            first(data.test, config.test_size),
             data.num_classes,
         )
         torch.manual_seed(config.seed)  # identical initial weights on every rank
@@ -237,9 +236,7 @@ class Trainer:
             amp=self.config.amp,
             workers=self.config.workers,
         )
-        ddptui.log_eval(
-            epoch=epoch, accuracy=result.accuracy, loss=result.loss, count=result.count
-        )
+        ddptui.log_eval(epoch=epoch, accuracy=result.accuracy, loss=result.loss, count=result.count)
         return result
 
     def _save_checkpoint(self, epoch: int) -> None:
@@ -376,12 +373,5 @@ _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _default_threads(ctx: DistContext) -> None:
-    """Split the CPU cores between this machine's ranks, unless ddptui's launcher did."""
-    if THREADS_ENV not in os.environ:
-        torch.set_num_threads(max(1, _cpu_count() // ctx.local_world_size))
-
-
-def _cpu_count() -> int:
-    with contextlib.suppress(AttributeError):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """Split the usable CPU cores between this machine's ranks (ddptui's choice if it made one)."""
+    torch.set_num_threads(threads_per_rank(ctx.local_world_size))

@@ -1,6 +1,6 @@
 """MNIST with the pytorch/examples CNN and Adadelta (needs the dataset in --data-dir).
 
-    torchrun --nproc-per-node 2 -m trainers.mnist --data-dir data [--download]
+torchrun --nproc-per-node 2 -m trainers.mnist --data-dir data [--download]
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-AMP_MODES = ("off", "fp16", "bf16")
-BACKENDS = ("gloo", "nccl")
-DEVICES = ("auto", "cpu", "cuda")
+from ddptui.constants import AMP_MODES, BACKENDS, DEVICE_CHOICES
 
 
 @dataclass(frozen=True)
@@ -83,39 +81,76 @@ def build_parser(
     )
     parser.set_defaults(trainer=trainer)
     add = parser.add_argument
-    add("--backend", choices=BACKENDS, default=None,
-        help="process-group backend (default: nccl on CUDA, else gloo)")
-    add("--device", choices=DEVICES, default="auto",
-        help="where to train (default: cuda if available, else cpu)")
+    add(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="process-group backend (default: nccl on CUDA, else gloo)",
+    )
+    add(
+        "--device",
+        choices=DEVICE_CHOICES,
+        default="auto",
+        help="where to train (default: cuda if available, else cpu)",
+    )
     add("--amp", choices=AMP_MODES, default="off", help="mixed precision (default: off)")
     add("--epochs", type=positive_int, default=epochs, help=f"epochs (default: {epochs})")
-    add("--batch-size", type=positive_int, default=batch_size,
-        help=f"batch size per rank (default: {batch_size})")
+    add(
+        "--batch-size",
+        type=positive_int,
+        default=batch_size,
+        help=f"batch size per rank (default: {batch_size})",
+    )
     add("--lr", type=_positive_float, default=lr, help=f"learning rate (default: {lr})")
     add("--seed", type=int, default=0, help="random seed, same on every rank (default: 0)")
     add("--data-dir", default="data", help="dataset directory (default: ./data)")
-    add("--checkpoint", default=None, metavar="PATH",
-        help="save a checkpoint here after every epoch (rank 0)")
+    add(
+        "--checkpoint",
+        default=None,
+        metavar="PATH",
+        help="save a checkpoint here after every epoch (rank 0)",
+    )
     add("--resume", default=None, metavar="PATH", help="resume from this checkpoint")
-    add("--init-method", default=None, metavar="URL",
+    add(
+        "--init-method",
+        default=None,
+        metavar="URL",
         help="rendezvous: tcp://host:port or file://path "
-             "(default: env:// under a launcher, else a free local port)")
+        "(default: env:// under a launcher, else a free local port)",
+    )
     add("--sync-bn", action="store_true", help="use SyncBatchNorm (CUDA only)")
-    add("--model", choices=list(models), default=models[0],
-        help=f"model architecture (default: {models[0]})")
-    add("--workers", type=_non_negative_int, default=0,
-        help="DataLoader workers per rank (default: 0)")
+    add(
+        "--model",
+        choices=list(models),
+        default=models[0],
+        help=f"model architecture (default: {models[0]})",
+    )
+    add(
+        "--workers",
+        type=_non_negative_int,
+        default=0,
+        help="DataLoader workers per rank (default: 0)",
+    )
     for split, default in (("train", train_size), ("test", test_size)):
-        add(f"--{split}-size", type=positive_int, default=default, metavar="N",
-            help=f"{split} samples to generate (default: {default})" if default else
-                 f"use only the first N {split} samples (default: all)")
+        add(
+            f"--{split}-size",
+            type=positive_int,
+            default=default,
+            metavar="N",
+            help=f"{split} samples to generate (default: {default})"
+            if default
+            else f"use only the first N {split} samples (default: all)",
+        )
     return parser
 
 
 def add_download_option(parser: argparse.ArgumentParser) -> None:
     """``--download``: fetch a missing dataset on rank 0 (needs internet)."""
-    parser.add_argument("--download", action="store_true",
-                        help="download the dataset into --data-dir if it is missing")
+    parser.add_argument(
+        "--download",
+        action="store_true",
+        help="download the dataset into --data-dir if it is missing",
+    )
 
 
 def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> TrainConfig:

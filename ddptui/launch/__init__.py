@@ -22,10 +22,9 @@ from pathlib import Path
 
 import psutil
 
-from ddptui.reporter import ENDPOINT_ENV, RUN_ID_ENV
+from ddptui.constants import ENDPOINT_ENV, LAUNCHERS, RUN_DIR_ENV, RUN_ID_ENV
 from ddptui.state import RankFailureInfo
 
-LAUNCHERS = ("spawn", "torchrun")
 STDERR_TAIL_LINES = 15
 RESULT_FILE = "launcher-result.json"
 LAUNCHER_LOG = "launcher.log"
@@ -76,16 +75,26 @@ def read_failure(run_dir: Path) -> RankFailureInfo | None:
         signal=info.get("signal"),
         error=info.get("error"),
         stderr_tail=tuple(tail_lines(Path(run_dir) / f"rank-{rank}.log"))
-        if rank is not None else (),
+        if rank is not None
+        else (),
     )
 
 
 class Launcher:
     """Runs ``world_size`` ranks of a trainer module or a user script under ``kind``."""
 
-    def __init__(self, kind: str, world_size: int, run_dir: str | Path, run_id: str,
-                 endpoint: str | None, module: str | None = None, script: str | None = None,
-                 args: list[str] | tuple[str, ...] = (), grace: float = 3.0) -> None:
+    def __init__(
+        self,
+        kind: str,
+        world_size: int,
+        run_dir: str | Path,
+        run_id: str,
+        endpoint: str | None,
+        module: str | None = None,
+        script: str | None = None,
+        args: list[str] | tuple[str, ...] = (),
+        grace: float = 3.0,
+    ) -> None:
         if kind not in LAUNCHERS:
             raise ValueError(f"unknown launcher {kind!r}")
         if (module is None) == (script is None):
@@ -104,16 +113,25 @@ class Launcher:
         self._stopping = False
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "ddptui.launch.drivers", self.kind,
-               "--nprocs", str(self.world_size), "--run-dir", str(self.run_dir),
-               "--result", str(self.run_dir / RESULT_FILE)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ddptui.launch.drivers",
+            self.kind,
+            "--nprocs",
+            str(self.world_size),
+            "--run-dir",
+            str(self.run_dir),
+            "--result",
+            str(self.run_dir / RESULT_FILE),
+        ]
         cmd += ["--module", self.module] if self.module else ["--script", str(self.script)]
         return [*cmd, "--", *self.args]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env[RUN_ID_ENV] = self.run_id
-        env["DDPTUI_RUN_DIR"] = str(self.run_dir)
+        env[RUN_DIR_ENV] = str(self.run_dir)
         env["PYTHONUNBUFFERED"] = "1"
         if self.endpoint:
             env[ENDPOINT_ENV] = self.endpoint
@@ -127,8 +145,12 @@ class Launcher:
         (self.run_dir / RESULT_FILE).unlink(missing_ok=True)
         with open(self.run_dir / LAUNCHER_LOG, "ab") as log:
             self.process = subprocess.Popen(
-                self.command(), env=self.environment(), stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                self.command(),
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     @property
@@ -223,7 +245,9 @@ class Launcher:
                 except ValueError:
                     sig = f"signal {-returncode}"
             failure = RankFailureInfo(
-                rank=None, exit_code=returncode, signal=sig,
+                rank=None,
+                exit_code=returncode,
+                signal=sig,
                 stderr_tail=tuple(tail_lines(self.run_dir / LAUNCHER_LOG)),
             )
         if self._stopping and failure is not None and failure.signal in ("SIGTERM", "SIGINT"):

@@ -10,17 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
-from ddptui.launch.rank_entry import die_with_parent, threads_per_rank
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ddptui.argv import split_passthrough
+from ddptui.constants import LAUNCHERS
+from ddptui.cpus import threads_per_rank
+from ddptui.launch.rank_entry import die_with_parent
+from ddptui.net import free_port
 
 
 def write_result(path: str | None, **result: object) -> None:
@@ -33,18 +30,15 @@ def write_result(path: str | None, **result: object) -> None:
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="ddptui-driver")
-    parser.add_argument("kind", choices=("spawn", "torchrun"))
+    parser.add_argument("kind", choices=LAUNCHERS)
     parser.add_argument("--nprocs", type=int, required=True)
     parser.add_argument("--run-dir")
     parser.add_argument("--result")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--module")
     target.add_argument("--script")
-    rest: list[str] = []
-    if "--" in argv:
-        split = argv.index("--")
-        argv, rest = argv[:split], argv[split + 1:]
-    return parser.parse_args(argv), rest
+    own, rest = split_passthrough(argv)
+    return parser.parse_args(own), rest
 
 
 def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
@@ -68,13 +62,24 @@ def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
         while not context.join(timeout=0.2, grace_period=2.0):
             pass
     except mp.ProcessExitedException as exc:
-        write_result(opts.result, rank=exc.error_index, exit_code=exc.exit_code,
-                     signal=exc.signal_name, pid=exc.error_pid)
+        write_result(
+            opts.result,
+            rank=exc.error_index,
+            exit_code=exc.exit_code,
+            signal=exc.signal_name,
+            pid=exc.error_pid,
+        )
         return 1
     except mp.ProcessRaisedException as exc:
         last = str(exc).strip().splitlines()[-1:] or [""]
-        write_result(opts.result, rank=exc.error_index, exit_code=1, signal=None,
-                     pid=exc.error_pid, error=last[0])
+        write_result(
+            opts.result,
+            rank=exc.error_index,
+            exit_code=1,
+            signal=None,
+            pid=exc.error_pid,
+            error=last[0],
+        )
         return 1
     return 0
 
@@ -86,14 +91,22 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
     target = ["-m", "ddptui.launch.rank_entry"]
     target += ["--run-dir", opts.run_dir] if opts.run_dir else []
     target += ["--module", opts.module] if opts.module else ["--script", opts.script]
-    torchrun_args = torchrun.parse_args([
-        "--standalone",
-        "--nnodes", "1",
-        "--nproc-per-node", str(opts.nprocs),
-        "--max-restarts", "0",
-        "--monitor-interval", "0.1",
-        *target, "--", *args,
-    ])
+    torchrun_args = torchrun.parse_args(
+        [
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(opts.nprocs),
+            "--max-restarts",
+            "0",
+            "--monitor-interval",
+            "0.1",
+            *target,
+            "--",
+            *args,
+        ]
+    )
     try:
         torchrun.run(torchrun_args)
     except ChildFailedError as exc:
@@ -102,8 +115,14 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
         message = failure.message if isinstance(failure.message, str) else None
         if message and message.startswith(("To enable traceback", "Signal ")):
             message = None
-        write_result(opts.result, rank=rank, exit_code=failure.exitcode, signal=signal_name,
-                     pid=failure.pid, error=message)
+        write_result(
+            opts.result,
+            rank=rank,
+            exit_code=failure.exitcode,
+            signal=signal_name,
+            pid=failure.pid,
+            error=message,
+        )
         return 1
     return 0
 

@@ -18,6 +18,10 @@ import sys
 import traceback
 from pathlib import Path
 
+from ddptui.argv import split_passthrough
+from ddptui.constants import THREADS_ENV
+from ddptui.cpus import threads_per_rank
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -27,13 +31,6 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         pass
-
-
-def threads_per_rank(local_world_size: int) -> int:
-    explicit = os.environ.get("DDPTUI_THREADS")
-    if explicit:
-        return max(1, int(explicit))
-    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
 
 
 def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
@@ -50,7 +47,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
     die_with_parent()
     threads = threads_per_rank(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ["DDPTUI_THREADS"] = str(threads)
+    os.environ[THREADS_ENV] = str(threads)
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
         import torch
 
@@ -92,8 +89,14 @@ def exit_after_success(code: int) -> None:
     os._exit(code)
 
 
-def spawn_worker(local_rank: int, nprocs: int, module: str | None, script: str | None,
-                 args: list[str], run_dir: str | None) -> None:
+def spawn_worker(
+    local_rank: int,
+    nprocs: int,
+    module: str | None,
+    script: str | None,
+    args: list[str],
+    run_dir: str | None,
+) -> None:
     """mp.spawn's function: one rank on this node (rank = local rank: a single node)."""
     os.environ.update(
         RANK=str(local_rank),
@@ -122,11 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     target.add_argument("--module")
     target.add_argument("--script")
     argv = list(sys.argv[1:] if argv is None else argv)
-    rest: list[str] = []
-    if "--" in argv:
-        split = argv.index("--")
-        argv, rest = argv[:split], argv[split + 1:]
-    opts = parser.parse_args(argv)
+    own, rest = split_passthrough(argv)
+    opts = parser.parse_args(own)
     rank = int(os.environ.get("RANK", "0"))
     prepare_rank(opts.run_dir, rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:

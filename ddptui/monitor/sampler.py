@@ -68,8 +68,7 @@ class Sampler:
     ) -> None:
         self.interval = validate_interval(interval)
         self._owns_monitor = monitor is None
-        self._monitor = monitor if monitor is not None else SystemMonitor(nvml_module,
-                                                                          pcie=pcie)
+        self._monitor = monitor if monitor is not None else SystemMonitor(nvml_module, pcie=pcie)
         self._callback = callback
         self._pids: tuple[int, ...] = tuple(pids)
         self._latest: SystemSnapshot | None = None

@@ -66,10 +66,18 @@ class DdpTuiApp(App[int]):
     TITLE = "ddptui"
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", show=False)]
 
-    def __init__(self, mode: str = "run", *, deps: Deps | None = None,
-                 cfg: RunConfig | None = None, raw: dict[str, Any] | None = None,
-                 start: bool = False, run_dir: Path | None = None,
-                 replay_source: RunSource | None = None, host_info: HostInfo | None = None):
+    def __init__(
+        self,
+        mode: str = "run",
+        *,
+        deps: Deps | None = None,
+        cfg: RunConfig | None = None,
+        raw: dict[str, Any] | None = None,
+        start: bool = False,
+        run_dir: Path | None = None,
+        replay_source: RunSource | None = None,
+        host_info: HostInfo | None = None,
+    ):
         super().__init__()
         if mode not in ("run", "monitor", "replay"):
             raise ValueError(f"unknown dashboard mode {mode!r}")
@@ -136,14 +144,14 @@ class DdpTuiApp(App[int]):
         """Show a run; the previous run's screen (its run has ended) is dropped."""
         previous = self.current_mode if self.current_mode.startswith("run-") else None
         self._run_screens += 1
-        self._enter(f"run-{self._run_screens}",
-                    RunScreen(source, self.deps.refresh_hz, self.deps.chart_hz,
-                              self.deps.panel_hz))
+        self._enter(
+            f"run-{self._run_screens}",
+            RunScreen(source, self.deps.refresh_hz, self.deps.chart_hz, self.deps.panel_hz),
+        )
         self._drop_mode(previous)
 
     def launch(self, cfg: RunConfig) -> LiveSource:
-        factory = self.deps.session_factory or (
-            lambda c: RunSession(c, clock=self.deps.clock))
+        factory = self.deps.session_factory or (lambda c: RunSession(c, clock=self.deps.clock))
         source = LiveSource(cfg, factory)
         self.live_sources.append(source)
         self.show_run(source)
@@ -165,8 +173,7 @@ class DdpTuiApp(App[int]):
         try:
             source = ReplaySource.load(run_dir, now=self.deps.replay_now)
         except (OSError, ValueError) as exc:
-            self.call_from_thread(self.notify, f"cannot open {run_dir}: {exc}",
-                                  severity="error")
+            self.call_from_thread(self.notify, f"cannot open {run_dir}: {exc}", severity="error")
             return
         self.call_from_thread(self.show_run, source)
 
@@ -203,8 +210,10 @@ class DdpTuiApp(App[int]):
 
     def exit_code(self) -> int:
         """1 when a launched run failed, else 0."""
-        failed = any(s.result is not None and s.result.outcome == "failed" or s.error
-                     for s in self.live_sources)
+        failed = any(
+            s.result is not None and s.result.outcome == "failed" or s.error
+            for s in self.live_sources
+        )
         return 1 if failed else 0
 
     async def action_quit(self) -> None:
@@ -224,9 +233,14 @@ class DdpTuiApp(App[int]):
                 self.set_interval(0.1, self._exit_when_stopped, name="quit-wait")
 
         n = sum(s.cfg.world_size for s in running)
-        self.push_screen(ConfirmScreen(
-            f"A run is live ({n} ranks). Quitting stops every worker.\n\nStop the run and "
-            "quit?", yes="Stop and quit"), answer)
+        self.push_screen(
+            ConfirmScreen(
+                f"A run is live ({n} ranks). Quitting stops every worker.\n\nStop the run and "
+                "quit?",
+                yes="Stop and quit",
+            ),
+            answer,
+        )
 
     def _exit_when_stopped(self) -> None:
         if not self.running_sources:

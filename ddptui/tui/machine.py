@@ -42,8 +42,9 @@ def detect_host() -> HostInfo:
     with GpuSource(pcie=False) as gpus:
         report = gpus.sample()
     names = tuple(f"{g.index}: {g.name}" for g in report.devices)
-    return HostInfo(machine, psutil.virtual_memory().total, names,
-                    None if report.available else report.reason)
+    return HostInfo(
+        machine, psutil.virtual_memory().total, names, None if report.available else report.reason
+    )
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,9 @@ class RecentRun:
 def recent_runs(root: Path, limit: int = RECENT_RUNS) -> list[RecentRun]:
     """Run directories under ``root`` (newest first), each judged from its last events."""
     try:
-        dirs = [d for d in root.iterdir()
-                if (d / CONFIG_FILE).is_file() and (d / EVENTS_FILE).is_file()]
+        dirs = [
+            d for d in root.iterdir() if (d / CONFIG_FILE).is_file() and (d / EVENTS_FILE).is_file()
+        ]
     except OSError:
         return []
     dirs.sort(key=lambda d: ((d / EVENTS_FILE).stat().st_mtime, d.name), reverse=True)
@@ -70,8 +72,15 @@ def recent_runs(root: Path, limit: int = RECENT_RUNS) -> list[RecentRun]:
         except (OSError, ValueError):
             continue
         world = config.get("world_size")
-        runs.append(RecentRun(run_dir, str(config.get("run_id") or run_dir.name),
-                              config_label(config), world, _outcome(run_dir, world)))
+        runs.append(
+            RecentRun(
+                run_dir,
+                str(config.get("run_id") or run_dir.name),
+                config_label(config),
+                world,
+                _outcome(run_dir, world),
+            )
+        )
     return runs
 
 
@@ -88,7 +97,10 @@ def _outcome(run_dir: Path, world_size: int | None) -> str:
                 states[event.rank] = event.state
     if "failed" in states.values():
         return "failed"
-    if states and all(s == "finished" for s in states.values()) and \
-            len(states) >= (world_size or 1):
+    if (
+        states
+        and all(s == "finished" for s in states.values())
+        and len(states) >= (world_size or 1)
+    ):
         return "finished"
     return "incomplete"

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddptui.headless import fmt_duration, fmt_num
+from ddptui.formatting import fmt_duration, fmt_num
 from ddptui.state import RankFailureInfo, RunState
 
 #: Most points drawn per chart line (more would not fit a terminal's width anyway).
@@ -38,8 +38,18 @@ class RankRow:
     problem: str | None
 
     def cells(self) -> tuple[str, ...]:
-        return (str(self.rank), self.pid, self.host, self.device, self.epoch_step, self.loss,
-                self.samples_per_s, self.step_time, self.last_seen, self.state)
+        return (
+            str(self.rank),
+            self.pid,
+            self.host,
+            self.device,
+            self.epoch_step,
+            self.loss,
+            self.samples_per_s,
+            self.step_time,
+            self.last_seen,
+            self.state,
+        )
 
 
 @dataclass(frozen=True)
@@ -81,19 +91,21 @@ def run_frame(state: RunState, now: float) -> RunFrame:
             problem = view.error or "failed"
         step = f"{view.epoch if view.epoch is not None else '-'}/{view.step}"
         shown_state = view.state
-        rows.append(RankRow(
-            rank=rank,
-            pid=str(view.pid) if view.pid is not None else "--",
-            host=view.host or "--",
-            device=view.device or "--",
-            epoch_step=step,
-            loss=fmt_num(view.loss),
-            samples_per_s=fmt_num(view.samples_per_s, ",.0f"),
-            step_time=_ms(view.step_time),
-            last_seen=_ago(seen_at, view.last_seen),
-            state=shown_state,
-            problem=problem,
-        ))
+        rows.append(
+            RankRow(
+                rank=rank,
+                pid=str(view.pid) if view.pid is not None else "--",
+                host=view.host or "--",
+                device=view.device or "--",
+                epoch_step=step,
+                loss=fmt_num(view.loss),
+                samples_per_s=fmt_num(view.samples_per_s, ",.0f"),
+                step_time=_ms(view.step_time),
+                last_seen=_ago(seen_at, view.last_seen),
+                state=shown_state,
+                problem=problem,
+            )
+        )
         devices[rank] = (view.pid, view.device_uuid)
     last = state.last_eval
     parts = [
@@ -168,15 +180,19 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
         mean_x.append(float(step))
         mean_y.append(sum(values) / len(values))
     evals = [p for p in state.eval_history if p.accuracy is not None]
-    accuracy = ([float(p.epoch if p.epoch is not None else i + 1) for i, p in enumerate(evals)],
-                [float(p.accuracy) for p in evals])  # type: ignore[arg-type]
+    accuracy = (
+        [float(p.epoch if p.epoch is not None else i + 1) for i, p in enumerate(evals)],
+        [float(p.accuracy) for p in evals],
+    )  # type: ignore[arg-type]
     return ChartData(
         loss_by_rank=by_rank,
         mean_loss=(mean_x, mean_y),
         accuracy=accuracy,
         throughput=global_throughput(
             [thin(list(v.sps_series), 2 * max_points) for v in state.ranks.values()],
-            state.started_at, max_points),
+            state.started_at,
+            max_points,
+        ),
         epochs=state.epochs,
     )
 
@@ -187,13 +203,16 @@ def thin(points: Sequence[Any], max_points: int) -> list[Any]:
     if n <= max_points:
         return list(points)
     stride = -(-n // max_points)
-    kept = list(points[n - 1::-stride])
+    kept = list(points[n - 1 :: -stride])
     kept.reverse()
     return kept
 
 
-def global_throughput(series: Iterable[Sequence[tuple[float, float]]], start: float | None,
-                      max_points: int = MAX_POINTS) -> tuple[list[float], list[float]]:
+def global_throughput(
+    series: Iterable[Sequence[tuple[float, float]]],
+    start: float | None,
+    max_points: int = MAX_POINTS,
+) -> tuple[list[float], list[float]]:
     """Sum of the ranks' samples/s over time, from their (time, samples/s) series.
 
     Time is cut into equal buckets; each rank contributes its latest value in a bucket, carried

@@ -62,8 +62,14 @@ class ReplaySource(RunSource):
     was when it ended, and tests get a frozen clock.
     """
 
-    def __init__(self, config: dict[str, Any], state: RunState, run_dir: Path | None = None,
-                 now: float | None = None, note: str = "replay") -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        state: RunState,
+        run_dir: Path | None = None,
+        now: float | None = None,
+        note: str = "replay",
+    ) -> None:
         super().__init__(config, state, run_dir)
         self._now = now
         self.note = note
@@ -85,8 +91,9 @@ class LiveSource(RunSource):
 
     live = True
 
-    def __init__(self, cfg: RunConfig,
-                 session_factory: Callable[[RunConfig], RunSession] = RunSession) -> None:
+    def __init__(
+        self, cfg: RunConfig, session_factory: Callable[[RunConfig], RunSession] = RunSession
+    ) -> None:
         self.cfg = cfg
         self.session = session_factory(cfg)
         super().__init__(cfg.to_json_dict(), self.session.state, self.session.run_dir)

@@ -84,8 +84,11 @@ class SystemFeed:
         """Also track every process NVML lists (the standalone monitor's process list)."""
         if self.snapshot is None:
             return
-        pids = tuple(sorted({p.pid for g in self.snapshot.gpus if not is_na(g.processes)
-                             for p in g.processes}))
+        pids = tuple(
+            sorted(
+                {p.pid for g in self.snapshot.gpus if not is_na(g.processes) for p in g.processes}
+            )
+        )
         if pids != self._extra_pids:
             self._extra_pids = pids
             self.env_labels = rank_labels_from_environment(pids)

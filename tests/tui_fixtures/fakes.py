@@ -35,28 +35,48 @@ UUID_1 = "GPU-bbbbbbbb-0000-1111-2222-333333333333"
 RANK_PIDS = (1001, 1002)
 FOREIGN_PID = 4242
 
-NO_CUDA_HOST = HostInfo(Machine(0, "torch has no CUDA support", 16), 64 * GiB, (),
-                        "NVML Shared Library Not Found")
-GPU_HOST = HostInfo(Machine(2, "", 32), 256 * GiB,
-                    ("0: NVIDIA A100-SXM4-40GB", "1: NVIDIA A100-SXM4-40GB"), None)
+NO_CUDA_HOST = HostInfo(
+    Machine(0, "torch has no CUDA support", 16), 64 * GiB, (), "NVML Shared Library Not Found"
+)
+GPU_HOST = HostInfo(
+    Machine(2, "", 32), 256 * GiB, ("0: NVIDIA A100-SXM4-40GB", "1: NVIDIA A100-SXM4-40GB"), None
+)
 
 
 def _host(i: int) -> HostSnapshot:
     return HostSnapshot(
-        cpu_percent=40.0 + 20 * math.sin(i / 4), cpu_percent_per_core=(), cpu_count=16,
-        load_average=(3.0, 2.5, 2.0), memory_total=64 * GiB, memory_used=20 * GiB + i * 2**24,
-        memory_available=44 * GiB, memory_percent=31.0 + i / 10, swap_total=0, swap_used=0,
-        swap_percent=0.0)
+        cpu_percent=40.0 + 20 * math.sin(i / 4),
+        cpu_percent_per_core=(),
+        cpu_count=16,
+        load_average=(3.0, 2.5, 2.0),
+        memory_total=64 * GiB,
+        memory_used=20 * GiB + i * 2**24,
+        memory_available=44 * GiB,
+        memory_percent=31.0 + i / 10,
+        swap_total=0,
+        swap_used=0,
+        swap_percent=0.0,
+    )
 
 
 def _gpu(index: int, uuid: str, i: int, procs: tuple[GpuProcess, ...]) -> GpuSnapshot:
     return GpuSnapshot(
-        index=index, name="NVIDIA A100-SXM4-40GB", uuid=uuid, pci_bus_id=f"0000:{index}7:00.0",
+        index=index,
+        name="NVIDIA A100-SXM4-40GB",
+        uuid=uuid,
+        pci_bus_id=f"0000:{index}7:00.0",
         utilization_gpu=int(60 + 35 * math.sin(i / 3 + index)),
-        utilization_memory=30, memory_used=(12 + index * 6) * GiB + i * 2**26,
-        memory_total=40 * GiB, temperature=55 + (i + index * 3) % 9,
-        power_draw=180.0 + 60 * math.sin(i / 5 + index), power_limit=400.0, sm_clock=1410,
-        pcie_rx=NA, pcie_tx=NA, processes=procs)
+        utilization_memory=30,
+        memory_used=(12 + index * 6) * GiB + i * 2**26,
+        memory_total=40 * GiB,
+        temperature=55 + (i + index * 3) % 9,
+        power_draw=180.0 + 60 * math.sin(i / 5 + index),
+        power_limit=400.0,
+        sm_clock=1410,
+        pcie_rx=NA,
+        pcie_tx=NA,
+        processes=procs,
+    )
 
 
 def gpu_snapshots(count: int = 40) -> list[SystemSnapshot]:
@@ -66,28 +86,44 @@ def gpu_snapshots(count: int = 40) -> list[SystemSnapshot]:
     for i in range(count):
         gpus = (
             _gpu(0, UUID_0, i, (GpuProcess(RANK_PIDS[0], 9 * GiB),)),
-            _gpu(1, UUID_1, i, (GpuProcess(RANK_PIDS[1], 9 * GiB),
-                                GpuProcess(FOREIGN_PID, 3 * GiB))),
+            _gpu(
+                1, UUID_1, i, (GpuProcess(RANK_PIDS[1], 9 * GiB), GpuProcess(FOREIGN_PID, 3 * GiB))
+            ),
         )
         procs = (
-            ProcessSnapshot(RANK_PIDS[0], RANK_PIDS[0], 999, "python", "running", 98.5,
-                            3 * GiB, 24),
-            ProcessSnapshot(1003, RANK_PIDS[0], RANK_PIDS[0], "pt_data_worker", "sleeping",
-                            12.0, GiB // 2, 4),
-            ProcessSnapshot(RANK_PIDS[1], RANK_PIDS[1], 999, "python", "running", 97.0,
-                            3 * GiB, 24),
+            ProcessSnapshot(
+                RANK_PIDS[0], RANK_PIDS[0], 999, "python", "running", 98.5, 3 * GiB, 24
+            ),
+            ProcessSnapshot(
+                1003, RANK_PIDS[0], RANK_PIDS[0], "pt_data_worker", "sleeping", 12.0, GiB // 2, 4
+            ),
+            ProcessSnapshot(
+                RANK_PIDS[1], RANK_PIDS[1], 999, "python", "running", 97.0, 3 * GiB, 24
+            ),
         )
-        snaps.append(SystemSnapshot(
-            time=1_700_000_000.0 + i, monotonic=1000.0 + i,
-            gpu=GpuReport(True, None, "550.54.15", gpus), host=_host(i), processes=procs))
+        snaps.append(
+            SystemSnapshot(
+                time=1_700_000_000.0 + i,
+                monotonic=1000.0 + i,
+                gpu=GpuReport(True, None, "550.54.15", gpus),
+                host=_host(i),
+                processes=procs,
+            )
+        )
     return snaps
 
 
 def no_gpu_snapshots(count: int = 20) -> list[SystemSnapshot]:
-    return [SystemSnapshot(time=1_700_000_000.0 + i, monotonic=1000.0 + i,
-                           gpu=GpuReport.unavailable("NVML Shared Library Not Found"),
-                           host=_host(i), processes=())
-            for i in range(count)]
+    return [
+        SystemSnapshot(
+            time=1_700_000_000.0 + i,
+            monotonic=1000.0 + i,
+            gpu=GpuReport.unavailable("NVML Shared Library Not Found"),
+            host=_host(i),
+            processes=(),
+        )
+        for i in range(count)
+    ]
 
 
 class FakeSampler:
@@ -113,19 +149,26 @@ class FakeSampler:
         self.pids = list(pids)
 
 
-def fake_deps(snapshots: list[SystemSnapshot] | None = None, host: HostInfo = NO_CUDA_HOST,
-              runs_root: Path = RUNS, **kwargs) -> Deps:
+def fake_deps(
+    snapshots: list[SystemSnapshot] | None = None,
+    host: HostInfo = NO_CUDA_HOST,
+    runs_root: Path = RUNS,
+    **kwargs,
+) -> Deps:
     snaps = gpu_snapshots() if snapshots is None else snapshots
-    return Deps(detect_host=lambda: host, make_sampler=lambda interval: FakeSampler(snaps),
-                runs_root=runs_root, **kwargs)
+    return Deps(
+        detect_host=lambda: host,
+        make_sampler=lambda interval: FakeSampler(snaps),
+        runs_root=runs_root,
+        **kwargs,
+    )
 
 
 def primed_app(mode: str = "run", snapshots: list[SystemSnapshot] | None = None, **kwargs):
     """An app with fakes whose system history already holds every canned snapshot."""
     snaps = gpu_snapshots() if snapshots is None else snapshots
     deps = kwargs.pop("deps", None) or fake_deps(snaps, host=kwargs.pop("host", NO_CUDA_HOST))
-    app = create_app(mode, deps=deps, host_info=kwargs.pop("host_info", NO_CUDA_HOST),
-                     **kwargs)
+    app = create_app(mode, deps=deps, host_info=kwargs.pop("host_info", NO_CUDA_HOST), **kwargs)
     app.feed.start()
     for snap in snaps:
         app.feed.take(snap)
@@ -170,7 +213,7 @@ class FakeSession:
     def pump(self, timeout: float = 0.1):
         import time
 
-        batch, self._events = self._events[: self._per_pump], self._events[self._per_pump:]
+        batch, self._events = self._events[: self._per_pump], self._events[self._per_pump :]
         with self._lock:
             for event in batch:
                 self.state.apply(event, self.clock())

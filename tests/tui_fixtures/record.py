@@ -43,15 +43,17 @@ def sanitize(src: Path, name: str, cut: float | None = None, gpus: bool = False)
     config = json.loads((src / "config.json").read_text())
     old_id = config["run_id"]
     pids: dict[int, int] = {}
-    lines = [json.loads(line) for line in (src / "events.jsonl").read_text().splitlines()
-             if line.strip()]
+    lines = [
+        json.loads(line) for line in (src / "events.jsonl").read_text().splitlines() if line.strip()
+    ]
     if cut is not None:
         lines = lines[: max(1, int(len(lines) * cut))]
     for event in lines:
         event["run"] = name
         if event.get("pid"):
             pids[event["pid"]] = RANK_PIDS[event["rank"] % len(RANK_PIDS)] + 10 * (
-                event["rank"] // len(RANK_PIDS))
+                event["rank"] // len(RANK_PIDS)
+            )
             event["pid"] = pids[event["pid"]]
         if event.get("host"):
             event["host"] = HOST

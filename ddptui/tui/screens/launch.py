@@ -19,8 +19,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static
 
-from ddptui.config import AMP_MODES, BACKENDS, LAUNCHERS, ConfigError, RunConfig, build_config
+from ddptui.config import ConfigError, RunConfig, build_config
 from ddptui.config import check_options as check_run_options
+from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
 from ddptui.monitor.units import format_bytes
 from ddptui.tui.machine import HostInfo, RecentRun, recent_runs
 from trainers import DEFAULT_TRAINER, TRAINERS
@@ -39,8 +40,20 @@ TEXT_FIELDS = {
     "run_dir": ("run directory", "runs/<run-id>"),
 }
 #: Options the form shows; anything else given on the command line is kept as given.
-FORM_ORDER = ("trainer", "script", "script_args", "launcher", "backend", "amp", "world_size",
-              "epochs", "batch_size", "lr", "seed", "run_dir")
+FORM_ORDER = (
+    "trainer",
+    "script",
+    "script_args",
+    "launcher",
+    "backend",
+    "amp",
+    "world_size",
+    "epochs",
+    "batch_size",
+    "lr",
+    "seed",
+    "run_dir",
+)
 #: Options checked against the machine (torch must have answered before they are judged).
 MACHINE_OPTIONS = ("backend", "amp", "world_size")
 
@@ -87,20 +100,48 @@ class LaunchScreen(Screen):
         with Horizontal(id="launch-body"):
             with VerticalScroll(id="form"):
                 yield Static("New run", classes="panel-title")
-                yield from self._field("trainer", Select(
-                    [(name, name) for name in TRAINERS] + [("own script…", OWN_SCRIPT)],
-                    value=DEFAULT_TRAINER, allow_blank=False, compact=True, id="f-trainer"))
+                yield from self._field(
+                    "trainer",
+                    Select(
+                        [(name, name) for name in TRAINERS] + [("own script…", OWN_SCRIPT)],
+                        value=DEFAULT_TRAINER,
+                        allow_blank=False,
+                        compact=True,
+                        id="f-trainer",
+                    ),
+                )
                 yield from self._text_field("script")
                 yield from self._text_field("script_args")
-                yield from self._field("launcher", Select(
-                    [(name, name) for name in LAUNCHERS], prompt="default", compact=True,
-                    id="f-launcher"))
-                yield from self._field("backend", Select(
-                    [(name, name) for name in BACKENDS], value="auto", allow_blank=False,
-                    compact=True, id="f-backend"))
-                yield from self._field("amp", Select(
-                    [(name, name) for name in AMP_MODES], value="off", allow_blank=False,
-                    compact=True, id="f-amp"), label="AMP")
+                yield from self._field(
+                    "launcher",
+                    Select(
+                        [(name, name) for name in LAUNCHERS],
+                        prompt="default",
+                        compact=True,
+                        id="f-launcher",
+                    ),
+                )
+                yield from self._field(
+                    "backend",
+                    Select(
+                        [(name, name) for name in BACKEND_CHOICES],
+                        value="auto",
+                        allow_blank=False,
+                        compact=True,
+                        id="f-backend",
+                    ),
+                )
+                yield from self._field(
+                    "amp",
+                    Select(
+                        [(name, name) for name in AMP_MODES],
+                        value="off",
+                        allow_blank=False,
+                        compact=True,
+                        id="f-amp",
+                    ),
+                    label="AMP",
+                )
                 for name in ("world_size", "epochs", "batch_size", "lr", "seed", "run_dir"):
                     yield from self._text_field(name)
                 yield Static(id="form-errors", classes="field-error")
@@ -124,8 +165,9 @@ class LaunchScreen(Screen):
 
     def _text_field(self, name: str) -> ComposeResult:
         label, placeholder = TEXT_FIELDS[name]
-        yield from self._field(name, Input(placeholder=placeholder, compact=True,
-                                           id=f"f-{name}"), label=label)
+        yield from self._field(
+            name, Input(placeholder=placeholder, compact=True, id=f"f-{name}"), label=label
+        )
 
     def on_mount(self) -> None:
         table = self.query_one("#recent", DataTable)
@@ -147,8 +189,11 @@ class LaunchScreen(Screen):
             self.query_one("#f-trainer", Select).value = OWN_SCRIPT
         elif raw.get("trainer") in TRAINERS:
             self.query_one("#f-trainer", Select).value = raw["trainer"]
-        for name, choices in (("launcher", LAUNCHERS), ("backend", BACKENDS),
-                              ("amp", AMP_MODES)):
+        for name, choices in (
+            ("launcher", LAUNCHERS),
+            ("backend", BACKEND_CHOICES),
+            ("amp", AMP_MODES),
+        ):
             value = str(raw.get(name) or "").strip().lower()
             if value in choices:
                 self.query_one(f"#f-{name}", Select).value = value
@@ -185,8 +230,10 @@ class LaunchScreen(Screen):
         if not machine.cuda_devices:  # say in the choice itself why it cannot work here
             why = "needs a CUDA GPU (none here)"
             for name, options in (
-                ("backend", [("auto → gloo here", "auto"), ("gloo", "gloo"),
-                             (f"nccl — {why}", "nccl")]),
+                (
+                    "backend",
+                    [("auto → gloo here", "auto"), ("gloo", "gloo"), (f"nccl — {why}", "nccl")],
+                ),
                 ("amp", [("off", "off"), (f"fp16 — {why}", "fp16"), ("bf16", "bf16")]),
             ):
                 select = self.query_one(f"#f-{name}", Select)
@@ -211,8 +258,13 @@ class LaunchScreen(Screen):
         table.clear()
         style = {"finished": "green", "failed": "bold red", "incomplete": "yellow"}
         for run in message.runs:
-            table.add_row(run.run_id, Text(run.outcome, style=style.get(run.outcome, "")),
-                          str(run.world_size or "?"), run.target, key=str(run.run_dir))
+            table.add_row(
+                run.run_id,
+                Text(run.outcome, style=style.get(run.outcome, "")),
+                str(run.world_size or "?"),
+                run.target,
+                key=str(run.run_dir),
+            )
         empty = self.query_one("#recent-empty", Static)
         empty.display = not message.runs
         table.display = bool(message.runs)
@@ -227,8 +279,9 @@ class LaunchScreen(Screen):
     # -- the form -----------------------------------------------------------------------------
     def raw_options(self) -> dict[str, Any]:
         """The form as raw option values (what argparse would have produced)."""
-        raw: dict[str, Any] = {k: v for k, v in self.raw_given.items()
-                               if k not in FORM_ORDER and k != "run_id"}
+        raw: dict[str, Any] = {
+            k: v for k, v in self.raw_given.items() if k not in FORM_ORDER and k != "run_id"
+        }
         trainer = self.query_one("#f-trainer", Select).value
         if trainer == OWN_SCRIPT:
             raw["script"] = self.query_one("#f-script", Input).value or None
@@ -255,8 +308,11 @@ class LaunchScreen(Screen):
         if info is None:
             # Not known yet: judge everything else now, the machine-dependent choices later
             # (check_options would otherwise import torch on the UI thread).
-            raw = {**raw, "backend": "gloo", "amp": "off" if raw.get("amp") == "fp16"
-                   else raw.get("amp")}
+            raw = {
+                **raw,
+                "backend": "gloo",
+                "amp": "off" if raw.get("amp") == "fp16" else raw.get("amp"),
+            }
             return check_run_options(raw, None)
         return check_run_options(raw, info.machine)
 
@@ -297,8 +353,11 @@ class LaunchScreen(Screen):
         backend = self.query_one("#f-backend", Select).value
         if info is not None and backend == "auto":
             machine = info.machine
-            text = (f"auto → nccl ({machine.cuda_devices} CUDA GPU(s))" if machine.cuda_devices
-                    else f"auto → gloo: {machine.cuda_reason}")
+            text = (
+                f"auto → nccl ({machine.cuda_devices} CUDA GPU(s))"
+                if machine.cuda_devices
+                else f"auto → gloo: {machine.cuda_reason}"
+            )
             hint.update(Text(text, style="dim"))
             hint.display = True
         else:
@@ -306,8 +365,9 @@ class LaunchScreen(Screen):
         launcher_hint = self.query_one("#hint-launcher", Static)
         if self.query_one("#f-launcher", Select).is_blank():
             script = self.query_one("#f-trainer", Select).value == OWN_SCRIPT
-            launcher_hint.update(Text("default → " + ("torchrun (own script)" if script
-                                                      else "spawn"), style="dim"))
+            launcher_hint.update(
+                Text("default → " + ("torchrun (own script)" if script else "spawn"), style="dim")
+            )
             launcher_hint.display = True
         else:
             launcher_hint.display = False

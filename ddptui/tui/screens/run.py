@@ -65,8 +65,13 @@ class RunScreen(Screen):
 
         screen: RunScreen
 
-    def __init__(self, source: RunSource, refresh_hz: float = 4.5, chart_hz: float = 0.5,
-                 panel_hz: float = 1.0):
+    def __init__(
+        self,
+        source: RunSource,
+        refresh_hz: float = 4.5,
+        chart_hz: float = 0.5,
+        panel_hz: float = 1.0,
+    ):
         super().__init__()
         self.source = source
         self.refresh_hz = refresh_hz
@@ -112,13 +117,15 @@ class RunScreen(Screen):
         self._health = self.query_one(HealthLine)
         self._failure = self.query_one(FailurePanel)
         self._logs = self.query_one(RankLogs)
-        self._charts = (self.query_one(LossChart), self.query_one(AccuracyChart),
-                        self.query_one(ThroughputChart))
+        self._charts = (
+            self.query_one(LossChart),
+            self.query_one(AccuracyChart),
+            self.query_one(ThroughputChart),
+        )
         self._system = self.query_one(SystemPanel)
         self._redraw_timers = [
             self.set_interval(1 / self.refresh_hz, self.refresh_view, name="refresh-view"),
-            self.set_interval(1 / (2 * self.chart_hz), self.refresh_charts,
-                              name="refresh-charts"),
+            self.set_interval(1 / (2 * self.chart_hz), self.refresh_charts, name="refresh-charts"),
             self.set_interval(1 / self.panel_hz, self.refresh_slow, name="refresh-slow"),
         ]
         self.refresh_view()
@@ -243,9 +250,15 @@ class RunScreen(Screen):
                 self.action_stop_run()
 
         from ddptui.tui.screens.confirm import ConfirmScreen
+
         self.app.push_screen(
-            ConfirmScreen("The run is still going. Stop every worker and start it again "
-                          "with the same options?", yes="Restart"), answer)
+            ConfirmScreen(
+                "The run is still going. Stop every worker and start it again "
+                "with the same options?",
+                yes="Restart",
+            ),
+            answer,
+        )
 
     def action_back(self) -> None:
         if not self.live_running:
@@ -258,9 +271,13 @@ class RunScreen(Screen):
                 self.action_stop_run()
 
         from ddptui.tui.screens.confirm import ConfirmScreen
+
         self.app.push_screen(
-            ConfirmScreen("The run is still going. Stop every worker and go back to the "
-                          "form?", yes="Stop run"), answer)
+            ConfirmScreen(
+                "The run is still going. Stop every worker and go back to the form?", yes="Stop run"
+            ),
+            answer,
+        )
 
     def action_toggle_logs(self) -> None:
         logs = self.query_one(RankLogs)

@@ -68,8 +68,10 @@ class LossChart(_Chart):
 
     def signature(self, data: ChartData) -> Any:
         if self.per_rank:
-            return ("ranks", tuple((r, *_tail_signature(*xy))
-                                   for r, xy in data.loss_by_rank.items()))
+            return (
+                "ranks",
+                tuple((r, *_tail_signature(*xy)) for r, xy in data.loss_by_rank.items()),
+            )
         return ("mean", *_tail_signature(*data.mean_loss))
 
     def draw(self, data: ChartData) -> bool:
@@ -78,8 +80,13 @@ class LossChart(_Chart):
             drawn = False
             for rank, (xs, ys) in data.loss_by_rank.items():
                 if xs:
-                    plt.plot(xs, ys, label=f"rank {rank}", marker="braille",
-                             color=RANK_COLORS[rank % len(RANK_COLORS)])
+                    plt.plot(
+                        xs,
+                        ys,
+                        label=f"rank {rank}",
+                        marker="braille",
+                        color=RANK_COLORS[rank % len(RANK_COLORS)],
+                    )
                     drawn = True
             plt.title("loss per step, per rank")
             return drawn

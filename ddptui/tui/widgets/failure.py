@@ -15,8 +15,12 @@ TAIL_LINES = 6
 class FailurePanel(QuietStatic):
     """Hidden until a rank fails."""
 
-    def show(self, failure: RankFailureInfo | None, rows: tuple[RankRow, ...],
-             log_name: str | None = None) -> None:
+    def show(
+        self,
+        failure: RankFailureInfo | None,
+        rows: tuple[RankRow, ...],
+        log_name: str | None = None,
+    ) -> None:
         failed = [r for r in rows if r.state == "failed"]
         if failure is None and not failed:
             if self.display:
@@ -37,13 +41,14 @@ class FailurePanel(QuietStatic):
             tail = ()
             rank = first.rank
         others = ", ".join(f"rank {r.rank} {r.state}" for r in rows if r.rank != rank)
-        parts = [Text.assemble(("✖ FAILED  ", "bold white on red"), " ",
-                               (headline, "bold red"))]
+        parts = [Text.assemble(("✖ FAILED  ", "bold white on red"), " ", (headline, "bold red"))]
         if others:
             parts.append(Text(f"other ranks: {others}", style="yellow"))
         if tail:
             where = log_name or (f"rank-{rank}.log" if rank is not None else "launcher.log")
             parts.append(Text(f"last lines of {where}:", style="dim"))
-            parts.extend(Text(f"  │ {line}", style="red", no_wrap=True, overflow="ellipsis")
-                         for line in tail[-TAIL_LINES:])
+            parts.extend(
+                Text(f"  │ {line}", style="red", no_wrap=True, overflow="ellipsis")
+                for line in tail[-TAIL_LINES:]
+            )
         self.show_text(Text("\n").join(parts))

@@ -44,8 +44,11 @@ class RunHeader(Vertical):
 
     def show(self, frame: RunFrame, config: dict[str, Any], note: str = "") -> None:
         title = Text.assemble(
-            ("run ", "dim"), (str(config.get("run_id") or "?"), "bold"), "  ",
-            (config_label(config), "bold cyan"), "  ",
+            ("run ", "dim"),
+            (str(config.get("run_id") or "?"), "bold"),
+            "  ",
+            (config_label(config), "bold cyan"),
+            "  ",
             f"{config.get('launcher')} · {config.get('backend')} · amp {config.get('amp')} · "
             f"{config.get('world_size')} ranks  ",
             (f" {frame.status.upper()} ", STATUS_STYLE.get(frame.status, "bold")),
@@ -61,6 +64,5 @@ class RunHeader(Vertical):
         if frame.progress is not None and bar.progress != frame.progress:
             bar.update(total=1.0, progress=frame.progress)
         ended = frame.status in ("finished", "failed", "stopped")
-        self._timing.show_text(
-            f"elapsed {frame.elapsed}" + ("" if ended else f"  ETA {frame.eta}"))
+        self._timing.show_text(f"elapsed {frame.elapsed}" + ("" if ended else f"  ETA {frame.eta}"))
         self._summary.show_text(frame.summary)

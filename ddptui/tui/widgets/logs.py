@@ -85,8 +85,9 @@ class RankLogs(Vertical):
         self.rank_filter = ALL
 
     def compose(self) -> ComposeResult:
-        yield Select([("all ranks", ALL)], value=ALL, allow_blank=False, compact=True,
-                     id="log-filter")
+        yield Select(
+            [("all ranks", ALL)], value=ALL, allow_blank=False, compact=True, id="log-filter"
+        )
         yield Log(max_lines=MAX_LINES, id="log-lines")
 
     def set_ranks(self, ranks: Iterable[int]) -> None:
@@ -94,7 +95,8 @@ class RankLogs(Vertical):
         if ranks != self._ranks:
             self._ranks = ranks
             self.query_one(Select).set_options(
-                [("all ranks", ALL)] + [(f"rank {r}", r) for r in ranks])
+                [("all ranks", ALL)] + [(f"rank {r}", r) for r in ranks]
+            )
             self.query_one(Select).value = self.rank_filter
 
     def poll(self) -> None:

@@ -11,13 +11,28 @@ from rich.text import Text
 from ddptui.tui.model import RankRow
 from ddptui.tui.widgets.text import QuietStatic
 
-COLUMNS = ("rank", "pid", "host", "device", "epoch/step", "loss", "samples/s", "step time",
-           "last seen", "state")
+COLUMNS = (
+    "rank",
+    "pid",
+    "host",
+    "device",
+    "epoch/step",
+    "loss",
+    "samples/s",
+    "step time",
+    "last seen",
+    "state",
+)
 _RIGHT = {"rank", "pid", "loss", "samples/s", "step time", "last seen"}
 _GAP = "  "
 
-STATE_STYLE = {"pending": "dim", "started": "green", "finished": "bold green",
-               "failed": "bold red", "stopped": "yellow"}
+STATE_STYLE = {
+    "pending": "dim",
+    "started": "green",
+    "finished": "bold green",
+    "failed": "bold red",
+    "stopped": "yellow",
+}
 PROBLEM_STYLE = "bold black on yellow"
 
 
@@ -65,7 +80,8 @@ class RankTable(QuietStatic):
 def _line(cells, widths) -> str:
     return " " + _GAP.join(
         c.rjust(w) if name in _RIGHT else c.ljust(w)
-        for name, c, w in zip(COLUMNS, cells, widths, strict=False))
+        for name, c, w in zip(COLUMNS, cells, widths, strict=False)
+    )
 
 
 class HealthLine(QuietStatic):
@@ -76,5 +92,9 @@ class HealthLine(QuietStatic):
             self.display = bool(problems)
         if not problems:
             return
-        self.show_text(Text("\n".join(f"⚠ rank {rank} {why}" for rank, why in
-                                   sorted(problems.items())), style="bold yellow"))
+        self.show_text(
+            Text(
+                "\n".join(f"⚠ rank {rank} {why}" for rank, why in sorted(problems.items())),
+                style="bold yellow",
+            )
+        )

@@ -83,8 +83,14 @@ class GpuCard(Vertical):
         yield Metric("temp", classes="gpu-temp")
         yield Metric("power", classes="gpu-power")
 
-    def show(self, gpu: GpuSnapshot, view: GpuView | None, history: GpuHistory | None,
-             wide: bool = False, with_ranks: bool = True) -> None:
+    def show(
+        self,
+        gpu: GpuSnapshot,
+        view: GpuView | None,
+        history: GpuHistory | None,
+        wide: bool = False,
+        with_ranks: bool = True,
+    ) -> None:
         ranks = view.ranks if view else ()
         name = str(gpu.name).removeprefix("NVIDIA ")
         title = Text.assemble((f"GPU {gpu.index} ", "bold"), (name, "cyan"), "  ")
@@ -97,18 +103,21 @@ class GpuCard(Vertical):
             title.append(f"{n} process{'es' if n != 1 else ''}", "dim")
         self.query_one(".gpu-title", QuietStatic).show_text(title)
         width = 20 if wide else 8
-        util = Text.assemble(bar(gpu.utilization_gpu, width),
-                             f" {format_percent(gpu.utilization_gpu):>4}")
-        mem = Text.assemble(bar(gpu.memory_percent, width),
-                            f" {used_of_total(gpu.memory_used, gpu.memory_total)}")
+        util = Text.assemble(
+            bar(gpu.utilization_gpu, width), f" {format_percent(gpu.utilization_gpu):>4}"
+        )
+        mem = Text.assemble(
+            bar(gpu.memory_percent, width), f" {used_of_total(gpu.memory_used, gpu.memory_total)}"
+        )
         power = f"{format_value(gpu.power_draw, ' W', 0)}"
         if not is_na(gpu.power_limit):
             power += f" / {format_value(gpu.power_limit, ' W', 0)}"
         h = history
         self.query_one(".gpu-util", Metric).show(util, _points(h.utilization if h else ()))
         self.query_one(".gpu-mem", Metric).show(mem, _points(h.memory_percent if h else ()))
-        self.query_one(".gpu-temp", Metric).show(format_value(gpu.temperature, "°C"),
-                                                 _points(h.temperature if h else ()))
+        self.query_one(".gpu-temp", Metric).show(
+            format_value(gpu.temperature, "°C"), _points(h.temperature if h else ())
+        )
         self.query_one(".gpu-power", Metric).show(power, _points(h.power_draw if h else ()))
 
 
@@ -143,8 +152,13 @@ class GpuList(Vertical):
             return
         for card, gpu in zip(self.query(GpuCard), snap.gpus, strict=False):
             view = feed.view.gpu(gpu.index) if feed.view else None
-            card.show(gpu, view, feed.history.gpus.get(gpu.index), wide=self.wide,
-                      with_ranks=feed.has_ranks)
+            card.show(
+                gpu,
+                view,
+                feed.history.gpus.get(gpu.index),
+                wide=self.wide,
+                with_ranks=feed.has_ranks,
+            )
 
 
 class HostLine(Vertical):
@@ -160,10 +174,14 @@ class HostLine(Vertical):
             return
         host = snap.host
         width = 20 if wide else 8
-        cpu = Text.assemble(bar(host.cpu_percent, width),
-                            f" {format_percent(host.cpu_percent):>4} of {host.cpu_count} cores")
-        ram = Text.assemble(bar(host.memory_percent, width),
-                            f" {used_of_total(host.memory_used, host.memory_total)}")
+        cpu = Text.assemble(
+            bar(host.cpu_percent, width),
+            f" {format_percent(host.cpu_percent):>4} of {host.cpu_count} cores",
+        )
+        ram = Text.assemble(
+            bar(host.memory_percent, width),
+            f" {used_of_total(host.memory_used, host.memory_total)}",
+        )
         self.query_one(".host-cpu", Metric).show(cpu, _points(feed.host_cpu))
         self.query_one(".host-ram", Metric).show(ram, _points(feed.host_ram))
 
@@ -179,11 +197,14 @@ class RankProcesses(QuietStatic):
         lines = [Text("rank processes", style="bold")]
         for rank in view.ranks:
             if not rank.processes:
-                lines.append(Text(f" r{rank.rank} pid {rank.pid or '--'}  not running",
-                                  style="dim"))
+                lines.append(
+                    Text(f" r{rank.rank} pid {rank.pid or '--'}  not running", style="dim")
+                )
                 continue
-            line = (f" r{rank.rank} pid {rank.pid} cpu {format_percent(rank.cpu_percent):>4}"
-                    f" rss {short_bytes(rank.rss)}")
+            line = (
+                f" r{rank.rank} pid {rank.pid} cpu {format_percent(rank.cpu_percent):>4}"
+                f" rss {short_bytes(rank.rss)}"
+            )
             if not is_na(rank.gpu_memory):
                 line += f" gpu {short_bytes(rank.gpu_memory)}"
             lines.append(Text(line))
@@ -221,11 +242,11 @@ class ProcessTable(DataTable):
             return
         rows = []
         seen = set()
-        for gpu_view in (view.gpus if view else ()):
+        for gpu_view in view.gpus if view else ():
             for proc in gpu_view.processes:
                 seen.add(proc.pid)
                 rows.append((str(gpu_view.gpu.index), proc.pid, proc.rank, proc.used_memory))
-        for rank_view in (view.ranks if view else ()):
+        for rank_view in view.ranks if view else ():
             for proc in rank_view.processes:
                 if proc.pid not in seen:
                     seen.add(proc.pid)
@@ -240,7 +261,10 @@ class ProcessTable(DataTable):
             else:
                 label = Text("other", style="yellow" if gpu != "-" else "dim")
             self.add_row(
-                gpu, str(pid), label, format_bytes(memory),
+                gpu,
+                str(pid),
+                label,
+                format_bytes(memory),
                 format_percent(proc.cpu_percent) if proc else "N/A",
                 format_bytes(proc.rss) if proc else "N/A",
                 str(proc.name) if proc else "N/A",

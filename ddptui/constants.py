@@ -1,0 +1,37 @@
+"""Facts shared by the CLI, the dashboard form, the launchers, the reporter and the trainers.
+
+One home for each choice list and each environment variable name, so no two modules can
+disagree about them. Stdlib only: the trainers and ``import ddptui`` read it too.
+"""
+
+from __future__ import annotations
+
+#: How ranks are started on a node.
+LAUNCHERS = ("spawn", "torchrun")
+#: torch.distributed backends a process group can use.
+BACKENDS = ("gloo", "nccl")
+#: The ``--backend`` run option: a backend, or ``auto`` (nccl with CUDA ranks, else gloo).
+BACKEND_CHOICES = ("auto", *BACKENDS)
+#: Mixed precision: off, fp16 (autocast + GradScaler, CUDA), bf16 (autocast, CPU or CUDA).
+AMP_MODES = ("off", "fp16", "bf16")
+#: Where ranks compute.
+DEVICES = ("cpu", "cuda")
+#: The ``--device`` run option: a device, or ``auto`` (cuda when a GPU is visible).
+DEVICE_CHOICES = ("auto", *DEVICES)
+
+#: Ranks of a CPU run when ``--world-size`` is not given.
+DEFAULT_CPU_WORLD_SIZE = 2
+#: Without CUDA, at most this many ranks per usable core unless ``--oversubscribe``.
+MAX_RANKS_PER_CORE = 4
+
+# -- environment handed to every rank --------------------------------------------------------
+#: Where ranks send telemetry (unset: ``ddptui.log`` is a no-op).
+ENDPOINT_ENV = "DDPTUI_ENDPOINT"
+#: The run id; also how teardown finds every process of a run.
+RUN_ID_ENV = "DDPTUI_RUN_ID"
+#: The run directory.
+RUN_DIR_ENV = "DDPTUI_RUN_DIR"
+#: CPU threads per rank chosen by the launcher (``OMP_NUM_THREADS`` and torch).
+THREADS_ENV = "DDPTUI_THREADS"
+#: The run's device choice (``cpu`` or ``cuda``): rank ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``.
+DEVICE_ENV = "DDPTUI_DEVICE"
