@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
+from ddptui.rundir import RunDir
 from trainers import DEFAULT_TRAINER, TRAINERS
 from trainers.data_files import missing_data_message
 
@@ -105,7 +106,7 @@ class RunConfig:
         if self.sync_bn:
             argv.append("--sync-bn")
         if self.run_dir:
-            argv += ["--checkpoint", str(Path(self.run_dir) / "checkpoint.pt")]
+            argv += ["--checkpoint", str(RunDir(self.run_dir).checkpoint)]
         return argv + list(self.script_args)
 
 

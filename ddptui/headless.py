@@ -12,6 +12,7 @@ from typing import TextIO
 from ddptui import protocol
 from ddptui.config import RunConfig
 from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.rundir import rank_log_name
 from ddptui.session import RunSession
 from ddptui.state import RunState
 
@@ -115,7 +116,7 @@ class ConsoleReporter:
             failure = result.failure
             self._print(f"FAILED: {failure.describe()}")
             if failure.stderr_tail:
-                where = f"rank-{failure.rank}.log" if failure.rank is not None else "launcher.log"
+                where = rank_log_name(failure.rank)
                 self._print(f"last lines of {where}:")
                 for line in failure.stderr_tail:
                     self._print(f"  | {line}")

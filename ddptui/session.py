@@ -9,7 +9,6 @@ crash of ddptui loses nothing already received.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,18 +18,11 @@ from ddptui import protocol
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig
 from ddptui.launch import Launcher, LaunchResult, read_failure, tail_lines
+from ddptui.rundir import CONFIG_FILE, EVENTS_FILE, RunDir, write_json_atomic
 from ddptui.state import RankFailureInfo, RunState
 
-EVENTS_FILE = "events.jsonl"
-CONFIG_FILE = "config.json"
 #: After the launcher ends, keep reading this long for events still in flight.
 DRAIN_SECONDS = 0.5
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
@@ -176,7 +168,7 @@ def load_run(run_dir: Path) -> tuple[dict, RunState]:
             failure = RankFailureInfo(
                 rank=failed[0].rank,
                 error=failed[0].error,
-                stderr_tail=tuple(tail_lines(run_dir / f"rank-{failed[0].rank}.log")),
+                stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(failed[0].rank))),
             )
     if failure is not None:
         state.set_outcome("failed", failure)

@@ -23,11 +23,10 @@ from pathlib import Path
 import psutil
 
 from ddptui.constants import ENDPOINT_ENV, LAUNCHERS, RUN_DIR_ENV, RUN_ID_ENV
+from ddptui.rundir import RunDir
 from ddptui.state import RankFailureInfo
 
 STDERR_TAIL_LINES = 15
-RESULT_FILE = "launcher-result.json"
-LAUNCHER_LOG = "launcher.log"
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ def read_failure(run_dir: Path) -> RankFailureInfo | None:
     """The first failing rank as the driver recorded it in the run directory, with the tail
     of that rank's log; None when the driver recorded no rank failure."""
     try:
-        info = json.loads((Path(run_dir) / RESULT_FILE).read_text())
+        info = json.loads(RunDir(run_dir).result.read_text())
     except (OSError, ValueError):
         return None
     rank = info.get("rank")
@@ -74,9 +73,7 @@ def read_failure(run_dir: Path) -> RankFailureInfo | None:
         exit_code=info.get("exit_code"),
         signal=info.get("signal"),
         error=info.get("error"),
-        stderr_tail=tuple(tail_lines(Path(run_dir) / f"rank-{rank}.log"))
-        if rank is not None
-        else (),
+        stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(rank))) if rank is not None else (),
     )
 
 
@@ -123,7 +120,7 @@ class Launcher:
             "--run-dir",
             str(self.run_dir),
             "--result",
-            str(self.run_dir / RESULT_FILE),
+            str(RunDir(self.run_dir).result),
         ]
         cmd += ["--module", self.module] if self.module else ["--script", str(self.script)]
         return [*cmd, "--", *self.args]
@@ -142,8 +139,8 @@ class Launcher:
     # -- the interface ----------------------------------------------------------------------
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / RESULT_FILE).unlink(missing_ok=True)
-        with open(self.run_dir / LAUNCHER_LOG, "ab") as log:
+        RunDir(self.run_dir).result.unlink(missing_ok=True)
+        with open(RunDir(self.run_dir).launcher_log, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(),
                 env=self.environment(),
@@ -248,7 +245,7 @@ class Launcher:
                 rank=None,
                 exit_code=returncode,
                 signal=sig,
-                stderr_tail=tuple(tail_lines(self.run_dir / LAUNCHER_LOG)),
+                stderr_tail=tuple(tail_lines(RunDir(self.run_dir).launcher_log)),
             )
         if self._stopping and failure is not None and failure.signal in ("SIGTERM", "SIGINT"):
             failure = None  # our own teardown, not a rank's failure

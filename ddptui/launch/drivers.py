@@ -8,24 +8,20 @@ first failing rank, its exit code and signal name to ``--result`` (JSON) before 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 from ddptui.argv import split_passthrough
 from ddptui.constants import LAUNCHERS
 from ddptui.cpus import threads_per_rank
 from ddptui.launch.rank_entry import die_with_parent
 from ddptui.net import free_port
+from ddptui.rundir import write_json_atomic
 
 
 def write_result(path: str | None, **result: object) -> None:
-    if not path:
-        return
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, path)
+    if path:
+        write_json_atomic(path, result)
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from ddptui.argv import split_passthrough
 from ddptui.constants import THREADS_ENV
 from ddptui.cpus import threads_per_rank
+from ddptui.rundir import RunDir
 
 _PR_SET_PDEATHSIG = 1
 
@@ -35,7 +36,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 
 def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
     if run_dir:
-        log = Path(run_dir) / f"rank-{rank}.log"
+        log = RunDir(run_dir).rank_log(rank)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         sys.stdout.flush()
         sys.stderr.flush()

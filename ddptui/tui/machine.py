@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ddptui import protocol
 from ddptui.config import Machine
-from ddptui.launch import RESULT_FILE, tail_lines
-from ddptui.session import CONFIG_FILE, EVENTS_FILE
+from ddptui.launch import tail_lines
+from ddptui.rundir import CONFIG_FILE, EVENTS_FILE, RESULT_FILE
 from ddptui.tui.model import config_label
 
 #: Recent runs listed on the launch screen.

@@ -18,6 +18,7 @@ from typing import Any
 
 from ddptui.config import RunConfig
 from ddptui.launch import LaunchResult
+from ddptui.rundir import RunDir
 from ddptui.session import RunSession, load_run
 from ddptui.state import RunState
 
@@ -52,7 +53,7 @@ class RunSource:
         return False
 
     def log_path(self, rank: int) -> Path | None:
-        return self.run_dir / f"rank-{rank}.log" if self.run_dir else None
+        return RunDir(self.run_dir).rank_log(rank) if self.run_dir else None
 
 
 class ReplaySource(RunSource):

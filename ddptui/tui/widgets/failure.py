@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from ddptui.rundir import rank_log_name
 from ddptui.state import RankFailureInfo
 from ddptui.tui.model import RankRow
 from ddptui.tui.widgets.text import QuietStatic
@@ -45,7 +46,7 @@ class FailurePanel(QuietStatic):
         if others:
             parts.append(Text(f"other ranks: {others}", style="yellow"))
         if tail:
-            where = log_name or (f"rank-{rank}.log" if rank is not None else "launcher.log")
+            where = log_name or rank_log_name(rank)
             parts.append(Text(f"last lines of {where}:", style="dim"))
             parts.extend(
                 Text(f"  │ {line}", style="red", no_wrap=True, overflow="ellipsis")
