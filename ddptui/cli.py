@@ -128,12 +128,18 @@ def replay_main(argv: list[str]) -> int:
     p.add_argument("--no-ui", action="store_true", help="print the run's summary instead")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir)
-    if not (run_dir / "events.jsonl").is_file() or not (run_dir / "config.json").is_file():
-        return fail(f"not a run directory (no events.jsonl and config.json): {run_dir}")
-    if args.no_ui:
-        from ddptui.replay import print_replay
+    from ddptui.rundir import RunDir, RunDirError, read_config
 
-        return print_replay(run_dir)
+    if not RunDir(run_dir).events.is_file():
+        return fail(f"not a run directory (no events.jsonl): {run_dir}")
+    try:
+        read_config(run_dir)
+        if args.no_ui:
+            from ddptui.replay import print_replay
+
+            return print_replay(run_dir)
+    except RunDirError as exc:
+        return fail(str(exc))
     return _dashboard("replay", run_dir=run_dir)
 
 

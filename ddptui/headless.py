@@ -1,18 +1,23 @@
 """``ddptui --no-ui``: launch, collect, print progress lines, write the run directory.
 
-Never imports Textual (a test proves it).
+Never imports Textual (a test proves it). Ctrl-C and SIGTERM at any moment stop every worker,
+and the run still gets its ``summary.json``.
 """
 
 from __future__ import annotations
 
+import shutil
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 from ddptui import protocol
 from ddptui.config import RunConfig
 from ddptui.formatting import fmt_duration, fmt_num
-from ddptui.rundir import rank_log_name
+from ddptui.rundir import RunDirError, rank_log_name
 from ddptui.session import RunSession
 from ddptui.state import RunState
 
@@ -40,39 +45,47 @@ def progress_line(state: RunState, now: float) -> str:
     return "  ".join(parts)
 
 
-class ConsoleReporter:
+class HeadlessConsole:
     """Turns events and state into console lines (a progress bar too when on a terminal)."""
 
-    def __init__(self, out: TextIO, tty: bool | None = None) -> None:
+    def __init__(self, out: TextIO, tty: bool | None = None, width: int | None = None) -> None:
         self.out = out
         self.tty = out.isatty() if tty is None else tty
+        self._width = width
         self._last_line = 0.0
         self._last_bar = 0.0
         self._bar_shown = False
         self._announced: set[int] = set()
 
-    def _print(self, text: str) -> None:
+    def line(self, text: str) -> None:
+        """Print one line (clearing the progress bar first when it is shown)."""
         if self._bar_shown:
             self.out.write("\r\x1b[2K")
             self._bar_shown = False
         self.out.write(text + "\n")
         self.out.flush()
 
+    def width(self) -> int:
+        """The terminal's width now (it may be resized during a run)."""
+        if self._width is not None:
+            return self._width
+        return shutil.get_terminal_size((80, 24)).columns
+
     def on_events(self, state: RunState, events: list[protocol.AnyEvent], now: float) -> None:
         for event in events:
             if isinstance(event, protocol.Status):
                 if event.state == "started" and event.rank not in self._announced:
                     self._announced.add(event.rank)
-                    self._print(
+                    self.line(
                         f"rank {event.rank} started: pid {event.pid} on {event.host}, "
                         f"device {event.device}"
                     )
                 elif event.state == "failed":
-                    self._print(f"rank {event.rank} failed: {event.error}")
+                    self.line(f"rank {event.rank} failed: {event.error}")
             elif isinstance(event, protocol.Eval) and event.rank == min(state.ranks):
                 epochs = f"/{state.epochs}" if state.epochs else ""
                 count = f" ({event.count} samples)" if event.count is not None else ""
-                self._print(
+                self.line(
                     f"epoch {event.epoch}{epochs}  accuracy {fmt_num(event.accuracy)}"
                     f"{count}  eval loss {fmt_num(event.loss)}  "
                     f"{state.global_samples_per_s():,.0f} samples/s  "
@@ -83,20 +96,30 @@ class ConsoleReporter:
         if self.tty:
             if now - self._last_bar >= BAR_EVERY_S:
                 self._last_bar = now
-                progress = state.progress() or 0.0
-                filled = int(progress * BAR_WIDTH)
-                bar = "█" * filled + "░" * (BAR_WIDTH - filled)
-                self.out.write(f"\r\x1b[2K{bar} {progress:4.0%} {progress_line(state, now)}")
+                self.out.write("\r\x1b[2K" + self.bar(state, now))
                 self.out.flush()
                 self._bar_shown = True
         elif now - self._last_line >= PRINT_EVERY_S:
             self._last_line = now
             if state.status != "starting":
-                self._print(progress_line(state, now))
+                self.line(progress_line(state, now))
+
+    def bar(self, state: RunState, now: float) -> str:
+        """The progress bar line, clipped to the terminal's width: a line that wraps cannot be
+        redrawn in place and leaves debris."""
+        progress = state.progress() or 0.0
+        filled = int(progress * BAR_WIDTH)
+        text = (
+            "█" * filled
+            + "░" * (BAR_WIDTH - filled)
+            + f" {progress:4.0%} "
+            + progress_line(state, now)
+        )
+        room = max(1, self.width() - 1)  # the last column would wrap on some terminals
+        return text if len(text) <= room else text[: room - 1] + "…"
 
     def summary(self, session: RunSession, now: float) -> None:
         state = session.state
-        result = session.result
         stats = session.stats
         last = state.last_eval
         acc = (
@@ -105,22 +128,20 @@ class ConsoleReporter:
             else "no evaluation received"
         )
         rejected = f", {stats.rejected} rejected" if stats.rejected else ""
-        received = stats.received
         verdict = state.outcome or "ended"
-        self._print(
+        self.line(
             f"run {verdict} after {fmt_duration(state.elapsed(now))}: {acc}; "
-            f"{state.samples_total:,} samples; {received} events "
+            f"{state.samples_total:,} samples; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )
-        if result is not None and result.failure is not None:
-            failure = result.failure
-            self._print(f"FAILED: {failure.describe()}")
+        failure = state.failure
+        if state.outcome == "failed" and failure is not None:
+            self.line(f"FAILED: {failure.describe()}")
             if failure.stderr_tail:
-                where = rank_log_name(failure.rank)
-                self._print(f"last lines of {where}:")
-                for line in failure.stderr_tail:
-                    self._print(f"  | {line}")
-        self._print(f"run directory: {session.run_dir}")
+                self.line(f"last lines of {rank_log_name(failure.rank)}:")
+                for text in failure.stderr_tail:
+                    self.line(f"  | {text}")
+        self.line(f"run directory: {session.run_dir}")
 
 
 def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
@@ -133,40 +154,86 @@ def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
         return preflight(monitor.sample())
 
 
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached ddptui: stop the run, exit 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class SignalGuard:
+    """While :attr:`armed`, SIGINT and SIGTERM raise :class:`Interrupted` (main thread only);
+    disarmed, they are remembered and ignored (the run is already being torn down)."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.received: list[int] = []
+
+    def handler(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+        if self.armed:
+            self.armed = False  # a second Ctrl-C during teardown must not cut it short
+            raise Interrupted(signum)
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[SignalGuard]:
+    """Install a :class:`SignalGuard` for SIGINT and SIGTERM for the duration."""
+    guard = SignalGuard()
+    previous = {sig: signal.signal(sig, guard.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield guard
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while processes are being started, so no signal can land
+    between starting a process and remembering it; a held signal is delivered on exit."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
-    """Run ``cfg`` to the end; 0 on success, 1 when a rank failed, 130 on Ctrl-C."""
+    """Run ``cfg`` to the end; the exit code of its outcome: 0 finished, 1 failed, 130 after
+    Ctrl-C, 143 after SIGTERM (``summary.json`` in the run directory says the same)."""
     out = out or sys.stdout
-    console = ConsoleReporter(out)
+    console = HeadlessConsole(out)
     session = RunSession(cfg)
-    console._print(
+    console.line(
         f"ddptui run {cfg.run_id}: {cfg.target_label} x{cfg.world_size} "
         f"({cfg.launcher}, {cfg.backend}, amp {cfg.amp}) -> {session.run_dir}"
     )
     for warning in gpu_preflight(cfg):
-        console._print(f"warning: {warning}")
-    interrupted = False
-    try:
+        console.line(f"warning: {warning}")
+    with signals_interrupt() as guard:
         try:
-            session.start()
-        except OSError as exc:  # e.g. a run directory that cannot be created
-            print(
-                f"ddptui: error: cannot start the run in {session.run_dir}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            return 2
-        while session.poll() is None:
-            events = session.pump(0.1)
-            now = time.monotonic()
-            console.on_events(session.state, events, now)
-            console.tick(session.state, now)
-    except KeyboardInterrupt:
-        interrupted = True
-        console._print("interrupted: stopping every worker…")
-        session.stop()
-    finally:
-        session.close()
+            try:
+                with signals_deferred():
+                    session.start()
+            except RunDirError as exc:
+                print(f"ddptui: error: {exc}", file=sys.stderr)
+                session.close()
+                return 2
+            while session.poll() is None:
+                events = session.pump(0.1)
+                now = time.monotonic()
+                console.on_events(session.state, events, now)
+                console.tick(session.state, now)
+        except Interrupted as exc:
+            console.line(f"interrupted ({exc}): stopping every worker…")
+            session.stop(interrupted=True, exit_code=128 + exc.signum)
+        finally:
+            guard.armed = False
+            session.close()
     console.summary(session, time.monotonic())
-    if interrupted:
-        return 130
-    result = session.result
-    return 0 if result is not None and result.ok else 1
+    if session.fault:
+        print(f"ddptui: error: {session.fault}", file=sys.stderr)
+    return session.exit_code

@@ -7,17 +7,19 @@ from pathlib import Path
 from typing import TextIO
 
 from ddptui.formatting import fmt_duration, fmt_num
-from ddptui.session import load_run
+from ddptui.rundir import load_run
 
 
 def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
+    """Print the run's outcome, evaluations and ranks; raises RunDirError for a bad dir."""
     out = out or sys.stdout
-    config, state = load_run(run_dir)
+    config, state, summary = load_run(run_dir)
     end = state.last_event_at or 0.0
+    target = config.get("script") or config.get("trainer")
     print(
-        f"run {state.run_id}: {config.get('script') or config.get('trainer')} "
-        f"x{state.world_size} ({config.get('launcher')}, {config.get('backend')}, "
-        f"amp {config.get('amp')}) — {state.status}, {fmt_duration(state.elapsed(end))}",
+        f"run {state.run_id}: {target} x{state.world_size} ({config.get('launcher')}, "
+        f"{config.get('backend')}, amp {config.get('amp')}) — {summary['outcome']} "
+        f"(exit code {summary['exit_code']}), {fmt_duration(state.elapsed(end))}",
         file=out,
     )
     for point in state.eval_history:
@@ -33,4 +35,7 @@ def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
             + (f", error: {view.error}" if view.error else ""),
             file=out,
         )
+    failure = summary.get("failure")
+    if failure:
+        print(f"  FAILED: {failure.get('how')}", file=out)
     return 0

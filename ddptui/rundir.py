@@ -85,3 +85,259 @@ def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+# -- how a run ended -------------------------------------------------------------------------
+#: Every way a run can end.
+OUTCOMES = ("finished", "failed", "stopped", "interrupted")
+#: ddptui's exit code for each outcome (``ddptui --no-ui`` returns it).
+EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130, "interrupted": 130}
+#: Version of the summary.json layout.
+SUMMARY_VERSION = 1
+#: Longest error / traceback text kept in summary.json.
+MAX_TEXT = 20_000
+
+
+class RunDirError(Exception):
+    """A run directory that cannot be read or written; ``str()`` is a one-line message."""
+
+
+def decide_outcome(*, failed: bool, stopped: bool = False, interrupted: bool = False) -> str:
+    """The one rule for how a run ended.
+
+    ``interrupted`` (Ctrl-C or SIGTERM to ddptui) and ``stopped`` (the user's stop) win over a
+    failure that the teardown itself caused; otherwise any failing rank or non-zero launcher
+    exit makes the run ``failed``.
+    """
+    if interrupted:
+        return "interrupted"
+    if stopped:
+        return "stopped"
+    return "failed" if failed else "finished"
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    text = str(value)
+    return text if len(text) <= MAX_TEXT else "…" + text[-MAX_TEXT:]
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def summarize(
+    state,
+    outcome: str,
+    failure=None,
+    exit_code: int | None = None,
+    events: dict[str, int] | None = None,
+    duration_s: float | None = None,
+) -> dict:
+    """The ``summary.json`` document for a run: ``state`` is its :class:`~ddptui.state.RunState`
+    (read only), ``failure`` a :class:`~ddptui.state.RankFailureInfo` or None."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {outcome!r}")
+    last = state.last_eval
+    ranks = []
+    for rank, view in sorted(state.ranks.items()):
+        ranks.append(
+            {
+                "rank": rank,
+                "state": view.state,
+                "host": view.host,
+                "pid": view.pid,
+                "device": view.device,
+                "steps": view.step,
+                "samples": view.samples_total,
+                "error": _text(view.error),
+            }
+        )
+    failure_doc = None
+    if failure is not None:
+        view = state.ranks.get(failure.rank) if failure.rank is not None else None
+        failure_doc = {
+            "rank": failure.rank,
+            "host": view.host if view is not None else None,
+            "how": failure.describe(),
+            "exit_code": failure.exit_code,
+            "signal": failure.signal,
+            "error": _text(failure.error or (view.error if view is not None else None)),
+            "traceback": _text(
+                getattr(failure, "traceback", None)
+                or (getattr(view, "traceback", None) if view else None)
+            ),
+        }
+    return {
+        "version": SUMMARY_VERSION,
+        "run_id": state.run_id,
+        "outcome": outcome,
+        "exit_code": EXIT_CODES[outcome] if exit_code is None else exit_code,
+        "final_accuracy": _finite(last.accuracy) if last else None,
+        "final_eval": None
+        if last is None
+        else {
+            "epoch": last.epoch,
+            "accuracy": _finite(last.accuracy),
+            "loss": _finite(last.loss),
+            "count": last.count,
+        },
+        "world_size": state.world_size,
+        "epochs": state.epochs,
+        "duration_s": _finite(duration_s),
+        "samples": state.samples_total,
+        "events": dict(events or {}),
+        "ranks": ranks,
+        "failure": failure_doc,
+    }
+
+
+def write_summary(run_dir: str | os.PathLike[str], summary: dict) -> Path:
+    """Write ``summary.json`` atomically; returns its path."""
+    path = RunDir(run_dir).summary
+    write_json_atomic(path, summary)
+    return path
+
+
+def read_summary(run_dir: str | os.PathLike[str]) -> dict | None:
+    """``summary.json`` if present and well-formed (else None: derive it from the events)."""
+    path = RunDir(run_dir).summary
+    try:
+        if path.stat().st_size > 16 * 1024 * 1024:
+            return None
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or doc.get("outcome") not in OUTCOMES:
+        return None
+    if not isinstance(doc.get("exit_code"), int) or isinstance(doc.get("exit_code"), bool):
+        return None
+    failure = doc.get("failure")
+    if failure is not None and not isinstance(failure, dict):
+        return None
+    return doc
+
+
+# -- the run's options, as saved -------------------------------------------------------------
+#: Most ranks a saved run may claim; replay also bounds it by the ranks its events name.
+MAX_WORLD_SIZE = 65_536
+
+
+def read_config(run_dir: str | os.PathLike[str]) -> dict:
+    """``config.json`` of a run directory, checked: a JSON object with a sane world size.
+
+    Raises :class:`RunDirError` (one line) when the file is missing, too big, not JSON,
+    not an object, or its world size is not a whole number in 1..MAX_WORLD_SIZE.
+    """
+    path = RunDir(run_dir).config
+    try:
+        if path.stat().st_size > 1024 * 1024:
+            raise RunDirError(f"{path}: too large to be a run's config.json")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunDirError(f"not a run directory (no config.json): {run_dir}") from None
+    except OSError as exc:
+        raise RunDirError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RunDirError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise RunDirError(f"{path} is not a JSON object")
+    world = doc.get("world_size", 1)
+    if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_WORLD_SIZE:
+        raise RunDirError(
+            f"{path}: world_size must be a whole number from 1 to "
+            f"{MAX_WORLD_SIZE}, got {str(world)[:40]!r}"
+        )
+    run_id = doc.get("run_id")
+    if run_id is not None and not isinstance(run_id, str):
+        raise RunDirError(f"{path}: run_id must be a string")
+    epochs = doc.get("epochs")
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
+    ):
+        doc["epochs"] = None
+    return doc
+
+
+# -- reading a whole run back ----------------------------------------------------------------
+#: Ranks a replay always shows (when config.json says so), even if they sent no event.
+_SHOWN_WITHOUT_EVENTS = 1024
+
+
+def iter_events(run_dir: str | os.PathLike[str], run_id: str | None = None):
+    """Events of a run directory's ``events.jsonl`` (only run ``run_id``'s, when given); lines
+    that do not parse are skipped (a crash may leave the last line half-written)."""
+    from ddptui import protocol
+
+    try:
+        f = open(RunDir(run_dir).events, "rb")
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise RunDirError(f"cannot read {RunDir(run_dir).events}: {exc.strerror}") from None
+    with f:
+        for line in f:
+            if line.strip():
+                try:
+                    event = protocol.from_json(line)
+                except protocol.InvalidEvent:
+                    continue
+                if run_id is None or event.run == run_id:
+                    yield event
+
+
+def load_run(run_dir: str | os.PathLike[str]):
+    """``(config, state, summary)`` of a finished, failed or crashed run directory.
+
+    ``summary`` is ``summary.json`` when the run wrote one, else derived once from the
+    events and the launcher's record (runs from before summary.json, or a ddptui that was
+    killed). ``state`` carries the outcome and failure. Raises :class:`RunDirError`.
+    """
+    from ddptui.launch import read_failure, tail_lines
+    from ddptui.state import RankFailureInfo, RunState
+
+    run_dir = Path(run_dir)
+    config = read_config(run_dir)
+    run_id = config.get("run_id") or run_dir.name
+    top = -1
+    for event in iter_events(run_dir, run_id):
+        top = max(top, event.rank)
+    world = min(int(config.get("world_size") or 1), max(top + 1, _SHOWN_WITHOUT_EVENTS))
+    state = RunState(run_id, world, epochs=config.get("epochs"))
+    for event in iter_events(run_dir, run_id):
+        state.apply(event)
+    summary = read_summary(run_dir)
+    if summary is not None:
+        failure = None
+        doc = summary.get("failure")
+        if doc:
+            rank = doc.get("rank") if isinstance(doc.get("rank"), int) else None
+            failure = RankFailureInfo(
+                rank=rank,
+                exit_code=doc.get("exit_code") if isinstance(doc.get("exit_code"), int) else None,
+                signal=doc.get("signal") if isinstance(doc.get("signal"), str) else None,
+                error=doc.get("error") if isinstance(doc.get("error"), str) else None,
+                stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(rank))),
+            )
+        state.set_outcome(summary["outcome"], failure)
+        return config, state, summary
+    failure = read_failure(run_dir)
+    if failure is None:
+        failed = [v for v in state.ranks.values() if v.state == "failed"]
+        if failed:
+            failure = RankFailureInfo(
+                rank=failed[0].rank,
+                error=failed[0].error,
+                stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(failed[0].rank))),
+            )
+    ended = [v.state for v in state.ranks.values()]
+    complete = bool(ended) and all(s == "finished" for s in ended)
+    outcome = decide_outcome(
+        failed=failure is not None, interrupted=failure is None and not complete
+    )
+    state.set_outcome(outcome, failure)
+    return config, state, summarize(state, outcome, failure)

@@ -1,24 +1,35 @@
 """A run in progress: launcher + collector + RunState + the run directory.
 
-Both front ends drive a :class:`RunSession` the same way: ``start()``, then ``pump()`` in a
-loop (the headless loop, or a dashboard worker thread), then ``finish()`` or ``stop()``.
+Both front ends drive a :class:`RunSession` the same way: ``start()``, then ``pump()`` and
+``poll()`` in a loop (the headless loop, or a dashboard worker thread), ``stop()`` on the
+user's request, and ``close()`` on every way out, which writes ``summary.json``.
 Every received event is appended to ``events.jsonl`` and flushed before it is applied, so a
-crash of ddptui loses nothing already received.
+crash of ddptui loses nothing already received. When the run directory fails (disk full,
+permission lost) the session stops every worker, keeps what was written and says why in
+:attr:`RunSession.fault`.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from ddptui import protocol
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig
-from ddptui.launch import Launcher, LaunchResult, read_failure, tail_lines
-from ddptui.rundir import CONFIG_FILE, EVENTS_FILE, RunDir, write_json_atomic
+from ddptui.launch import Launcher, LaunchResult
+from ddptui.rundir import (
+    EXIT_CODES,
+    RunDir,
+    RunDirError,
+    decide_outcome,
+    summarize,
+    write_json_atomic,
+    write_summary,
+)
 from ddptui.state import RankFailureInfo, RunState
 
 #: After the launcher ends, keep reading this long for events still in flight.
@@ -40,6 +51,14 @@ def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
     )
 
 
+def os_error_message(path: Path, exc: OSError, doing: str = "write") -> str:
+    """One line naming the file and the errno: ``cannot write …/events.jsonl: No space left
+    on device (ENOSPC)``."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    why = exc.strerror or str(exc)
+    return f"cannot {doing} {path}: {why}" + (f" ({name})" if name else "")
+
+
 class RunSession:
     """Owns one run's processes, telemetry socket, state and files."""
 
@@ -49,22 +68,36 @@ class RunSession:
         self.cfg = cfg
         self.clock = clock
         self.run_dir = Path(cfg.run_dir)
+        self.files = RunDir(self.run_dir)
         self.state = RunState(cfg.run_id, cfg.world_size, epochs=cfg.epochs)
         self.collector: Collector | None = None
         self.launcher: Launcher | None = None
         self.result: LaunchResult | None = None
+        #: Why the run directory failed (one line), or None.
+        self.fault: str | None = None
+        #: The summary.json document, once the run has ended.
+        self.summary: dict | None = None
         self._events_file = None
+        self._interrupted = False
+        self._exit_code: int | None = None
         self.stats = CollectorStats()
         self._lock = threading.RLock()  # the dashboard reads state from another thread
 
     @property
     def events_path(self) -> Path:
-        return self.run_dir / EVENTS_FILE
+        return self.files.events
 
     def start(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.run_dir / CONFIG_FILE, self.cfg.to_json_dict())
-        self._events_file = open(self.events_path, "ab")
+        """Create the run directory, bind the collector and launch the ranks.
+
+        Raises :class:`RunDirError` (one line) when the run directory cannot be written.
+        """
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.files.config, self.cfg.to_json_dict())
+            self._events_file = open(self.events_path, "ab")
+        except OSError as exc:
+            raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
         self.collector = Collector(self.cfg.run_id)
         self.stats = self.collector.stats
         self.launcher = make_launcher(self.cfg, self.collector.endpoint)
@@ -73,7 +106,7 @@ class RunSession:
 
     def pump(self, timeout: float = 0.1) -> list[protocol.AnyEvent]:
         """Receive, persist and apply what has arrived (waiting up to ``timeout``)."""
-        if self.collector is None:
+        if self.collector is None or self.fault is not None:
             time.sleep(timeout)
             return []
         events = self.collector.poll(timeout)
@@ -82,13 +115,27 @@ class RunSession:
         return events
 
     def _record(self, events: list[protocol.AnyEvent]) -> None:
-        assert self._events_file is not None
-        self._events_file.write(b"".join(protocol.to_json(e) + b"\n" for e in events))
-        self._events_file.flush()
+        if self._events_file is not None:
+            try:
+                self._events_file.write(b"".join(protocol.to_json(e) + b"\n" for e in events))
+                self._events_file.flush()
+            except OSError as exc:
+                self._fail_run_dir(exc)
         now = self.clock()
         with self._lock:
             for event in events:
                 self.state.apply(event, now)
+
+    def _fail_run_dir(self, exc: OSError) -> None:
+        """The run directory broke: keep what is on disk, stop every worker, say why."""
+        self.fault = os_error_message(self.events_path, exc)
+        broken, self._events_file = self._events_file, None
+        try:
+            broken.close()
+        except OSError:
+            pass  # what could not be flushed is lost; what was written stays
+        if self.launcher is not None and self.result is None:
+            self._conclude(self.launcher.stop(), drain=False)
 
     def poll(self) -> LaunchResult | None:
         """The launcher's result once the run has ended (after draining late events)."""
@@ -99,31 +146,82 @@ class RunSession:
             self._conclude(result)
         return self.result
 
-    def stop(self) -> LaunchResult | None:
-        """Stop every worker (SIGTERM, grace, SIGKILL) and record the run as stopped."""
+    def stop(self, interrupted: bool = False, exit_code: int | None = None) -> LaunchResult | None:
+        """Stop every worker (SIGTERM, grace, SIGKILL). The run ends as ``stopped`` (the user
+        asked) or ``interrupted`` (Ctrl-C / SIGTERM to ddptui, with ``exit_code``)."""
+        self._interrupted = self._interrupted or interrupted
+        if exit_code is not None:
+            self._exit_code = exit_code
         if self.result is None and self.launcher is not None:
             self._conclude(self.launcher.stop())
         return self.result
 
-    def _conclude(self, result: LaunchResult) -> None:
-        deadline = time.monotonic() + DRAIN_SECONDS
+    def _conclude(self, result: LaunchResult, drain: bool = True) -> None:
+        deadline = time.monotonic() + (DRAIN_SECONDS if drain else 0.0)
         while time.monotonic() < deadline and self.collector is not None:
             if not self.pump(0.05) and time.monotonic() > deadline - DRAIN_SECONDS / 2:
                 break
+        failure = result.failure
+        if self.fault is not None and failure is None:
+            failure = RankFailureInfo(rank=None, error=self.fault)
+        outcome = decide_outcome(
+            failed=self.fault is not None or not (result.ok or result.stopped),
+            stopped=result.stopped and self.fault is None,
+            interrupted=self._interrupted,
+        )
         with self._lock:
-            self.state.set_outcome(result.outcome, result.failure, now=self.clock())
+            self.state.set_outcome(outcome, failure, now=self.clock())
         self.result = result
 
+    @property
+    def outcome(self) -> str | None:
+        return self.state.outcome
+
+    @property
+    def exit_code(self) -> int:
+        """ddptui's exit code for this run (0 finished, 1 failed, 130 stopped/interrupted)."""
+        if self._exit_code is not None and self.state.outcome == "interrupted":
+            return self._exit_code
+        return EXIT_CODES.get(self.state.outcome or "", 1)
+
     def close(self) -> None:
-        """Stop anything still running and release the socket and files."""
+        """Stop anything still running, release the socket and files, write summary.json."""
         if self.launcher is not None and self.result is None:
-            self.stop()
+            self.stop(interrupted=True)
         if self.collector is not None:
             self.collector.close()
             self.collector = None
         if self._events_file is not None:
-            self._events_file.close()
+            try:
+                self._events_file.close()
+            except OSError as exc:
+                self.fault = self.fault or os_error_message(self.events_path, exc)
             self._events_file = None
+        if self.launcher is not None and self.summary is None:
+            self._write_summary()
+
+    def _write_summary(self) -> None:
+        state = self.state
+        duration = None
+        if state.started_at is not None:
+            duration = (state.finished_at or self.clock()) - state.started_at
+        stats = self.stats
+        self.summary = summarize(
+            state,
+            state.outcome or "interrupted",
+            state.failure,
+            exit_code=self.exit_code,
+            events={
+                "received": stats.received,
+                "rejected": stats.rejected,
+                "dropped": state.dropped,
+            },
+            duration_s=duration,
+        )
+        try:
+            write_summary(self.run_dir, self.summary)
+        except OSError as exc:
+            self.fault = self.fault or os_error_message(self.files.summary, exc)
 
     def __enter__(self) -> RunSession:
         return self
@@ -134,44 +232,3 @@ class RunSession:
     def locked(self) -> threading.RLock:
         """Hold while reading ``state`` from a thread other than the one pumping."""
         return self._lock
-
-
-def read_events(path: Path, run_id: str | None = None) -> Iterator[protocol.AnyEvent]:
-    """Events of a run directory's ``events.jsonl`` (only run ``run_id``'s, when given);
-    lines that do not parse are skipped (a crash may leave the last line half-written)."""
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    event = protocol.from_json(line)
-                except protocol.InvalidEvent:
-                    continue
-                if run_id is None or event.run == run_id:
-                    yield event
-
-
-def load_run(run_dir: Path) -> tuple[dict, RunState]:
-    """Config and replayed state of a finished or crashed run directory."""
-    config = json.loads((run_dir / CONFIG_FILE).read_text())
-    state = RunState(
-        config.get("run_id", run_dir.name),
-        int(config.get("world_size") or 1),
-        epochs=config.get("epochs"),
-    )
-    for event in read_events(run_dir / EVENTS_FILE, config.get("run_id")):
-        state.apply(event)
-    ended = [v.state for v in state.ranks.values()]
-    failure = read_failure(run_dir)
-    if failure is None:
-        failed = [v for v in state.ranks.values() if v.state == "failed"]
-        if failed:
-            failure = RankFailureInfo(
-                rank=failed[0].rank,
-                error=failed[0].error,
-                stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(failed[0].rank))),
-            )
-    if failure is not None:
-        state.set_outcome("failed", failure)
-    elif ended and all(s == "finished" for s in ended):
-        state.set_outcome("finished")
-    return config, state

@@ -4,7 +4,7 @@ import io
 
 from ddptui import protocol
 from ddptui.config import Machine, build_config
-from ddptui.headless import ConsoleReporter, gpu_preflight, progress_line
+from ddptui.headless import HeadlessConsole, gpu_preflight, progress_line
 from ddptui.state import RunState
 from tests.fake_nvml import FakeGpu, FakeNvml, GiB
 
@@ -39,7 +39,7 @@ def step(rank, seq, epoch, sps=500.0):
 def test_console_prints_status_and_one_line_per_evaluated_epoch():
     state = RunState("r", 2, epochs=3)
     out = io.StringIO()
-    console = ConsoleReporter(out, tty=False)
+    console = HeadlessConsole(out, tty=False)
     events = [
         protocol.Status(
             run="r", rank=0, seq=0, t=0.0, state="started", pid=7, host="h", device="cpu"
@@ -81,8 +81,8 @@ def test_terminal_gets_a_redrawn_progress_bar_and_pipes_get_lines():
         protocol.EpochEnd(run="r", rank=0, seq=1, t=0.0, epoch=1, time=1.0, samples=50), now=0.5
     )
     tty, pipe = io.StringIO(), io.StringIO()
-    ConsoleReporter(tty, tty=True).tick(state, now=1.0)
-    ConsoleReporter(pipe, tty=False).tick(state, now=10.0)
+    HeadlessConsole(tty, tty=True, width=200).tick(state, now=1.0)
+    HeadlessConsole(pipe, tty=False).tick(state, now=10.0)
     assert tty.getvalue().startswith("\r\x1b[2K") and "50%" in tty.getvalue()
     assert "█" * 12 + "░" * 12 in tty.getvalue() and not tty.getvalue().endswith("\n")
     assert pipe.getvalue().endswith("\n") and "\r" not in pipe.getvalue()
@@ -91,7 +91,7 @@ def test_terminal_gets_a_redrawn_progress_bar_and_pipes_get_lines():
 def test_replay_reads_only_the_events_of_the_run_its_config_names(tmp_path):
     import json
 
-    from ddptui.session import load_run
+    from ddptui.rundir import load_run
 
     (tmp_path / "config.json").write_text(json.dumps({"run_id": "a", "world_size": 1}))
     lines = [
@@ -103,6 +103,17 @@ def test_replay_reads_only_the_events_of_the_run_its_config_names(tmp_path):
         )
     ]
     (tmp_path / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n{half a line")
-    _, state = load_run(tmp_path)
+    _, state, summary = load_run(tmp_path)
     assert state.samples_total == 10 and state.status == "finished"
     assert state.elapsed(state.last_event_at) == 1.0
+
+
+def test_progress_bar_never_wraps_the_terminal():
+    state = RunState("r", 2, epochs=2)
+    state.apply(step(0, 0, 1, sps=1200.0), now=0.0)
+    state.apply(step(1, 0, 1, sps=800.0), now=0.0)
+    for width in (20, 40, 80):
+        out = io.StringIO()
+        HeadlessConsole(out, tty=True, width=width).tick(state, now=10.0)
+        drawn = out.getvalue().removeprefix("\r\x1b[2K")
+        assert 0 < len(drawn) < width and "\n" not in drawn

@@ -10,7 +10,8 @@ import pytest
 
 from ddptui.config import Machine, build_config
 from ddptui.launch import Launcher, wait_for
-from ddptui.session import RunSession, load_run
+from ddptui.rundir import load_run
+from ddptui.session import RunSession
 from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
 
 pytestmark = pytest.mark.slow
@@ -67,7 +68,7 @@ def test_failing_rank_is_named_with_exit_code_and_stderr_tail(tmp_path):
     assert session.state.ranks[1].state == "failed"
     assert processes_of_run(session.cfg.run_id) == []
     # Replaying the run directory tells the same story.
-    _, replayed = load_run(session.run_dir)
+    _, replayed, _ = load_run(session.run_dir)
     assert replayed.status == "failed" and replayed.failure.rank == 1
     assert replayed.failure.exit_code == 1
     assert any("boom on rank 1" in line for line in replayed.failure.stderr_tail)

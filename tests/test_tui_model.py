@@ -106,7 +106,7 @@ def test_recent_runs_are_judged_from_their_files():
     runs = {r.run_id: r for r in recent_runs(RUNS)}
     assert runs["rec-ok"].outcome == "finished"
     assert runs["rec-fail"].outcome == "failed"
-    assert runs["rec-mid"].outcome == "incomplete"
+    assert runs["rec-mid"].outcome == "interrupted"
     assert runs["rec-ok"].target == "script user_ddp.py" and runs["rec-ok"].world_size == 2
     assert recent_runs(Path("/nonexistent")) == []
 

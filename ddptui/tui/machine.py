@@ -6,15 +6,11 @@ handed to the UI as plain frozen values.
 
 from __future__ import annotations
 
-import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddptui import protocol
 from ddptui.config import Machine
-from ddptui.launch import tail_lines
-from ddptui.rundir import CONFIG_FILE, EVENTS_FILE, RESULT_FILE
+from ddptui.rundir import RunDir, RunDirError, load_run, read_config, read_summary
 from ddptui.tui.model import config_label
 
 #: Recent runs listed on the launch screen.
@@ -53,54 +49,31 @@ class RecentRun:
     run_id: str
     target: str
     world_size: int | None
-    outcome: str  # finished | failed | stopped | incomplete
+    outcome: str  # finished | failed | stopped | interrupted (from summary.json)
 
 
 def recent_runs(root: Path, limit: int = RECENT_RUNS) -> list[RecentRun]:
-    """Run directories under ``root`` (newest first), each judged from its last events."""
+    """Run directories under ``root`` (newest first), each with its outcome from
+    ``summary.json`` (derived from the events for runs that have none)."""
     try:
-        dirs = [
-            d for d in root.iterdir() if (d / CONFIG_FILE).is_file() and (d / EVENTS_FILE).is_file()
-        ]
+        dirs = [d for d in root.iterdir() if RunDir(d).config.is_file() and RunDir(d).holds_run()]
     except OSError:
         return []
-    dirs.sort(key=lambda d: ((d / EVENTS_FILE).stat().st_mtime, d.name), reverse=True)
+    dirs.sort(key=lambda d: (RunDir(d).events.stat().st_mtime, d.name), reverse=True)
     runs = []
     for run_dir in dirs[:limit]:
         try:
-            config = json.loads((run_dir / CONFIG_FILE).read_text())
-        except (OSError, ValueError):
+            config = read_config(run_dir)
+            summary = read_summary(run_dir) or load_run(run_dir)[2]
+        except RunDirError:
             continue
-        world = config.get("world_size")
         runs.append(
             RecentRun(
                 run_dir,
                 str(config.get("run_id") or run_dir.name),
                 config_label(config),
-                world,
-                _outcome(run_dir, world),
+                config.get("world_size"),
+                summary["outcome"],
             )
         )
     return runs
-
-
-def _outcome(run_dir: Path, world_size: int | None) -> str:
-    if (run_dir / RESULT_FILE).is_file():
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads((run_dir / RESULT_FILE).read_text()).get("rank") is not None:
-                return "failed"
-    states: dict[int, str] = {}
-    for line in tail_lines(run_dir / EVENTS_FILE, 200):
-        with contextlib.suppress(protocol.InvalidEvent):
-            event = protocol.from_json(line)
-            if isinstance(event, protocol.Status):
-                states[event.rank] = event.state
-    if "failed" in states.values():
-        return "failed"
-    if (
-        states
-        and all(s == "finished" for s in states.values())
-        and len(states) >= (world_size or 1)
-    ):
-        return "finished"
-    return "incomplete"

@@ -18,8 +18,8 @@ from typing import Any
 
 from ddptui.config import RunConfig
 from ddptui.launch import LaunchResult
-from ddptui.rundir import RunDir
-from ddptui.session import RunSession, load_run
+from ddptui.rundir import RunDir, load_run
+from ddptui.session import RunSession
 from ddptui.state import RunState
 
 #: How long one pump waits for events; also how quickly a stop request is noticed.
@@ -78,7 +78,7 @@ class ReplaySource(RunSource):
     @classmethod
     def load(cls, run_dir: Path, now: float | None = None) -> ReplaySource:
         run_dir = Path(run_dir)
-        config, state = load_run(run_dir)
+        config, state, _ = load_run(run_dir)
         return cls(config, state, run_dir, now)
 
     def now(self) -> float:

@@ -256,7 +256,12 @@ class LaunchScreen(Screen):
         self.recent = message.runs
         table = self.query_one("#recent", DataTable)
         table.clear()
-        style = {"finished": "green", "failed": "bold red", "incomplete": "yellow"}
+        style = {
+            "finished": "green",
+            "failed": "bold red",
+            "interrupted": "yellow",
+            "stopped": "yellow",
+        }
         for run in message.runs:
             table.add_row(
                 run.run_id,

@@ -1,0 +1,109 @@
+"""Honest outcomes of headless runs: summary.json for every run, signals during start-up,
+a run directory that fails mid-run."""
+
+import errno
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddptui.config import build_config
+from ddptui.rundir import RunDir
+from ddptui.session import RunSession
+from tests.helpers import processes_of_run, read_events, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_finished_run_writes_its_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "--no-ui", "--epochs", "1", "--run-dir",
+         str(run_dir)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    evals = [e for e in read_events(run_dir) if e["kind"] == "eval"]
+    assert summary["outcome"] == "finished" and summary["exit_code"] == 0
+    assert summary["final_accuracy"] == evals[-1]["accuracy"]
+    assert [(r["rank"], r["state"]) for r in summary["ranks"]] == [(0, "finished"),
+                                                                   (1, "finished")]
+    assert summary["failure"] is None
+
+
+@pytest.mark.parametrize("launcher, sig, code", [
+    ("spawn", signal.SIGTERM, 143),
+    ("torchrun", signal.SIGINT, 130),
+])
+def test_signal_during_start_up_leaves_nothing_and_is_recorded(tmp_path, launcher, sig, code):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddptui.cli", "--no-ui", "--launcher", launcher,
+         "--world-size", "2", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    run_id = None
+    try:
+        assert wait_until(lambda: RunDir(run_dir).config.is_file(), 60), "run did not start"
+        run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]
+        # Ranks are still importing torch: no rank has said "started" yet.
+        assert wait_until(lambda: len(processes_of_run(run_id)) >= 2, 30, 0.02)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == code, out + err
+        assert "Traceback" not in err
+        assert wait_until(lambda: processes_of_run(run_id) == [], 10) is not None
+        summary = json.loads(RunDir(run_dir).summary.read_text())
+        assert summary["outcome"] == "interrupted" and summary["exit_code"] == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for leftover in processes_of_run(run_id) if run_id else []:
+            leftover.kill()
+
+
+class _FillsUp:
+    """A file that accepts ``room`` bytes, then fails like a full disk."""
+
+    def __init__(self, real, room):
+        self.real, self.room = real, room
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.real.write(data)
+
+    def flush(self):
+        self.real.flush()
+
+    def close(self):
+        self.real.close()
+
+
+def test_full_disk_mid_run_stops_every_worker_and_keeps_what_was_written(tmp_path):
+    cfg = build_config({"run_dir": str(tmp_path / "run"), "epochs": "2"})
+    session = RunSession(cfg)
+    try:
+        session.start()
+        session._events_file = _FillsUp(session._events_file, room=4000)
+        deadline = time.monotonic() + 120
+        while session.poll() is None and time.monotonic() < deadline:
+            session.pump(0.1)
+        assert session.result is not None
+        assert session.fault is not None
+        assert "events.jsonl" in session.fault and "ENOSPC" in session.fault
+        assert "\n" not in session.fault
+        assert processes_of_run(cfg.run_id) == []
+    finally:
+        session.close()
+    kept = read_events(tmp_path / "run")  # every line on disk is a whole event
+    assert 0 < sum(len(json.dumps(e)) for e in kept) <= 4000
+    summary = json.loads(RunDir(tmp_path / "run").summary.read_text())
+    assert summary["outcome"] == "failed" and summary["exit_code"] == 1
+    assert "ENOSPC" in summary["failure"]["error"]
