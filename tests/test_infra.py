@@ -1,0 +1,62 @@
+"""Smoke tests of the test infrastructure itself: real Slurm and network namespaces."""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest_plugins = ["tests.infra"]  # the slurm_cluster and netns_pair fixtures
+
+PRINT_SLURM_IDS = (
+    "import os; print('task', os.environ['SLURM_PROCID'], os.environ['SLURM_NTASKS'],"
+    " os.environ['SLURM_JOB_NUM_NODES'])"
+)
+
+
+@pytest.mark.slurm
+def test_srun_in_an_allocation_starts_tasks_with_procid_0_and_1(slurm_cluster):
+    argv = slurm_cluster.salloc("srun", sys.executable, "-c", PRINT_SLURM_IDS, ntasks=2)
+    proc = slurm_cluster.run(argv, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    tasks = sorted(line for line in proc.stdout.splitlines() if line.startswith("task "))
+    assert tasks == ["task 0 2 1", "task 1 2 1"], proc.stdout + proc.stderr
+
+
+@pytest.mark.netns
+def test_tcp_from_the_namespace_reaches_the_root_side_veth_address(netns_pair):
+    with socket.create_server((netns_pair.host_ip, 0)) as server:
+        server.settimeout(30)
+        port = server.getsockname()[1]
+        code = (
+            "import socket, sys; "
+            f"s = socket.create_connection(({netns_pair.host_ip!r}, {port}), timeout=20); "
+            "s.sendall(b'hello from the namespace'); s.close()"
+        )
+        client = subprocess.Popen(netns_pair.exec_argv(sys.executable, "-c", code))
+        try:
+            conn, (peer, _) = server.accept()
+            with conn:
+                conn.settimeout(20)
+                data = conn.recv(64)
+            assert client.wait(timeout=30) == 0
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+    assert peer == netns_pair.ns_ip
+    assert data == b"hello from the namespace"
+
+
+@pytest.mark.netns
+def test_the_namespace_reaches_nothing_but_its_veth_peer(netns_pair):
+    # No default route inside: an outside address fails at once, before any packet leaves.
+    code = (
+        "import errno, socket\n"
+        "try:\n"
+        "    socket.create_connection(('192.0.2.1', 9), timeout=5)\n"
+        "except OSError as e:\n"
+        "    print(errno.errorcode.get(e.errno, e))\n"
+    )
+    proc = netns_pair.run(sys.executable, "-c", code, timeout=30)
+    assert proc.stdout.strip() == "ENETUNREACH", proc.stdout + proc.stderr
