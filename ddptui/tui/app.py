@@ -249,14 +249,21 @@ class DdpTuiApp(App[int]):
             self.exit(self.exit_code())
 
     def stop_everything(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """After the app has exited: make sure no run is left running (blocking)."""
+        """After the app has exited: make sure no run is left running (blocking).
+
+        Each run's driving thread stops its workers and closes its session's socket itself
+        (the socket is that thread's); this only asks, and waits. A run no thread drives
+        yet is abandoned (it never starts). If a driving thread does not finish within
+        ``timeout``, the worker processes are ended from here, and the socket is left to
+        its thread.
+        """
         for source in self.live_sources:
             source.request_stop()
         for source in self.live_sources:
-            if source.started.is_set() and not source.done.wait(timeout):
-                # The driving thread is gone or stuck: stop from here as a last resort.
-                source.session.stop()
-                source.session.close()
+            if source.abandon():
+                continue
+            if not source.done.wait(timeout):
+                source.kill_workers()
         self.feed.stop()
 
 

@@ -22,8 +22,8 @@ from ddptui.monitor import (
     rank_labels_from_environment,
 )
 
-#: Host CPU samples kept for its sparkline.
-HOST_HISTORY = 120
+#: Host CPU and RAM samples kept for their sparklines (one column each).
+HOST_HISTORY = 300
 
 
 class SamplerLike(Protocol):
@@ -51,8 +51,9 @@ class SystemFeed:
         self.snapshot: SystemSnapshot | None = None
         self.view: RankGpuView | None = None
         self.history = History.for_window(300, interval)
-        self.host_cpu: deque[float] = deque(maxlen=HOST_HISTORY)
-        self.host_ram: deque[float] = deque(maxlen=HOST_HISTORY)
+        #: Host CPU and RAM percent per sample (None where CPU had no answer yet).
+        self.host_cpu: deque[float | None] = deque(maxlen=HOST_HISTORY)
+        self.host_ram: deque[float | None] = deque(maxlen=HOST_HISTORY)
         self._ranks: dict[int, RankInfo] = {}
         self._extra_pids: tuple[int, ...] = ()
         #: pid -> "rank N · run ID" for GPU processes that are ranks of any run.
@@ -116,5 +117,5 @@ class SystemFeed:
         self.view = join_ranks(snapshot, self._ranks)
         self.history.record(snapshot, self.view)
         host = snapshot.host
-        self.host_cpu.append(0.0 if is_na(host.cpu_percent) else float(host.cpu_percent))
+        self.host_cpu.append(None if is_na(host.cpu_percent) else float(host.cpu_percent))
         self.host_ram.append(float(host.memory_percent))
