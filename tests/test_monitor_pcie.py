@@ -105,7 +105,7 @@ def _gpu(index: int, uuid: str) -> GpuSnapshot:
     return GpuSnapshot(index, "GPU", uuid, NA, 1, 1, 1, 2, 40, 1.0, 2.0, 1, NA, NA)
 
 
-REPORT = GpuReport(True, None, "1", (_gpu(0, "GPU-a"), _gpu(1, "GPU-b"), _gpu(2, "GPU-c")))
+REPORT = GpuReport(True, None, "1", tuple(_gpu(i, f"GPU-{c}") for i, c in enumerate("abcde")))
 
 
 def test_with_pcie_shows_only_measured_matching_fresh_readings():
@@ -113,11 +113,15 @@ def test_with_pcie_shows_only_measured_matching_fresh_readings():
         PcieReading(0, "GPU-a", 1024, 2048, monotonic=98.0),  # 2 s old: shown
         PcieReading(1, "GPU-x", 1, 1, monotonic=99.0),  # another GPU at this index: not shown
         PcieReading(2, "GPU-c", 5, 6, monotonic=80.0),  # 20 s old, older than max age
+        PcieReading(3, "GPU-d", NA, NA, monotonic=99.0),  # not supported: nothing measured
+        PcieReading(4, "GPU-e", NA, 7, monotonic=99.0),  # one direction measured
     ]
-    g0, g1, g2 = with_pcie(REPORT, readings, now=100.0, max_age=15.0).devices
+    g0, g1, g2, g3, g4 = with_pcie(REPORT, readings, now=100.0, max_age=15.0).devices
     assert (g0.pcie_rx, g0.pcie_tx, g0.pcie_age) == (1024, 2048, 2.0)
     assert (g1.pcie_rx, g1.pcie_tx, g1.pcie_age) == (NA, NA, NA)
     assert (g2.pcie_rx, g2.pcie_tx, g2.pcie_age) == (NA, NA, NA)
+    assert (g3.pcie_rx, g3.pcie_tx, g3.pcie_age) == (NA, NA, NA)
+    assert (g4.pcie_rx, g4.pcie_tx, g4.pcie_age) == (NA, 7, 1.0)
     # A reading that ended after the snapshot began is 0 s old, not negative.
     (late,) = with_pcie(REPORT, readings[:1], now=97.5, max_age=15.0).devices[:1]
     assert late.pcie_age == 0.0

@@ -3,6 +3,7 @@ test_tui_snapshots.py for how they look on screen)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -102,3 +103,13 @@ def test_colours_follow_the_fixed_scale():
 )
 def test_power_scale(limit, draws, expected):
     assert power_scale(limit, draws) == expected
+
+
+def test_pcie_is_shown_on_a_gpu_card_only_where_measured_and_with_its_age():
+    from ddptui.monitor import GpuSnapshot
+    from ddptui.tui.widgets.system import pcie_label
+
+    gpu = GpuSnapshot(0, "GPU", "GPU-a", NA, 1, 1, 1, 2, 40, 1.0, 2.0, 1, NA, NA)
+    assert pcie_label(gpu) is None
+    measured = dataclasses.replace(gpu, pcie_rx=3 * 1024**3, pcie_tx=512 * 1024**2, pcie_age=2.4)
+    assert pcie_label(measured) == "pcie rx 3.0G/s tx 512.0M/s 2s ago"

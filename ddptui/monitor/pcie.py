@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 
 from ddptui.monitor.nvml import GpuSource
-from ddptui.monitor.snapshot import GpuReport, PcieReading
+from ddptui.monitor.snapshot import NA, GpuReport, PcieReading
 
 __all__ = [
     "DEFAULT_PCIE_INTERVAL",
@@ -68,8 +68,9 @@ def with_pcie(
 ) -> GpuReport:
     """``report`` with each GPU's PCIe fields taken from its reading (pure).
 
-    A reading belongs to a GPU when index and UUID both match. GPUs without a reading, or
-    whose reading is older than ``max_age`` seconds at ``now`` (monotonic), keep ``NA``.
+    A reading belongs to a GPU when index and UUID both match. GPUs without a reading, with
+    one where NVML measured neither direction (not supported), or whose reading is older than
+    ``max_age`` seconds at ``now`` (monotonic), keep ``NA`` (and no age).
     """
     by_index = {r.index: r for r in readings}
     if not report.available or not by_index:
@@ -78,7 +79,13 @@ def with_pcie(
     for gpu in report.devices:
         reading = by_index.get(gpu.index)
         age = None if reading is None else max(0.0, now - reading.monotonic)
-        if reading is None or reading.uuid != gpu.uuid or age is None or age > max_age:
+        if (
+            reading is None
+            or reading.uuid != gpu.uuid
+            or (reading.rx is NA and reading.tx is NA)
+            or age is None
+            or age > max_age
+        ):
             devices.append(gpu)
             continue
         devices.append(
