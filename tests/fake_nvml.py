@@ -9,12 +9,24 @@ objects with ``.pid``/``.usedGpuMemory``), same units (mW, KB/s, bytes) and the 
     nvml = FakeNvml(init_error=pynvml.NVMLError_DriverNotLoaded)
     nvml = FakeNvml([FakeGpu(unsupported={"nvmlDeviceGetPowerUsage"})])
 
-Every call is counted in ``calls`` (name -> count).
+Every call is counted in ``calls`` (name -> count), and per thread in ``calls_on(name)``.
+
+A fake clock says what a sample would cost on real hardware, without timing anything: each
+call advances the calling thread's ``spent(thread)`` by its cost (:data:`PCIE_QUERY_S` for
+each PCIe direction, as NVML measures it over a 20 ms window; :data:`FAST_QUERY_S` for any
+other call). ``pcie_sleep`` makes the PCIe calls also really sleep that long, so code that
+reads PCIe on its own thread can be watched doing so::
+
+    nvml = FakeNvml(gpus, pcie_sleep=0.02)
+    ...
+    nvml.calls_on("MainThread")["nvmlDeviceGetPcieThroughput"], nvml.spent("MainThread")
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import threading
+import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +35,12 @@ import pynvml
 
 GiB = 1024**3
 MiB = 1024**2
+
+#: Fake-clock cost of one PCIe throughput query: NVML samples the counter over 20 ms.
+PCIE_QUERY_S = 0.020
+#: Fake-clock cost of any other query: generous (an H100 answered all of a GPU's fast
+#: queries together in 0.024 ms).
+FAST_QUERY_S = 0.000_05
 
 
 @dataclass
@@ -74,17 +92,40 @@ class FakeNvml:
         *,
         init_error: type[pynvml.NVMLError] | None = None,
         driver_version: str = "550.54.15",
+        pcie_sleep: float = 0.0,
     ) -> None:
         self.gpus = list(gpus or [])
         self.init_error = init_error
         self.driver_version = driver_version
+        self.pcie_sleep = pcie_sleep
         self.initialized = 0  # nvmlInit minus nvmlShutdown, like NVML's refcount
         self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._thread_calls: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self._spent: Counter[str] = Counter()
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def calls_on(self, thread: str) -> Counter[str]:
+        """Calls made on the thread named ``thread`` (name -> count); a copy."""
+        with self._lock:
+            return Counter(self._thread_calls[thread])
+
+    def spent(self, thread: str) -> float:
+        """Fake-clock seconds the calls on the thread named ``thread`` would have taken."""
+        with self._lock:
+            return self._spent[thread]
+
+    def _count(self, name: str) -> None:
+        thread = threading.current_thread().name
+        cost = PCIE_QUERY_S if name == "nvmlDeviceGetPcieThroughput" else FAST_QUERY_S
+        with self._lock:
+            self.calls[name] += 1
+            self._thread_calls[thread][name] += 1
+            self._spent[thread] += cost
+
     def _enter(self, name: str, handle: Any = None) -> FakeGpu | None:
-        self.calls[name] += 1
+        self._count(name)
         if self.initialized <= 0:
             raise pynvml.NVMLError_Uninitialized(pynvml.NVML_ERROR_UNINITIALIZED)
         if handle is None:
@@ -100,7 +141,7 @@ class FakeNvml:
     # -- lifecycle -------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
-        self.calls["nvmlInit"] += 1
+        self._count("nvmlInit")
         if self.init_error is not None:
             raise self.init_error(_code(self.init_error))
         self.initialized += 1
@@ -163,6 +204,8 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
         gpu = self._enter("nvmlDeviceGetPcieThroughput", device)
+        if self.pcie_sleep:
+            time.sleep(self.pcie_sleep)  # NVML measures the counter over a time window
         if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
             return gpu.pcie_rx_kbs
         if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES:

@@ -13,6 +13,7 @@ import pytest
 
 from ddptui.monitor import cli
 from ddptui.monitor.cli import main, run_monitor_headless
+from ddptui.monitor.snapshot import SNAPSHOT_SCHEMA_VERSION
 from tests.fake_nvml import FakeGpu, FakeNvml, GiB
 
 GPUS = [
@@ -143,7 +144,7 @@ def test_sigint_exits_with_zero_and_no_traceback():
         text=True,
     )
     try:
-        assert json.loads(proc.stdout.readline())["v"] == 1  # running and sampling
+        assert json.loads(proc.stdout.readline())["v"] == SNAPSHOT_SCHEMA_VERSION  # sampling
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:

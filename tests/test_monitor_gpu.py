@@ -51,10 +51,20 @@ def test_real_gpus_have_sane_values(real_nvml):
         assert in_range(gpu.power_draw, 0, 2000)
         assert in_range(gpu.power_limit, 1, 2000)
         assert in_range(gpu.sm_clock, 0, 5000)
-        assert in_range(gpu.pcie_rx, 0, 1 << 40) and in_range(gpu.pcie_tx, 0, 1 << 40)
+        assert gpu.pcie_rx is NA and gpu.pcie_age is NA  # never read on the sampling path
         if gpu.processes is not NA:
             assert all(p.pid > 0 for p in gpu.processes)
     assert len(uuids) == len(report.devices)  # UUIDs are unique
+
+
+def test_real_pcie_throughput_is_read_apart(real_nvml):
+    with GpuSource() as source:
+        report = source.sample()
+        readings = source.sample_pcie()
+    assert [r.index for r in readings] == [g.index for g in report.devices]
+    assert [r.uuid for r in readings] == [g.uuid for g in report.devices]
+    for reading in readings:
+        assert in_range(reading.rx, 0, 1 << 40) and in_range(reading.tx, 0, 1 << 40)
 
 
 def test_torch_rank_joins_its_gpu_by_uuid(real_nvml):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pynvml
 import pytest
 
@@ -65,7 +67,8 @@ def test_samples_every_gpu_with_converted_units():
     assert g0.power_draw == pytest.approx(312.5)  # mW -> W
     assert g0.power_limit == pytest.approx(700.0)
     assert g0.sm_clock == 1980
-    assert (g0.pcie_rx, g0.pcie_tx) == (1000 * 1024, 3000 * 1024)  # KB/s -> B/s
+    # PCIe throughput is never read by sample() (see test_monitor_pcie.py).
+    assert (g0.pcie_rx, g0.pcie_tx, g0.pcie_age) == (NA, NA, NA)
     assert g0.processes == (GpuProcess(1234, 10 * GiB), GpuProcess(5678, 512 * 1024**2))
     assert (g1.index, g1.name, g1.processes) == (1, "Tesla T4", ())
 
@@ -81,7 +84,6 @@ NA_CASES = [
     ("nvmlDeviceGetPowerUsage", ["power_draw"]),
     ("nvmlDeviceGetEnforcedPowerLimit", ["power_limit"]),
     ("nvmlDeviceGetClockInfo", ["sm_clock"]),
-    ("nvmlDeviceGetPcieThroughput", ["pcie_rx", "pcie_tx"]),
     ("nvmlDeviceGetComputeRunningProcesses", ["processes"]),
 ]
 ALL_FIELDS = {f for _, fields in NA_CASES for f in fields}
@@ -129,10 +131,26 @@ def test_bytes_strings_from_older_pynvml_are_decoded():
     assert (g.name, g.uuid, g.pci_bus_id) == ("Tesla V100", "GPU-abc", "0000:01:00.0")
 
 
-def test_pcie_can_be_skipped():
-    report, nvml = sample(H100, pcie=False)
-    assert report.devices[0].pcie_rx is NA and report.devices[0].pcie_tx is NA
+def test_sample_never_reads_pcie():
+    report, nvml = sample(H100, T4)
+    assert all(g.pcie_rx is NA and g.pcie_tx is NA and g.pcie_age is NA for g in report.devices)
     assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 0
+
+
+def test_sample_pcie_reads_both_directions_in_bytes():
+    nvml = FakeNvml([H100, T4])
+    with GpuSource(nvml) as source:
+        before = time.monotonic()
+        r0, r1 = source.sample_pcie()
+    assert (r0.index, r0.uuid, r0.rx, r0.tx) == (0, H100.uuid, 1000 * 1024, 3000 * 1024)
+    assert (r1.index, r1.uuid, r1.rx, r1.tx) == (1, T4.uuid, NA, NA)  # T4: not supported
+    assert before <= r0.monotonic <= r1.monotonic
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 4
+
+
+def test_sample_pcie_without_nvml_is_empty():
+    nvml = FakeNvml([H100], init_error=pynvml.NVMLError_DriverNotLoaded)
+    assert GpuSource(nvml).sample_pcie() == ()
 
 
 @pytest.mark.parametrize(
@@ -218,7 +236,7 @@ def test_one_pass_per_sample_and_static_fields_queried_once():
         "nvmlDeviceGetComputeRunningProcesses",
     ):
         assert nvml.calls[per_sample] == 3 * 3, per_sample
-    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 3 * 3 * 2
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 0  # never on the sampling path
     for static in (
         "nvmlDeviceGetName",
         "nvmlDeviceGetUUID",

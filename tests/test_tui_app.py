@@ -4,6 +4,8 @@ stopped from the keyboard, quitting a live run asks first and stops every worker
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from textual.widgets import Button, DataTable, Input, Log, Select
 
@@ -173,6 +175,92 @@ async def test_quit_while_live_asks_then_stops_every_worker(tmp_path):
         await pilot.pause(0.3)
     assert source.done.is_set()
     assert app.sessions[0].calls == ["start", "stop", "close"]
+
+
+class _FakeLauncher:
+    def __init__(self) -> None:
+        self.stopped_on: list[str] = []
+
+    def stop(self) -> None:
+        self.stopped_on.append(threading.current_thread().name)
+
+
+class _SlowStopSession(FakeSession):
+    """A session whose teardown hangs (a rank that ignores SIGTERM, a stuck file system)
+    until the test releases it."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.release = threading.Event()
+        self.stopping = threading.Event()
+        self.launcher = _FakeLauncher()
+
+    def stop(self):
+        self.stopping.set()
+        self.release.wait(10)
+        return super().stop()
+
+
+def _session_threads(session: FakeSession) -> set[str]:
+    return {thread for _, thread in session.threads}
+
+
+async def test_every_session_call_is_on_its_driving_thread(tmp_path):
+    app = _app(tmp_path)
+    app.start_at_once = True
+    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    async with app.run_test(size=SIZE) as pilot:
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        source = app.screen.source
+        await _wait(pilot, lambda: source.started.is_set())
+        await pilot.press("s")
+        await _wait(pilot, lambda: source.done.is_set())
+    app.stop_everything(timeout=5)
+    session = app.sessions[0]
+    assert session.calls == ["start", "stop", "close"]
+    assert _session_threads(session) == {source.driver.name}
+    assert source.driver is not threading.main_thread()
+
+
+async def test_quitting_never_closes_the_socket_from_another_thread(tmp_path):
+    """issue 7 defect 9: the socket is closed by the thread that owns it, after it stopped."""
+    sessions: list[_SlowStopSession] = []
+
+    def factory(cfg):
+        sessions.append(_SlowStopSession(cfg))
+        return sessions[-1]
+
+    app = primed_app("run", deps=fake_deps(session_factory=factory, refresh_hz=4.0))
+    app.start_at_once = True
+    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    async with app.run_test(size=SIZE) as pilot:
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        source = app.screen.source
+        await _wait(pilot, lambda: source.started.is_set())
+    # The app has gone; its worker is told to stop and hangs in the session's stop().
+    session = sessions[0]
+    assert session.stopping.wait(10)
+    app.stop_everything(timeout=0.2)  # gives up waiting: last resort from this thread
+    assert ("close", threading.current_thread().name) not in session.threads
+    assert "close" not in session.calls  # the socket is left to its own thread...
+    assert session.launcher.stopped_on == [threading.current_thread().name]  # workers ended
+    session.release.set()
+    assert source.done.wait(10)
+    assert session.calls == ["start", "stop", "close"]
+    assert _session_threads(session) == {source.driver.name}
+    assert source.driver is not threading.current_thread()
+
+
+def test_a_source_abandoned_before_it_is_driven_never_starts(tmp_path):
+    cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    source = LiveSource(cfg, FakeSession)
+    assert source.abandon() and source.done.is_set() and not source.running
+    assert source.drive() is None
+    assert source.session.calls == []
+    driven = LiveSource(cfg, lambda c: FakeSession(c, hold=False))
+    driven.drive()
+    assert not driven.abandon()  # already driven: nothing to abandon
+    assert driven.session.calls == ["start", "close"]
 
 
 async def test_restart_launches_the_same_options_again(tmp_path):

@@ -12,7 +12,15 @@ from ddptui import protocol
 from ddptui.state import RunState
 from ddptui.tui.app import restart_config
 from ddptui.tui.machine import recent_runs
-from ddptui.tui.model import chart_data, global_throughput, run_frame, thin
+from ddptui.tui.model import (
+    amp_label,
+    chart_data,
+    device_label,
+    global_throughput,
+    run_frame,
+    setup_label,
+    thin,
+)
 from ddptui.tui.sources import ReplaySource
 from ddptui.tui.widgets.logs import ALL, LogFollower
 from tests.tui_fixtures.fakes import FAILED_RUN, FINISHED_RUN, MID_RUN, RUNS
@@ -138,3 +146,57 @@ def test_restart_keeps_options_with_a_new_id_and_directory(tmp_path):
     assert (
         Path(restart_config({**config, "run_dir": named.run_dir}).run_dir).name == "mine-restart3"
     )
+
+
+# -- the header's account of the run ------------------------------------------------------------
+TRAINER = {"trainer": "synthetic", "launcher": "spawn", "backend": "gloo", "world_size": 2}
+SCRIPT = {**TRAINER, "script": "train.py", "amp": "off"}
+
+
+@pytest.mark.parametrize(
+    ("config", "devices", "expected"),
+    [
+        (
+            {**TRAINER, "amp": "bf16"},
+            ["cuda:0", "cuda:1"],
+            "spawn · gloo · amp bf16 · cuda:0,1 · 2 ranks",
+        ),
+        # A script does its own autocast (or not): ddptui's AMP option says nothing about it.
+        (SCRIPT, ["cpu", "cpu"], "spawn · gloo · amp: script's · cpu · 2 ranks"),
+        ({**SCRIPT, "amp": "fp16"}, [], "spawn · gloo · amp: script's · 2 ranks"),
+        # Before the ranks report, the run's device option (RunConfig.device) if there is one.
+        (
+            {**TRAINER, "amp": "off", "device": "cpu"},
+            [None, "--"],
+            "spawn · gloo · amp off · cpu · 2 ranks",
+        ),
+        ({**TRAINER, "device": "cuda"}, [], "spawn · gloo · amp off · cuda · 2 ranks"),
+        ({**TRAINER, "device": "auto"}, [], "spawn · gloo · amp off · device auto · 2 ranks"),
+        # What the ranks said wins over the option.
+        ({**TRAINER, "device": "auto"}, ["cuda:0"], "spawn · gloo · amp off · cuda:0 · 2 ranks"),
+    ],
+)
+def test_setup_label_says_amp_and_device_as_far_as_known(config, devices, expected):
+    assert setup_label(config, devices) == expected
+
+
+@pytest.mark.parametrize(
+    ("devices", "expected"),
+    [
+        ([f"cuda:{i}" for i in (3, 0, 2, 1, 1)], "cuda:0-3"),
+        (["cuda:0", "cuda:2", "cuda:5"], "cuda:0,2,5"),
+        ([f"cuda:{i}" for i in range(0, 12, 2)], "cuda:0,2,4,6 +2"),
+        (["cpu", "cuda:0"], "cpu,cuda:0"),
+        (["cuda:10", "cuda:9", "cuda:8"], "cuda:8-10"),
+    ],
+)
+def test_rank_devices_are_summarised(devices, expected):
+    assert device_label({}, devices) == expected
+
+
+def test_replayed_script_run_header_is_honest():
+    source = ReplaySource.load(FAILED_RUN)
+    frame = run_frame(source.state, source.now())
+    label = setup_label(source.config, [row.device for row in frame.rows])
+    assert "amp: script's" in label and "amp off" not in label
+    assert amp_label(source.config) == "amp: script's"

@@ -15,6 +15,7 @@ from tests.tui_fixtures.fakes import (
     MID_RUN,
     RUNS,
     fake_deps,
+    idle_and_busy_snapshots,
     no_gpu_snapshots,
     primed_app,
     replay,
@@ -88,4 +89,12 @@ def test_monitor_screen(snap_compare):
 
 def test_monitor_screen_without_gpu(snap_compare):
     app = primed_app("monitor", snapshots=no_gpu_snapshots())
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
+
+
+def test_monitor_screen_fixed_scales_few_samples(snap_compare):
+    """Six samples: six columns at the right of each sparkline (none stretched); the idle GPU
+    draws a floor at 0 %, a steady low line at 42 C, a dot for its one missing sample; the
+    busy one draws full bars at 100 % and near its power limit."""
+    app = primed_app("monitor", snapshots=idle_and_busy_snapshots())
     assert snap_compare(app, terminal_size=SIZE, run_before=_settle)

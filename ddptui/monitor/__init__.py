@@ -29,6 +29,14 @@ Sample in the background and join ranks to their GPUs by UUID::
     history.record(snap, view)
     sampler.stop()
 
+PCIe throughput costs ~42 ms per GPU (NVML measures it over a window), so no snapshot reads it;
+ask for it and a thread of its own reads it, each snapshot carrying the latest reading's age::
+
+    with SystemMonitor(pcie=5.0) as monitor:         # every 5 s (pcie=True: the default 5 s)
+        monitor.wait_for_pcie(timeout=5)
+        gpu = monitor.sample().gpus[0]
+        gpu.pcie_rx, gpu.pcie_tx, gpu.pcie_age       # bytes/s, bytes/s, seconds (NA: unmeasured)
+
 Before launching, warn about GPUs another job holds::
 
     with SystemMonitor() as monitor:
@@ -39,12 +47,19 @@ Before launching, warn about GPUs another job holds::
 from ddptui.monitor.history import DEFAULT_HISTORY, GpuHistory, History, RankHistory
 from ddptui.monitor.host import HostSource
 from ddptui.monitor.nvml import GpuSource
+from ddptui.monitor.pcie import (
+    DEFAULT_PCIE_INTERVAL,
+    MIN_PCIE_INTERVAL,
+    PcieSampler,
+    pcie_interval,
+    with_pcie,
+)
 from ddptui.monitor.ranks import (
     GpuProcessView,
     GpuView,
     RankGpuView,
     RankInfo,
-    RankView,
+    RankUsage,
     join_ranks,
     normalize_uuid,
     preflight,
@@ -58,6 +73,7 @@ from ddptui.monitor.snapshot import (
     GpuSnapshot,
     HostSnapshot,
     NotAvailable,
+    PcieReading,
     ProcessSnapshot,
     SystemSnapshot,
     is_na,
@@ -72,11 +88,17 @@ __all__ = [
     "GpuProcess",
     "GpuSnapshot",
     "GpuReport",
+    "PcieReading",
     "HostSnapshot",
     "ProcessSnapshot",
     "SystemSnapshot",
     "to_dict",
     "GpuSource",
+    "PcieSampler",
+    "DEFAULT_PCIE_INTERVAL",
+    "MIN_PCIE_INTERVAL",
+    "pcie_interval",
+    "with_pcie",
     "HostSource",
     "SystemMonitor",
     "Sampler",
@@ -88,7 +110,7 @@ __all__ = [
     "RankHistory",
     "DEFAULT_HISTORY",
     "RankInfo",
-    "RankView",
+    "RankUsage",
     "GpuView",
     "GpuProcessView",
     "RankGpuView",

@@ -15,12 +15,16 @@ from datetime import datetime
 from types import ModuleType
 from typing import IO, Any
 
+from ddptui.monitor.pcie import pcie_interval
 from ddptui.monitor.sampler import DEFAULT_INTERVAL, validate_interval
 from ddptui.monitor.snapshot import NA, GpuSnapshot, SystemSnapshot, to_dict
 from ddptui.monitor.system import SystemMonitor
-from ddptui.monitor.units import format_bytes, format_percent, format_value
+from ddptui.monitor.units import format_bytes, format_percent, format_rate, format_value
 
 __all__ = ["run_monitor_headless", "format_table", "main"]
+
+#: Longest wait for the first PCIe reading before the first sample is printed anyway.
+PCIE_FIRST_WAIT_S = 5.0
 
 
 def run_monitor_headless(
@@ -29,20 +33,29 @@ def run_monitor_headless(
     as_json: bool = False,
     out: IO[str] | None = None,
     nvml_module: ModuleType | Any | None = None,
+    pcie: bool | float = False,
 ) -> int:
     """Sample every ``interval`` seconds and print a table (or one JSON object per line).
 
     Stops after ``count`` samples (never when None), or on Ctrl-C; returns the exit code
     (0). ``out`` defaults to ``sys.stdout`` (looked up at call time). Raises ValueError for
-    an interval below the minimum or a count below 1.
+    an interval below the minimum, a count below 1, or a bad ``pcie``.
+
+    No sample reads PCIe throughput (NVML takes ~42 ms per GPU for it). With ``pcie=True``
+    (every 5 s) or ``pcie=<seconds>`` a thread of its own reads it: the table gets a PCIe
+    column with each reading's age, and JSON devices their ``pcie_rx``/``pcie_tx``/
+    ``pcie_age`` (null where not measured). The first sample waits for the first reading.
     """
     if out is None:
         out = sys.stdout
     interval = validate_interval(interval)
     if count is not None and count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
+    with_pcie = pcie_interval(pcie) is not None
     try:
-        with SystemMonitor(nvml_module) as monitor:
+        with SystemMonitor(nvml_module, pcie=pcie) as monitor:
+            if with_pcie:  # ~42 ms per GPU, while the CPU window below fills anyway
+                monitor.wait_for_pcie(timeout=PCIE_FIRST_WAIT_S)
             time.sleep(monitor.cpu_warmup_remaining())  # so the first CPU % means something
             taken = 0
             next_at = time.monotonic()
@@ -52,7 +65,8 @@ def run_monitor_headless(
                 if as_json:
                     out.write(json.dumps(to_dict(snapshot), separators=(",", ":")) + "\n")
                 else:  # blocks separated by a blank line
-                    out.write(("\n" if taken > 1 else "") + format_table(snapshot) + "\n")
+                    table = format_table(snapshot, pcie=with_pcie)
+                    out.write(("\n" if taken > 1 else "") + table + "\n")
                 out.flush()
                 if count is not None and taken >= count:
                     return 0
@@ -74,20 +88,25 @@ def run_monitor_headless(
 
 # -- table -----------------------------------------------------------------------------------
 
-_GPU_HEADER = (
-    f"{'GPU':>3}  {'NAME':<22} {'UTIL':>4} {'MEM':>21} {'TEMP':>4} {'POWER':>11}  PROCESSES"
-)
+_GPU_HEADER = f"{'GPU':>3}  {'NAME':<22} {'UTIL':>4} {'MEM':>21} {'TEMP':>4} {'POWER':>11}"
+#: Width of the PCIe column: ``1023.9 MiB/s / 1023.9 MiB/s 14.9s ago``.
+_PCIE_WIDTH = 38
 
 
-def format_table(snapshot: SystemSnapshot) -> str:
-    """An nvidia-smi/gpustat-like block: one line per GPU, then CPU, RAM and swap lines."""
+def format_table(snapshot: SystemSnapshot, pcie: bool = False) -> str:
+    """An nvidia-smi/gpustat-like block: one line per GPU, then CPU, RAM and swap lines.
+
+    ``pcie``: add a column with each GPU's PCIe rx / tx throughput and the reading's age
+    (``N/A`` where it was not measured).
+    """
     stamp = datetime.fromtimestamp(snapshot.time).strftime("%Y-%m-%d %H:%M:%S")
     report = snapshot.gpu
     lines = []
     if report.available:
         lines.append(f"{stamp}  driver {report.driver_version}")
-        lines.append(_GPU_HEADER)
-        lines.extend(_gpu_line(gpu) for gpu in report.devices)
+        pcie_header = f"  {'PCIE RX / TX':<{_PCIE_WIDTH}}" if pcie else ""
+        lines.append(f"{_GPU_HEADER}{pcie_header}  PROCESSES")
+        lines.extend(_gpu_line(gpu, pcie) for gpu in report.devices)
     else:
         lines.append(stamp)
         lines.append(f"GPU  {report.summary}")
@@ -106,7 +125,7 @@ def format_table(snapshot: SystemSnapshot) -> str:
     return "\n".join(lines)
 
 
-def _gpu_line(gpu: GpuSnapshot) -> str:
+def _gpu_line(gpu: GpuSnapshot, pcie: bool = False) -> str:
     name = "N/A" if gpu.name is NA else str(gpu.name).removeprefix("NVIDIA ")
     mem = (
         f"{_gib(gpu.memory_used)} / {_gib(gpu.memory_total)} GiB"
@@ -117,10 +136,18 @@ def _gpu_line(gpu: GpuSnapshot) -> str:
         procs = "N/A"
     else:
         procs = " ".join(f"{p.pid}({format_bytes(p.used_memory)})" for p in gpu.processes) or "-"
+    pcie_cell = f"  {pcie_text(gpu):<{_PCIE_WIDTH}}" if pcie else ""
     return (
         f"{gpu.index:>3}  {name[:22]:<22} {format_percent(gpu.utilization_gpu):>4}"
-        f" {mem:>21} {format_value(gpu.temperature, 'C'):>4} {power:>11}  {procs}"
+        f" {mem:>21} {format_value(gpu.temperature, 'C'):>4} {power:>11}{pcie_cell}  {procs}"
     )
+
+
+def pcie_text(gpu: GpuSnapshot) -> str:
+    """``1.0 MiB/s / 2.9 MiB/s 2.1s ago``, or ``N/A`` where PCIe was not measured."""
+    if gpu.pcie_age is NA:
+        return "N/A"
+    return f"{format_rate(gpu.pcie_rx)} / {format_rate(gpu.pcie_tx)} {gpu.pcie_age:.1f}s ago"
 
 
 def _gib(value: object) -> str:

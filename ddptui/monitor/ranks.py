@@ -30,7 +30,7 @@ __all__ = [
     "RankInfo",
     "GpuProcessView",
     "GpuView",
-    "RankView",
+    "RankUsage",
     "RankGpuView",
     "normalize_uuid",
     "join_ranks",
@@ -101,8 +101,8 @@ class GpuView:
 
 
 @dataclass(frozen=True, slots=True)
-class RankView:
-    """One rank with its GPU (matched by UUID) and its processes."""
+class RankUsage:
+    """What one rank uses: its GPU (matched by UUID), GPU memory, and its process tree."""
 
     rank: int
     pid: int | None
@@ -142,9 +142,9 @@ class RankGpuView:
     """Ranks and GPUs joined for one snapshot (see :func:`join_ranks`)."""
 
     gpus: tuple[GpuView, ...]
-    ranks: tuple[RankView, ...]
+    ranks: tuple[RankUsage, ...]
 
-    def rank(self, rank: int) -> RankView | None:
+    def rank(self, rank: int) -> RankUsage | None:
         return next((r for r in self.ranks if r.rank == rank), None)
 
     def gpu(self, index: int) -> GpuView | None:
@@ -202,7 +202,7 @@ def join_ranks(snapshot: SystemSnapshot, ranks: Mapping[int, RankInfo]) -> RankG
             mine = [p for p in view.processes if p.rank == rank]
             (own if gpu is not None and view.gpu.index == gpu.index else other).extend(mine)
         rank_views.append(
-            RankView(
+            RankUsage(
                 rank=rank,
                 pid=info.pid,
                 device_uuid=info.device_uuid,

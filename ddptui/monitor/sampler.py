@@ -24,7 +24,7 @@ __all__ = ["Sampler", "MIN_INTERVAL", "DEFAULT_INTERVAL", "validate_interval"]
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 1.0
-#: Below this, sampling itself (NVML's PCIe counters alone take ~40 ms) would dominate.
+#: Below this, sampling the host and the rank process trees (psutil) would dominate.
 MIN_INTERVAL = 0.1
 
 
@@ -50,9 +50,10 @@ class Sampler:
     >>> sampler.latest()                                        # last snapshot, or None
     >>> sampler.stop()                                          # joins; closes NVML
 
-    If the sampler creates its monitor (``monitor=None``), :meth:`stop` closes it; a monitor
-    passed in stays open (its owner closes it). Samples keep a fixed cadence: a slow sample
-    delays the next one, it never causes a burst to catch up.
+    If the sampler creates its monitor (``monitor=None``, with ``pcie`` as in
+    :class:`SystemMonitor`: PCIe throughput on its own thread, off by default), :meth:`stop`
+    closes it; a monitor passed in stays open (its owner closes it). Samples keep a fixed
+    cadence: a slow sample delays the next one, it never causes a burst to catch up.
     """
 
     def __init__(
@@ -63,7 +64,7 @@ class Sampler:
         callback: Callable[[SystemSnapshot], Any] | None = None,
         pids: Iterable[int] = (),
         nvml_module: ModuleType | Any | None = None,
-        pcie: bool = True,
+        pcie: bool | float = False,
         name: str = "ddptui-monitor",
     ) -> None:
         self.interval = validate_interval(interval)

@@ -25,6 +25,7 @@ __all__ = [
     "GpuProcess",
     "GpuSnapshot",
     "GpuReport",
+    "PcieReading",
     "HostSnapshot",
     "ProcessSnapshot",
     "SystemSnapshot",
@@ -32,8 +33,9 @@ __all__ = [
     "to_dict",
 ]
 
-#: Version of the dictionary / JSON form produced by :func:`to_dict`.
-SNAPSHOT_SCHEMA_VERSION: Final = 1
+#: Version of the dictionary / JSON form produced by :func:`to_dict`. 2: each device has
+#: ``pcie_age``; ``pcie_rx``/``pcie_tx`` are null unless PCIe was asked for and measured.
+SNAPSHOT_SCHEMA_VERSION: Final = 2
 
 
 class NotAvailable:
@@ -109,10 +111,14 @@ class GpuSnapshot:
     power_draw: float | NotAvailable  # watts
     power_limit: float | NotAvailable  # watts (enforced limit)
     sm_clock: int | NotAvailable  # MHz
-    pcie_rx: int | NotAvailable  # bytes/s
-    pcie_tx: int | NotAvailable  # bytes/s
+    #: PCIe throughput in bytes/s, from the latest reading of the PCIe thread
+    #: (:mod:`ddptui.monitor.pcie`); NA where PCIe was not measured.
+    pcie_rx: int | NotAvailable
+    pcie_tx: int | NotAvailable
     #: Compute processes with their memory; NA when the driver cannot list them.
     processes: tuple[GpuProcess, ...] | NotAvailable = ()
+    #: Seconds between the PCIe reading and this snapshot; NA when PCIe was not measured.
+    pcie_age: float | NotAvailable = NA
 
     @property
     def memory_free(self) -> int | NotAvailable:
@@ -131,6 +137,18 @@ class GpuSnapshot:
     def label(self) -> str:
         """``GPU 0 (NVIDIA H100 80GB HBM3)``, for messages."""
         return f"GPU {self.index}" if self.name is NA else f"GPU {self.index} ({self.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class PcieReading:
+    """PCIe throughput of one GPU, measured off the sampling path (~20 ms per direction)."""
+
+    index: int
+    uuid: str | NotAvailable
+    rx: int | NotAvailable  # bytes/s received by the GPU
+    tx: int | NotAvailable  # bytes/s sent by the GPU
+    #: ``time.monotonic()`` when the measurement ended.
+    monotonic: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ frozen clock. The CLI uses the defaults; tests pass fakes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from ddptui.config import RunConfig, new_run_id
+from ddptui.monitor.pcie import pcie_interval
 from ddptui.session import RunSession
 from ddptui.tui.machine import HostInfo, detect_host
 from ddptui.tui.screens.confirm import ConfirmScreen
@@ -247,14 +249,21 @@ class DdpTuiApp(App[int]):
             self.exit(self.exit_code())
 
     def stop_everything(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """After the app has exited: make sure no run is left running (blocking)."""
+        """After the app has exited: make sure no run is left running (blocking).
+
+        Each run's driving thread stops its workers and closes its session's socket itself
+        (the socket is that thread's); this only asks, and waits. A run no thread drives
+        yet is abandoned (it never starts). If a driving thread does not finish within
+        ``timeout``, the worker processes are ended from here, and the socket is left to
+        its thread.
+        """
         for source in self.live_sources:
             source.request_stop()
         for source in self.live_sources:
-            if source.started.is_set() and not source.done.wait(timeout):
-                # The driving thread is gone or stuck: stop from here as a last resort.
-                source.session.stop()
-                source.session.close()
+            if source.abandon():
+                continue
+            if not source.done.wait(timeout):
+                source.kill_workers()
         self.feed.stop()
 
 
@@ -288,11 +297,16 @@ def create_app(mode: str = "run", *, deps: Deps | None = None, **kwargs: Any) ->
 
 def run_dashboard(mode: str, **kwargs: Any) -> int:
     """Run the dashboard until quit; stop every worker on the way out. Returns the exit
-    code: 0, or 1 if a launched run failed."""
+    code: 0, or 1 if a launched run failed. ``interval``: seconds between monitor samples;
+    ``pcie``: also read PCIe throughput (True: every 5 s, or seconds; ValueError if bad)."""
     interval = kwargs.pop("interval", None)
+    pcie = kwargs.pop("pcie", False)
+    pcie_interval(pcie)  # a bad value is refused here, not inside the running app
     deps = Deps()
     if interval is not None:
         deps.monitor_interval = float(interval)
+    if pcie:  # PCIe throughput on its own thread, shown on each GPU card with its age
+        deps.make_sampler = functools.partial(default_sampler, pcie=pcie)
     app = create_app(mode, deps=deps, **kwargs)
     try:
         code = app.run()

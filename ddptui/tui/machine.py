@@ -35,7 +35,7 @@ def detect_host() -> HostInfo:
     from ddptui.monitor import GpuSource
 
     machine = Machine.detect()
-    with GpuSource(pcie=False) as gpus:
+    with GpuSource() as gpus:
         report = gpus.sample()
     names = tuple(f"{g.index}: {g.name}" for g in report.devices)
     return HostInfo(

@@ -78,6 +78,61 @@ def config_label(config: dict[str, Any]) -> str:
     return str(config.get("trainer") or "?")
 
 
+#: Most distinct rank devices named in the header before the rest are counted.
+MAX_DEVICES_SHOWN = 4
+
+
+def amp_label(config: dict[str, Any]) -> str:
+    """``amp bf16``; for a user script ``amp: script's`` (it does its own autocast, or not:
+    ddptui's AMP option only configures the built-in trainers)."""
+    if config.get("script"):
+        return "amp: script's"
+    return f"amp {config.get('amp') or 'off'}"
+
+
+def device_label(config: dict[str, Any], rank_devices: Iterable[str | None]) -> str | None:
+    """The ranks' devices as they reported them (``cpu``, ``cuda:0``, ``cuda:0-7``), else the
+    run's device option (``cpu``, ``cuda``, ``device auto``), else None (unknown)."""
+    known = sorted({str(d) for d in rank_devices if d and d != "--"}, key=_device_order)
+    if known:
+        return _summarise_devices(known)
+    option = config.get("device")  # RunConfig.device: auto | cpu | cuda (absent in old runs)
+    if option in ("cpu", "cuda"):
+        return str(option)
+    if option:
+        return f"device {option}"
+    return None
+
+
+def _device_order(device: str) -> tuple[str, int]:
+    kind, _, index = device.partition(":")
+    return (kind, int(index)) if index.isdigit() else (device, -1)
+
+
+def _summarise_devices(devices: list[str]) -> str:
+    cuda = [int(d[5:]) for d in devices if d.startswith("cuda:") and d[5:].isdigit()]
+    if len(cuda) == len(devices) and len(cuda) > 2 and cuda == list(range(cuda[0], cuda[-1] + 1)):
+        return f"cuda:{cuda[0]}-{cuda[-1]}"
+    if len(cuda) == len(devices):
+        shown = ",".join(map(str, cuda[:MAX_DEVICES_SHOWN]))
+        more = len(cuda) - MAX_DEVICES_SHOWN
+        return f"cuda:{shown}" + (f" +{more}" if more > 0 else "")
+    shown = ",".join(devices[:MAX_DEVICES_SHOWN])
+    more = len(devices) - MAX_DEVICES_SHOWN
+    return shown + (f" +{more}" if more > 0 else "")
+
+
+def setup_label(config: dict[str, Any], rank_devices: Iterable[str | None] = ()) -> str:
+    """``spawn · gloo · amp bf16 · cuda:0,1 · 2 ranks``: the header's account of the run, as
+    far as ddptui knows it (see :func:`amp_label` and :func:`device_label`)."""
+    parts = [str(config.get("launcher")), str(config.get("backend")), amp_label(config)]
+    device = device_label(config, rank_devices)
+    if device:
+        parts.append(device)
+    parts.append(f"{config.get('world_size')} ranks")
+    return " · ".join(parts)
+
+
 def run_frame(state: RunState, now: float) -> RunFrame:
     """Snapshot the per-rank table and the header numbers (call with the state's lock held)."""
     problems = state.health(now)

@@ -3,8 +3,12 @@
 The run screen only reads ``source.state`` (under ``source.locked()``) and calls
 ``source.now()``; it never touches sockets or processes. A :class:`LiveSource` is driven by
 exactly one thread (the screen's worker): ``start``/``pump``/``poll``/``stop``/``close`` all
-happen there, because the session's ZeroMQ socket is not thread-safe. Other threads only
-*ask* it to stop (:meth:`LiveSource.request_stop`) and wait on :attr:`LiveSource.done`.
+happen there, because the session's ZeroMQ socket is not thread-safe and belongs to the
+thread that created it. Other threads only *ask* it to stop
+(:meth:`LiveSource.request_stop`) and wait on :attr:`LiveSource.done`; when nothing drives
+it, :meth:`LiveSource.abandon` makes sure nothing ever will; and as a last resort, when the
+driving thread is stuck, :meth:`LiveSource.kill_workers` ends the worker processes without
+touching the socket.
 """
 
 from __future__ import annotations
@@ -103,6 +107,10 @@ class LiveSource(RunSource):
         self.started = threading.Event()
         self.done = threading.Event()
         self._stop = threading.Event()
+        self._claim = threading.Lock()
+        #: The thread that drives the session (and owns its socket), once one does.
+        self.driver: threading.Thread | None = None
+        self._abandoned = False
 
     def locked(self) -> contextlib.AbstractContextManager[Any]:
         return self.session.locked()
@@ -122,11 +130,36 @@ class LiveSource(RunSource):
         """Ask the driving thread to stop every worker (returns at once)."""
         self._stop.set()
 
+    def abandon(self) -> bool:
+        """If no thread drives this source yet, make sure none ever will and mark it done
+        (nothing was started, so there is nothing to stop or close). False when a thread
+        already drives it: then wait on :attr:`done`."""
+        with self._claim:
+            if self.driver is not None:
+                return False
+            self._abandoned = True
+        self.done.set()
+        return True
+
+    def kill_workers(self) -> None:
+        """Last resort, from any thread, when the driving thread is stuck: end the run's
+        worker processes. The session's socket and files are left to the driving thread,
+        which owns them and closes them when it gets going again (or process exit does)."""
+        launcher = getattr(self.session, "launcher", None)
+        if launcher is not None:
+            with contextlib.suppress(Exception):
+                launcher.stop()
+
     def drive(self, cancelled: Callable[[], bool] = lambda: False) -> LaunchResult | None:
         """Start the run and pump it until it ends or a stop is requested (blocking).
 
-        Always leaves nothing running: the session is stopped and closed on every way out.
+        Always leaves nothing running: the session is stopped and closed on every way out,
+        on this thread (the one that created the session's socket in ``start``).
         """
+        with self._claim:
+            if self._abandoned or self.driver is not None:
+                return self.result  # given up on before it started, or driven elsewhere
+            self.driver = threading.current_thread()
         try:
             self.session.start()
             self.started.set()

@@ -22,8 +22,8 @@ from ddptui.monitor import (
     rank_labels_from_environment,
 )
 
-#: Host CPU samples kept for its sparkline.
-HOST_HISTORY = 120
+#: Host CPU and RAM samples kept for their sparklines (one column each).
+HOST_HISTORY = 300
 
 
 class SamplerLike(Protocol):
@@ -35,9 +35,10 @@ class SamplerLike(Protocol):
     def set_pids(self, pids) -> None: ...
 
 
-def default_sampler(interval: float) -> SamplerLike:
-    # The dashboard shows no PCIe throughput; NVML samples each PCIe counter over ~20 ms.
-    return Sampler(interval=interval, pcie=False)
+def default_sampler(interval: float, pcie: bool | float = False) -> SamplerLike:
+    """The monitor layer's Sampler. PCIe throughput (NVML: ~42 ms per GPU) is read only when
+    asked for, on its own thread (``pcie``: True for every 5 s, or seconds)."""
+    return Sampler(interval=interval, pcie=pcie)
 
 
 class SystemFeed:
@@ -50,8 +51,9 @@ class SystemFeed:
         self.snapshot: SystemSnapshot | None = None
         self.view: RankGpuView | None = None
         self.history = History.for_window(300, interval)
-        self.host_cpu: deque[float] = deque(maxlen=HOST_HISTORY)
-        self.host_ram: deque[float] = deque(maxlen=HOST_HISTORY)
+        #: Host CPU and RAM percent per sample (None where CPU had no answer yet).
+        self.host_cpu: deque[float | None] = deque(maxlen=HOST_HISTORY)
+        self.host_ram: deque[float | None] = deque(maxlen=HOST_HISTORY)
         self._ranks: dict[int, RankInfo] = {}
         self._extra_pids: tuple[int, ...] = ()
         #: pid -> "rank N · run ID" for GPU processes that are ranks of any run.
@@ -115,5 +117,5 @@ class SystemFeed:
         self.view = join_ranks(snapshot, self._ranks)
         self.history.record(snapshot, self.view)
         host = snapshot.host
-        self.host_cpu.append(0.0 if is_na(host.cpu_percent) else float(host.cpu_percent))
+        self.host_cpu.append(None if is_na(host.cpu_percent) else float(host.cpu_percent))
         self.host_ram.append(float(host.memory_percent))

@@ -3,6 +3,7 @@ Sampler (canned SystemSnapshots of two fake GPUs, or none), and recorded runs.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -113,6 +114,38 @@ def gpu_snapshots(count: int = 40) -> list[SystemSnapshot]:
     return snaps
 
 
+def idle_and_busy_snapshots(count: int = 6) -> list[SystemSnapshot]:
+    """``count`` samples of an idle GPU (0 %, a steady 42 C, 60 W of 400 W, one sample with
+    utilisation not available) and a GPU busy at 100 % near its power limit. Few samples:
+    the sparklines show one column each, newest at the right, the rest empty."""
+    snaps = []
+    for i in range(count):
+        idle = dataclasses.replace(
+            _gpu(0, UUID_0, i, ()),
+            utilization_gpu=NA if i == count // 2 else 0,
+            memory_used=GiB // 2,
+            temperature=42,
+            power_draw=60.0,
+        )
+        busy = dataclasses.replace(
+            _gpu(1, UUID_1, i, (GpuProcess(FOREIGN_PID, 30 * GiB),)),
+            utilization_gpu=100,
+            memory_used=36 * GiB,
+            temperature=78 + i % 3,
+            power_draw=390.0 - 5 * (i % 2),
+        )
+        snaps.append(
+            SystemSnapshot(
+                time=1_700_000_000.0 + i,
+                monotonic=1000.0 + i,
+                gpu=GpuReport(True, None, "550.54.15", (idle, busy)),
+                host=_host(i),
+                processes=(),
+            )
+        )
+    return snaps
+
+
 def no_gpu_snapshots(count: int = 20) -> list[SystemSnapshot]:
     return [
         SystemSnapshot(
@@ -204,15 +237,26 @@ class FakeSession:
         self._hold = hold
         self._lock = threading.RLock()
         self.calls: list[str] = []
+        #: Every call of the session's own surface (pump and poll included), with the name
+        #: of the thread that made it: a RunSession's socket belongs to one thread.
+        self.threads: list[tuple[str, str]] = []
         self.result = None
 
+    def _record(self, name: str, listed: bool = True) -> None:
+        import threading
+
+        if listed:
+            self.calls.append(name)
+        self.threads.append((name, threading.current_thread().name))
+
     def start(self) -> None:
-        self.calls.append("start")
+        self._record("start")
         self.state.started_at = self.clock()
 
     def pump(self, timeout: float = 0.1):
         import time
 
+        self._record("pump", listed=False)
         batch, self._events = self._events[: self._per_pump], self._events[self._per_pump :]
         with self._lock:
             for event in batch:
@@ -223,6 +267,7 @@ class FakeSession:
     def poll(self):
         from ddptui.launch import LaunchResult
 
+        self._record("poll", listed=False)
         if self.result is None and not self._events and not self._hold:
             self.result = LaunchResult(0)
             with self._lock:
@@ -232,7 +277,7 @@ class FakeSession:
     def stop(self):
         from ddptui.launch import LaunchResult
 
-        self.calls.append("stop")
+        self._record("stop")
         if self.result is None:
             self.result = LaunchResult(-15, stopped=True)
             with self._lock:
@@ -240,7 +285,7 @@ class FakeSession:
         return self.result
 
     def close(self) -> None:
-        self.calls.append("close")
+        self._record("close")
 
     def locked(self):
         return self._lock

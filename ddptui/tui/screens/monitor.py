@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ddptui.tui.widgets.system import GpuList, HostLine, ProcessTable
+from ddptui.tui.widgets.system import GpuList, HostLine, ProcessTable, history_legend
 
 
 class MonitorScreen(Screen):
@@ -54,6 +54,7 @@ class MonitorScreen(Screen):
         title = Text.assemble(("ddptui monitor", "bold"), "  ", snap.gpu.summary)
         if snap.gpu.available and snap.gpu.driver_version:
             title.append(f"  driver {snap.gpu.driver_version}", "dim")
+        title.append(f"  history: {history_legend(feed.interval)}", "dim")
         self.query_one("#monitor-title", Static).update(title)
         self.query_one(HostLine).show(feed, wide=True)
         self.query_one(GpuList).show(feed)

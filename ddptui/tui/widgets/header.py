@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import ProgressBar
 
-from ddptui.tui.model import RunFrame, config_label
+from ddptui.tui.model import RunFrame, config_label, setup_label
 from ddptui.tui.widgets.text import QuietStatic
 
 #: Style of each run status in the header.
@@ -24,7 +24,8 @@ STATUS_STYLE = {
 
 
 class RunHeader(Vertical):
-    """Run id, trainer, launcher, backend, AMP, world size, state, elapsed, ETA, progress."""
+    """Run id, trainer, launcher, backend, AMP, device, world size, state, elapsed, ETA,
+    progress."""
 
     def compose(self) -> ComposeResult:
         yield QuietStatic(id="run-title")
@@ -49,8 +50,7 @@ class RunHeader(Vertical):
             "  ",
             (config_label(config), "bold cyan"),
             "  ",
-            f"{config.get('launcher')} · {config.get('backend')} · amp {config.get('amp')} · "
-            f"{config.get('world_size')} ranks  ",
+            setup_label(config, (row.device for row in frame.rows)) + "  ",
             (f" {frame.status.upper()} ", STATUS_STYLE.get(frame.status, "bold")),
         )
         if note:

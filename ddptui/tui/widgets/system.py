@@ -7,15 +7,19 @@ from collections.abc import Iterable
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Static
 
 from ddptui.monitor import NA, GpuHistory, GpuSnapshot, GpuView, is_na
 from ddptui.monitor.units import GiB, format_bytes, format_percent, format_value
 from ddptui.tui.system_feed import SystemFeed
+from ddptui.tui.widgets.spark import FixedSparkline
 from ddptui.tui.widgets.text import QuietStatic
 
-#: Points shown in a sparkline (the newest ones).
-SPARK_POINTS = 60
+#: Most samples handed to a sparkline (one column each; a terminal is rarely wider).
+SPARK_POINTS = 240
+#: The fixed scale of each history: percentages and temperature in degrees C.
+PERCENT_SCALE = (0.0, 100.0)
+TEMPERATURE_SCALE = (0.0, 100.0)
 
 
 def bar(percent: float | object, width: int = 20) -> Text:
@@ -41,9 +45,32 @@ def short_bytes(value: int | object) -> str:
     return text.replace(" GiB", "G").replace(" MiB", "M").replace(" KiB", "K")
 
 
-def _points(series: Iterable[float | None]) -> list[float]:
-    values = [0.0 if v is None else v for v in series]
-    return values[-SPARK_POINTS:] or [0.0]
+def _points(series: Iterable[float | None]) -> list[float | None]:
+    """The newest samples, one per column; None where a value was not available."""
+    return list(series)[-SPARK_POINTS:]
+
+
+def power_scale(limit: object, series: Iterable[float | None]) -> tuple[float, float]:
+    """0 to the power limit; without a known limit, 0 to the highest draw seen (or 1 W)."""
+    if not is_na(limit) and limit and float(limit) > 0:  # type: ignore[arg-type]
+        return 0.0, float(limit)  # type: ignore[arg-type]
+    seen = [v for v in series if v is not None]
+    return 0.0, max(seen, default=1.0) or 1.0
+
+
+def pcie_label(gpu: GpuSnapshot) -> str | None:
+    """``pcie rx 1.0M/s tx 2.9M/s 3s ago``, or None where PCIe was not measured."""
+    if is_na(gpu.pcie_age):
+        return None
+    return (
+        f"pcie rx {short_bytes(gpu.pcie_rx)}/s tx {short_bytes(gpu.pcie_tx)}/s"
+        f" {gpu.pcie_age:.0f}s ago"
+    )
+
+
+def history_legend(interval: float) -> str:
+    """How to read the sparklines' time axis: ``1 column = 1 s, newest right``."""
+    return f"1 column = {interval:g} s, newest right"
 
 
 def _ranks_label(ranks: tuple[int, ...]) -> str:
@@ -60,13 +87,14 @@ class Metric(Horizontal):
     def compose(self) -> ComposeResult:
         yield Static(self._label, classes="metric-label")
         yield QuietStatic(classes="metric-value")
-        yield Sparkline([0.0], classes="metric-spark")
+        yield FixedSparkline(classes="metric-spark")
 
-    def show(self, value: Text | str, points: list[float]) -> None:
+    def show(
+        self, value: Text | str, points: list[float | None], scale: tuple[float, float]
+    ) -> None:
+        """The value, and its history on the fixed ``scale`` (low, high)."""
         self.query_one(".metric-value", QuietStatic).show_text(value)
-        spark = self.query_one(Sparkline)
-        if spark.data != points:
-            spark.data = points
+        self.query_one(FixedSparkline).show(points, *scale)
 
 
 class GpuCard(Vertical):
@@ -101,6 +129,9 @@ class GpuCard(Vertical):
         elif view:
             n = len(view.processes)
             title.append(f"{n} process{'es' if n != 1 else ''}", "dim")
+        pcie = pcie_label(gpu)
+        if pcie:  # only where it was measured, always with its age
+            title.append(f"  {pcie}", "dim")
         self.query_one(".gpu-title", QuietStatic).show_text(title)
         width = 20 if wide else 8
         util = Text.assemble(
@@ -113,12 +144,20 @@ class GpuCard(Vertical):
         if not is_na(gpu.power_limit):
             power += f" / {format_value(gpu.power_limit, ' W', 0)}"
         h = history
-        self.query_one(".gpu-util", Metric).show(util, _points(h.utilization if h else ()))
-        self.query_one(".gpu-mem", Metric).show(mem, _points(h.memory_percent if h else ()))
-        self.query_one(".gpu-temp", Metric).show(
-            format_value(gpu.temperature, "°C"), _points(h.temperature if h else ())
+        self.query_one(".gpu-util", Metric).show(
+            util, _points(h.utilization if h else ()), PERCENT_SCALE
         )
-        self.query_one(".gpu-power", Metric).show(power, _points(h.power_draw if h else ()))
+        # Memory as a percent of the total: the scale is 0..total.
+        self.query_one(".gpu-mem", Metric).show(
+            mem, _points(h.memory_percent if h else ()), PERCENT_SCALE
+        )
+        self.query_one(".gpu-temp", Metric).show(
+            format_value(gpu.temperature, "°C"),
+            _points(h.temperature if h else ()),
+            TEMPERATURE_SCALE,
+        )
+        draws = _points(h.power_draw if h else ())
+        self.query_one(".gpu-power", Metric).show(power, draws, power_scale(gpu.power_limit, draws))
 
 
 class GpuList(Vertical):
@@ -182,8 +221,8 @@ class HostLine(Vertical):
             bar(host.memory_percent, width),
             f" {used_of_total(host.memory_used, host.memory_total)}",
         )
-        self.query_one(".host-cpu", Metric).show(cpu, _points(feed.host_cpu))
-        self.query_one(".host-ram", Metric).show(ram, _points(feed.host_ram))
+        self.query_one(".host-cpu", Metric).show(cpu, _points(feed.host_cpu), PERCENT_SCALE)
+        self.query_one(".host-ram", Metric).show(ram, _points(feed.host_ram), PERCENT_SCALE)
 
 
 class RankProcesses(QuietStatic):
@@ -215,12 +254,14 @@ class SystemPanel(VerticalScroll):
     """The run screen's system panel: GPUs, host, rank processes."""
 
     def compose(self) -> ComposeResult:
-        yield Static("system", classes="panel-title")
+        yield QuietStatic("system", classes="panel-title")
         yield GpuList(id="sys-gpus")
         yield HostLine(id="sys-host")
         yield RankProcesses(id="sys-ranks")
 
     def show(self, feed: SystemFeed) -> None:
+        title = Text.assemble("system  ", (history_legend(feed.interval), "dim not bold"))
+        self.query_one(".panel-title", QuietStatic).show_text(title)
         self.query_one(GpuList).show(feed)
         self.query_one(HostLine).show(feed)
         self.query_one(RankProcesses).show(feed)
