@@ -208,8 +208,22 @@ def primed_app(mode: str = "run", snapshots: list[SystemSnapshot] | None = None,
     return app
 
 
-def replay(run_dir: Path, now_offset: float = 0.0) -> ReplaySource:
-    """A recorded run with a frozen clock (``now_offset`` seconds after its last event)."""
+def replay(run_dir: Path, now_offset: float = 0.0, live: bool | None = None) -> ReplaySource:
+    """A recorded run with a frozen clock (``now_offset`` seconds after its last event).
+
+    ``live`` (default: for the mid-run recording) shows the run as it looked while it was
+    still going, instead of as the interrupted run its files say it is now.
+    """
+    if live if live is not None else Path(run_dir) == MID_RUN:
+        from ddptui.rundir import iter_events, read_config
+        from ddptui.state import RunState
+
+        config = read_config(run_dir)
+        state = RunState(config["run_id"], config["world_size"], epochs=config.get("epochs"))
+        for event in iter_events(run_dir, config["run_id"]):
+            state.apply(event)
+        now = (state.last_event_at or 0.0) + now_offset
+        return ReplaySource(config, state, Path(run_dir), now=now)
     source = ReplaySource.load(run_dir)
     now = (source.state.finished_at or source.state.last_event_at or 0.0) + now_offset
     return ReplaySource(source.config, source.state, source.run_dir, now=now)
@@ -225,14 +239,14 @@ class FakeSession:
         import threading
         import time
 
-        from ddptui.session import read_events
+        from ddptui.rundir import iter_events
         from ddptui.state import RunState
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.clock = time.monotonic
         self.state = RunState(cfg.run_id, cfg.world_size, epochs=cfg.epochs)
-        self._events = list(read_events(self.run_dir / "events.jsonl"))
+        self._events = list(iter_events(self.run_dir))
         self._per_pump = per_pump
         self._hold = hold
         self._lock = threading.RLock()
