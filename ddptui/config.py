@@ -282,10 +282,11 @@ def build_config(
     ``deep=False`` skips the checks that import torch or the trainer (the ``--resume`` header
     and the arguments after ``--``).
     """
-    errors = check_options(raw, machine, deep=deep)
+    errors: list[ConfigError] = []
+    cfg = _build(raw, machine, errors, deep)  # one pass: the machine is asked at most once
     if errors:
         raise errors[0]
-    return _build(raw, machine, None, deep)
+    return cfg
 
 
 def check_options(
@@ -293,31 +294,23 @@ def check_options(
 ) -> list[ConfigError]:
     """Every problem with ``raw``, in form order (empty when it can run)."""
     errors: list[ConfigError] = []
-    try:
-        _build(raw, machine, errors, deep)
-    except ConfigError as exc:  # pragma: no cover - _build collects instead of raising
-        errors.append(exc)
+    _build(raw, machine, errors, deep)
     return errors
 
 
 class _Checks:
-    """Collects problems (form) or raises the first (when no list is given)."""
+    """Collects every problem, in the order the options are judged (the form's order)."""
 
-    def __init__(self, errors: list[ConfigError] | None) -> None:
+    def __init__(self, errors: list[ConfigError]) -> None:
         self.errors = errors
 
     def fail(self, field: str, message: str) -> None:
-        error = ConfigError(field, message)
-        if self.errors is None:
-            raise error
-        self.errors.append(error)
+        self.errors.append(ConfigError(field, message))
 
     def attempt(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except ConfigError as exc:
-            if self.errors is None:
-                raise
             self.errors.append(exc)
             return None
 
@@ -327,11 +320,10 @@ class _Checks:
 
 
 def _build(
-    raw: Mapping[str, Any],
-    machine: Machine | None,
-    errors: list[ConfigError] | None = None,
-    deep: bool = True,
+    raw: Mapping[str, Any], machine: Machine | None, errors: list[ConfigError], deep: bool
 ) -> RunConfig:
+    """The config ``raw`` describes, with every problem appended to ``errors`` (a value that
+    failed is replaced by its default so that the remaining options are still judged)."""
     checks = _Checks(errors)
     attempt = checks.attempt
 
