@@ -1,5 +1,10 @@
-"""Command line: ``ddptui [run options]`` (dashboard), ``--no-ui`` (headless),
-``ddptui monitor``, ``ddptui replay RUN_DIR``.
+"""Command line: one parser per command.
+
+``ddptui [run options] [-- ARGS]`` opens the dashboard on a run (``--no-ui``: headless,
+``--start``: launch at once); ``ddptui run ...`` says the same. ``ddptui monitor`` watches
+GPUs and the host, ``ddptui replay RUN_DIR`` reopens a run; further commands (bench, compare,
+export, and later join, attach) plug into :data:`COMMANDS` as modules with
+``add_arguments(parser)`` and ``run(args) -> int``.
 
 Every bad value is refused before any process starts: one line on stderr, exit code 2.
 """
@@ -7,87 +12,206 @@ Every bad value is refused before any process starts: one line on stderr, exit c
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
-from pathlib import Path
-from typing import NoReturn
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ddptui.argv import split_passthrough
+from ddptui.commands import USAGE_ERROR, CommandParser, UsageError, command_main, fail
 from ddptui.config import ConfigError, build_config
-from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
+from ddptui.constants import AMP_MODES, BACKEND_CHOICES, DEVICE_CHOICES, LAUNCHERS
 
-USAGE_ERROR = 2
-
-
-class UsageError(Exception):
-    pass
+__all__ = ["COMMANDS", "USAGE_ERROR", "main", "run_parser", "add_run_arguments"]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option in one line instead of usage + traceback."""
+@dataclass(frozen=True)
+class Command:
+    """A ``ddptui NAME`` command: where its arguments are declared and where it runs."""
 
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+    name: str
+    summary: str
+    arguments: str  # "module:function" adding the command's arguments to a parser
+    handler: str  # "module:function" running it with the parsed arguments -> exit code
+    passthrough: bool = False  # arguments after "--" land in args.script_args
+
+    def available(self) -> bool:
+        return all(
+            importlib.util.find_spec(ref.partition(":")[0]) is not None
+            for ref in (self.arguments, self.handler)
+        )
+
+    def main(self, argv: Sequence[str], prog: str | None = None) -> int:
+        module = importlib.import_module(self.arguments.partition(":")[0])
+        description = getattr(module, "DESCRIPTION", None) or (
+            self.summary[:1].upper() + self.summary[1:] + "."
+        )
+        return command_main(
+            prog or f"ddptui {self.name}",
+            RUN_DESCRIPTION if self.name == "run" else description,
+            _resolve(self.arguments),
+            _resolve(self.handler),
+            list(argv),
+            passthrough=self.passthrough,
+        )
 
 
-def run_parser() -> argparse.ArgumentParser:
-    from trainers import TRAINERS
+def _resolve(ref: str):
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
-    p = _Parser(
-        prog="ddptui",
-        description="Launch a PyTorch DDP run and watch every rank live.",
-        epilog="Subcommands: 'ddptui monitor' (GPU/system monitor), 'ddptui replay RUN_DIR'. "
-        "Arguments after '--' go to your --script (or to the trainer).",
+
+RUN_DESCRIPTION = "Launch a PyTorch DDP run and watch every rank live."
+
+COMMANDS: dict[str, Command] = {
+    command.name: command
+    for command in (
+        Command(
+            "run",
+            "launch a run (the default command)",
+            "ddptui.cli:add_run_arguments",
+            "ddptui.cli:run_command",
+            passthrough=True,
+        ),
+        Command(
+            "monitor",
+            "GPU (NVML), CPU and RAM monitor",
+            "ddptui.monitor.cli:add_arguments",
+            "ddptui.cli:monitor_command",
+        ),
+        Command(
+            "replay",
+            "reopen a finished or crashed run",
+            "ddptui.cli:add_replay_arguments",
+            "ddptui.cli:replay_command",
+        ),
+        Command(
+            "bench",
+            "measure a matrix of configurations",
+            "ddptui.bench:add_arguments",
+            "ddptui.bench:run",
+            passthrough=True,
+        ),
+        Command(
+            "compare", "runs side by side", "ddptui.compare:add_arguments", "ddptui.compare:run"
+        ),
+        Command(
+            "export",
+            "a run's events as CSV/TensorBoard",
+            "ddptui.export:add_arguments",
+            "ddptui.export:run",
+        ),
+    )
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    word = argv[0] if argv else ""
+    try:
+        if word in COMMANDS:
+            command = COMMANDS[word]
+            if not command.available():
+                return fail(f"'ddptui {word}' is not part of this installation")
+            return command.main(argv[1:])
+        if word and not word.startswith("-"):
+            names = ", ".join(name for name, c in COMMANDS.items() if c.available())
+            return fail(f"unknown command {word!r} (commands: {names}; run options start with --)")
+        return COMMANDS["run"].main(argv, prog="ddptui")
+    except (UsageError, ConfigError) as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit as exc:  # --help, --version: argparse's own exit
+        return exc.code if isinstance(exc.code, int) else 0
+
+
+# -- run ------------------------------------------------------------------------------------------
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    from ddptui.registry import DEFAULT_TRAINER, registry
+
+    specs = registry().specs
+    models = "; ".join(
+        f"{name}: {' | '.join(spec.models)}" for name, spec in specs.items() if len(spec.models) > 1
+    )
+    commands = ", ".join(
+        f"'ddptui {n}' ({c.summary})" for n, c in COMMANDS.items() if n != "run" and c.available()
+    )
+    p.epilog = (
+        f"Commands: {commands}. Arguments after '--' go to your --script (or to the trainer)."
     )
     p.add_argument("--no-ui", action="store_true", help="headless: log to the console")
     p.add_argument("--start", action="store_true", help="dashboard: launch at once, skip form")
     g = p.add_argument_group("run")
-    g.add_argument("--trainer", help=f"built-in trainer: {', '.join(TRAINERS)} (default synthetic)")
-    g.add_argument("--script", help="your own training script (run under torchrun)")
     g.add_argument(
-        "--launcher", help=f"{' | '.join(LAUNCHERS)} (default spawn; torchrun for --script)"
+        "--trainer", metavar="NAME", help=f"trainer: {', '.join(specs)} (default {DEFAULT_TRAINER})"
+    )
+    g.add_argument("--script", metavar="PATH", help="your own training script (run under torchrun)")
+    g.add_argument(
+        "--launcher",
+        metavar="NAME",
+        help=f"{' | '.join(LAUNCHERS)} (default spawn; torchrun for --script)",
     )
     g.add_argument(
-        "--backend", help=f"{' | '.join(BACKEND_CHOICES)} (default auto: nccl with CUDA)"
+        "--device",
+        metavar="DEVICE",
+        help=f"{' | '.join(DEVICE_CHOICES)} (default auto: cuda when a GPU is visible)",
     )
-    g.add_argument("--amp", help=f"{' | '.join(AMP_MODES)} (default off)")
-    g.add_argument("--world-size", help="number of ranks (default 2)")
-    g.add_argument("--epochs", help="epochs (default: the trainer's)")
-    g.add_argument("--batch-size", help="batch size per rank")
-    g.add_argument("--lr", help="learning rate")
-    g.add_argument("--seed", help="random seed (default 0)")
-    g.add_argument("--model", help="model for cifar10/imagefolder: resnet18 | resnet50")
-    g.add_argument("--data-dir", help="dataset directory (mnist, cifar10, imagefolder)")
-    g.add_argument("--run-dir", help="where to write the run (default runs/<run-id>)")
-    g.add_argument("--resume", help="checkpoint to resume from (continues at the next epoch)")
-    g.add_argument("--init-method", help="process-group init: tcp://HOST:PORT or file://PATH")
+    g.add_argument(
+        "--backend",
+        metavar="NAME",
+        help=f"{' | '.join(BACKEND_CHOICES)} (default auto: nccl for CUDA ranks)",
+    )
+    g.add_argument("--amp", metavar="MODE", help=f"{' | '.join(AMP_MODES)} (default off)")
+    g.add_argument(
+        "--world-size",
+        metavar="N",
+        help="number of ranks (default: one per visible GPU on CUDA, 2 on CPU)",
+    )
+    g.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="allow more than 4 CPU ranks per usable core (at most 1024 ranks)",
+    )
+    g.add_argument(
+        "--workers",
+        metavar="N",
+        help="DataLoader workers per rank (default: a share of the cores on CUDA, 0 on CPU)",
+    )
+    g.add_argument("--epochs", metavar="N", help="epochs (default: the trainer's)")
+    g.add_argument("--batch-size", metavar="N", help="batch size per rank")
+    g.add_argument("--lr", metavar="LR", help="learning rate")
+    g.add_argument("--seed", metavar="N", help="random seed (default 0)")
+    g.add_argument("--model", metavar="NAME", help=f"model ({models})" if models else "model")
+    g.add_argument(
+        "--data-dir", metavar="DIR", help="dataset directory (mnist, cifar10, imagefolder)"
+    )
+    g.add_argument(
+        "--run-dir", metavar="DIR", help="where to write the run (default runs/<run-id>)"
+    )
+    g.add_argument(
+        "--resume",
+        metavar="CHECKPOINT",
+        help="checkpoint to resume from (continues at the next epoch)",
+    )
+    g.add_argument(
+        "--init-method",
+        metavar="URL",
+        help="process-group init: tcp://HOST:PORT, file:///PATH or env://",
+    )
     g.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm")
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """The run command's parser (``ddptui [run options]``)."""
+    p = CommandParser(prog="ddptui", description=RUN_DESCRIPTION)
+    add_run_arguments(p)
     return p
 
 
-def fail(message: str) -> int:
-    print(f"ddptui: error: {message}", file=sys.stderr)
-    return USAGE_ERROR
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] == "monitor":
-            return monitor_main(argv[1:])
-        if argv and argv[0] == "replay":
-            return replay_main(argv[1:])
-        return run_main(argv)
-    except UsageError as exc:
-        return fail(str(exc))
-    except KeyboardInterrupt:
-        return 130
-
-
-def run_main(argv: list[str]) -> int:
-    own, passthrough = split_passthrough(argv)
-    args = run_parser().parse_args(own)
+def run_command(args: argparse.Namespace) -> int:
     raw = {k: v for k, v in vars(args).items() if k not in ("no_ui", "start")}
-    raw["script_args"] = tuple(passthrough)
+    raw["script_args"] = tuple(getattr(args, "script_args", ()))
     try:
         cfg = build_config(raw)
     except ConfigError as exc:
@@ -99,38 +223,34 @@ def run_main(argv: list[str]) -> int:
     return _dashboard("run", cfg=cfg, raw=raw, start=args.start)
 
 
-def monitor_main(argv: list[str]) -> int:
-    p = _Parser(prog="ddptui monitor", description="Live GPU and system monitoring.")
-    p.add_argument("--no-ui", action="store_true", help="print to the console")
-    p.add_argument("--interval", default="1.0", help="seconds between samples (min 0.1)")
-    p.add_argument("--count", help="stop after N samples")
-    p.add_argument("--json", action="store_true", help="one JSON object per sample")
-    args = p.parse_args(argv)
-    from ddptui.config import parse_float, parse_int
-
-    try:
-        interval = parse_float("interval", args.interval)
-        count = None if args.count is None else parse_int("count", args.count, 1)
-    except ConfigError as exc:
-        return fail(str(exc))
-    if interval < 0.1:
-        return fail(f"--interval must be at least 0.1 s, got {interval:g}")
+# -- monitor ------------------------------------------------------------------------------------
+def monitor_command(args: argparse.Namespace) -> int:
     if args.no_ui or args.json:
-        from ddptui.monitor.cli import run_monitor_headless
+        from ddptui.monitor.cli import run
 
-        return run_monitor_headless(interval=interval, count=count, as_json=args.json)
-    return _dashboard("monitor", interval=interval)
+        return run(args)
+    return _dashboard("monitor", interval=args.interval, pcie=args.pcie)
 
 
-def replay_main(argv: list[str]) -> int:
-    p = _Parser(prog="ddptui replay", description="Open a finished or crashed run.")
-    p.add_argument("run_dir")
+# -- replay -------------------------------------------------------------------------------------
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
     p.add_argument("--no-ui", action="store_true", help="print the run's summary instead")
-    args = p.parse_args(argv)
-    run_dir = Path(args.run_dir)
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    """Open a finished or crashed run."""
+    from ddptui.config import parse_path
     from ddptui.rundir import RunDir, RunDirError, read_config
 
-    if not RunDir(run_dir).events.is_file():
+    try:
+        run_dir = parse_path("run_dir", args.run_dir, label="RUN_DIR")
+        ok = RunDir(run_dir).holds_run()
+    except ConfigError as exc:  # a NUL byte, a name too long
+        return fail(f"cannot open run directory: {exc}")
+    except OSError as exc:
+        return fail(f"cannot open run directory {args.run_dir}: {exc.strerror or exc}")
+    if not ok:
         return fail(f"not a run directory (no events.jsonl): {run_dir}")
     try:
         read_config(run_dir)

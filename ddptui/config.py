@@ -1,21 +1,63 @@
 """Run options: one validated, frozen :class:`RunConfig`, built the same way for the CLI
-and the dashboard form, so both refuse bad input with the same one-line messages."""
+and the dashboard form, so both refuse bad input with the same one-line messages.
+
+Everything that can be known before a process starts is checked here: numbers (finite, in
+range), choices, the device and the world size this machine can hold, paths (NUL bytes,
+names too long), the script (Python that compiles), the trainer's model and data, the
+checkpoint given to ``--resume`` (its header), the rendezvous URL, and the arguments after
+``--`` (with the trainer's own parser). The last two read torch or the trainer module, so they
+run only when ``--resume`` or such arguments are given (``deep`` checks).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import importlib
+import io
+import math
 import os
+import re
 import secrets
 import time
-from collections.abc import Mapping
+import tokenize
+import urllib.parse
+import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
+from ddptui.constants import (
+    AMP_MODES,
+    BACKEND_CHOICES,
+    DEFAULT_CPU_WORLD_SIZE,
+    DEVICE_CHOICES,
+    DEVICE_ENV,
+    LAUNCHERS,
+    MAX_RANKS_PER_CORE,
+)
+from ddptui.cpus import usable_cpus
+from ddptui.registry import DEFAULT_TRAINER, Registry, TrainerSpec, registry
 from ddptui.rundir import RunDir
-from trainers import DEFAULT_TRAINER, TRAINERS
-from trainers.data_files import missing_data_message
+
+# -- limits (a value beyond these is a typo or an attack, not a run) -----------------------------
+#: Ranks ddptui starts on one machine, even with ``--oversubscribe``.
+MAX_LOCAL_RANKS = 1024
+MAX_EPOCHS = 1_000_000
+MAX_BATCH_SIZE = 2**20
+#: Seeds go to torch, numpy and random alike: numpy's range is the narrowest.
+MAX_SEED = 2**32 - 1
+#: DataLoader workers per rank.
+MAX_WORKERS = 64
+#: The default on CUDA: a fair share of the usable cores per local rank, at most this many.
+MAX_DEFAULT_WORKERS = 8
+#: POSIX limits of a file name (one path component) and a whole path, in bytes.
+NAME_MAX = 255
+PATH_MAX = 4096
+#: A training script larger than this is refused without being read.
+MAX_SCRIPT_BYTES = 16 * 2**20
 
 
 class ConfigError(ValueError):
@@ -28,11 +70,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Machine:
-    """What this machine can run: the CUDA devices torch sees (or why it sees none)."""
+    """What this machine can run: the CUDA devices torch sees (or why it sees none), and the
+    CPU cores this process may use (its affinity, not the machine's core count)."""
 
     cuda_devices: int = 0
     cuda_reason: str = "CUDA is not available"
-    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cpu_count: int = field(default_factory=usable_cpus)
 
     @classmethod
     def detect(cls) -> Machine:
@@ -65,9 +108,12 @@ class RunConfig:
     script: str | None = None
     script_args: tuple[str, ...] = ()
     launcher: str = "spawn"
+    device: str = "cpu"  # resolved: never "auto" once built
     backend: str = "gloo"  # resolved: never "auto" once built
     amp: str = "off"
-    world_size: int = 2
+    world_size: int = DEFAULT_CPU_WORLD_SIZE
+    workers: int = 0  # DataLoader workers per rank (built-in trainers)
+    oversubscribe: bool = False
     epochs: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -78,6 +124,7 @@ class RunConfig:
     init_method: str | None = None
     sync_bn: bool = False
     model: str | None = None
+    trainer_module: str | None = None  # the module every rank runs (None for a script)
     run_id: str = ""
 
     @property
@@ -91,7 +138,8 @@ class RunConfig:
         """Arguments for the trainer module (or the user's script, which gets its own)."""
         if self.script:
             return list(self.script_args)
-        argv = ["--backend", self.backend, "--amp", self.amp, "--seed", str(self.seed)]
+        argv = ["--backend", self.backend, "--device", self.device, "--amp", self.amp]
+        argv += ["--seed", str(self.seed), "--workers", str(self.workers)]
         for flag, value in (
             ("--epochs", self.epochs),
             ("--batch-size", self.batch_size),
@@ -109,6 +157,20 @@ class RunConfig:
             argv += ["--checkpoint", str(RunDir(self.run_dir).checkpoint)]
         return argv + list(self.script_args)
 
+    def rank_environment(self) -> dict[str, str]:
+        """Environment every rank gets on top of the launcher's, for trainers and scripts alike.
+
+        ``DDPTUI_DEVICE`` is ``cuda`` (rank ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``) or ``cpu``.
+        Under ``cpu`` the GPUs are also hidden (``CUDA_VISIBLE_DEVICES=""``): CPU ranks are then
+        CPU ranks for every script, including one that picks CUDA whenever it sees a GPU, and
+        no rank creates a CUDA context on a GPU it does not use. A script that wants the GPUs
+        runs with ``--device cuda`` (or ``auto``).
+        """
+        env = {DEVICE_ENV: self.device}
+        if self.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
 
 def nvidia_driver_present() -> bool:
     return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
@@ -118,24 +180,41 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
+def default_workers(device: str, local_world_size: int, cpu_count: int) -> int:
+    """DataLoader workers per rank when ``--workers`` is not given: on CUDA a fair share of
+    the usable cores per local rank (at least 1, at most 8); 0 on CPU, where the ranks
+    themselves use the cores."""
+    if device != "cuda":
+        return 0
+    return max(1, min(MAX_DEFAULT_WORKERS, cpu_count // max(1, local_world_size)))
+
+
 # -- parsing single values (shared by argparse and the dashboard form) ------------------
-def parse_int(name: str, text: Any, minimum: int | None = None) -> int:
+def parse_int(name: str, text: Any, minimum: int | None = None, maximum: int | None = None) -> int:
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise ConfigError(name, f"{_flag(name)} must be a whole number, got {text!r}") from None
+        raise ConfigError(
+            name, f"{_flag(name)} must be a whole number, got {_shown(text)}"
+        ) from None
     if minimum is not None and value < minimum:
-        raise ConfigError(name, f"{_flag(name)} must be at least {minimum}, got {value}")
+        raise ConfigError(name, f"{_flag(name)} must be at least {minimum}, got {_num(value)}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(name, f"{_flag(name)} must be at most {maximum}, got {_num(value)}")
     return value
 
 
-def parse_float(name: str, text: Any, positive: bool = True) -> float:
+def parse_float(name: str, text: Any, positive: bool = True, maximum: float | None = None) -> float:
     try:
         value = float(str(text).strip())
     except ValueError:
-        raise ConfigError(name, f"{_flag(name)} must be a number, got {text!r}") from None
+        raise ConfigError(name, f"{_flag(name)} must be a number, got {_shown(text)}") from None
+    if not math.isfinite(value):
+        raise ConfigError(name, f"{_flag(name)} must be a finite number, got {_shown(text)}")
     if positive and not value > 0:
         raise ConfigError(name, f"{_flag(name)} must be greater than 0, got {value:g}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(name, f"{_flag(name)} must be at most {maximum:g}, got {value:g}")
     return value
 
 
@@ -143,13 +222,49 @@ def parse_choice(name: str, text: Any, choices: tuple[str, ...] | list[str]) -> 
     value = str(text).strip().lower()
     if value not in choices:
         raise ConfigError(
-            name, f"unknown {name.replace('_', ' ')} {text!r} (choose from {', '.join(choices)})"
+            name,
+            f"unknown {name.replace('_', ' ')} {_shown(text)} (choose from {', '.join(choices)})",
         )
     return value
 
 
+def parse_path(name: str, text: Any, label: str | None = None) -> Path:
+    """A path the filesystem can take: no NUL byte, encodable, every name at most 255 bytes
+    and the whole under 4096 (checked before any system call, which would raise). Messages
+    name the option (``--run-dir``), or ``label`` when given."""
+    value = str(text).strip()
+    flag = label or _flag(name)
+    if "\x00" in value:
+        raise ConfigError(name, f"{flag} contains a NUL byte: {_shown(value)}")
+    try:
+        encoded = os.fsencode(value)
+    except UnicodeEncodeError:
+        raise ConfigError(
+            name, f"{flag} {_shown(value)} has characters no file name can hold here"
+        ) from None
+    if max((len(part) for part in encoded.split(b"/")), default=0) > NAME_MAX:
+        raise ConfigError(name, f"{flag} has a name longer than {NAME_MAX} bytes: {_shown(value)}")
+    if len(encoded) >= PATH_MAX:
+        raise ConfigError(name, f"{flag} is longer than {PATH_MAX - 1} bytes: {_shown(value)}")
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # "~" without a home directory
+        return Path(value)
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr`` of a value for a one-line message: escapes control characters, clips."""
+    text = repr(value if isinstance(value, str) else str(value))
+    return text if len(text) <= limit else text[: limit - 2] + "…" + text[-1]
+
+
+def _num(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 20 else f"{text[:8]}… ({len(text)} digits)"
 
 
 def _blank(value: Any) -> bool:
@@ -157,141 +272,154 @@ def _blank(value: Any) -> bool:
 
 
 # -- building a whole config -------------------------------------------------------------
-def build_config(raw: Mapping[str, Any], machine: Machine | None = None) -> RunConfig:
+def build_config(
+    raw: Mapping[str, Any], machine: Machine | None = None, *, deep: bool = True
+) -> RunConfig:
     """Validate raw option values (strings or typed) into a :class:`RunConfig`.
 
     Raises :class:`ConfigError` for the first bad value. ``machine`` is detected when needed
-    (backend ``auto``/``nccl``, AMP ``fp16``) and not given.
+    (device ``auto``/``cuda``, backend ``nccl``, AMP ``fp16``, ``--sync-bn``) and not given.
+    ``deep=False`` skips the checks that import torch or the trainer (the ``--resume`` header
+    and the arguments after ``--``).
     """
-    errors = check_options(raw, machine)
+    errors: list[ConfigError] = []
+    cfg = _build(raw, machine, errors, deep)  # one pass: the machine is asked at most once
     if errors:
         raise errors[0]
-    return _build(raw, machine)
+    return cfg
 
 
-def check_options(raw: Mapping[str, Any], machine: Machine | None = None) -> list[ConfigError]:
+def check_options(
+    raw: Mapping[str, Any], machine: Machine | None = None, *, deep: bool = True
+) -> list[ConfigError]:
     """Every problem with ``raw``, in form order (empty when it can run)."""
     errors: list[ConfigError] = []
-    try:
-        _build(raw, machine, errors)
-    except ConfigError as exc:  # pragma: no cover - _build collects instead of raising
-        errors.append(exc)
+    _build(raw, machine, errors, deep)
     return errors
 
 
-def _build(
-    raw: Mapping[str, Any], machine: Machine | None, errors: list[ConfigError] | None = None
-) -> RunConfig:
-    def attempt(fn, *args):  # collect into errors, or raise at once
+class _Checks:
+    """Collects every problem, in the order the options are judged (the form's order)."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = errors
+
+    def fail(self, field: str, message: str) -> None:
+        self.errors.append(ConfigError(field, message))
+
+    def attempt(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except ConfigError as exc:
-            if errors is None:
-                raise
-            errors.append(exc)
+            self.errors.append(exc)
             return None
 
-    script = None if _blank(raw.get("script")) else str(raw["script"]).strip()
-    trainer = DEFAULT_TRAINER
-    if script is None and not _blank(raw.get("trainer")):
-        trainer = attempt(parse_choice, "trainer", raw["trainer"], list(TRAINERS)) or trainer
-    if script is not None:
-        path = Path(script).expanduser()
-        if not path.is_file():
-            attempt(_fail, "script", f"script not found: {script}")
-        else:
-            script = str(path.resolve())
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
+
+
+def _build(
+    raw: Mapping[str, Any], machine: Machine | None, errors: list[ConfigError], deep: bool
+) -> RunConfig:
+    """The config ``raw`` describes, with every problem appended to ``errors`` (a value that
+    failed is replaced by its default so that the remaining options are still judged)."""
+    checks = _Checks(errors)
+    attempt = checks.attempt
+
+    # -- what runs: a registered trainer or the user's script
+    is_script = not _blank(raw.get("script"))
+    script_args = tuple(str(a) for a in (raw.get("script_args") or ()))
+    trainers = registry()
+    trainer, spec, script = DEFAULT_TRAINER, None, None
+    if is_script:
+        script = attempt(check_script, raw["script"])
+    else:
+        name = raw.get("trainer")
+        trainer = attempt(parse_trainer, DEFAULT_TRAINER if _blank(name) else name, trainers)
+        trainer = trainer or DEFAULT_TRAINER
+        spec = trainers.specs.get(trainer)
 
     launcher_raw = raw.get("launcher")
     if _blank(launcher_raw):
-        launcher = "torchrun" if script else "spawn"
+        launcher = "torchrun" if is_script else "spawn"
     else:
         launcher = attempt(parse_choice, "launcher", launcher_raw, LAUNCHERS) or "spawn"
 
-    world_size = attempt(parse_int, "world_size", _default(raw, "world_size", 2), 1) or 2
-    epochs = _optional(raw, "epochs", lambda v: parse_int("epochs", v, 1), attempt)
-    batch_size = _optional(raw, "batch_size", lambda v: parse_int("batch_size", v, 1), attempt)
+    # -- numbers
+    world_size = _optional(raw, "world_size", lambda v: parse_int("world_size", v, 1), attempt)
+    workers = _optional(raw, "workers", lambda v: parse_int("workers", v, 0, MAX_WORKERS), attempt)
+    epochs = _optional(raw, "epochs", lambda v: parse_int("epochs", v, 1, MAX_EPOCHS), attempt)
+    batch_size = _optional(
+        raw, "batch_size", lambda v: parse_int("batch_size", v, 1, MAX_BATCH_SIZE), attempt
+    )
     lr = _optional(raw, "lr", lambda v: parse_float("lr", v), attempt)
-    seed = attempt(parse_int, "seed", _default(raw, "seed", 0), 0)
+    seed = attempt(parse_int, "seed", _default(raw, "seed", 0), 0, MAX_SEED)
+
+    # -- where ranks compute, and how they talk
+    device = attempt(parse_choice, "device", _default(raw, "device", "auto"), DEVICE_CHOICES)
     backend = attempt(parse_choice, "backend", _default(raw, "backend", "auto"), BACKEND_CHOICES)
     amp = attempt(parse_choice, "amp", _default(raw, "amp", "off"), AMP_MODES) or "off"
-
     sync_bn = bool(raw.get("sync_bn"))
-    needs_machine = backend in ("auto", "nccl") or amp == "fp16" or sync_bn
-    if needs_machine and machine is None:
-        machine = Machine.detect()
-    if backend == "auto":
-        backend = "nccl" if machine and machine.cuda_devices > 0 else "gloo"
-    elif backend == "nccl" and machine is not None:
-        if machine.cuda_devices == 0:
-            attempt(_fail, "backend", f"backend nccl needs a CUDA GPU: {machine.cuda_reason}")
-        elif world_size > machine.cuda_devices:
-            attempt(
-                _fail,
-                "world_size",
-                f"world size {world_size} is more than the {machine.cuda_devices} GPU(s) "
-                "nccl can use on this machine (use --backend gloo, or fewer ranks)",
-            )
-    if amp == "fp16" and machine is not None and machine.cuda_devices == 0:
-        attempt(
-            _fail,
-            "amp",
-            f"AMP fp16 needs a CUDA GPU ({machine.cuda_reason}); use --amp bf16 on CPU",
+    oversubscribe = bool(raw.get("oversubscribe"))
+    device = device or "auto"
+    if machine is None:
+        needs_cuda_answer = device != "cpu" or backend == "nccl" or amp == "fp16" or sync_bn
+        machine = Machine.detect() if needs_cuda_answer else Machine(0, "not asked (--device cpu)")
+    resolved, backend = _resolve_device(checks, machine, device, backend)
+    if amp == "fp16":
+        _needs_cuda_ranks(checks, machine, resolved, "amp")
+    if sync_bn:
+        _needs_cuda_ranks(checks, machine, resolved, "sync_bn")
+    if world_size is None:
+        gpus = machine.cuda_devices
+        world_size = gpus if resolved == "cuda" and gpus > 0 else DEFAULT_CPU_WORLD_SIZE
+    else:
+        _check_world_size(checks, machine, resolved, world_size, oversubscribe)
+    if workers is None:
+        workers = default_workers(resolved, world_size, machine.cpu_count)
+    elif is_script and not _blank(raw.get("workers")):
+        checks.fail(
+            "workers",
+            "--workers is an option of the trainers; a --script reads its own (after --)",
         )
 
-    if sync_bn and machine is not None and machine.cuda_devices == 0:
-        attempt(
-            _fail,
-            "sync_bn",
-            f"--sync-bn needs a CUDA GPU: torch's SyncBatchNorm runs only "
-            f"on GPUs ({machine.cuda_reason})",
-        )
-
-    resume = None if _blank(raw.get("resume")) else str(raw["resume"]).strip()
-    if resume is not None:
-        path = Path(resume).expanduser()
-        if not path.is_file() or not os.access(path, os.R_OK):
-            attempt(_fail, "resume", f"cannot read resume checkpoint: {resume}")
-        else:
-            resume = str(path.resolve())
-
-    data_dir = None if _blank(raw.get("data_dir")) else str(Path(raw["data_dir"]).expanduser())
-    if script is None and "--download" not in (raw.get("script_args") or ()):
-        problem = missing_data_message(trainer, data_dir or "data")
+    # -- the trainer's model, data and checkpoint
+    model = None if _blank(raw.get("model")) else str(raw["model"]).strip()
+    if model is not None and spec is not None and spec.models:
+        model = attempt(_check_model, spec, model)
+    data_dir = None
+    if not _blank(raw.get("data_dir")):
+        data_dir = attempt(lambda v: str(parse_path("data_dir", v)), raw["data_dir"])
+    if spec is not None and "--download" not in script_args:
+        problem = _missing_data(spec, data_dir or "data")
         if problem:
-            attempt(_fail, "data_dir", problem)
+            checks.fail("data_dir", problem)
 
-    init_method = None if _blank(raw.get("init_method")) else str(raw["init_method"]).strip()
-    if init_method is not None and not init_method.startswith(("tcp://", "file://", "env://")):
-        attempt(
-            _fail,
-            "init_method",
-            f"--init-method must be tcp://HOST:PORT, file://PATH or env://, got {init_method!r}",
-        )
+    resume = None
+    if not _blank(raw.get("resume")):
+        resume = attempt(_readable_file, "resume", raw["resume"], "resume checkpoint")
+        if resume is not None and spec is not None and deep and not checks.failed:
+            attempt(_check_checkpoint, resume, spec, model)
+
+    init_method = None
+    if not _blank(raw.get("init_method")):
+        init_method = attempt(check_init_method, raw["init_method"])
 
     run_id = str(raw.get("run_id") or new_run_id())
-    run_dir = None if _blank(raw.get("run_dir")) else str(raw["run_dir"])
-    run_dir = str(Path(run_dir or Path("runs") / run_id).expanduser().resolve())
-    if Path(run_dir).exists() and not Path(run_dir).is_dir():
-        attempt(_fail, "run_dir", f"run directory is a file: {run_dir}")
-    elif not _can_create(Path(run_dir)):
-        attempt(_fail, "run_dir", f"cannot create or write the run directory: {run_dir}")
-    elif (Path(run_dir) / "events.jsonl").exists():
-        attempt(
-            _fail,
-            "run_dir",
-            f"run directory already holds a run: {run_dir} "
-            "(choose another --run-dir; replay it with 'ddptui replay')",
-        )
+    run_dir = attempt(_check_run_dir, raw.get("run_dir"), run_id)
 
-    return RunConfig(
+    cfg = RunConfig(
         trainer=trainer,
         script=script,
-        script_args=tuple(raw.get("script_args") or ()),
+        script_args=script_args,
         launcher=launcher,
+        device=resolved,
         backend=backend or "gloo",
         amp=amp,
         world_size=world_size,
+        workers=workers if not is_script else 0,
+        oversubscribe=oversubscribe,
         epochs=epochs,
         batch_size=batch_size,
         lr=lr,
@@ -301,9 +429,323 @@ def _build(
         resume=resume,
         init_method=init_method,
         sync_bn=sync_bn,
-        model=None if _blank(raw.get("model")) else str(raw["model"]),
+        model=model,
+        trainer_module=spec.module if spec is not None else None,
         run_id=run_id,
     )
+    if deep and spec is not None and spec.arg_parser and script_args and not checks.failed:
+        problem = _trainer_args_problem(spec, tuple(cfg.trainer_argv()))
+        if problem:
+            checks.fail("script_args", problem)
+    return cfg
+
+
+# -- the target ---------------------------------------------------------------------------------
+def parse_trainer(text: Any, trainers: Registry | None = None) -> str:
+    """A registered trainer's name (the registry's problems explain a broken one)."""
+    trainers = trainers or registry()
+    value = str(text).strip().lower()
+    if value in trainers.specs:
+        return value
+    if value in trainers.problems:
+        raise ConfigError(
+            "trainer", f"trainer {value!r} cannot be used: {trainers.problems[value]}"
+        )
+    raise ConfigError(
+        "trainer",
+        f"unknown trainer {_shown(text)} (choose from {', '.join(trainers.specs) or 'none'})",
+    )
+
+
+def check_script(text: Any) -> str:
+    """The script's resolved path, when it is a readable ``.py`` file of Python that compiles."""
+    shown = str(text).strip()
+    path = parse_path("script", text)
+    try:
+        if not path.is_file():
+            raise ConfigError("script", f"script not found: {shown}")
+        if path.suffix != ".py":
+            raise ConfigError("script", f"script must be a Python file ending in .py: {shown}")
+        stat = path.stat()
+        resolved = path.resolve()
+    except OSError as exc:
+        raise ConfigError("script", f"cannot read script {shown}: {_why(exc)}") from None
+    if stat.st_size > MAX_SCRIPT_BYTES:
+        raise ConfigError("script", f"script {shown} is too large to be a training script")
+    problem = _script_problem(str(resolved), stat.st_mtime_ns, stat.st_size)
+    if problem:
+        raise ConfigError("script", f"script {shown} {problem}")
+    return str(resolved)
+
+
+@functools.lru_cache(maxsize=32)
+def _script_problem(path: str, mtime_ns: int, size: int) -> str | None:
+    """Why the file is not Python source (cached by path, time and size: the form asks often)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return f"cannot be read: {_why(exc)}"
+    if b"\x00" in data:
+        return "is not Python: it holds binary data"
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        source = data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError):
+        return "is not Python text: it is not valid UTF-8 (or its declared encoding)"
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"is not valid Python: line {exc.lineno}: {exc.msg}"
+    except (ValueError, MemoryError, RecursionError) as exc:
+        return f"cannot be compiled: {type(exc).__name__}"
+    return None
+
+
+def _check_model(spec: TrainerSpec, text: str) -> str:
+    value = text.strip().lower()
+    if value not in spec.models:
+        raise ConfigError(
+            "model",
+            f"unknown model {_shown(text)} for the {spec.name} trainer "
+            f"(choose from {', '.join(spec.models)})",
+        )
+    return value
+
+
+def _missing_data(spec: TrainerSpec, data_dir: str) -> str | None:
+    try:
+        if spec.missing_data is not None:
+            return spec.missing_data(data_dir)
+        if spec.needs_data_dir and not Path(data_dir).is_dir():
+            return f"data directory not found: {data_dir}"
+    except OSError as exc:
+        return f"cannot read the data directory {data_dir}: {_why(exc)}"
+    return None
+
+
+# -- the device, the backend and the world size (one check for CUDA ranks) ----------------------
+def _resolve_device(
+    checks: _Checks, machine: Machine, device: str, backend: str | None
+) -> tuple[str, str | None]:
+    """(resolved device, resolved backend): auto means cuda when a GPU is visible; backend
+    auto means nccl for CUDA ranks, gloo for CPU ranks."""
+    gpus = machine.cuda_devices
+    if device == "cuda" and gpus == 0:
+        checks.fail("device", f"--device cuda needs a CUDA GPU: {machine.cuda_reason}")
+    resolved = "cuda" if device == "cuda" or (device == "auto" and gpus > 0) else "cpu"
+    if backend == "auto":
+        backend = "nccl" if resolved == "cuda" else "gloo"
+    elif backend == "nccl" and resolved == "cpu":
+        if gpus == 0:
+            checks.fail("backend", f"backend nccl needs a CUDA GPU: {machine.cuda_reason}")
+        else:
+            checks.fail(
+                "backend",
+                "backend nccl needs CUDA ranks, and --device cpu runs CPU ranks "
+                "(use --backend gloo or auto)",
+            )
+    return resolved, backend
+
+
+def _needs_cuda_ranks(checks: _Checks, machine: Machine, resolved: str, field: str) -> None:
+    """AMP fp16 and SyncBatchNorm run only on CUDA ranks."""
+    if resolved == "cuda":
+        return  # (no GPU at all under --device cuda is the device's own error)
+    reason = machine.cuda_reason
+    if field == "amp":
+        checks.fail(
+            field,
+            f"AMP fp16 needs a CUDA GPU ({reason}); use --amp bf16 on CPU"
+            if machine.cuda_devices == 0
+            else "AMP fp16 needs CUDA ranks, not --device cpu (use --amp bf16 on CPU)",
+        )
+    else:
+        checks.fail(
+            field,
+            f"--sync-bn needs a CUDA GPU: torch's SyncBatchNorm runs only on GPUs ({reason})"
+            if machine.cuda_devices == 0
+            else "--sync-bn needs CUDA ranks, not --device cpu: SyncBatchNorm runs only on GPUs",
+        )
+
+
+def _check_world_size(
+    checks: _Checks, machine: Machine, device: str, world_size: int, oversubscribe: bool
+) -> None:
+    """The one check of how many ranks fit on this machine: one GPU per CUDA rank; without
+    CUDA, at most 4 per usable core unless --oversubscribe; never more than 1024."""
+    gpus, cores = machine.cuda_devices, machine.cpu_count
+    if device == "cuda" and gpus > 0 and world_size > gpus:
+        checks.fail(
+            "world_size",
+            f"world size {_num(world_size)} is more than the {gpus} GPU(s) visible here: each "
+            f"CUDA rank needs its own GPU (use --world-size {gpus} or less, or --device cpu "
+            "for CPU ranks)",
+        )
+    elif device == "cpu" and world_size > MAX_RANKS_PER_CORE * cores and not oversubscribe:
+        checks.fail(
+            "world_size",
+            f"world size {_num(world_size)} is more than {MAX_RANKS_PER_CORE * cores} ranks "
+            f"for the {cores} usable CPU core(s) here ({MAX_RANKS_PER_CORE} per core): use "
+            "fewer ranks, or --oversubscribe to start them anyway",
+        )
+    elif world_size > MAX_LOCAL_RANKS:
+        checks.fail(
+            "world_size",
+            f"world size {_num(world_size)} is more than the {MAX_LOCAL_RANKS} ranks ddptui "
+            "starts on one machine, even with --oversubscribe",
+        )
+
+
+# -- files ---------------------------------------------------------------------------------------
+def _readable_file(name: str, text: Any, what: str) -> str:
+    shown = str(text).strip()
+    path = parse_path(name, text)
+    try:
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ConfigError(name, f"cannot read {what}: {shown}")
+        return str(path.resolve())
+    except OSError as exc:
+        raise ConfigError(name, f"cannot read {what} {shown}: {_why(exc)}") from None
+
+
+def _check_checkpoint(path: str, spec: TrainerSpec, model: str | None) -> None:
+    """Read the checkpoint's header (mmap, tensors not loaded) and compare it with the run."""
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise ConfigError("resume", f"cannot read --resume {path}: {_why(exc)}") from None
+    problem, header = _checkpoint_header(path, stat.st_mtime_ns, stat.st_size)
+    if problem:
+        raise ConfigError("resume", f"--resume {path} {problem}")
+    assert header is not None
+    saved_trainer, saved_model = header["trainer"], header["model"]
+    if saved_trainer != spec.name:
+        raise ConfigError(
+            "resume",
+            f"--resume {path} was saved by the {_shown(saved_trainer)} trainer, not {spec.name!r}",
+        )
+    wanted = model or spec.model
+    if wanted is not None and saved_model != wanted:
+        hint = f" (pass --model {saved_model})" if saved_model in spec.models else ""
+        raise ConfigError(
+            "resume",
+            f"--resume {path} holds a {_shown(saved_model)} model, but this run trains "
+            f"{wanted!r}{hint}",
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _checkpoint_header(path: str, mtime_ns: int, size: int) -> tuple[str | None, dict | None]:
+    """(problem, header) of a checkpoint written by the trainers' loop."""
+    if size == 0:
+        return "is an empty file, not a checkpoint", None
+    try:
+        if not zipfile.is_zipfile(path):
+            return "is not a checkpoint (not a torch.save archive)", None
+    except OSError as exc:
+        return f"cannot be read: {_why(exc)}", None
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a dependency
+        return f"cannot be checked without torch ({exc})", None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # anything torch raises on a foreign or corrupt archive
+        return f"is not a readable checkpoint ({type(exc).__name__}: {_first_line(exc)})", None
+    config = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(state, dict) or not {"epoch", "config", "model"} <= state.keys():
+        return "is not a trainer checkpoint (no epoch, config and model in it)", None
+    if not isinstance(config, dict) or not isinstance(state["epoch"], int):
+        return "is not a trainer checkpoint (its config or epoch is malformed)", None
+    return None, {
+        "trainer": config.get("trainer"),
+        "model": config.get("model"),
+        "epoch": state["epoch"],
+    }
+
+
+def check_init_method(text: Any) -> str:
+    """``tcp://HOST:PORT`` (port 1-65535), ``file:///absolute/path`` in an existing directory,
+    or ``env://``."""
+    value = str(text).strip()
+    usage = "--init-method must be tcp://HOST:PORT, file:///PATH or env://"
+    if "\x00" in value or any(ch.isspace() for ch in value):
+        raise ConfigError("init_method", f"{usage}, got {_shown(value)}")
+    scheme = value.partition("://")[0].lower() if "://" in value else ""
+    if scheme == "env":
+        if value.lower() != "env://":
+            raise ConfigError("init_method", "--init-method env:// takes nothing after it")
+        return value
+    if scheme == "tcp":
+        parts = urllib.parse.urlsplit(value)
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigError(
+                "init_method",
+                f"--init-method {_shown(value)}: the port must be a number from 1 to 65535",
+            ) from None
+        if not parts.hostname:
+            raise ConfigError(
+                "init_method", f"--init-method {_shown(value)} has no host (tcp://HOST:PORT)"
+            )
+        if not port:
+            raise ConfigError(
+                "init_method",
+                f"--init-method {_shown(value)} needs a port from 1 to 65535 (tcp://HOST:PORT)",
+            )
+        if parts.path not in ("", "/"):
+            raise ConfigError("init_method", f"--init-method {_shown(value)} has a path")
+        return value
+    if scheme == "file":
+        parts = urllib.parse.urlsplit(value)
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise ConfigError(
+                "init_method",
+                f"--init-method {_shown(value)} needs an absolute path: file:///dir/name",
+            )
+        path = parse_path("init_method", urllib.parse.unquote(parts.path))
+        try:
+            if not path.parent.is_dir():
+                raise ConfigError(
+                    "init_method", f"--init-method: directory {path.parent} does not exist"
+                )
+            if not os.access(path.parent, os.W_OK | os.X_OK):
+                raise ConfigError("init_method", f"--init-method: cannot write in {path.parent}")
+            if path.exists() and (not path.is_file() or path.stat().st_size > 0):
+                raise ConfigError(
+                    "init_method",
+                    f"--init-method file {path} already exists and is not empty (left by "
+                    "another run?): the rendezvous needs a new file",
+                )
+        except OSError as exc:
+            raise ConfigError("init_method", f"--init-method {path}: {_why(exc)}") from None
+        return value
+    raise ConfigError("init_method", f"{usage}, got {_shown(value)}")
+
+
+def _check_run_dir(text: Any, run_id: str) -> str:
+    path = Path("runs") / run_id if _blank(text) else parse_path("run_dir", text)
+    try:
+        resolved = path.expanduser().resolve()
+        if len(os.fsencode(str(resolved))) >= PATH_MAX - NAME_MAX:
+            raise ConfigError("run_dir", f"run directory path is too long: {_shown(str(path))}")
+        if resolved.exists() and not resolved.is_dir():
+            raise ConfigError("run_dir", f"run directory is a file: {resolved}")
+        if not _can_create(resolved):
+            raise ConfigError("run_dir", f"cannot create or write the run directory: {resolved}")
+        if (resolved / "events.jsonl").exists():
+            raise ConfigError(
+                "run_dir",
+                f"run directory already holds a run: {resolved} "
+                "(choose another --run-dir; replay it with 'ddptui replay')",
+            )
+    except (OSError, RuntimeError) as exc:
+        why = _why(exc) if isinstance(exc, OSError) else str(exc)
+        raise ConfigError(
+            "run_dir", f"cannot use run directory {_shown(str(path))}: {why}"
+        ) from None
+    return str(resolved)
 
 
 def _can_create(path: Path) -> bool:
@@ -314,8 +756,44 @@ def _can_create(path: Path) -> bool:
     return False
 
 
-def _fail(field: str, message: str) -> None:
-    raise ConfigError(field, message)
+# -- the trainer's own command line --------------------------------------------------------------
+class _ArgumentError(Exception):
+    pass
+
+
+def _trainer_args_problem(spec: TrainerSpec, argv: tuple[str, ...]) -> str | None:
+    """Parse ``argv`` with the trainer's own parser in this process: its refusal, or None."""
+    assert spec.arg_parser is not None
+    module, _, attr = spec.arg_parser.partition(":")
+    try:
+        parser = getattr(importlib.import_module(module), attr or "build_arg_parser")()
+    except Exception as exc:  # the trainer cannot even be imported: the run would fail too
+        return f"cannot load the {spec.name} trainer ({type(exc).__name__}: {_first_line(exc)})"
+
+    def refuse(message: str) -> None:
+        raise _ArgumentError(message)
+
+    parser.error = refuse  # type: ignore[method-assign]
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            parser.parse_args(list(argv))
+    except _ArgumentError as exc:
+        return f"the {spec.name} trainer refuses its arguments: {exc}"
+    except SystemExit:
+        return f"the {spec.name} trainer's arguments make it exit without training (--help?)"
+    return None
+
+
+# -- small helpers -------------------------------------------------------------------------------
+def _why(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def _first_line(exc: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
+    line = text[0] if text else ""
+    return line if len(line) <= 120 else line[:119] + "…"
 
 
 def _default(raw: Mapping[str, Any], key: str, default: Any) -> Any:

@@ -5,6 +5,7 @@ torchrun --nproc-per-node 2 -m trainers.cifar10 --data-dir data --model resnet18
 
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 from collections.abc import Iterable, Sequence
@@ -16,8 +17,9 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LRScheduler
 from trainers import datasets
 from trainers.distributed import DistContext, rank_zero_first
 from trainers.loop import Task, run
-from trainers.models import RESNETS, resnet
+from trainers.models import resnet
 from trainers.options import TrainConfig, add_download_option, build_parser, parse_config
+from trainers.specs import CIFAR10
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
@@ -44,14 +46,15 @@ TASK = Task(
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_arg_parser() -> argparse.ArgumentParser:
+    """This trainer's command line (ddptui also checks arguments given after ``--`` with it)."""
     parser = build_parser(
         "cifar10",
         description=__doc__,
         epochs=30,
         batch_size=128,
         lr=0.1,
-        models=RESNETS,
+        models=CIFAR10.models,
     )
     add_download_option(parser)
     parser.add_argument(
@@ -59,7 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="skip the md5 check of the batch files (re-packed or subset data)",
     )
-    run(parse_config(parser, argv), TASK)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run(parse_config(build_arg_parser(), argv), TASK)
     return 0
 
 

@@ -5,6 +5,7 @@ torchrun --nproc-per-node 8 -m trainers.imagefolder --data-dir /data/imagenet --
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterable, Sequence
 
@@ -15,8 +16,9 @@ from torch.optim.lr_scheduler import LRScheduler, StepLR
 from trainers import datasets
 from trainers.distributed import DistContext
 from trainers.loop import Task, run
-from trainers.models import RESNETS, resnet
+from trainers.models import resnet
 from trainers.options import TrainConfig, build_parser, parse_config, positive_int
+from trainers.specs import IMAGEFOLDER
 
 DEFAULT_IMAGE_SIZE = 224
 
@@ -44,14 +46,15 @@ TASK = Task(
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_arg_parser() -> argparse.ArgumentParser:
+    """This trainer's command line (ddptui also checks arguments given after ``--`` with it)."""
     parser = build_parser(
         "imagefolder",
         description=__doc__,
         epochs=90,
         batch_size=32,
         lr=0.1,
-        models=RESNETS,
+        models=IMAGEFOLDER.models,
     )
     parser.add_argument(
         "--image-size",
@@ -61,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"training crop size; validation resizes to size*256/224 and centre-crops "
         f"(default: {DEFAULT_IMAGE_SIZE})",
     )
-    run(parse_config(parser, argv), TASK)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run(parse_config(build_arg_parser(), argv), TASK)
     return 0
 
 

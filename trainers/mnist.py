@@ -5,6 +5,7 @@ torchrun --nproc-per-node 2 -m trainers.mnist --data-dir data [--download]
 
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 from collections.abc import Iterable, Sequence
@@ -18,6 +19,7 @@ from trainers.distributed import DistContext, rank_zero_first
 from trainers.loop import Task, run
 from trainers.models import MnistNet
 from trainers.options import TrainConfig, add_download_option, build_parser, parse_config
+from trainers.specs import MNIST
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
@@ -44,17 +46,22 @@ TASK = Task(
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_arg_parser() -> argparse.ArgumentParser:
+    """This trainer's command line (ddptui also checks arguments given after ``--`` with it)."""
     parser = build_parser(
         "mnist",
         description=__doc__,
         epochs=14,
         batch_size=64,
         lr=1.0,
-        models=["mnistnet"],
+        models=MNIST.models,
     )
     add_download_option(parser)
-    run(parse_config(parser, argv), TASK)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run(parse_config(build_arg_parser(), argv), TASK)
     return 0
 
 

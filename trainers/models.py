@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-RESNETS = ("resnet18", "resnet50")
+from trainers.specs import RESNETS  # the model names live with the trainer specs
+
+__all__ = ["RESNETS", "SmallCNN", "MnistNet", "resnet"]
 
 
 class SmallCNN(nn.Module):

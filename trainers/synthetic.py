@@ -8,6 +8,7 @@ small CNN. The defaults reach >= 0.95 test accuracy within seconds on two CPU ra
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterable, Sequence
 
@@ -19,6 +20,7 @@ from trainers.distributed import DistContext
 from trainers.loop import Task, run
 from trainers.models import SmallCNN
 from trainers.options import TrainConfig, build_parser, parse_config
+from trainers.specs import SYNTHETIC
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> DataSplits:
@@ -37,18 +39,23 @@ def build_optimizer(config: TrainConfig, params: Iterable[nn.Parameter]) -> torc
 TASK = Task(data=build_data, model=build_model, optimizer=build_optimizer)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_arg_parser() -> argparse.ArgumentParser:
+    """This trainer's command line (ddptui also checks arguments given after ``--`` with it)."""
     parser = build_parser(
         "synthetic",
         description=__doc__,
         epochs=3,
         batch_size=32,
         lr=3e-3,
-        models=["smallcnn"],
+        models=SYNTHETIC.models,
         train_size=4000,
         test_size=1001,
     )
-    run(parse_config(parser, argv), TASK)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run(parse_config(build_arg_parser(), argv), TASK)
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -16,12 +17,12 @@ from types import ModuleType
 from typing import IO, Any
 
 from ddptui.monitor.pcie import pcie_interval
-from ddptui.monitor.sampler import DEFAULT_INTERVAL, validate_interval
+from ddptui.monitor.sampler import DEFAULT_INTERVAL, MIN_INTERVAL, validate_interval
 from ddptui.monitor.snapshot import NA, GpuSnapshot, SystemSnapshot, to_dict
 from ddptui.monitor.system import SystemMonitor
 from ddptui.monitor.units import format_bytes, format_percent, format_rate, format_value
 
-__all__ = ["run_monitor_headless", "format_table", "main"]
+__all__ = ["run_monitor_headless", "format_table", "add_arguments", "run", "main"]
 
 #: Longest wait for the first PCIe reading before the first sample is printed anyway.
 PCIE_FIRST_WAIT_S = 5.0
@@ -157,37 +158,100 @@ def _gib(value: object) -> str:
 # -- entry point -----------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ddptui monitor",
-        description="Print GPU (NVML), CPU and RAM usage every INTERVAL seconds.",
+#: What ``ddptui monitor --help`` says first.
+DESCRIPTION = "GPU (NVML), CPU and RAM usage every INTERVAL seconds, in the dashboard or printed."
+#: Longest interval between samples, and most samples, that ``--interval``/``--count`` take.
+MAX_INTERVAL = 86_400.0
+MAX_COUNT = 10**9
+
+
+def interval_arg(text: str) -> float:
+    """argparse type of ``--interval``: finite seconds from 0.1 to a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds, got {_shown(text)}"
+        ) from None
+    if not (math.isfinite(value) and MIN_INTERVAL <= value <= MAX_INTERVAL):
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_INTERVAL} s and at most {MAX_INTERVAL:g} s, got {_shown(text)}"
+        )
+    return value
+
+
+def count_arg(text: str) -> int:
+    """argparse type of ``--count``: a whole number of samples, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {_shown(text)}") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1 and at most {MAX_COUNT}, got {_shown(text)}"
+        )
+    return value
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 2] + "…" + shown[-1]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The monitor's command line, for ``ddptui monitor`` and ``python -m ddptui.monitor.cli``."""
+    parser.add_argument(
+        "--no-ui", action="store_true", help="print to the console instead of the dashboard"
     )
     parser.add_argument(
         "--interval",
         "-i",
-        type=float,
+        type=interval_arg,
         default=DEFAULT_INTERVAL,
-        help=f"seconds between samples (default {DEFAULT_INTERVAL}, minimum 0.1)",
+        help=f"seconds between samples (default {DEFAULT_INTERVAL}, minimum {MIN_INTERVAL})",
     )
     parser.add_argument(
-        "--count", "-n", type=int, default=None, help="stop after N samples (default: never)"
+        "--count", "-n", type=count_arg, default=None, help="stop after N samples (default: never)"
     )
     parser.add_argument(
         "--json", action="store_true", help="one JSON object per line instead of a table"
     )
-    return parser
+    parser.add_argument(
+        "--pcie",
+        nargs="?",
+        const=True,
+        default=False,
+        type=pcie_arg,
+        metavar="SECONDS",
+        help="also read PCIe throughput, on its own thread (every 5 s, or every SECONDS); "
+        "NVML samples each reading over ~20 ms per direction per GPU, so it is off by default",
+    )
+
+
+def pcie_arg(text: str) -> float:
+    """argparse type of ``--pcie SECONDS``."""
+    try:
+        value = pcie_interval(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value is None or value > MAX_INTERVAL:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INTERVAL:g} s, got {_shown(text)}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print samples to stdout (``--no-ui`` or ``--json``)."""
+    return run_monitor_headless(
+        interval=args.interval, count=args.count, as_json=args.json, pcie=args.pcie
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        validate_interval(args.interval)
-    except ValueError as exc:
-        parser.error(str(exc))  # exits with status 2 and a usage line
-    if args.count is not None and args.count < 1:
-        parser.error(f"--count must be at least 1, got {args.count}")
-    return run_monitor_headless(interval=args.interval, count=args.count, as_json=args.json)
+    """``python -m ddptui.monitor.cli``: always on the console (this module never loads the
+    dashboard); a bad argument is one ``ddptui: error:`` line and exit code 2."""
+    from ddptui.commands import command_main
+
+    return command_main("ddptui monitor", DESCRIPTION, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,20 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Select, Static
 
-from ddptui.config import ConfigError, RunConfig, build_config
+from ddptui.config import ConfigError, RunConfig, build_config, default_workers
 from ddptui.config import check_options as check_run_options
-from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
+from ddptui.constants import (
+    AMP_MODES,
+    BACKEND_CHOICES,
+    DEFAULT_CPU_WORLD_SIZE,
+    DEVICE_CHOICES,
+    LAUNCHERS,
+)
 from ddptui.monitor.units import format_bytes
+from ddptui.registry import DEFAULT_TRAINER, trainer_names
 from ddptui.tui.machine import HostInfo, RecentRun, recent_runs
-from trainers import DEFAULT_TRAINER, TRAINERS
 
 #: The trainer choice that means "my own script".
 OWN_SCRIPT = "__script__"
@@ -32,7 +38,8 @@ OWN_SCRIPT = "__script__"
 TEXT_FIELDS = {
     "script": ("script", "path/to/train.py"),
     "script_args": ("arguments", "extra arguments, e.g. --steps 10"),
-    "world_size": ("world size", "2"),
+    "world_size": ("world size", str(DEFAULT_CPU_WORLD_SIZE)),
+    "workers": ("data workers", "auto"),
     "epochs": ("epochs", "trainer's default"),
     "batch_size": ("batch size", "trainer's default"),
     "lr": ("learning rate", "trainer's default"),
@@ -45,9 +52,12 @@ FORM_ORDER = (
     "script",
     "script_args",
     "launcher",
+    "device",
     "backend",
     "amp",
     "world_size",
+    "oversubscribe",
+    "workers",
     "epochs",
     "batch_size",
     "lr",
@@ -55,7 +65,16 @@ FORM_ORDER = (
     "run_dir",
 )
 #: Options checked against the machine (torch must have answered before they are judged).
-MACHINE_OPTIONS = ("backend", "amp", "world_size")
+MACHINE_OPTIONS = ("device", "backend", "amp", "world_size", "workers")
+#: Choice fields: raw option name -> choices.
+SELECT_FIELDS = {
+    "launcher": LAUNCHERS,
+    "device": DEVICE_CHOICES,
+    "backend": BACKEND_CHOICES,
+    "amp": AMP_MODES,
+}
+#: Text fields after the choices, in form order.
+NUMBER_FIELDS = ("world_size", "workers", "epochs", "batch_size", "lr", "seed", "run_dir")
 
 
 class LaunchScreen(Screen):
@@ -103,7 +122,7 @@ class LaunchScreen(Screen):
                 yield from self._field(
                     "trainer",
                     Select(
-                        [(name, name) for name in TRAINERS] + [("own script…", OWN_SCRIPT)],
+                        [(name, name) for name in trainer_names()] + [("own script…", OWN_SCRIPT)],
                         value=DEFAULT_TRAINER,
                         allow_blank=False,
                         compact=True,
@@ -119,6 +138,16 @@ class LaunchScreen(Screen):
                         prompt="default",
                         compact=True,
                         id="f-launcher",
+                    ),
+                )
+                yield from self._field(
+                    "device",
+                    Select(
+                        [(name, name) for name in DEVICE_CHOICES],
+                        value="auto",
+                        allow_blank=False,
+                        compact=True,
+                        id="f-device",
                     ),
                 )
                 yield from self._field(
@@ -142,7 +171,13 @@ class LaunchScreen(Screen):
                     ),
                     label="AMP",
                 )
-                for name in ("world_size", "epochs", "batch_size", "lr", "seed", "run_dir"):
+                yield from self._text_field("world_size")
+                yield from self._field(
+                    "oversubscribe",
+                    Checkbox("more than 4 CPU ranks per core", compact=True, id="f-oversubscribe"),
+                    label="oversubscribe",
+                )
+                for name in NUMBER_FIELDS[1:]:
                     yield from self._text_field(name)
                 yield Static(id="form-errors", classes="field-error")
                 with Horizontal(id="launch-row"):
@@ -187,16 +222,13 @@ class LaunchScreen(Screen):
     def _prefill(self, raw: Mapping[str, Any]) -> None:
         if raw.get("script"):
             self.query_one("#f-trainer", Select).value = OWN_SCRIPT
-        elif raw.get("trainer") in TRAINERS:
+        elif raw.get("trainer") in trainer_names():
             self.query_one("#f-trainer", Select).value = raw["trainer"]
-        for name, choices in (
-            ("launcher", LAUNCHERS),
-            ("backend", BACKEND_CHOICES),
-            ("amp", AMP_MODES),
-        ):
+        for name, choices in SELECT_FIELDS.items():
             value = str(raw.get(name) or "").strip().lower()
             if value in choices:
                 self.query_one(f"#f-{name}", Select).value = value
+        self.query_one("#f-oversubscribe", Checkbox).value = bool(raw.get("oversubscribe"))
         for name in TEXT_FIELDS:
             value = raw.get(name)
             if name == "script_args":
@@ -231,6 +263,10 @@ class LaunchScreen(Screen):
             why = "needs a CUDA GPU (none here)"
             for name, options in (
                 (
+                    "device",
+                    [("auto → cpu here", "auto"), ("cpu", "cpu"), (f"cuda — {why}", "cuda")],
+                ),
+                (
                     "backend",
                     [("auto → gloo here", "auto"), ("gloo", "gloo"), (f"nccl — {why}", "nccl")],
                 ),
@@ -244,6 +280,25 @@ class LaunchScreen(Screen):
                     select.value = options[-1][1] if value == options[0][1] else options[0][1]
                     select.value = value
         self.validate()
+
+    def _show_defaults(self) -> None:
+        """Placeholders that say what an empty world size and workers field will mean."""
+        info = self.app.host_info
+        if info is None:
+            return
+        machine = info.machine
+        device = self.query_one("#f-device", Select).value
+        cuda = machine.cuda_devices > 0 and device != "cpu"
+        ranks = machine.cuda_devices if cuda else DEFAULT_CPU_WORLD_SIZE
+        self.query_one("#f-world_size", Input).placeholder = (
+            f"{ranks} (one per GPU)" if cuda else str(ranks)
+        )
+        try:
+            world_size = int(self.query_one("#f-world_size", Input).value or ranks)
+        except ValueError:
+            world_size = ranks
+        workers = default_workers("cuda" if cuda else "cpu", world_size, machine.cpu_count)
+        self.query_one("#f-workers", Input).placeholder = f"auto: {workers}"
 
     def action_reload_runs(self) -> None:
         self._scan_runs()
@@ -294,11 +349,14 @@ class LaunchScreen(Screen):
         else:
             raw["trainer"] = trainer
             raw["script"] = None
-        for name in ("launcher", "backend", "amp"):
+        for name in SELECT_FIELDS:
             select = self.query_one(f"#f-{name}", Select)
             raw[name] = None if select.is_blank() else select.value
-        for name in ("world_size", "epochs", "batch_size", "lr", "seed", "run_dir"):
+        for name in NUMBER_FIELDS:
             raw[name] = self.query_one(f"#f-{name}", Input).value or None
+        raw["oversubscribe"] = self.query_one("#f-oversubscribe", Checkbox).value
+        if trainer == OWN_SCRIPT:
+            raw["workers"] = None  # the trainers' option: a script reads its own
         args = self.query_one("#f-script_args", Input).value
         try:
             raw["script_args"] = tuple(shlex.split(args))
@@ -315,11 +373,15 @@ class LaunchScreen(Screen):
             # (check_options would otherwise import torch on the UI thread).
             raw = {
                 **raw,
+                "device": "cpu",
                 "backend": "gloo",
                 "amp": "off" if raw.get("amp") == "fp16" else raw.get("amp"),
+                "sync_bn": False,
             }
-            return check_run_options(raw, None)
-        return check_run_options(raw, info.machine)
+            return check_run_options(raw, None, deep=False)
+        # The checks that import torch or the trainer (--resume's header, the arguments
+        # after --) run when Launch is pressed, not on every key.
+        return check_run_options(raw, info.machine, deep=False)
 
     def validate(self) -> list[ConfigError]:
         errors = self.check_options()
@@ -341,6 +403,7 @@ class LaunchScreen(Screen):
         general.display = bool(rest)
         general.update("✖ " + "\n✖ ".join(rest) if rest else "")
         self._show_hints()
+        self._show_defaults()
         ready = self.app.host_info is not None
         self.query_one("#launch", Button).disabled = bool(errors) or not ready
         status = self.query_one("#launch-status", Static)
@@ -354,19 +417,36 @@ class LaunchScreen(Screen):
 
     def _show_hints(self) -> None:
         info = self.app.host_info
-        hint = self.query_one("#hint-backend", Static)
-        backend = self.query_one("#f-backend", Select).value
-        if info is not None and backend == "auto":
-            machine = info.machine
-            text = (
-                f"auto → nccl ({machine.cuda_devices} CUDA GPU(s))"
-                if machine.cuda_devices
-                else f"auto → gloo: {machine.cuda_reason}"
-            )
-            hint.update(Text(text, style="dim"))
-            hint.display = True
-        else:
-            hint.display = False
+        device = self.query_one("#f-device", Select).value
+        cuda = info is not None and info.machine.cuda_devices > 0 and device != "cpu"
+        for name, auto_text in (
+            (
+                "device",
+                lambda m: (
+                    f"auto → cuda ({m.cuda_devices} GPU(s))"
+                    if m.cuda_devices
+                    else f"auto → cpu: {m.cuda_reason}"
+                ),
+            ),
+            (
+                "backend",
+                lambda m: (
+                    f"auto → nccl ({m.cuda_devices} CUDA GPU(s))"
+                    if cuda
+                    else (
+                        "auto → gloo (CPU ranks)"
+                        if m.cuda_devices
+                        else f"auto → gloo: {m.cuda_reason}"
+                    )
+                ),
+            ),
+        ):
+            hint = self.query_one(f"#hint-{name}", Static)
+            if info is not None and self.query_one(f"#f-{name}", Select).value == "auto":
+                hint.update(Text(auto_text(info.machine), style="dim"))
+                hint.display = True
+            else:
+                hint.display = False
         launcher_hint = self.query_one("#hint-launcher", Static)
         if self.query_one("#f-launcher", Select).is_blank():
             script = self.query_one("#f-trainer", Select).value == OWN_SCRIPT
@@ -380,9 +460,11 @@ class LaunchScreen(Screen):
     def _show_script_fields(self) -> None:
         script = self.query_one("#f-trainer", Select).value == OWN_SCRIPT
         self.query_one("#row-script").display = script
+        self.query_one("#row-workers").display = not script  # the trainers' option
 
     @on(Input.Changed)
     @on(Select.Changed)
+    @on(Checkbox.Changed)
     def _changed(self, event: Message) -> None:
         if isinstance(event, Select.Changed) and event.select.id == "f-trainer":
             self._show_script_fields()

@@ -1,0 +1,106 @@
+"""The launch form's device, workers and oversubscribe fields: the same rules as the CLI
+(``check_options``), placeholders that say what an empty field means, and the checks that
+import torch or the trainer run when Launch is pressed. Fakes only: nothing is launched."""
+
+from __future__ import annotations
+
+from textual.widgets import Button, Checkbox, Input, Select
+
+from ddptui.config import Machine
+from ddptui.tui.machine import HostInfo
+from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen
+from tests.tui_fixtures.fakes import GPU_HOST, NO_CUDA_HOST, fake_deps, primed_app
+
+SIZE = (120, 50)
+
+
+def _app(tmp_path, host=NO_CUDA_HOST, **raw):
+    launched = []
+    deps = fake_deps(host=host, session_factory=lambda cfg: launched.append(cfg))
+    app = primed_app("run", deps=deps, host_info=host, raw={"run_dir": str(tmp_path / "r"), **raw})
+    app.launched = launched
+    return app
+
+
+def _error(screen, field) -> str:
+    widget = screen.query_one(f"#err-{field}")
+    return str(widget.render()) if widget.display else ""
+
+
+async def test_gpu_machine_defaults_and_the_cuda_rank_check(tmp_path):
+    app = _app(tmp_path, host=GPU_HOST)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, LaunchScreen)
+        assert screen.query_one("#f-world_size", Input).placeholder == "2 (one per GPU)"
+        assert screen.query_one("#f-workers", Input).placeholder == "auto: 8"  # 32 cores / 2
+        assert "auto → cuda (2 GPU(s))" in str(screen.query_one("#hint-device").render())
+        screen.query_one("#f-world_size", Input).value = "3"
+        await pilot.pause()
+        text = _error(screen, "world_size")
+        assert "more than the 2 GPU(s)" in text and "--device cpu" in text
+        assert screen.query_one("#launch", Button).disabled
+        screen.query_one("#f-device", Select).value = "cpu"  # the way out it names
+        await pilot.pause()
+        assert _error(screen, "world_size") == "" and screen.validate() == []
+        raw = screen.raw_options()
+        assert (raw["device"], raw["world_size"]) == ("cpu", "3")
+        assert screen.query_one("#f-world_size", Input).placeholder == "2"
+
+
+async def test_device_cuda_without_a_gpu_is_explained(tmp_path):
+    app = _app(tmp_path, device="cuda")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "--device cuda needs a CUDA GPU" in _error(app.screen, "device")
+
+
+async def test_oversubscribe_and_workers_use_the_clis_limits(tmp_path):
+    two_cores = HostInfo(Machine(0, "no CUDA here", 2), None)
+    app = _app(tmp_path, host=two_cores, world_size="9", workers="65")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert "more than 8 ranks for the 2 usable CPU core(s)" in _error(screen, "world_size")
+        assert "--workers must be at most 64" in _error(screen, "workers")
+        screen.query_one("#f-workers", Input).value = "1"
+        screen.query_one("#f-oversubscribe", Checkbox).value = True
+        await pilot.pause()
+        assert screen.validate() == []
+        assert screen.raw_options()["oversubscribe"] is True
+
+
+async def test_oversubscribe_from_the_command_line_prefills_the_form(tmp_path):
+    app = _app(tmp_path, oversubscribe=True, device="cpu", workers="2")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        raw = app.screen.raw_options()
+        assert (raw["oversubscribe"], raw["device"], raw["workers"]) == (True, "cpu", "2")
+
+
+async def test_own_script_hides_workers(tmp_path):
+    app = _app(tmp_path, workers="3")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert screen.query_one("#row-workers").display
+        screen.query_one("#f-trainer", Select).value = OWN_SCRIPT
+        await pilot.pause()
+        assert not screen.query_one("#row-workers").display
+        assert screen.raw_options()["workers"] is None
+
+
+async def test_trainer_arguments_are_checked_when_launch_is_pressed(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        screen.query_one("#f-script_args", Input).value = "--epochs x"
+        await pilot.pause()
+        assert screen.validate() == []  # not on every key: it imports the trainer
+        await pilot.press("f5")
+        await pilot.pause()
+        assert isinstance(app.screen, LaunchScreen) and app.launched == []
+        notes = [n.message for n in app._notifications]
+        assert any("the synthetic trainer refuses its arguments" in m for m in notes)
