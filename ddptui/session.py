@@ -65,7 +65,7 @@ class RunSession:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.run_dir / CONFIG_FILE, self.cfg.to_json_dict())
         self._events_file = open(self.events_path, "ab")
-        self.collector = Collector(self.cfg.run_id)
+        self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
         self.stats = self.collector.stats
         self.launcher = make_launcher(self.cfg, self.collector.endpoint)
         self.state.started_at = self.clock()
