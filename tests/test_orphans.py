@@ -9,6 +9,7 @@ import sys
 import psutil
 import pytest
 
+from ddptui.launch import Launcher
 from tests.helpers import USER_SCRIPT, processes_of_run, wait_until
 
 pytestmark = pytest.mark.slow
@@ -58,7 +59,11 @@ def is_rank(proc):
 
 
 @pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGKILL, signal.SIGTERM, signal.SIGINT],  # SIGINT: ddptui's own teardown
+    ids=["SIGKILL", "SIGTERM", "SIGINT"],
+)
 def test_ddptui_signalled_while_ranks_start_leaves_no_process(tmp_path, launcher, sig):
     run_dir = tmp_path / "run"
     proc = start_ddptui(run_dir, launcher)
@@ -86,3 +91,32 @@ def test_ddptui_signalled_while_ranks_start_leaves_no_process(tmp_path, launcher
             proc.wait()
         if run_id is not None:
             kill_run(run_id)
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+def test_ranks_follow_a_driver_killed_while_they_start(tmp_path, launcher):
+    """The ranks notice by themselves: ddptui (here, this test) does nothing about it."""
+    run_id = f"driver-death-{launcher}"
+    run = Launcher(
+        launcher,
+        2,
+        tmp_path,
+        run_id,
+        endpoint=None,
+        script=str(USER_SCRIPT),
+        args=["--steps", "100000", "--sleep", "0.01"],
+    )
+    run.start()
+    try:
+        starting = wait_until(
+            lambda: [p for p in processes_of_run(run_id) if is_rank(p)], 60, interval=0.02
+        )
+        assert starting, "no rank process ever started"
+        os.kill(run.pid, signal.SIGKILL)
+        gone = wait_until(lambda: processes_of_run(run_id) == [], GONE_WITHIN_S, interval=0.1)
+        assert gone, [" ".join(p.cmdline()) for p in processes_of_run(run_id)]
+        result = run.poll()
+        assert result is not None and result.exit_code == -signal.SIGKILL
+    finally:
+        run.stop(grace=1.0)
+        kill_run(run_id)
