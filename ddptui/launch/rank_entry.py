@@ -48,8 +48,9 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 
     ``DDPTUI_PARENT_PID`` names the parent this process was started by; when the parent is
     already gone (it died before the kernel request was made) the process exits at once.
-    Then the variable is set to this process's pid, for the processes it starts. Once per
-    process; a no-op for a process without a parent to follow.
+    Then the variable is set to this process's pid, for the processes it starts, and a
+    watchdog thread follows the parent. Without the variable (run by hand) only the kernel
+    request is made. Once per process.
     """
     global _following_in
     me = os.getpid()
