@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,10 @@ RECEIVE_HWM = 1_000
 MAX_IPC_PATH = 100
 TRANSPORTS = ("ipc", "tcp")
 _IPC_NAME = "c"
+_IPC_PREFIX = "ddptui-"
+#: A socket directory left by a ddptui that was killed is removed once it is this old (s)
+#: and nothing listens on its socket.
+STALE_AFTER_S = 60.0
 
 
 @dataclass
@@ -59,12 +66,60 @@ def private_ipc_dir() -> Path:
         if not base or not os.path.isdir(base) or not os.access(base, os.W_OK | os.X_OK):
             continue
         # mkdtemp: random name, created with mode 0700, fails rather than reuse a name.
-        if len(os.path.join(base, "ddptui-XXXXXXXXXX", _IPC_NAME).encode()) > MAX_IPC_PATH:
+        if len(os.path.join(base, _IPC_PREFIX + "X" * 10, _IPC_NAME).encode()) > MAX_IPC_PATH:
             continue
-        path = Path(tempfile.mkdtemp(prefix="ddptui-", dir=base))
+        remove_stale_ipc_dirs(base)
+        path = Path(tempfile.mkdtemp(prefix=_IPC_PREFIX, dir=base))
         os.chmod(path, 0o700)  # whatever the umask
         return path
     raise OSError("no writable directory with a short enough path for the telemetry socket")
+
+
+def remove_stale_ipc_dirs(base: str) -> None:
+    """Remove the socket directories of this user's ddptui processes that were killed (their
+    close never ran): named and private like one, holding nothing but the socket (or
+    nothing), old enough, and nothing listening on the socket."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    now, uid = time.time(), os.getuid()
+    for entry in entries:
+        if not entry.name.startswith(_IPC_PREFIX):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if (
+                not stat.S_ISDIR(info.st_mode)
+                or stat.S_IMODE(info.st_mode) != 0o700
+                or info.st_uid != uid
+                or now - info.st_mtime < STALE_AFTER_S
+            ):
+                continue
+            socket_path = os.path.join(entry.path, _IPC_NAME)
+            names = os.listdir(entry.path)
+            if names == [_IPC_NAME]:
+                if not stat.S_ISSOCK(os.lstat(socket_path).st_mode) or _listening(socket_path):
+                    continue
+                os.unlink(socket_path)
+            elif names:
+                continue  # not what a collector leaves: not ours to remove
+            os.rmdir(entry.path)
+        except OSError:
+            continue
+
+
+def _listening(path: str) -> bool:
+    """Whether a process accepts connections on the Unix socket at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
+        except OSError:
+            return True  # can't tell (timeout, permission): leave it alone
+    return True
 
 
 class Collector:

@@ -1,6 +1,7 @@
 """The collector: a private ipc socket, and nothing a sender does can stop it or fill it."""
 
 import os
+import socket
 import stat
 
 import msgspec
@@ -104,3 +105,47 @@ def test_two_hundred_thousand_bogus_ranks_cost_no_memory():
     assert sorted(state.ranks) == [0, 1]
     # Once 3.3 KB per bogus rank (660 MB here); the messages themselves are ~10 MB.
     assert grew < 50 * 2**20, grew
+
+
+def test_socket_directories_of_killed_collectors_are_removed_at_the_next_start(tmp_path):
+    from ddptui import collector as module
+
+    base = tmp_path / "base"
+    base.mkdir()
+    killed = base / "ddptui-killed01"
+    killed.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX) as gone:  # a socket file nobody listens on any more
+        gone.bind(str(killed / "c"))
+    empty = base / "ddptui-empty001"  # killed between creating the directory and binding
+    empty.mkdir(mode=0o700)
+    full = base / "ddptui-notours1"  # holds something else: not a collector's
+    full.mkdir(mode=0o700)
+    (full / "c").write_bytes(b"")
+    fresh = base / "ddptui-fresh001"  # maybe a collector between mkdtemp and bind
+    fresh.mkdir(mode=0o700)
+    other = base / "not-ddptui"
+    other.mkdir()
+    link = base / "ddptui-link0001"
+    link.symlink_to(other)
+    for path in (killed, empty, full, other):
+        os.utime(path, (0, 0))
+    module.remove_stale_ipc_dirs(str(base))
+    assert not killed.exists() and not empty.exists()
+    assert fresh.exists() and full.exists() and other.exists() and link.is_symlink()
+
+
+def test_a_directory_with_a_live_listener_is_kept(tmp_path):
+    from ddptui import collector as module
+
+    base = tmp_path / "base"
+    base.mkdir()
+    live = base / "ddptui-alive001"
+    live.mkdir(mode=0o700)
+    with zmq.Context() as ctx, ctx.socket(zmq.PULL) as pull:
+        pull.bind(f"ipc://{live / 'c'}")
+        os.utime(live, (0, 0))
+        module.remove_stale_ipc_dirs(str(base))
+        assert live.exists()
+    os.utime(live, (0, 0))
+    module.remove_stale_ipc_dirs(str(base))  # its listener has gone
+    assert not live.exists()
