@@ -35,3 +35,6 @@ RUN_DIR_ENV = "DDPTUI_RUN_DIR"
 THREADS_ENV = "DDPTUI_THREADS"
 #: The run's device choice (``cpu`` or ``cuda``): rank ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``.
 DEVICE_ENV = "DDPTUI_DEVICE"
+#: The pid of the process that started this one (ddptui for the driver, the driver for a
+#: rank): a process that finds another parent at start-up was orphaned and exits.
+PARENT_PID_ENV = "DDPTUI_PARENT_PID"

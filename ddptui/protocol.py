@@ -8,10 +8,21 @@ of known kinds or it is rejected whole.
 Every event carries ``v`` (schema version), ``run`` (run id), ``rank``, ``kind``, ``t``
 (wall-clock seconds since the epoch, for display) and ``seq`` (a per-rank counter; a gap in
 it means events were dropped on the way).
+
+Two layers of checks: the schema (types, sizes; a message that fails it is rejected whole)
+and :func:`implausible` (values: a rank outside the run, a negative or non-finite duration
+or rate), applied per event by the collector.
+
+``events.jsonl`` is strict JSON. A float that is not finite (a diverging loss) is written as
+the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` and read back as that float.
 """
 
 from __future__ import annotations
 
+import math
+import operator
+import types
+import typing
 from typing import Annotated, Literal
 
 import msgspec
@@ -23,6 +34,12 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_BATCH_EVENTS = 256
 #: Most extra metrics one event may carry.
 MAX_METRICS = 64
+#: Longest error message and Python traceback a failed status may carry (characters).
+MAX_ERROR_CHARS = 4_000
+MAX_TRACEBACK_CHARS = 16_000
+#: Largest plausible value of a duration (s) or a throughput (samples/s) in an event.
+MAX_SECONDS = 1e9
+MAX_RATE = 1e12
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 Metric = float | int | str | bool | None
@@ -56,7 +73,9 @@ class Status(Event, tag="status"):
     steps_per_epoch: int | None = None
     device: str | None = None
     device_uuid: str | None = None
-    error: str | None = None
+    error: Annotated[str, msgspec.Meta(max_length=MAX_ERROR_CHARS)] | None = None
+    #: The Python traceback of a failure, when the rank has one (its last characters).
+    traceback: Annotated[str, msgspec.Meta(max_length=MAX_TRACEBACK_CHARS)] | None = None
     #: Events this rank's reporter had to drop (queue full or nobody listening).
     dropped: int | None = None
 
@@ -113,6 +132,97 @@ class InvalidEvent(ValueError):
     """A message that is not a valid batch of events of this schema version."""
 
 
+def _float_fields(cls: type) -> tuple[str, ...]:
+    """Names of the fields of ``cls`` that may hold a float."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    names = []
+    for name in cls.__struct_fields__:
+        hint = hints[name]
+        while typing.get_origin(hint) is Annotated:
+            hint = typing.get_args(hint)[0]
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if float in members:
+            names.append(name)
+    return tuple(names)
+
+
+_FLOAT_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: _float_fields(cls) for cls in (Status, Step, Eval, EpochEnd, LogLine)
+}
+_KIND_FLOAT_FIELDS = {cls.__struct_config__.tag: f for cls, f in _FLOAT_FIELDS.items()}
+#: The float fields' values of an event, as a tuple (one getter per kind: to_json is hot).
+_FLOAT_VALUES = {
+    cls: operator.attrgetter(*f) if len(f) > 1 else (lambda e, n=f[0]: (getattr(e, n),))
+    for cls, f in _FLOAT_FIELDS.items()
+}
+#: How a non-finite float is spelled in events.jsonl (names that JavaScript's Number() and
+#: Python's float() both read).
+_STR_TO_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _spell(value: float) -> str:
+    """The spelling of a non-finite float."""
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def _spelled_metrics(metrics: dict[str, Metric]) -> dict[str, Metric] | None:
+    """``metrics`` with non-finite floats spelled out, or None when there are none."""
+    for value in metrics.values():
+        if type(value) is float and not math.isfinite(value):
+            return {
+                k: _spell(v) if type(v) is float and not math.isfinite(v) else v
+                for k, v in metrics.items()
+            }
+    return None
+
+
+def _unspell_metrics(metrics: dict[str, Metric]) -> None:
+    for key, value in metrics.items():
+        if type(value) is str and value in _STR_TO_NONFINITE:
+            metrics[key] = _STR_TO_NONFINITE[value]
+
+
+def implausible(event: AnyEvent, world_size: int | None = None) -> str | None:
+    """Why a schema-valid event cannot be true (a rank outside the run, a negative or
+    non-finite time, duration, rate or count), or None when it is plausible.
+
+    A loss or accuracy may be anything, NaN included: that is what training produced."""
+    if world_size is not None and event.rank >= world_size:
+        return f"rank {event.rank} outside world size {world_size}"
+    if not math.isfinite(event.t):
+        return "non-finite time"
+    kind = type(event)
+    if kind is Step:  # the hot path: most events are steps
+        step_time, rate = event.step_time, event.samples_per_s
+        if step_time is not None and not 0.0 <= step_time <= MAX_SECONDS:  # False for NaN
+            return f"step_time {step_time!r}"
+        if rate is not None and not 0.0 <= rate <= MAX_RATE:
+            return f"samples_per_s {rate!r}"
+        if event.epoch is not None and event.epoch < 0:
+            return f"epoch {event.epoch}"
+    elif kind is EpochEnd:
+        if not 0.0 <= event.time <= MAX_SECONDS:
+            return f"epoch time {event.time!r}"
+        if event.epoch < 0:
+            return f"epoch {event.epoch}"
+    elif kind is Eval:
+        if event.count is not None and event.count < 0:
+            return f"count {event.count}"
+    elif kind is Status:
+        for name in ("pid", "local_rank", "epochs", "steps_per_epoch", "dropped"):
+            value = getattr(event, name)
+            if value is not None and value < 0:
+                return f"{name} {value}"
+        if event.world_size is not None and event.world_size < 1:
+            return f"world_size {event.world_size}"
+        if event.local_rank is not None and event.world_size is not None:
+            if event.local_rank >= event.world_size:
+                return f"local_rank {event.local_rank} outside world size {event.world_size}"
+    return None
+
+
 def encode_batch(events: list[AnyEvent]) -> bytes:
     """Wire encoding of one message: a msgpack list of events."""
     return _msgpack_encoder.encode(events)
@@ -125,18 +235,58 @@ def decode_batch(data: bytes) -> list[AnyEvent]:
         raise InvalidEvent(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
         return _batch_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidEvent(str(exc)) from None
+    except Exception as exc:  # DecodeError, ValidationError, UnicodeDecodeError, anything
+        raise InvalidEvent(f"{type(exc).__name__}: {exc}") from None
 
 
 def to_json(event: AnyEvent) -> bytes:
-    """One ``events.jsonl`` line (without the newline)."""
+    """One ``events.jsonl`` line (without the newline); strict JSON, with non-finite floats
+    spelled ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``."""
+    changes: dict[str, object] | None = None
+    isfinite = math.isfinite
+    for value in _FLOAT_VALUES[type(event)](event):
+        if value is not None and not isfinite(value):
+            changes = {
+                name: _spell(v)
+                for name in _FLOAT_FIELDS[type(event)]
+                if (v := getattr(event, name)) is not None and not isfinite(v)
+            }
+            break
+    metrics = getattr(event, "metrics", None)
+    if metrics:
+        spelled = _spelled_metrics(metrics)
+        if spelled is not None:
+            changes = changes or {}
+            changes["metrics"] = spelled
+    if changes:
+        event = msgspec.structs.replace(event, **changes)
     return _json_encoder.encode(event)
 
 
 def from_json(line: bytes | str) -> AnyEvent:
     """Parse one ``events.jsonl`` line; raise :class:`InvalidEvent` if it is not an event."""
     try:
-        return _json_decoder.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidEvent(str(exc)) from None
+        event = _json_decoder.decode(line)
+    except msgspec.ValidationError:
+        event = _from_json_spelled(line)  # a float field spelled as a string, or invalid
+    except Exception as exc:
+        raise InvalidEvent(f"{type(exc).__name__}: {exc}") from None
+    metrics = getattr(event, "metrics", None)
+    if metrics:
+        _unspell_metrics(metrics)
+    return event
+
+
+def _from_json_spelled(line: bytes | str) -> AnyEvent:
+    """The slow path of :func:`from_json`: read the line untyped, turn spelled non-finite
+    floats back into floats, then validate."""
+    try:
+        raw = msgspec.json.decode(line)
+        if isinstance(raw, dict):
+            for name in _KIND_FLOAT_FIELDS.get(raw.get("kind"), ()):
+                value = raw.get(name)
+                if type(value) is str and value in _STR_TO_NONFINITE:
+                    raw[name] = _STR_TO_NONFINITE[value]
+        return msgspec.convert(raw, AnyEvent)
+    except Exception as exc:
+        raise InvalidEvent(f"{type(exc).__name__}: {exc}") from None

@@ -163,13 +163,21 @@ class Reporter:
             **self._announced,
         )
 
-    def finished(self, error: str | None = None) -> None:
-        """Announce the end of this rank: finished, or failed with ``error``. Sent once."""
+    def finished(self, error: str | None = None, traceback: str | None = None) -> None:
+        """Announce the end of this rank: finished, or failed with ``error`` and its Python
+        ``traceback`` (by default, the exception being handled when called from an
+        ``except`` block). Sent once; long texts keep their end."""
         if self._finished_sent or self._socket is None:
             return
         self.started()
         if self._epoch_open:
             self._end_epoch()
+        if error and traceback is None and sys.exc_info()[1] is not None:
+            import traceback as tb
+
+            traceback = "".join(tb.format_exception(sys.exc_info()[1]))
+        if traceback and len(traceback) > protocol.MAX_TRACEBACK_CHARS:
+            traceback = "[…]\n" + traceback[-(protocol.MAX_TRACEBACK_CHARS - 4) :]
         self._finished_sent = True
         self._full_until = 0.0  # the final status always gets its chance
         self._send(
@@ -177,6 +185,7 @@ class Reporter:
             state="failed" if error else "finished",
             pid=os.getpid(),
             error=error[-2000:] if error else None,
+            traceback=traceback if error else None,
             dropped=self.dropped,
         )
 
@@ -342,7 +351,10 @@ def _install_excepthook() -> None:
 
     def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
         if _reporter is not None and exc_type is not SystemExit:
-            _reporter.finished(error=f"{exc_type.__name__}: {exc}")
+            import traceback
+
+            trace = "".join(traceback.format_exception(exc_type, exc, tb))
+            _reporter.finished(error=f"{exc_type.__name__}: {exc}", traceback=trace)
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

@@ -37,17 +37,16 @@ DRAIN_SECONDS = 0.5
 
 
 def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
-    from trainers import TRAINERS
-
     return Launcher(
         cfg.launcher,
         cfg.world_size,
         cfg.run_dir or ".",
         cfg.run_id,
         endpoint,
-        module=None if cfg.script else TRAINERS[cfg.trainer],
+        module=None if cfg.script else cfg.trainer_module,
         script=cfg.script,
         args=cfg.trainer_argv(),
+        env=cfg.rank_environment(),
     )
 
 
@@ -98,7 +97,7 @@ class RunSession:
             self._events_file = open(self.events_path, "ab")
         except OSError as exc:
             raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
-        self.collector = Collector(self.cfg.run_id)
+        self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
         self.stats = self.collector.stats
         self.launcher = make_launcher(self.cfg, self.collector.endpoint)
         self.state.started_at = self.clock()

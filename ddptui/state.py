@@ -7,6 +7,7 @@ to the queries that depend on time; replay uses the events' own ``t``.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class RankFailureInfo:
     signal: str | None = None
     error: str | None = None
     stderr_tail: tuple[str, ...] = ()
+    #: The failing rank's Python traceback, when it reported one.
+    traceback: str | None = None
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "the launcher"
@@ -67,6 +70,7 @@ class RankView:
     device: str | None = None
     device_uuid: str | None = None
     error: str | None = None
+    traceback: str | None = None
     epoch: int | None = None
     step: int = 0
     steps_in_epoch: int = 0
@@ -105,23 +109,28 @@ class RunState:
         self.steps_per_epoch: int | None = None
         self.started_at: float | None = None
         self.first_step_at: float | None = None  # training time starts here (not start-up)
+        #: Progress when the first step arrived: > 0 after --resume (epochs done before).
+        self.progress_at_first_step: float | None = None
         self.last_event_at: float | None = None
         self.finished_at: float | None = None
         self.failure: RankFailureInfo | None = None
         self.stopped = False
         self.outcome: str | None = None  # None while live; "finished" | "failed" | "stopped"
         self.events_applied = 0
+        #: Events for ranks outside ``range(world_size)``: ignored, never given a row.
+        self.events_ignored = 0
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
+        view = self.ranks.get(event.rank)
+        if view is None:  # not a rank of this run: no row, no effect
+            self.events_ignored += 1
+            return
         now = event.t if now is None else now
         if self.started_at is None:
             self.started_at = now
         self.last_event_at = now
         self.events_applied += 1
-        view = self.ranks.get(event.rank)
-        if view is None:  # a rank beyond the declared world size still gets a row
-            view = self.ranks[event.rank] = RankView(event.rank)
         if event.seq > view.last_seq + 1 and view.last_seq >= -1:
             view.gaps += event.seq - view.last_seq - 1
         view.last_seq = max(view.last_seq, event.seq)
@@ -130,10 +139,12 @@ class RunState:
         handler = getattr(self, "_on_" + type(event).__name__.lower(), None)
         if handler is not None:
             handler(view, event, now)
+        if self.first_step_at is not None and self.progress_at_first_step is None:
+            self.progress_at_first_step = self.progress() or 0.0
 
     def _on_status(self, view: RankView, ev: protocol.Status, now: float) -> None:
         view.state = ev.state
-        for name in ("pid", "host", "local_rank", "device", "device_uuid", "error"):
+        for name in ("pid", "host", "local_rank", "device", "device_uuid", "error", "traceback"):
             value = getattr(ev, name)
             if value is not None:
                 setattr(view, name, value)
@@ -183,6 +194,12 @@ class RunState:
         self.finished_at = now if now is not None else self.last_event_at
         if failure is not None and failure.rank in self.ranks:
             view = self.ranks[failure.rank]
+            # The launcher knows how the rank ended; the rank itself may have said why.
+            self.failure = failure = dataclasses.replace(
+                failure,
+                error=failure.error or view.error,
+                traceback=failure.traceback or view.traceback,
+            )
             view.state = "failed"
             view.error = view.error or failure.describe()
         if outcome in ("failed", "stopped"):
@@ -258,14 +275,18 @@ class RunState:
 
     def eta(self, now: float) -> float | None:
         """Seconds left, extrapolated from training time so far (start-up excluded: it does
-        not repeat); None until it can be estimated."""
+        not repeat) and the progress made in that time (after ``--resume`` the epochs done
+        before do not count); None until it can be estimated."""
         if self.outcome:
             return 0.0
         progress = self.progress()
-        if not progress or progress <= 0 or self.first_step_at is None:
+        if progress is None or self.first_step_at is None:
+            return None
+        made = progress - (self.progress_at_first_step or 0.0)
+        if made <= 0:
             return None
         training = max(0.0, now - self.first_step_at)
-        return training * (1 - progress) / progress
+        return training * (1 - progress) / made
 
     @property
     def dropped(self) -> int:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from ddptui import protocol
 from ddptui.config import Machine, build_config
 from ddptui.launch import Launcher, wait_for
 from ddptui.rundir import load_run
@@ -171,6 +172,8 @@ def test_wait_for_gives_up_after_timeout(tmp_path):
     finally:
         result = launcher.stop(grace=1.0)
     assert result.stopped
+    # The driver's own exit code, not the 0 that waiting for it through psutil left Popen.
+    assert result.exit_code == -signal.SIGTERM
     assert processes_of_run("wait-test") == []
 
 
@@ -196,22 +199,29 @@ def test_sigkill_of_ddptui_itself_leaves_no_worker_and_keeps_events(tmp_path):
         "0.01",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def both_ranks_stepped():
+        if not (run_dir / "events.jsonl").exists():
+            return False
+        steps = [e["rank"] for e in read_events(run_dir) if e["kind"] == "step"]
+        return len(steps) > 10 and set(steps) == {0, 1}
+
     try:
-        stepped = wait_until(
-            lambda: (
-                (run_dir / "events.jsonl").exists()
-                and sum(e["kind"] == "step" for e in read_events(run_dir)) > 10
-            ),
-            90,
-        )
-        assert stepped, "ranks never stepped"
+        assert wait_until(both_ranks_stepped, 90), "ranks never stepped"
     finally:
         proc.kill()
         proc.wait()
-    received = read_events(run_dir)  # every line written so far is a whole event
-    run_id = received[0]["run"]
+    run_id = read_events(run_dir)[0]["run"]
     assert wait_until(lambda: processes_of_run(run_id) == [], 15), processes_of_run(run_id)
-    assert len(read_events(run_dir)) == len(received)
+    # What ddptui received before it died is on disk: every line a whole event (written and
+    # flushed before it was applied), and a replay sees both ranks training.
+    data = (run_dir / "events.jsonl").read_bytes()
+    assert data.endswith(b"\n")
+    events = [protocol.from_json(line) for line in data.splitlines()]
+    assert {e.rank for e in events if isinstance(e, protocol.Step)} == {0, 1}
+    _, replayed = load_run(run_dir)
+    assert replayed.samples_total == 8 * sum(isinstance(e, protocol.Step) for e in events)
+    assert {v.state for v in replayed.ranks.values()} == {"started"}
 
 
 def test_ctrl_c_in_headless_mode_stops_every_worker(tmp_path):

@@ -1,3 +1,7 @@
+import json
+import math
+import random
+
 import msgspec
 import pytest
 
@@ -76,3 +80,122 @@ def test_pickle_is_never_accepted():
 
     with pytest.raises(protocol.InvalidEvent):
         protocol.decode_batch(pickle.dumps([GOOD]))
+
+
+def test_invalid_utf8_in_an_11_byte_message_is_rejected_not_raised():
+    # A list holding a map whose string is invalid UTF-8: once an uncaught UnicodeDecodeError.
+    raw = b"\x91\x81\xa4kind\xa3\xff\xfe\xfd"
+    assert len(raw) == 11
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(raw)
+
+
+def test_any_bytes_decode_or_are_rejected():
+    rng = random.Random(7)
+    valid = protocol.encode_batch([protocol.Step(step=1, loss=0.5, samples=8, **BASE)])
+    for _ in range(20_000):
+        if rng.random() < 0.5:
+            raw = rng.randbytes(rng.randrange(64))
+        else:
+            data = bytearray(valid)
+            for _ in range(rng.randint(1, 3)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            raw = bytes(data)
+        try:
+            batch = protocol.decode_batch(raw)
+        except protocol.InvalidEvent:
+            continue
+        assert isinstance(batch, list)
+
+
+NONFINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+def same(a, b):
+    """Equal, counting NaN as equal to NaN."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.parametrize("value", NONFINITE, ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    ("cls", "field", "extra"),
+    [
+        (protocol.Step, "loss", {"step": 1}),
+        (protocol.Step, "samples_per_s", {"step": 1}),
+        (protocol.Step, "step_time", {"step": 1}),
+        (protocol.Eval, "accuracy", {}),
+        (protocol.Eval, "loss", {}),
+        (protocol.EpochEnd, "time", {"epoch": 1, "samples": 3}),
+    ],
+)
+def test_non_finite_floats_round_trip_through_strict_json(cls, field, extra, value):
+    event = cls(**BASE, **extra, **{field: value})
+    line = protocol.to_json(event)
+    data = json.loads(line, parse_constant=lambda name: pytest.fail(f"non-JSON {name}"))
+    assert data[field] == {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(value)]
+    back = protocol.from_json(line)
+    assert type(back) is cls and same(getattr(back, field), value)
+    assert protocol.to_json(back) == line
+
+
+def test_non_finite_metrics_round_trip_and_finite_values_are_untouched():
+    event = protocol.Step(
+        step=1, loss=0.25, metrics={"gn": float("inf"), "lr": 0.1, "n": 3, "tag": "a"}, **BASE
+    )
+    line = protocol.to_json(event)
+    assert json.loads(line)["metrics"] == {"gn": "Infinity", "lr": 0.1, "n": 3, "tag": "a"}
+    back = protocol.from_json(line)
+    assert back.metrics == {"gn": float("inf"), "lr": 0.1, "n": 3, "tag": "a"}
+    assert back.loss == 0.25
+    assert protocol.from_json(protocol.to_json(protocol.Step(step=1, **BASE))).loss is None
+
+
+@pytest.mark.parametrize("line", [b'{"kind":"step","step":1,"loss":"high"}', b"[1]", b"{", b"\xff"])
+def test_lines_that_are_not_events_are_rejected(line):
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.from_json(line)
+
+
+def test_a_failed_status_carries_a_capped_traceback():
+    status = protocol.Status(state="failed", error="E: x", traceback="Traceback...\n", **BASE)
+    assert protocol.decode_batch(protocol.encode_batch([status])) == [status]
+    too_long = "x" * (protocol.MAX_TRACEBACK_CHARS + 1)
+    raw = msgspec.msgpack.encode(
+        [{"kind": "status", "state": "failed", "traceback": too_long, **BASE}]
+    )
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(raw)
+
+
+@pytest.mark.parametrize(
+    ("event", "world_size", "why"),
+    [
+        (protocol.Step(step=1, **BASE), 2, None),
+        (protocol.Step(step=1, loss=float("nan"), **BASE), 2, None),  # training may diverge
+        (protocol.Step(step=1, **{**BASE, "rank": 2}), 2, "rank 2 outside world size 2"),
+        (protocol.Step(step=1, **{**BASE, "rank": 10**9}), 2, "rank 1000000000 outside"),
+        (protocol.Step(step=1, **{**BASE, "rank": 10**9}), None, None),
+        (protocol.Step(step=1, **{**BASE, "t": float("inf")}), 2, "non-finite time"),
+        (protocol.Step(step=1, step_time=-0.1, **BASE), 2, "step_time"),
+        (protocol.Step(step=1, step_time=float("nan"), **BASE), 2, "step_time"),
+        (protocol.Step(step=1, step_time=float("inf"), **BASE), 2, "step_time"),
+        (protocol.Step(step=1, samples_per_s=-1.0, **BASE), 2, "samples_per_s"),
+        (protocol.Step(step=1, samples_per_s=float("nan"), **BASE), 2, "samples_per_s"),
+        (protocol.Step(step=1, samples_per_s=1e300, **BASE), 2, "samples_per_s"),
+        (protocol.Step(step=1, epoch=-1, **BASE), 2, "epoch -1"),
+        (protocol.EpochEnd(epoch=1, time=-1.0, samples=1, **BASE), 2, "epoch time"),
+        (protocol.EpochEnd(epoch=1, time=float("nan"), samples=1, **BASE), 2, "epoch time"),
+        (protocol.Eval(count=-5, **BASE), 2, "count -5"),
+        (protocol.Status(state="started", pid=-1, **BASE), 2, "pid -1"),
+        (protocol.Status(state="started", world_size=0, **BASE), 2, "world_size 0"),
+        (protocol.Status(state="started", local_rank=3, world_size=2, **BASE), 2, "local_rank 3"),
+        (protocol.Status(state="started", steps_per_epoch=-1, **BASE), 2, "steps_per_epoch"),
+        (protocol.LogLine(stream="stdout", line="hi", **BASE), 2, None),
+    ],
+)
+def test_implausible_events(event, world_size, why):
+    reason = protocol.implausible(event, world_size)
+    if why is None:
+        assert reason is None
+    else:
+        assert reason is not None and reason.startswith(why)

@@ -167,4 +167,54 @@ def test_announced_plan_gives_progress_from_the_first_step():
         s.apply(step(0, i + 1, i, float(i)), now=float(i))
     assert (s.epochs, s.steps_per_epoch) == (4, 10)
     assert s.progress() == pytest.approx(0.125)
-    assert s.eta(6.0) == pytest.approx(35.0)
+    # Training time counts from the first step, and so does progress: steps 2..5 (0.1 of the
+    # run) in the 5 s since step 1, with 0.875 left.
+    assert s.eta(6.0) == pytest.approx(5.0 * 0.875 / 0.1)
+
+
+# Epochs of 10 steps, one step per second from the first step at t=100 (start-up before it
+# does not count). ``resumed``: epochs done before this run (--resume); ``done``: steps run.
+@pytest.mark.parametrize(
+    ("epochs", "resumed", "done", "eta"),
+    [
+        (4, 0, 1, None),  # one step: no time has passed yet
+        (4, 0, 11, 29.0),  # 10 steps (0.25 of the run) in 10 s; 29 steps left
+        (4, 0, 21, 19.0),
+        (4, 2, 1, None),
+        (4, 2, 11, 9.0),  # after --resume from epoch 2: 9 steps left, at 1 step/s
+        (4, 2, 16, 4.0),
+        (10, 9, 6, 4.0),  # the last epoch of a long run: not "done in no time"
+        (4, 3, 10, 0.0),
+    ],
+)
+def test_eta_counts_only_the_progress_made_since_the_first_step(epochs, resumed, done, eta):
+    s = RunState("r", 1, epochs=epochs)
+    s.apply(ev(protocol.Status, 0, 0, 0.0, state="started", steps_per_epoch=10), now=0.0)
+    for i in range(done):
+        epoch, step_in_epoch = resumed + 1 + i // 10, i + 1
+        s.apply(step(0, i + 1, step_in_epoch, 0.0, epoch=epoch), now=100.0 + i)
+    now = 100.0 + done - 1
+    assert s.eta(now) == (None if eta is None else pytest.approx(eta))
+
+
+def test_events_of_ranks_outside_the_world_size_get_no_row():
+    s = RunState("r", 2)
+    for rank in (2, 7, 10**9, *range(100, 10_100)):
+        s.apply(step(rank, 0, 1, 0.0), now=1.0)
+        s.apply(ev(protocol.Status, rank, 1, 0.0, state="failed", error="spoof"), now=1.0)
+    assert sorted(s.ranks) == [0, 1]
+    assert s.events_ignored == 2 * 10_003 and s.events_applied == 0
+    assert s.status == "starting" and s.samples_total == 0
+
+
+def test_a_rank_failure_keeps_the_error_and_traceback_the_rank_reported():
+    s = RunState("r", 2)
+    s.apply(ev(protocol.Status, 1, 0, 0.0, state="started"), now=0.0)
+    s.apply(
+        ev(protocol.Status, 1, 1, 0.0, state="failed", error="ValueError: x", traceback="Tb"),
+        now=1.0,
+    )
+    assert (s.ranks[1].error, s.ranks[1].traceback) == ("ValueError: x", "Tb")
+    s.set_outcome("failed", RankFailureInfo(rank=1, exit_code=1), now=2.0)
+    assert (s.failure.error, s.failure.traceback) == ("ValueError: x", "Tb")
+    assert s.failure.describe() == "rank 1 exited with code 1: ValueError: x"

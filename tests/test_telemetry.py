@@ -30,9 +30,10 @@ def collector():
     c.close()
 
 
-def test_collector_binds_loopback_on_a_free_port(collector):
-    assert collector.endpoint.startswith("tcp://127.0.0.1:")
-    assert not collector.endpoint.endswith(":0")
+def test_tcp_collector_binds_loopback_on_a_free_port():
+    with Collector("run-1", transport="tcp") as collector:
+        assert collector.endpoint.startswith("tcp://127.0.0.1:")
+        assert not collector.endpoint.endswith(":0")
 
 
 def test_steps_wait_for_a_batch_but_other_events_go_at_once(collector):

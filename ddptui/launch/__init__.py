@@ -4,8 +4,15 @@ The ranks run under a driver child process (``ddptui.launch.drivers``) in its ow
 mp.spawn or torchrun. Teardown — on stop, Ctrl-C, or a rank's failure — sends SIGTERM to
 every process of the run, then SIGKILL after a grace period. "Every process" is the driver's
 process tree plus anything whose environment carries this run's ``DDPTUI_RUN_ID`` (torchrun
-starts each worker in a session of its own, and an orphaned rank leaves the tree), so no
-process is left behind.
+starts each worker in a session of its own, and an orphaned rank leaves the tree), looked for
+again until none is left, so a rank that appears during teardown (still starting) is caught.
+
+The driver is ddptui's child: only its ``Popen`` ever waits for it, so its real exit code is
+kept, and it is signalled only while it is unreaped (its pid cannot have been reused). Any
+other process is signalled only after checking it is still the process that was found (pid and
+create time, through a pidfd where the kernel has them).
+
+If ddptui itself dies, the driver and the ranks follow it (``rank_entry.die_with_parent``).
 """
 
 from __future__ import annotations
@@ -17,33 +24,94 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from ddptui.constants import ENDPOINT_ENV, LAUNCHERS, RUN_DIR_ENV, RUN_ID_ENV
+from ddptui.constants import ENDPOINT_ENV, LAUNCHERS, PARENT_PID_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from ddptui.rundir import RunDir
 from ddptui.state import RankFailureInfo
 
 STDERR_TAIL_LINES = 15
+#: How long teardown keeps looking for processes of the run after SIGKILL.
+KILL_SWEEP_S = 5.0
+_SWEEP_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
 class LaunchResult:
-    """How the processes ended. ``failure`` names the first failing rank when there is one."""
+    """How the processes ended: the driver's exit code (negative: killed by that signal), and
+    ``failure`` naming the first failing rank when there is one."""
 
-    returncode: int
+    exit_code: int
     failure: RankFailureInfo | None = None
     stopped: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.stopped and self.failure is None
+        return self.exit_code == 0 and not self.stopped and self.failure is None
 
     @property
     def outcome(self) -> str:
         return "stopped" if self.stopped else ("finished" if self.ok else "failed")
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """One process, as found: its pid and its create time (a reused pid has another)."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, proc: psutil.Process) -> ProcessIdentity | None:
+        try:
+            return cls(proc.pid, proc.create_time())
+        except (psutil.Error, OSError):
+            return None
+
+    def _current(self) -> psutil.Process | None:
+        """The process now at ``pid`` if it is this one, else None."""
+        try:
+            proc = psutil.Process(self.pid)
+            return proc if proc.create_time() == self.create_time else None
+        except (psutil.Error, OSError):
+            return None
+
+    def alive(self) -> bool:
+        """Still running (a zombie has ended: it only waits for its parent)."""
+        proc = self._current()
+        try:
+            return proc is not None and proc.status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, OSError):
+            return False
+
+    def signal(self, sig: int) -> bool:
+        """Send ``sig`` if the pid still belongs to this process; whether it was sent."""
+        pidfd = None
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return False
+        except (OSError, AttributeError):  # pragma: no cover - no pidfd: check, then kill
+            pidfd = None
+        try:
+            # The pidfd names whatever process held the pid when it was opened. If the pid
+            # still belongs to the process we found (which existed before that), it is it.
+            if self._current() is None:
+                return False
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            else:  # pragma: no cover
+                os.kill(self.pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
 
 
 def tail_lines(path: Path, n: int = STDERR_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
@@ -91,6 +159,7 @@ class Launcher:
         script: str | None = None,
         args: list[str] | tuple[str, ...] = (),
         grace: float = 3.0,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if kind not in LAUNCHERS:
             raise ValueError(f"unknown launcher {kind!r}")
@@ -103,6 +172,8 @@ class Launcher:
         self.endpoint = endpoint
         self.module = module
         self.script = script
+        #: Extra environment for every rank (the run's device choice, say).
+        self.extra_env = dict(env or {})
         self.args = list(args)
         self.grace = grace
         self.process: subprocess.Popen[bytes] | None = None
@@ -127,9 +198,11 @@ class Launcher:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.update(self.extra_env)
         env[RUN_ID_ENV] = self.run_id
         env[RUN_DIR_ENV] = str(self.run_dir)
         env["PYTHONUNBUFFERED"] = "1"
+        env[PARENT_PID_ENV] = str(os.getpid())  # the driver exits if it finds another parent
         if self.endpoint:
             env[ENDPOINT_ENV] = self.endpoint
         else:
@@ -181,75 +254,107 @@ class Launcher:
         return self.result
 
     # -- internals ----------------------------------------------------------------------------
-    def _run_processes(self) -> list[psutil.Process]:
-        """The driver, its descendants, and any process carrying this run's id."""
-        found: dict[int, psutil.Process] = {}
-        if self.process is not None:
+    def _driver_running(self) -> bool:
+        """The driver has not been reaped: its pid (and process group id) are still its own."""
+        return self.process is not None and self.process.poll() is None
+
+    def _signal_driver(self, sig: int) -> None:
+        """``sig`` to the driver and its process group (the mp.spawn ranks), while unreaped."""
+        if not self._driver_running():
+            return
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.send_signal(sig)  # Popen checks the driver is unreaped first
+
+    def _run_processes(self) -> dict[int, ProcessIdentity]:
+        """Every process of the run except the driver: the driver's descendants (while the
+        driver is unreaped) and any process carrying this run's id."""
+        found: dict[int, ProcessIdentity] = {}
+        if self._driver_running():
+            assert self.process is not None
             try:
-                driver = psutil.Process(self.process.pid)
-                found[driver.pid] = driver
-                for child in driver.children(recursive=True):
-                    found[child.pid] = child
-            except psutil.NoSuchProcess:
-                pass
-        me = os.getpid()
+                children = psutil.Process(self.process.pid).children(recursive=True)
+            except (psutil.Error, OSError):
+                children = []
+            for child in children:
+                ident = ProcessIdentity.of(child)
+                if ident is not None:
+                    found[ident.pid] = ident
+        skip = {os.getpid(), self.pid}
         for proc in psutil.process_iter(["pid"]):
-            if proc.pid in found or proc.pid == me:
+            if proc.pid in found or proc.pid in skip:
                 continue
             try:
-                if proc.environ().get(RUN_ID_ENV) == self.run_id:
-                    found[proc.pid] = proc
+                if proc.environ().get(RUN_ID_ENV) != self.run_id:
+                    continue
             except (psutil.Error, OSError):
                 continue
-        return list(found.values())
+            ident = ProcessIdentity.of(proc)
+            if ident is not None:
+                found[ident.pid] = ident
+        return found
+
+    def _sweep(self, seen: dict[int, ProcessIdentity], sig: int) -> int:
+        """Send ``sig`` to the processes of the run not in ``seen`` yet; add them; how many."""
+        new = 0
+        for pid, ident in self._run_processes().items():
+            if seen.get(pid) != ident:
+                seen[pid] = ident
+                ident.signal(sig)
+                new += 1
+        return new
 
     def _terminate(self, grace: float) -> None:
-        procs = self._run_processes()
-        if self.process is not None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace)
-        # Anything that appeared meanwhile (a rank mid-start) is caught by a second sweep.
-        alive = {p.pid: p for p in alive}
-        for proc in self._run_processes():
-            alive.setdefault(proc.pid, proc)
-        for proc in alive.values():
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(list(alive.values()), timeout=grace)
+        """SIGTERM to every process of the run, SIGKILL to what is left after ``grace``; keep
+        looking for processes of the run (ranks still starting) until none is left."""
+        seen: dict[int, ProcessIdentity] = {}
+        self._signal_driver(signal.SIGTERM)
+        self._sweep(seen, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            time.sleep(_SWEEP_INTERVAL_S)
+            new = self._sweep(seen, signal.SIGTERM)
+            if (
+                not new
+                and not self._driver_running()
+                and not any(ident.alive() for ident in seen.values())
+            ):
+                return
+        self._signal_driver(signal.SIGKILL)
+        deadline = time.monotonic() + KILL_SWEEP_S
+        while True:
+            left = [i for i in self._run_processes().values() if i.alive()]
+            for ident in left:
+                ident.signal(signal.SIGKILL)
+            if (not left and not self._driver_running()) or time.monotonic() > deadline:
+                return
+            time.sleep(_SWEEP_INTERVAL_S)
 
     def _kill_leftovers(self) -> None:
-        leftovers = self._run_processes()
-        if leftovers:
+        if any(ident.alive() for ident in self._run_processes().values()):
             self._terminate(min(self.grace, 1.0))
 
-    def _result(self, returncode: int) -> LaunchResult:
+    def _result(self, exit_code: int) -> LaunchResult:
         failure = read_failure(self.run_dir)
-        if failure is None and returncode != 0 and not self._stopping:
+        if failure is None and exit_code != 0 and not self._stopping:
             sig = None
-            if returncode < 0:
+            if exit_code < 0:
                 try:
-                    sig = signal.Signals(-returncode).name
+                    sig = signal.Signals(-exit_code).name
                 except ValueError:
-                    sig = f"signal {-returncode}"
+                    sig = f"signal {-exit_code}"
             failure = RankFailureInfo(
                 rank=None,
-                exit_code=returncode,
+                exit_code=exit_code,
                 signal=sig,
                 stderr_tail=tuple(tail_lines(RunDir(self.run_dir).launcher_log)),
             )
         if self._stopping and failure is not None and failure.signal in ("SIGTERM", "SIGINT"):
             failure = None  # our own teardown, not a rank's failure
-        return LaunchResult(returncode, failure=failure, stopped=self._stopping)
+        return LaunchResult(exit_code, failure=failure, stopped=self._stopping)
 
 
 def wait_for(launcher: Launcher, timeout: float) -> LaunchResult | None:

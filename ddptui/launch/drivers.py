@@ -3,6 +3,8 @@
 It runs in its own session, starts the ranks with torch.multiprocessing (mp.spawn's
 ``start_processes``) or torch.distributed.run (torchrun), and on a rank failure writes the
 first failing rank, its exit code and signal name to ``--result`` (JSON) before exiting 1.
+
+It dies with ddptui, and its ranks die with it (see ``rank_entry.die_with_parent``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from ddptui.cpus import threads_per_rank
 from ddptui.launch.rank_entry import die_with_parent
 from ddptui.net import free_port
 from ddptui.rundir import write_json_atomic
+
+if __name__ in ("__main__", "__mp_main__"):
+    # First thing after these light imports, before torch: in the driver (its parent is
+    # ddptui) and in each mp.spawn child, which imports this module as ``__mp_main__``
+    # before it unpickles its function (and with it torch: seconds of start-up during which
+    # the driver may die).
+    die_with_parent()
 
 
 def write_result(path: str | None, **result: object) -> None:
@@ -124,8 +133,8 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # ddptui gone → tear the run down (done already when run as a module)
     opts, args = _parse(list(sys.argv[1:] if argv is None else argv))
-    die_with_parent()  # ddptui gone → tear the run down
     if opts.kind == "spawn":
         return run_spawn(opts, args)
     return run_torchrun(opts, args)

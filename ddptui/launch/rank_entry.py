@@ -3,6 +3,16 @@ parent, CPU threads per rank, then the target (a built-in trainer module or the 
 
 Used as the mp.spawn worker function (:func:`spawn_worker`) and as torchrun's module
 (``python -m ddptui.launch.rank_entry``), so both launchers start ranks identically.
+
+It runs the target, so it is the one place that knows how a rank ended: an uncaught exception
+or a non-zero exit is reported to ddptui as ``failed`` with the error and the traceback (torch's
+spawn wrapper turns an exception into ``sys.exit(1)``, which an exit handler alone would take
+for success).
+
+No orphans: a rank (and the driver) must not outlive the process that started it, whatever
+killed that one. :func:`die_with_parent` asks the kernel for a signal when the parent dies,
+then checks the parent is still the one it was started by (it may have died before the
+request), and starts a watchdog thread that ends the process if a handler ignores the signal.
 """
 
 from __future__ import annotations
@@ -15,26 +25,64 @@ import os
 import runpy
 import signal
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 
 from ddptui.argv import split_passthrough
-from ddptui.constants import THREADS_ENV
+from ddptui.constants import PARENT_PID_ENV, THREADS_ENV
 from ddptui.cpus import threads_per_rank
 from ddptui.rundir import RunDir
 
 _PR_SET_PDEATHSIG = 1
+#: How often the watchdog looks whether the parent is still there.
+WATCH_INTERVAL_S = 0.5
+#: After signalling itself, how long the watchdog waits before it ends the process outright.
+WATCH_GRACE_S = 2.0
+_following_in: int | None = None  # the pid of the process that called die_with_parent
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Linux: get ``sig`` when the parent (spawn driver / torchrun agent) dies."""
+    """End this process (``sig``, then exit) when its parent dies. Call it first thing.
+
+    ``DDPTUI_PARENT_PID`` names the parent this process was started by; when the parent is
+    already gone (it died before the kernel request was made) the process exits at once.
+    Then the variable is set to this process's pid, for the processes it starts, and a
+    watchdog thread follows the parent. Without the variable (run by hand) only the kernel
+    request is made. Once per process.
+    """
+    global _following_in
+    me = os.getpid()
+    if _following_in == me:
+        return
+    _following_in = me
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         pass
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    parent = os.getppid()
+    if expected.isdigit() and int(expected) != parent:
+        os._exit(128 + int(sig))  # orphaned before the request: the signal will never come
+    os.environ[PARENT_PID_ENV] = str(me)
+    if expected.isdigit():
+        threading.Thread(
+            target=_watch_parent, args=(parent, sig), name="ddptui-parent-watch", daemon=True
+        ).start()
+
+
+def _watch_parent(parent: int, sig: int) -> None:
+    """Backstop for the parent-death signal (a handler may catch it and carry on)."""
+    while os.getppid() == parent:
+        time.sleep(WATCH_INTERVAL_S)
+    os.kill(os.getpid(), sig)
+    time.sleep(WATCH_GRACE_S)
+    os._exit(128 + int(sig))
 
 
 def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
+    die_with_parent()  # a no-op when the spawn start-up hook has done it already
     if run_dir:
         log = RunDir(run_dir).rank_log(rank)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -45,7 +93,6 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         os.close(fd)
         sys.stdout.reconfigure(line_buffering=True)
         sys.stderr.reconfigure(line_buffering=True)
-    die_with_parent()
     threads = threads_per_rank(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ[THREADS_ENV] = str(threads)
@@ -55,24 +102,52 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         torch.set_num_threads(threads)
 
 
+def report_failure(error: str, trace: str | None) -> None:
+    """Tell ddptui that this rank failed (once; a no-op when nobody listens)."""
+    try:
+        from ddptui.reporter import get_reporter
+
+        get_reporter().finished(error=error, traceback=trace)
+    except Exception:  # pragma: no cover - telemetry never changes how a rank ends
+        pass
+
+
+def _exit_code(code: object) -> int:
+    """The process exit code of ``return code`` / ``sys.exit(code)``, as Python computes it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
 def run_target(module: str | None, script: str | None, args: list[str]) -> int:
-    """Run a trainer module's ``main(args)`` or a script as ``__main__``; return its code."""
+    """Run a trainer module's ``main(args)`` or a script as ``__main__``; return its exit code.
+
+    A non-zero exit and an uncaught exception are reported as this rank's failure (error and
+    traceback); the exception propagates."""
     try:
         if module:
-            return int(importlib.import_module(module).main(args) or 0)
-        assert script is not None
-        sys.argv = [script, *args]
-        sys.path.insert(0, str(Path(script).resolve().parent))
-        runpy.run_path(script, run_name="__main__")
-        return 0
+            code = _exit_code(importlib.import_module(module).main(args))
+        else:
+            assert script is not None
+            sys.argv = [script, *args]
+            sys.path.insert(0, str(Path(script).resolve().parent))
+            runpy.run_path(script, run_name="__main__")
+            code = 0
     except SystemExit as exc:
-        code = exc.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        print(code, file=sys.stderr)
-        return 1
+        code = _exit_code(exc.code)
+        if code:
+            detail = exc.code if isinstance(exc.code, str) else f"SystemExit: {exc.code}"
+            report_failure(detail, traceback.format_exc())
+        return code
+    except BaseException as exc:
+        report_failure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        raise
+    if code:
+        report_failure(f"exited with code {code}", None)
+    return code
 
 
 def exit_after_success(code: int) -> None:
@@ -120,6 +195,7 @@ def spawn_worker(
 
 def main(argv: list[str] | None = None) -> int:
     """torchrun entry: ``python -m ddptui.launch.rank_entry (--module M | --script S) -- …``."""
+    die_with_parent()  # before anything slow: the agent may already be going
     parser = argparse.ArgumentParser(prog="ddptui-rank")
     parser.add_argument("--run-dir")
     target = parser.add_mutually_exclusive_group(required=True)
@@ -130,11 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(own)
     rank = int(os.environ.get("RANK", "0"))
     prepare_rank(opts.run_dir, rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    try:
-        code = run_target(opts.module, opts.script, rest)
-    except BaseException:
-        traceback.print_exc()
-        raise
+    code = run_target(opts.module, opts.script, rest)  # an exception is printed on its way out
     if opts.module and code == 0:
         exit_after_success(0)
     return code

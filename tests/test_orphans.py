@@ -1,0 +1,122 @@
+"""No process of a run outlives ddptui, however ddptui ends, even while ranks are starting."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from ddptui.launch import Launcher
+from tests.helpers import USER_SCRIPT, processes_of_run, wait_until
+
+pytestmark = pytest.mark.slow
+#: Ranks must be gone within 5 s of ddptui's death; allow for a loaded test machine.
+GONE_WITHIN_S = 10.0
+
+
+def start_ddptui(run_dir, launcher):
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddptui.cli",
+        "--no-ui",
+        "--launcher",
+        launcher,
+        "--world-size",
+        "2",
+        "--script",
+        str(USER_SCRIPT),
+        "--run-dir",
+        str(run_dir),
+        "--",
+        "--steps",
+        "100000",
+        "--sleep",
+        "0.01",
+    ]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def kill_run(run_id):
+    for proc in processes_of_run(run_id):
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+def is_rank(proc):
+    """A rank process, however far it has got (an mp.spawn child is a multiprocessing
+    child until it runs the rank; a torchrun worker runs rank_entry from the start)."""
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return "rank_entry" in cmdline or "spawn_main" in cmdline
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGKILL, signal.SIGTERM, signal.SIGINT],  # SIGINT: ddptui's own teardown
+    ids=["SIGKILL", "SIGTERM", "SIGINT"],
+)
+def test_ddptui_signalled_while_ranks_start_leaves_no_process(tmp_path, launcher, sig):
+    run_dir = tmp_path / "run"
+    proc = start_ddptui(run_dir, launcher)
+    run_id = None
+    try:
+        config = wait_until(lambda: (run_dir / "config.json").exists(), 60)
+        assert config, "ddptui never wrote its config"
+        run_id = json.loads((run_dir / "config.json").read_text())["run_id"]
+        # Signal as soon as the rank processes exist: they are still importing torch.
+        starting = wait_until(
+            lambda: [p for p in processes_of_run(run_id) if is_rank(p)], 60, interval=0.02
+        )
+        assert starting, "no rank process ever started"
+        assert (
+            not (run_dir / "events.jsonl").exists()
+            or "step" not in (run_dir / "events.jsonl").read_text()
+        ), "ranks were already training: not start-up any more"
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+        gone = wait_until(lambda: processes_of_run(run_id) == [], GONE_WITHIN_S, interval=0.1)
+        assert gone, [" ".join(p.cmdline()) for p in processes_of_run(run_id)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if run_id is not None:
+            kill_run(run_id)
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+def test_ranks_follow_a_driver_killed_while_they_start(tmp_path, launcher):
+    """The ranks notice by themselves: ddptui (here, this test) does nothing about it."""
+    run_id = f"driver-death-{launcher}"
+    run = Launcher(
+        launcher,
+        2,
+        tmp_path,
+        run_id,
+        endpoint=None,
+        script=str(USER_SCRIPT),
+        args=["--steps", "100000", "--sleep", "0.01"],
+    )
+    run.start()
+    try:
+        starting = wait_until(
+            lambda: [p for p in processes_of_run(run_id) if is_rank(p)], 60, interval=0.02
+        )
+        assert starting, "no rank process ever started"
+        os.kill(run.pid, signal.SIGKILL)
+        gone = wait_until(lambda: processes_of_run(run_id) == [], GONE_WITHIN_S, interval=0.1)
+        assert gone, [" ".join(p.cmdline()) for p in processes_of_run(run_id)]
+        result = run.poll()
+        assert result is not None and result.exit_code == -signal.SIGKILL
+    finally:
+        run.stop(grace=1.0)
+        kill_run(run_id)
