@@ -94,7 +94,7 @@ def registry() -> Registry:
     problems: dict[str, str] = {}
     points = sorted(
         importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
-        key=lambda ep: (_dist_name(ep) != DISTRIBUTION, _dist_name(ep), ep.name),
+        key=lambda ep: (_dist_name(ep) != DISTRIBUTION, _dist_name(ep)),  # stable: file order
     )
     if not any(_dist_name(ep) == DISTRIBUTION for ep in points):
         # Installed metadata older than the entry points (an editable install not yet
@@ -121,7 +121,18 @@ def registry() -> Registry:
                 )
             continue
         specs[spec.name] = spec
-    return Registry(specs, problems)
+    return Registry(_builtin_first(specs), problems)
+
+
+def _builtin_first(specs: dict[str, TrainerSpec]) -> dict[str, TrainerSpec]:
+    """The built-in trainers in their own order (the default first: entry point metadata is
+    sorted by name), then the others as found."""
+    try:
+        order = [spec.name for spec in importlib.import_module(BUILTIN_SPECS).BUILTIN]
+    except (ImportError, AttributeError):  # pragma: no cover - broken install
+        return specs
+    first = {name: specs[name] for name in order if name in specs}
+    return {**first, **{k: v for k, v in specs.items() if k not in first}}
 
 
 def trainer_names() -> list[str]:

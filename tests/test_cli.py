@@ -253,5 +253,5 @@ def test_run_directory_that_cannot_be_created_is_one_line_not_a_traceback(tmp_pa
         cwd=tmp_path,
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("ddptui: error: cannot start the run in /proc/ddptui-test/run")
+    assert proc.stderr.startswith("ddptui: error: cannot write /proc/ddptui-test")
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
