@@ -219,7 +219,7 @@ def test_sigkill_of_ddptui_itself_leaves_no_worker_and_keeps_events(tmp_path):
     assert data.endswith(b"\n")
     events = [protocol.from_json(line) for line in data.splitlines()]
     assert {e.rank for e in events if isinstance(e, protocol.Step)} == {0, 1}
-    _, replayed = load_run(run_dir)
+    _, replayed, _ = load_run(run_dir)
     assert replayed.samples_total == 8 * sum(isinstance(e, protocol.Step) for e in events)
     assert {v.state for v in replayed.ranks.values()} == {"started"}
 
