@@ -262,5 +262,5 @@ def test_ctrl_c_in_headless_mode_stops_every_worker(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, out
-    assert "interrupted: stopping every worker" in out and "run stopped" in out
+    assert "interrupted (SIGINT): stopping every worker" in out and "run interrupted" in out
     assert processes_of_run(run_id) == []
