@@ -111,6 +111,8 @@ def test_parse_config_defaults():
         device="cpu",
         amp="off",
         data_dir="data",
+        workers=None,
+        data_on_device="auto",
         train_size=100,
         test_size=11,
     )
@@ -168,27 +170,49 @@ def test_parse_config_common_flags():
     assert (config.train_size, config.test_size) == (9, 4)
 
 
-def test_parse_config_backend_follows_device():
-    config = parse_config(_parser(), [])
-    assert config.device == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert config.backend == ("nccl" if config.device == "cuda" else "gloo")
+@pytest.mark.parametrize(
+    ("cuda", "argv", "device", "backend"),
+    [
+        (True, [], "cuda", "nccl"),
+        (False, [], "cpu", "gloo"),
+        (True, ["--device", "cpu"], "cpu", "gloo"),
+        (True, ["--backend", "gloo"], "cuda", "gloo"),
+        (False, ["--device", "cuda"], "cuda", "nccl"),  # refused later, by resolve_device
+    ],
+)
+def test_parse_config_resolves_device_and_backend(monkeypatch, cuda, argv, device, backend):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    config = parse_config(_parser(), argv)
+    assert (config.device, config.backend) == (device, backend)
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "message"),
     [
-        ["--epochs", "0"],
-        ["--batch-size", "-1"],
-        ["--lr", "0"],
-        ["--amp", "fp8"],
-        ["--backend", "mpi"],
-        ["--model", "c"],
-        ["--workers", "-1"],
+        (["--epochs", "0"], "argument --epochs: must be at least 1, got 0"),
+        (["--epochs", "10000000"], "argument --epochs: must be at most 1000000, got 10000000"),
+        (["--epochs", "1e9"], "argument --epochs: invalid epochs value: '1e9'"),
+        (["--batch-size", "-1"], "argument --batch-size: must be at least 1, got -1"),
+        (["--lr", "0"], "argument --lr: must be a positive finite number, got 0"),
+        (["--lr", "inf"], "argument --lr: must be a positive finite number, got inf"),
+        (["--lr", "1e400"], "argument --lr: must be a positive finite number, got 1e400"),
+        (["--lr", "nan"], "argument --lr: must be a positive finite number, got nan"),
+        (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+        (["--seed", "9" * 30], "argument --seed: must be at most 4294967295, got 999"),
+        (["--amp", "fp8"], "argument --amp: invalid choice: 'fp8'"),
+        (["--backend", "mpi"], "argument --backend: invalid choice: 'mpi'"),
+        (["--model", "c"], "argument --model: invalid choice: 'c'"),
+        (["--workers", "-1"], "argument --workers: must be at least 0, got -1"),
+        (["--workers", "100000"], "argument --workers: must be at most 256, got 100000"),
+        (["--workers", "two"], "argument --workers: invalid workers value: 'two'"),
     ],
 )
-def test_parse_config_rejects_bad_values(argv, capsys):
-    with pytest.raises(SystemExit):
+def test_parse_config_rejects_bad_values_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as caught:
         parse_config(_parser(), argv)
+    assert caught.value.code == 2  # argparse's usage error
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"python -m trainers.synthetic: error: {message}")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,13 @@ from trainers import datasets
 from trainers.distributed import DistContext, rank_zero_first
 from trainers.loop import Task, run
 from trainers.models import RESNETS, resnet
-from trainers.options import TrainConfig, add_download_option, build_parser, parse_config
+from trainers.options import (
+    TrainConfig,
+    add_data_on_device_option,
+    add_download_option,
+    build_parser,
+    parse_config,
+)
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
@@ -59,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="skip the md5 check of the batch files (re-packed or subset data)",
     )
+    add_data_on_device_option(parser)
     run(parse_config(parser, argv), TASK)
     return 0
 

@@ -17,7 +17,13 @@ from trainers import datasets
 from trainers.distributed import DistContext, rank_zero_first
 from trainers.loop import Task, run
 from trainers.models import MnistNet
-from trainers.options import TrainConfig, add_download_option, build_parser, parse_config
+from trainers.options import (
+    TrainConfig,
+    add_data_on_device_option,
+    add_download_option,
+    build_parser,
+    parse_config,
+)
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
@@ -54,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         models=["mnistnet"],
     )
     add_download_option(parser)
+    add_data_on_device_option(parser)
     run(parse_config(parser, argv), TASK)
     return 0
 

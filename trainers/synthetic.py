@@ -18,7 +18,7 @@ from trainers.datasets import DataSplits, synthetic_splits
 from trainers.distributed import DistContext
 from trainers.loop import Task, run
 from trainers.models import SmallCNN
-from trainers.options import TrainConfig, build_parser, parse_config
+from trainers.options import TrainConfig, add_data_on_device_option, build_parser, parse_config
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> DataSplits:
@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         train_size=4000,
         test_size=1001,
     )
+    add_data_on_device_option(parser)
     run(parse_config(parser, argv), TASK)
     return 0
 
