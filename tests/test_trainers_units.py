@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from trainers import DEFAULT_TRAINER, TRAINERS
+from trainers.checkpoint import pid_alive, remove_stale_temps
 from trainers.datasets import synthetic_images
 from trainers.distributed import context_from_env, shard_indices
 from trainers.loop import autocast, resolve_device
@@ -244,3 +246,41 @@ def test_synthetic_data_is_deterministic_and_splits_differ():
     other = synthetic_images(50, seed=2, train=True)
     assert not torch.equal(a.tensors[0], other.tensors[0])
     assert a.tensors[0].shape == (50, 1, 16, 16) and a.tensors[1].max() < 10
+
+
+def test_remove_stale_temps_only_touches_dead_writers_of_this_checkpoint(tmp_path):
+    checkpoint = tmp_path / "ckpt.pt"
+    parent_pid = os.getppid()  # alive: a concurrent writer
+    names = {
+        f".ckpt.pt.{parent_pid}.tmp": True,  # kept: its writer is alive
+        f".ckpt.pt.{os.getpid()}.tmp": False,  # this process has not written yet: stale
+        ".ckpt.pt.0.tmp": False,  # no process has pid 0
+        f".ckpt.pt.{2**22 + 12345}.tmp": False,  # above any pid_max: gone
+        ".ckpt.pt.99999999999.tmp": True,  # not a pid at all: not our pattern
+        ".ckpt.pt.-5.tmp": True,
+        ".ckpt.pt..tmp": True,
+        ".other.pt.0.tmp": True,
+        "ckpt.pt.0.tmp": True,
+        "ckpt.pt": True,
+    }
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "victim").write_bytes(b"keep me")
+    link = tmp_path / ".ckpt.pt.1.tmp"  # pid 1 is alive anyway; a link is never followed
+    link.symlink_to(tmp_path / "elsewhere" / "victim")
+    removed = remove_stale_temps(checkpoint)
+    assert sorted(p.name for p in removed) == sorted(n for n, keep in names.items() if not keep)
+    assert {p.name for p in tmp_path.iterdir()} == {
+        *(n for n, keep in names.items() if keep),
+        "elsewhere",
+        ".ckpt.pt.1.tmp",
+    }
+    assert (tmp_path / "elsewhere" / "victim").read_bytes() == b"keep me"
+    assert remove_stale_temps(tmp_path / "missing" / "ckpt.pt") == []
+
+
+@pytest.mark.parametrize(("pid", "alive"), [(0, False), (-1, False), (2**40, False), (1, True)])
+def test_pid_alive(pid, alive):
+    assert pid_alive(pid) is alive
+    assert pid_alive(os.getpid())

@@ -231,7 +231,7 @@ class LoaderBatches:
 
 
 class DeviceBatches:
-    """The device path: the whole split on the device; batches indexed, batches prepared there.
+    """The device path: the whole split on the device; batches indexed and prepared there.
 
     ``images`` (N, C, H, W) are uint8 pixels (scaled to [0, 1], then normalised with
     ``mean``/``std`` as torchvision's ``ToTensor`` + ``Normalize``) or float images (only
@@ -256,7 +256,7 @@ class DeviceBatches:
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         device = feed.device
-        self.images = images.to(device).contiguous()
+        self.images = images.contiguous().to(device)  # (C, H, W) order made on the host
         self.labels = labels.to(device, dtype=torch.long)
         self._order = order
         self._batch_size = feed.batch_size
