@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
+    torch.backends.cudnn.benchmark = True  # as the trainers set it, for both sides of each part
     print(f"GPU: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+    started = time.monotonic()
     os.environ.pop("DDPTUI_ENDPOINT", None)  # ddptui.log is a no-op unless a part sets it
     if "nvml" in parts:
         bench_nvml()
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench_trainer(device, args.blocks)
             if "logging" in parts:
                 bench_logging(device, args.blocks)
+    print(f"done in {time.monotonic() - started:.0f} s")
     return 0
 
 
