@@ -1,17 +1,31 @@
-"""Real multi-process gloo groups: distributed evaluation and a two-rank training run."""
+"""Real multi-process gloo groups: distributed evaluation, a two-rank training run, and the
+built-in trainers with DataLoader workers under both of ddptui's launchers."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import uuid
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from ddptui.constants import ENDPOINT_ENV, LAUNCHERS, RUN_ID_ENV, THREADS_ENV
 from ddptui.net import free_port
-from tests.trainer_data import bn_model, clean_env, eval_worker
-from trainers.datasets import synthetic_images
+from tests.helpers import processes_of_run
+from tests.trainer_data import (
+    bn_model,
+    clean_env,
+    eval_worker,
+    write_cifar10,
+    write_imagefolder,
+)
+from trainers.batches import Feed, eval_batches
+from trainers.datasets import synthetic_splits
 from trainers.loop import evaluate
 
 # Not divisible by 2 or 3, and one smaller than the world (a rank with no samples).
@@ -38,13 +52,11 @@ def test_distributed_eval_equals_single_process(world_size, tmp_path):
 
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
     assert all(results == per_rank[0] for results in per_rank)  # every rank got the same
+    cpu = torch.device("cpu")
     for size, (accuracy, loss, count) in zip(SIZES, per_rank[0], strict=True):
-        expected = evaluate(
-            model,
-            synthetic_images(size, seed=3, train=False),
-            device=torch.device("cpu"),
-            batch_size=size,
-        )
+        data = synthetic_splits(1, size, seed=3)
+        whole = eval_batches(data, Feed(cpu, batch_size=size), rank=0, world_size=1)
+        expected = evaluate(model, whole, device=cpu)
         assert count == expected.count == size
         assert accuracy == expected.accuracy
         assert loss == pytest.approx(expected.loss, rel=1e-6, abs=1e-6)
@@ -96,3 +108,53 @@ def test_two_ranks_train_like_one_rank_with_twice_the_batch(tmp_path, monkeypatc
     for name, tensor in saved_one["model"].items():
         torch.testing.assert_close(saved_two["model"][name], tensor, atol=1e-5, rtol=1e-4)
     assert [p.name for p in two.parent.iterdir()] == ["model.pt"]
+
+
+TRAINER_DATA = {
+    "cifar10": (
+        lambda root: write_cifar10(root, per_batch=4, test=6),  # 2 batches of 5 per rank
+        ["--no-verify", "--batch-size", "5"],
+        "(6 samples)",
+    ),
+    "imagefolder": (
+        lambda root: write_imagefolder(root, train=4, val=1),  # 2 batches of 3 per rank
+        ["--image-size", "16", "--batch-size", "3"],
+        "(3 samples)",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("trainer", sorted(TRAINER_DATA))
+def test_dataloader_workers_under_both_launchers(trainer, launcher, tmp_path):
+    """``--workers 2`` on two ranks: under mp.spawn the workers start with ``spawn`` too, so
+    every dataset (and its transforms) must pickle by name."""
+    write, extra, samples = TRAINER_DATA[trainer]
+    write(tmp_path / "data")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_id = f"test-workers-{uuid.uuid4().hex[:12]}"
+    env = {**os.environ, RUN_ID_ENV: run_id, THREADS_ENV: "1"}
+    env.pop(ENDPOINT_ENV, None)
+    argv = ["--device", "cpu", "--backend", "gloo", "--epochs", "1", "--lr", "0.01"]
+    argv += ["--data-dir", str(tmp_path / "data"), "--workers", "2", *extra]
+    command = [sys.executable, "-m", "ddptui.launch.drivers", launcher, "--nprocs", "2"]
+    command += ["--run-dir", str(run_dir), "--module", f"trainers.{trainer}", "--", *argv]
+    driver = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        output, _ = driver.communicate(timeout=150)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        for process in processes_of_run(run_id):  # torchrun's workers have their own sessions
+            process.kill()
+    logs = {rank: (run_dir / f"rank-{rank}.log").read_text() for rank in (0, 1)}
+    assert driver.returncode == 0, output.decode(errors="replace") + logs[0] + logs[1]
+    assert "data: DataLoader, 2 workers" in logs[0]
+    assert any(line.startswith("epoch 1/1 ") and samples in line for line in logs[0].splitlines())
+    assert "Traceback" not in logs[0] + logs[1]
+    assert processes_of_run(run_id) == []

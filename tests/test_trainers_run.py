@@ -7,6 +7,11 @@ torchvision's own loaders.
 from __future__ import annotations
 
 import copy
+import math
+import os
+import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,7 +21,8 @@ from torchvision import datasets as tv_datasets
 import ddptui
 from tests.trainer_data import clean_env, write_cifar10, write_imagefolder, write_mnist
 from trainers import cifar10, imagefolder, mnist, synthetic
-from trainers.datasets import DatasetError, DatasetNotFoundError
+from trainers.checkpoint import temp_path
+from trainers.datasets import DatasetError, DatasetNotFoundError, cifar10_splits
 from trainers.loop import CheckpointError, Trainer
 
 CPU = ["--device", "cpu", "--backend", "gloo"]
@@ -53,7 +59,9 @@ def test_synthetic_reports_every_step_and_the_evaluation(monkeypatch):
     assert {kw["epoch"] for kw in steps} == {1, 2}
     for epoch in (1, 2):
         assert sum(kw["samples"] for kw in steps if kw["epoch"] == epoch) == 64
-    assert all(isinstance(kw["loss"], float) for kw in steps)
+    # The loss is handed over as a 0-dim tensor (reading it would wait for the device).
+    assert all(isinstance(kw["loss"], torch.Tensor) for kw in steps)
+    assert all(kw["loss"].dim() == 0 and not kw["loss"].requires_grad for kw in steps)
     evals = [kw for name, kw in calls if name == "log_eval"]
     assert [(kw["epoch"], kw["count"]) for kw in evals] == [(1, 37), (2, 37)]
 
@@ -74,8 +82,25 @@ def test_mnist_main_reads_idx_files(tmp_path, capsys):
     assert "(11 samples)" in line
 
 
-def test_cifar10_main_reads_pickle_batches(tmp_path, capsys):
+def _spy_on_layout(monkeypatch) -> list[tuple[bool, bool]]:
+    """(first convolution's weight is channels_last, cudnn.benchmark) as each epoch begins."""
+    seen: list[tuple[bool, bool]] = []
+    original = Trainer._run_epoch
+
+    def spy(self, epoch):
+        conv = next(m for m in self.model.module.modules() if isinstance(m, torch.nn.Conv2d))
+        channels_last = conv.weight.is_contiguous(memory_format=torch.channels_last)
+        seen.append((channels_last, torch.backends.cudnn.benchmark))
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "_run_epoch", spy)
+    return seen
+
+
+def test_cifar10_main_reads_pickle_batches(tmp_path, monkeypatch, capsys):
     write_cifar10(tmp_path, per_batch=2, test=5)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    layouts = _spy_on_layout(monkeypatch)
     argv = [
         *CPU,
         "--epochs",
@@ -91,6 +116,7 @@ def test_cifar10_main_reads_pickle_batches(tmp_path, capsys):
     assert cifar10.main(argv) == 0
     [line] = _epoch_lines(capsys.readouterr().out)
     assert "(5 samples)" in line
+    assert layouts == [(False, False)]  # channels_last and cuDNN autotuning: CUDA only
 
 
 def test_cifar10_checks_md5_by_default(tmp_path):
@@ -152,14 +178,69 @@ def test_failed_download_is_a_clear_error(tmp_path, monkeypatch):
         mnist.main([*CPU, "--data-dir", str(tmp_path), "--download"])
 
 
-def test_bf16_on_cpu_trains(capsys):
-    assert synthetic.main([*TINY, "--amp", "bf16"]) == 0
-    assert len(_epoch_lines(capsys.readouterr().out)) == 1
+def _record_training(monkeypatch) -> tuple[list[float], list[dict]]:
+    """Capture each step's loss and each evaluation that the trainer reports."""
+    losses: list[float] = []
+    evals: list[dict] = []
+    monkeypatch.setattr(ddptui, "log", lambda **kw: losses.append(float(kw["loss"])))
+    monkeypatch.setattr(ddptui, "log_eval", lambda **kw: evals.append(kw))
+    return losses, evals
 
 
-def test_fp16_on_cpu_is_refused():
-    with pytest.raises(ValueError, match="fp16 needs CUDA"):
-        synthetic.main([*TINY, "--amp", "fp16"])
+def test_bf16_on_cpu_trains(monkeypatch):
+    argv = [*CPU, "--epochs", "2", "--train-size", "512", "--test-size", "101"]
+    losses, evals = _record_training(monkeypatch)
+    assert synthetic.main([*argv, "--amp", "bf16"]) == 0
+    assert len(losses) == 2 * 512 // 32
+    assert sum(losses[-4:]) < 0.5 * sum(losses[:4])  # the training loss fell
+    assert [e["epoch"] for e in evals] == [1, 2]
+    assert evals[1]["loss"] < evals[0]["loss"]
+    assert evals[1]["accuracy"] > 0.6  # ten classes: chance is 0.1
+    bf16 = [*losses]
+    losses.clear()
+    assert synthetic.main(argv) == 0
+    assert losses != bf16  # autocast was on: float32 takes other steps
+
+
+def test_data_on_device_on_cpu_trains_exactly_like_the_dataloader(tmp_path):
+    """Same sampler order, same normalisation, no augmentation: identical weights."""
+    saved = {}
+    for choice in ("off", "on"):
+        checkpoint = tmp_path / f"{choice}.pt"
+        argv = [*TINY, "--epochs", "2", "--data-on-device", choice, "--checkpoint", str(checkpoint)]
+        assert synthetic.main(argv) == 0
+        saved[choice] = torch.load(checkpoint, weights_only=True)["model"]
+    for name, tensor in saved["off"].items():
+        assert torch.equal(saved["on"][name], tensor), name
+
+
+def test_cifar10_data_on_device_augments_and_trains(tmp_path, monkeypatch, capsys):
+    write_cifar10(tmp_path, per_batch=4, test=6)
+    losses, evals = _record_training(monkeypatch)
+    argv = [*CPU, "--epochs", "1", "--batch-size", "5", "--lr", "0.01", "--no-verify"]
+    argv += ["--data-dir", str(tmp_path), "--data-on-device", "on"]
+    assert cifar10.main(argv) == 0
+    assert "data: held on cpu, batches prepared there" in capsys.readouterr().out
+    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
+    assert [(e["epoch"], e["count"]) for e in evals] == [(1, 6)]
+
+
+def test_image_folder_has_no_in_memory_path(capsys):
+    with pytest.raises(SystemExit) as caught:
+        imagefolder.main([*CPU, "--data-on-device", "on"])
+    assert caught.value.code == 2
+    assert "unrecognized arguments: --data-on-device on" in capsys.readouterr().err
+
+
+def test_cifar10_datasets_pickle_for_dataloader_workers(tmp_path):
+    """Workers started with ``spawn`` receive the dataset pickled: --no-verify's class too."""
+    write_cifar10(tmp_path, per_batch=2, test=3)
+    data = cifar10_splits(tmp_path, verify=False)
+    for dataset in (data.train, data.test):
+        copied = pickle.loads(pickle.dumps(dataset))
+        assert type(copied) is type(dataset) and len(copied) == len(dataset)
+    test_copy = pickle.loads(pickle.dumps(data.test))  # not augmented: the same tensors
+    assert torch.equal(test_copy[2][0], data.test[2][0])
 
 
 def _spy_on_epochs(monkeypatch) -> list[tuple[int, dict, dict]]:
@@ -225,6 +306,31 @@ def test_failed_save_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_checkpoint_temp_files_are_removed_at_start(tmp_path, capsys):
+    checkpoint = tmp_path / "model.pt"
+    dead = temp_path(checkpoint, _dead_pid())
+    live = temp_path(checkpoint, os.getppid())  # a concurrent writer: keep its file
+    own = temp_path(checkpoint, os.getpid())  # this process has not saved yet: stale
+    others = [
+        tmp_path / f".model.pt.{_dead_pid()}.tmp.keep",
+        tmp_path / f".other.pt.{_dead_pid()}.tmp",
+        tmp_path / ".model.pt.x1.tmp",
+    ]
+    for path in (dead, live, own, *others):
+        path.write_bytes(b"partial")
+    assert synthetic.main([*TINY, "--checkpoint", str(checkpoint)]) == 0
+    assert not dead.exists() and not own.exists()
+    assert live.exists() and all(path.exists() for path in others)
+    assert f"removed {dead}" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [(None, "does not exist"), (b"not a checkpoint", "not a readable checkpoint")],
@@ -274,3 +380,62 @@ def test_synthetic_on_cuda_with_nccl(amp, tmp_path, capsys):
     assert (saved["scaler"] is not None) == (amp == "fp16")
     argv = [*argv[:-2], "--epochs", "2", "--resume", str(checkpoint)]
     assert synthetic.main(argv) == 0
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _cuda_cifar10_argv(data_dir, amp: str, placement: str, epochs: int = 1) -> list[str]:
+    argv = ["--device", "cuda", "--backend", "nccl", "--amp", amp, "--epochs", str(epochs)]
+    argv += ["--batch-size", "8", "--lr", "0.01", "--no-verify", "--data-dir", str(data_dir)]
+    return [*argv, "--data-on-device", placement, "--workers", "2"]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("placement", ["on", "off"])
+@pytest.mark.parametrize("amp", ["off", "fp16", "bf16"])
+def test_cifar10_on_cuda_with_nccl(amp, placement, tmp_path, monkeypatch, capsys):
+    write_cifar10(tmp_path, per_batch=8, test=8)
+    losses: list[torch.Tensor] = []
+    monkeypatch.setattr(ddptui, "log", lambda **kw: losses.append(kw["loss"]))
+    layouts = _spy_on_layout(monkeypatch)
+    assert cifar10.main(_cuda_cifar10_argv(tmp_path, amp, placement)) == 0
+    out = capsys.readouterr().out
+    if placement == "on":
+        assert "data: held on cuda:0, batches prepared there, channels_last" in out
+    else:
+        assert "data: DataLoader, 2 workers, pinned, channels_last" in out
+    assert "(8 samples)" in _epoch_lines(out)[0]
+    assert layouts == [(True, True)]
+    assert len(losses) == 5  # 40 images in batches of 8
+    assert all(loss.device.type == "cuda" and loss.dim() == 0 for loss in losses)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("placement", ["on", "off"])
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_training_steps_never_wait_for_the_gpu(amp, placement, tmp_path, monkeypatch):
+    """Any synchronising CUDA call during a training epoch raises (after a warm-up epoch).
+
+    fp16 is left out: GradScaler.step reads its inf/nan check on the host every step.
+    """
+    write_cifar10(tmp_path, per_batch=8, test=8)
+    original = Trainer._run_epoch
+    strict_epochs = []
+
+    def strict(self, epoch):
+        if epoch == 1:  # warm-up: cuDNN autotuning, DDP's first buckets
+            return original(self, epoch)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            original(self, epoch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        strict_epochs.append(epoch)
+
+    monkeypatch.setattr(Trainer, "_run_epoch", strict)
+    assert cifar10.main(_cuda_cifar10_argv(tmp_path, amp, placement, epochs=2)) == 0
+    assert strict_epochs == [2]

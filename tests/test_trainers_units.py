@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from trainers import DEFAULT_TRAINER, TRAINERS
+from trainers.checkpoint import pid_alive, remove_stale_temps
 from trainers.datasets import synthetic_images
 from trainers.distributed import context_from_env, shard_indices
 from trainers.loop import autocast, resolve_device
@@ -111,6 +113,8 @@ def test_parse_config_defaults():
         device="cpu",
         amp="off",
         data_dir="data",
+        workers=None,
+        data_on_device="auto",
         train_size=100,
         test_size=11,
     )
@@ -168,27 +172,49 @@ def test_parse_config_common_flags():
     assert (config.train_size, config.test_size) == (9, 4)
 
 
-def test_parse_config_backend_follows_device():
-    config = parse_config(_parser(), [])
-    assert config.device == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert config.backend == ("nccl" if config.device == "cuda" else "gloo")
+@pytest.mark.parametrize(
+    ("cuda", "argv", "device", "backend"),
+    [
+        (True, [], "cuda", "nccl"),
+        (False, [], "cpu", "gloo"),
+        (True, ["--device", "cpu"], "cpu", "gloo"),
+        (True, ["--backend", "gloo"], "cuda", "gloo"),
+        (False, ["--device", "cuda"], "cuda", "nccl"),  # refused later, by resolve_device
+    ],
+)
+def test_parse_config_resolves_device_and_backend(monkeypatch, cuda, argv, device, backend):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    config = parse_config(_parser(), argv)
+    assert (config.device, config.backend) == (device, backend)
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "message"),
     [
-        ["--epochs", "0"],
-        ["--batch-size", "-1"],
-        ["--lr", "0"],
-        ["--amp", "fp8"],
-        ["--backend", "mpi"],
-        ["--model", "c"],
-        ["--workers", "-1"],
+        (["--epochs", "0"], "argument --epochs: must be at least 1, got 0"),
+        (["--epochs", "10000000"], "argument --epochs: must be at most 1000000, got 10000000"),
+        (["--epochs", "1e9"], "argument --epochs: invalid epochs value: '1e9'"),
+        (["--batch-size", "-1"], "argument --batch-size: must be at least 1, got -1"),
+        (["--lr", "0"], "argument --lr: must be a positive finite number, got 0"),
+        (["--lr", "inf"], "argument --lr: must be a positive finite number, got inf"),
+        (["--lr", "1e400"], "argument --lr: must be a positive finite number, got 1e400"),
+        (["--lr", "nan"], "argument --lr: must be a positive finite number, got nan"),
+        (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+        (["--seed", "9" * 30], "argument --seed: must be at most 4294967295, got 999"),
+        (["--amp", "fp8"], "argument --amp: invalid choice: 'fp8'"),
+        (["--backend", "mpi"], "argument --backend: invalid choice: 'mpi'"),
+        (["--model", "c"], "argument --model: invalid choice: 'c'"),
+        (["--workers", "-1"], "argument --workers: must be at least 0, got -1"),
+        (["--workers", "100000"], "argument --workers: must be at most 256, got 100000"),
+        (["--workers", "two"], "argument --workers: invalid workers value: 'two'"),
     ],
 )
-def test_parse_config_rejects_bad_values(argv, capsys):
-    with pytest.raises(SystemExit):
+def test_parse_config_rejects_bad_values_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as caught:
         parse_config(_parser(), argv)
+    assert caught.value.code == 2  # argparse's usage error
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"python -m trainers.synthetic: error: {message}")
 
 
 @pytest.mark.parametrize(
@@ -220,3 +246,41 @@ def test_synthetic_data_is_deterministic_and_splits_differ():
     other = synthetic_images(50, seed=2, train=True)
     assert not torch.equal(a.tensors[0], other.tensors[0])
     assert a.tensors[0].shape == (50, 1, 16, 16) and a.tensors[1].max() < 10
+
+
+def test_remove_stale_temps_only_touches_dead_writers_of_this_checkpoint(tmp_path):
+    checkpoint = tmp_path / "ckpt.pt"
+    parent_pid = os.getppid()  # alive: a concurrent writer
+    names = {
+        f".ckpt.pt.{parent_pid}.tmp": True,  # kept: its writer is alive
+        f".ckpt.pt.{os.getpid()}.tmp": False,  # this process has not written yet: stale
+        ".ckpt.pt.0.tmp": False,  # no process has pid 0
+        f".ckpt.pt.{2**22 + 12345}.tmp": False,  # above any pid_max: gone
+        ".ckpt.pt.99999999999.tmp": True,  # not a pid at all: not our pattern
+        ".ckpt.pt.-5.tmp": True,
+        ".ckpt.pt..tmp": True,
+        ".other.pt.0.tmp": True,
+        "ckpt.pt.0.tmp": True,
+        "ckpt.pt": True,
+    }
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "victim").write_bytes(b"keep me")
+    link = tmp_path / ".ckpt.pt.1.tmp"  # pid 1 is alive anyway; a link is never followed
+    link.symlink_to(tmp_path / "elsewhere" / "victim")
+    removed = remove_stale_temps(checkpoint)
+    assert sorted(p.name for p in removed) == sorted(n for n, keep in names.items() if not keep)
+    assert {p.name for p in tmp_path.iterdir()} == {
+        *(n for n, keep in names.items() if keep),
+        "elsewhere",
+        ".ckpt.pt.1.tmp",
+    }
+    assert (tmp_path / "elsewhere" / "victim").read_bytes() == b"keep me"
+    assert remove_stale_temps(tmp_path / "missing" / "ckpt.pt") == []
+
+
+@pytest.mark.parametrize(("pid", "alive"), [(0, False), (-1, False), (2**40, False), (1, True)])
+def test_pid_alive(pid, alive):
+    assert pid_alive(pid) is alive
+    assert pid_alive(os.getpid())

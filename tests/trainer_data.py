@@ -114,7 +114,8 @@ def eval_worker(
     import torch
     import torch.distributed as dist
 
-    from trainers.datasets import synthetic_images
+    from trainers.batches import Feed, eval_batches
+    from trainers.datasets import synthetic_splits
     from trainers.loop import evaluate, sync_buffers
 
     torch.set_num_threads(1)
@@ -128,9 +129,11 @@ def eval_worker(
                     buffer.add_(float(rank))
         sync_buffers(model)
         results = []
+        cpu = torch.device("cpu")
         for size in sizes:
-            data = synthetic_images(size, seed=3, train=False)
-            result = evaluate(model, data, device=torch.device("cpu"), batch_size=4)
+            data = synthetic_splits(1, size, seed=3)
+            shard = eval_batches(data, Feed(cpu, batch_size=4), rank=rank, world_size=world_size)
+            result = evaluate(model, shard, device=cpu)
             results.append([result.accuracy, result.loss, result.count])
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     finally:

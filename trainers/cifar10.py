@@ -18,7 +18,13 @@ from trainers import datasets
 from trainers.distributed import DistContext, rank_zero_first
 from trainers.loop import Task, run
 from trainers.models import resnet
-from trainers.options import TrainConfig, add_download_option, build_parser, parse_config
+from trainers.options import (
+    TrainConfig,
+    add_data_on_device_option,
+    add_download_option,
+    build_parser,
+    parse_config,
+)
 from trainers.specs import CIFAR10
 
 
@@ -62,6 +68,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the md5 check of the batch files (re-packed or subset data)",
     )
+    add_data_on_device_option(parser)
     return parser
 
 

@@ -4,18 +4,24 @@ Missing data is an error that names the directory and the files expected there
 (:class:`DatasetNotFoundError`); nothing is downloaded unless asked for (``--download``),
 and then only by rank 0 (see :func:`trainers.distributed.rank_zero_first`).
 
+The datasets that fit in memory (synthetic, MNIST, CIFAR-10) also come as whole tensors
+(:class:`InMemory`), so that :mod:`trainers.batches` can hold them on a rank's GPU and do the
+augmentation there; the torchvision datasets serve the host path (a DataLoader).
+
 torchvision is imported inside the functions that need it: importing it pulls in much of
 torch's compiler stack (seconds per rank), which the synthetic trainer never needs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from trainers.data_files import (
@@ -33,12 +39,74 @@ class DatasetNotFoundError(DatasetError, FileNotFoundError):
 
 
 @dataclass(frozen=True)
+class InMemory:
+    """Both splits of a dataset as whole tensors, for :class:`trainers.batches.DeviceBatches`.
+
+    ``*_images`` are ``(N, C, H, W)``: uint8 pixels, scaled to [0, 1] and normalised with
+    ``mean``/``std`` per channel exactly as torchvision's ``ToTensor`` + ``Normalize`` do, or
+    (``mean`` None) float images used as they are. Training batches may also get a random crop
+    of the original size from the image padded with ``crop_padding`` zero pixels on every side
+    and a random horizontal flip (``flip``), like torchvision's ``RandomCrop(size, padding)``
+    and ``RandomHorizontalFlip``. Test batches are only normalised.
+    """
+
+    train_images: Tensor
+    train_labels: Tensor
+    test_images: Tensor
+    test_labels: Tensor
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    crop_padding: int = 0
+    flip: bool = False
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            images, labels = getattr(self, f"{split}_images"), getattr(self, f"{split}_labels")
+            if images.dim() != 4 or labels.shape != images.shape[:1]:
+                raise ValueError(
+                    f"{split} images must be (N, C, H, W) with N labels, got "
+                    f"{tuple(images.shape)} and {tuple(labels.shape)}"
+                )
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("give both mean and std, or neither")
+        if self.std is not None and not all(s > 0 for s in self.std):
+            raise ValueError(f"std must be positive, got {self.std}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the four tensors (what a rank's device has to hold)."""
+        tensors = (self.train_images, self.train_labels, self.test_images, self.test_labels)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def first(self, train: int | None, test: int | None) -> InMemory:
+        """Only the first ``train`` and ``test`` samples (all of a split for None)."""
+        return dataclasses.replace(
+            self,
+            train_images=self.train_images[:train],
+            train_labels=self.train_labels[:train],
+            test_images=self.test_images[:test],
+            test_labels=self.test_labels[:test],
+        )
+
+
+@dataclass(frozen=True)
 class DataSplits:
     """A trainer's data: training and test sets and the number of classes."""
 
     train: Dataset
     test: Dataset
     num_classes: int
+    in_memory: InMemory | None = None
+    """The same samples as tensors, where the dataset fits in memory (None elsewhere)."""
+
+    def first(self, train: int | None, test: int | None) -> DataSplits:
+        """Only the first ``train`` and ``test`` samples (all of a split for None)."""
+        return DataSplits(
+            first(self.train, train),
+            first(self.test, test),
+            self.num_classes,
+            None if self.in_memory is None else self.in_memory.first(train, test),
+        )
 
 
 def first(dataset: Dataset, count: int | None) -> Dataset:
@@ -82,10 +150,13 @@ def synthetic_images(
 
 
 def synthetic_splits(train_size: int, test_size: int, seed: int) -> DataSplits:
+    train = synthetic_images(train_size, seed=seed, train=True)
+    test = synthetic_images(test_size, seed=seed, train=False)
     return DataSplits(
-        train=synthetic_images(train_size, seed=seed, train=True),
-        test=synthetic_images(test_size, seed=seed, train=False),
+        train=train,
+        test=test,
         num_classes=SYNTHETIC_CLASSES,
+        in_memory=InMemory(*train.tensors, *test.tensors),
     )
 
 
@@ -108,6 +179,10 @@ def download_dataset(trainer: str, data_dir: str | os.PathLike[str]) -> None:
 
 
 # -- MNIST --------------------------------------------------------------------------------
+MNIST_MEAN = (0.1307,)
+MNIST_STD = (0.3081,)
+
+
 def mnist_splits(data_dir: str | os.PathLike[str]) -> DataSplits:
     """MNIST from ``data_dir/MNIST/raw`` with the usual normalisation."""
     if message := missing_data_message("mnist", data_dir):
@@ -115,38 +190,25 @@ def mnist_splits(data_dir: str | os.PathLike[str]) -> DataSplits:
     from torchvision import datasets, transforms
 
     transform = transforms.Compose(
-        [transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))]
+        [transforms.ToTensor(), transforms.Normalize(MNIST_MEAN, MNIST_STD)]
     )
-    return DataSplits(
-        train=datasets.MNIST(str(data_dir), train=True, transform=transform),
-        test=datasets.MNIST(str(data_dir), train=False, transform=transform),
-        num_classes=10,
+    train = datasets.MNIST(str(data_dir), train=True, transform=transform)
+    test = datasets.MNIST(str(data_dir), train=False, transform=transform)
+    in_memory = InMemory(
+        train.data.unsqueeze(1),  # (N, 28, 28) uint8 -> one channel
+        train.targets.long(),
+        test.data.unsqueeze(1),
+        test.targets.long(),
+        mean=MNIST_MEAN,
+        std=MNIST_STD,
     )
+    return DataSplits(train=train, test=test, num_classes=10, in_memory=in_memory)
 
 
 # -- CIFAR-10 -----------------------------------------------------------------------------
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-
-
-def _cifar10_class(verify: bool) -> type:
-    """torchvision's CIFAR10, or (``verify=False``) one that skips the published md5 sums.
-
-    torchvision checks each batch file with ``check_integrity(path, md5)``; with ``md5=None``
-    that only tests that the file exists. Used for ``--no-verify``: re-packed or subset
-    batches in the same pickle format.
-    """
-    from torchvision import datasets
-
-    if verify:
-        return datasets.CIFAR10
-
-    class UnverifiedCIFAR10(datasets.CIFAR10):
-        train_list = [[name, None] for name, _ in datasets.CIFAR10.train_list]
-        test_list = [[name, None] for name, _ in datasets.CIFAR10.test_list]
-        meta = {**datasets.CIFAR10.meta, "md5": None}
-
-    return UnverifiedCIFAR10
+CIFAR10_CROP_PADDING = 4
 
 
 def cifar10_splits(data_dir: str | os.PathLike[str], *, verify: bool = True) -> DataSplits:
@@ -155,18 +217,21 @@ def cifar10_splits(data_dir: str | os.PathLike[str], *, verify: bool = True) -> 
     if message := missing_data_message("cifar10", data_dir):
         raise DatasetNotFoundError(message)
     from torchvision import transforms
+    from torchvision.datasets import CIFAR10
+
+    from trainers.torchvision_datasets import UnverifiedCIFAR10
 
     normalize = transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)
     train_transform = transforms.Compose(
         [
-            transforms.RandomCrop(32, padding=4),
+            transforms.RandomCrop(32, padding=CIFAR10_CROP_PADDING),
             transforms.RandomHorizontalFlip(),
             transforms.ToTensor(),
             normalize,
         ]
     )
     test_transform = transforms.Compose([transforms.ToTensor(), normalize])
-    cls = _cifar10_class(verify)
+    cls = CIFAR10 if verify else UnverifiedCIFAR10
     try:
         train = cls(str(data_dir), train=True, transform=train_transform)
         test = cls(str(data_dir), train=False, transform=test_transform)
@@ -175,7 +240,22 @@ def cifar10_splits(data_dir: str | os.PathLike[str], *, verify: bool = True) -> 
             f"CIFAR-10 files in {folder.resolve()} do not match the published md5 sums "
             f"(corrupt or re-packed); download them again or pass --no-verify ({exc})"
         ) from exc
-    return DataSplits(train=train, test=test, num_classes=len(train.classes))
+    in_memory = InMemory(
+        _chw(train.data),
+        torch.as_tensor(train.targets, dtype=torch.long),
+        _chw(test.data),
+        torch.as_tensor(test.targets, dtype=torch.long),
+        mean=CIFAR10_MEAN,
+        std=CIFAR10_STD,
+        crop_padding=CIFAR10_CROP_PADDING,
+        flip=True,
+    )
+    return DataSplits(train=train, test=test, num_classes=len(train.classes), in_memory=in_memory)
+
+
+def _chw(images_hwc: object) -> Tensor:
+    """torchvision's CIFAR ``data`` (N, H, W, C uint8 numpy) as an (N, C, H, W) view."""
+    return torch.from_numpy(images_hwc).permute(0, 3, 1, 2)  # type: ignore[arg-type]
 
 
 # -- image folder -------------------------------------------------------------------------

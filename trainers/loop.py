@@ -1,22 +1,24 @@
 """The one DDP training loop every trainer runs: train, evaluate, checkpoint, report.
 
 A trainer describes its data, model and optimizer in a :class:`Task` and calls :func:`run`
-with its :class:`~trainers.options.TrainConfig`. :func:`run` joins the process group, builds
-everything and hands over to :class:`Trainer`, which reads top to bottom::
+with its :class:`~trainers.options.TrainConfig`. :func:`run` joins the process group,
+:func:`build_trainer` builds everything, and :class:`Trainer` reads top to bottom::
 
     for epoch in start..epochs:
-        _run_epoch(epoch)        # DistributedSampler.set_epoch, _run_batch per step
+        _run_epoch(epoch)        # batches.set_epoch (reshuffle), _run_batch per step
         evaluate(epoch)          # sharded over ranks, each test sample counted once
         _save_checkpoint(epoch)  # global rank 0, atomic
 
-Every step is reported with ``ddptui.log`` and every evaluation with ``ddptui.log_eval``,
-exactly as a user's own script would.
+How batches reach the device (a DataLoader, or the dataset held on the GPU) is
+:mod:`trainers.batches`' business; the loop only iterates them. Every step is reported with
+``ddptui.log`` and every evaluation with ``ddptui.log_eval``, exactly as a user's own script
+would. The loss goes to ``ddptui.log`` as a 0-dim tensor: no step waits for the device to
+read it (the reporter reads it when it is ready). Evaluation waits for the device once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -30,14 +32,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
-from torch.utils.data import DataLoader, Dataset, Subset
-from torch.utils.data.distributed import DistributedSampler
 
 import ddptui
 from ddptui.cpus import threads_per_rank
 from ddptui.reporter import cuda_uuid
-from trainers.datasets import DataSplits, first
-from trainers.distributed import DistContext, context_from_env, shard_indices
+from trainers.batches import Feed, choose_feed, eval_batches, train_batches
+from trainers.checkpoint import remove_stale_temps, save_atomic
+from trainers.datasets import DataSplits
+from trainers.distributed import DistContext, context_from_env
 from trainers.options import TrainConfig
 
 
@@ -89,24 +91,9 @@ def run(config: TrainConfig, task: Task) -> EvalResult:
             device_uuid=cuda_uuid(device.index) if device.type == "cuda" else None,
             epochs=config.epochs,
         )
-        data = task.data(config, ctx, device)
-        data = DataSplits(
-            first(data.train, config.train_size),
-            first(data.test, config.test_size),
-            data.num_classes,
-        )
-        torch.manual_seed(config.seed)  # identical initial weights on every rank
-        model = task.model(config, data.num_classes)
-        if config.sync_bn:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        model.to(device)
-        optimizer = task.optimizer(config, model.parameters())
-        scheduler = task.scheduler(config, optimizer) if task.scheduler else None
-        # From here on ranks should differ (dropout masks, augmentation), not repeat each other.
-        torch.manual_seed(config.seed + ctx.rank)
-        trainer = Trainer(config, ctx, device, model, optimizer, scheduler, data)
+        trainer = build_trainer(config, task, ctx, device)
         # Known only now that the data is loaded: lets ddptui show progress from step one.
-        ddptui.started(steps_per_epoch=len(trainer.train_loader))
+        ddptui.started(steps_per_epoch=len(trainer.train_batches))
         result = trainer.train()
     except BaseException as exc:
         ddptui.finished(error=f"{type(exc).__name__}: {exc}")
@@ -116,6 +103,52 @@ def run(config: TrainConfig, task: Task) -> EvalResult:
             dist.destroy_process_group()
     ddptui.finished()
     return result
+
+
+def build_trainer(
+    config: TrainConfig, task: Task, ctx: DistContext, device: torch.device
+) -> Trainer:
+    """This rank's :class:`Trainer`, inside an initialised process group on ``device``.
+
+    Global rank 0 first removes checkpoint temp files that a killed run left behind. A
+    convolutional model on CUDA is laid out channels_last, once, here (its inputs arrive in
+    the same layout, see :class:`~trainers.batches.Feed`), and cuDNN autotuning is turned on.
+    """
+    if config.checkpoint and ctx.is_main:
+        for stale in remove_stale_temps(config.checkpoint):
+            print(f"removed {stale}, left by a run that was killed while saving", flush=True)
+    data = task.data(config, ctx, device).first(config.train_size, config.test_size)
+    torch.manual_seed(config.seed)  # identical initial weights on every rank
+    model = task.model(config, data.num_classes)
+    if config.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model.to(device)
+    channels_last = device.type == "cuda" and is_convolutional(model)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+        # cuDNN times its convolution algorithms once per input shape and keeps the fastest.
+        torch.backends.cudnn.benchmark = True
+    optimizer = task.optimizer(config, model.parameters())
+    scheduler = task.scheduler(config, optimizer) if task.scheduler else None
+    feed = choose_feed(
+        data,
+        device,
+        batch_size=config.batch_size,
+        data_on_device=config.data_on_device,
+        workers=config.workers,
+        local_world_size=ctx.local_world_size,
+        channels_last=channels_last,
+    )
+    if ctx.is_main:
+        print(f"data: {feed.describe()}", flush=True)
+    # From here on ranks should differ (dropout masks, augmentation), not repeat each other.
+    torch.manual_seed(config.seed + ctx.rank)
+    return Trainer(config, ctx, device, model, optimizer, scheduler, data, feed)
+
+
+def is_convolutional(model: nn.Module) -> bool:
+    """Whether ``model`` has 2-d convolutions (which run faster channels_last on CUDA)."""
+    return any(isinstance(module, nn.Conv2d) for module in model.modules())
 
 
 def resolve_device(config: TrainConfig, ctx: DistContext) -> torch.device:
@@ -156,6 +189,7 @@ class Trainer:
         optimizer: Optimizer,
         scheduler: LRScheduler | None,
         data: DataSplits,
+        feed: Feed,
     ) -> None:
         self.config = config
         self.ctx = ctx
@@ -171,17 +205,9 @@ class Trainer:
         # trains (and rank 0 cannot overwrite the checkpoint) before every rank has read it.
         cuda = device.type == "cuda"
         self.model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-        self.sampler = DistributedSampler(
-            data.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed
-        )
-        self.train_loader = DataLoader(
-            data.train,
-            batch_size=config.batch_size,
-            sampler=self.sampler,
-            num_workers=config.workers,
-            pin_memory=cuda,
-            persistent_workers=config.workers > 0,
-        )
+        shard = {"rank": ctx.rank, "world_size": ctx.world_size}
+        self.train_batches = train_batches(data, feed, seed=config.seed, **shard)
+        self.eval_batches = eval_batches(data, feed, **shard)
 
     def train(self) -> EvalResult:
         """Train the remaining epochs, evaluating (and checkpointing) after each."""
@@ -204,14 +230,13 @@ class Trainer:
 
     def _run_epoch(self, epoch: int) -> None:
         self.model.train()
-        self.sampler.set_epoch(epoch)
-        for inputs, targets in self.train_loader:
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+        self.train_batches.set_epoch(epoch)
+        for inputs, targets in self.train_batches:
             loss = self._run_batch(inputs, targets)
+            # A 0-dim tensor, not loss.item(): reading it here would wait for the device.
             ddptui.log(epoch=epoch, loss=loss, samples=len(targets))
 
-    def _run_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def _run_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(self.device, self.config.amp):
             loss = F.cross_entropy(self.model(inputs), targets)
@@ -222,27 +247,18 @@ class Trainer:
         else:
             loss.backward()
             self.optimizer.step()
-        return loss.item()
+        return loss.detach()
 
     def evaluate(self, epoch: int) -> EvalResult:
         """Evaluate rank 0's weights on the test set, sharded over ranks; report it."""
         module = self.model.module
         sync_buffers(module)
-        result = evaluate(
-            module,
-            self.data.test,
-            device=self.device,
-            batch_size=self.config.batch_size,
-            amp=self.config.amp,
-            workers=self.config.workers,
-        )
+        result = evaluate(module, self.eval_batches, device=self.device, amp=self.config.amp)
         ddptui.log_eval(epoch=epoch, accuracy=result.accuracy, loss=result.loss, count=result.count)
         return result
 
     def _save_checkpoint(self, epoch: int) -> None:
-        """Write the checkpoint atomically: a temp file beside it, then ``os.replace``."""
-        path = Path(self.config.checkpoint)  # type: ignore[arg-type]
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Write the checkpoint atomically (:func:`trainers.checkpoint.save_atomic`)."""
         state = {
             "model": self.model.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -251,17 +267,7 @@ class Trainer:
             "epoch": epoch,
             "config": asdict(self.config),
         }
-        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(temp, "wb") as file:
-                torch.save(state, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
-            raise
+        save_atomic(state, self.config.checkpoint)  # type: ignore[arg-type]
 
     def _load_checkpoint(self, model: nn.Module, path: str) -> int:
         """Restore model, optimizer, scaler and schedule from ``path``; returns its epoch."""
@@ -306,32 +312,25 @@ class Trainer:
 
 def evaluate(
     model: nn.Module,
-    dataset: Dataset,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     *,
     device: torch.device,
-    batch_size: int,
     amp: str = "off",
-    workers: int = 0,
 ) -> EvalResult:
-    """Accuracy and mean loss of ``model`` (unwrapped, not DDP) over all of ``dataset``.
+    """Accuracy and mean loss of ``model`` (unwrapped, not DDP) over a sharded test set.
 
-    Under an initialised process group each rank evaluates its :func:`shard_indices` and one
-    float64 ``all_reduce`` sums correct predictions, sample count and loss sum, so every test
-    sample counts exactly once and the result equals a single-process evaluation. Without a
-    process group it is that single-process evaluation.
+    ``batches`` are this rank's shard (:func:`trainers.batches.eval_batches`: every test sample
+    on exactly one rank). Under an initialised process group one float64 ``all_reduce`` sums
+    correct predictions, sample count and loss sum over ranks, so the result equals a
+    single-process evaluation; without one it is that single-process evaluation. The device
+    is waited for once, at the end.
     """
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    shard = Subset(dataset, shard_indices(len(dataset), rank, world_size))  # type: ignore[arg-type]
-    loader = DataLoader(
-        shard, batch_size=batch_size, num_workers=workers, pin_memory=device.type == "cuda"
-    )
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # correct, count, loss sum
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        for inputs, targets in loader:
-            inputs = inputs.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
+        for inputs, targets in batches:
             with autocast(device, amp):
                 logits = model(inputs)
             logits = logits.float()
@@ -341,7 +340,7 @@ def evaluate(
     model.train(was_training)
     if world_size > 1:
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-    correct, count, loss_sum = totals.tolist()
+    correct, count, loss_sum = totals.tolist()  # the one wait for the device
     if count == 0:
         return EvalResult(accuracy=0.0, loss=0.0, count=0)
     return EvalResult(accuracy=correct / count, loss=loss_sum / count, count=int(count))

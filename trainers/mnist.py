@@ -18,7 +18,13 @@ from trainers import datasets
 from trainers.distributed import DistContext, rank_zero_first
 from trainers.loop import Task, run
 from trainers.models import MnistNet
-from trainers.options import TrainConfig, add_download_option, build_parser, parse_config
+from trainers.options import (
+    TrainConfig,
+    add_data_on_device_option,
+    add_download_option,
+    build_parser,
+    parse_config,
+)
 from trainers.specs import MNIST
 
 
@@ -57,6 +63,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         models=MNIST.models,
     )
     add_download_option(parser)
+    add_data_on_device_option(parser)
     return parser
 
 

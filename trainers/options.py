@@ -8,12 +8,19 @@ into the loop. Nothing reads options from globals.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ddptui.constants import AMP_MODES, BACKENDS, DEVICE_CHOICES
+
+#: ``--data-on-device``: ``auto`` holds in-memory datasets on CUDA devices when they fit.
+DATA_ON_DEVICE_CHOICES = ("auto", "on", "off")
+#: Bounds that keep a typo from becoming a run that never ends or a fork bomb.
+MAX_EPOCHS = 1_000_000
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,11 @@ class TrainConfig:
     """Process-group rendezvous URL; None means ``env://`` under a launcher, else a free port."""
     sync_bn: bool = False
     """Convert BatchNorm layers to SyncBatchNorm (CUDA only)."""
-    workers: int = 0
-    """DataLoader worker processes per rank."""
+    workers: int | None = None
+    """DataLoader worker processes per rank; None: 0 on CPU, a share of the cores on CUDA."""
+    data_on_device: str = "auto"
+    """Hold an in-memory dataset on the rank's device: ``auto`` (on CUDA, if it fits), ``on``
+    or ``off`` (see :mod:`trainers.batches`)."""
     train_size: int | None = None
     """Training samples: generated (synthetic) or the first N of the dataset; None = all."""
     test_size: int | None = None
@@ -94,7 +104,7 @@ def build_parser(
         help="where to train (default: cuda if available, else cpu)",
     )
     add("--amp", choices=AMP_MODES, default="off", help="mixed precision (default: off)")
-    add("--epochs", type=positive_int, default=epochs, help=f"epochs (default: {epochs})")
+    add("--epochs", type=_epochs, default=epochs, help=f"epochs (default: {epochs})")
     add(
         "--batch-size",
         type=positive_int,
@@ -102,7 +112,7 @@ def build_parser(
         help=f"batch size per rank (default: {batch_size})",
     )
     add("--lr", type=_positive_float, default=lr, help=f"learning rate (default: {lr})")
-    add("--seed", type=int, default=0, help="random seed, same on every rank (default: 0)")
+    add("--seed", type=_seed, default=0, help="random seed, same on every rank (default: 0)")
     add("--data-dir", default="data", help="dataset directory (default: ./data)")
     add(
         "--checkpoint",
@@ -127,9 +137,11 @@ def build_parser(
     )
     add(
         "--workers",
-        type=_non_negative_int,
-        default=0,
-        help="DataLoader workers per rank (default: 0)",
+        type=_workers,
+        default=None,
+        metavar="N",
+        help="DataLoader worker processes per rank (default: 0 on CPU; on CUDA this rank's "
+        "share of the usable cores, less one)",
     )
     for split, default in (("train", train_size), ("test", test_size)):
         add(
@@ -150,6 +162,17 @@ def add_download_option(parser: argparse.ArgumentParser) -> None:
         "--download",
         action="store_true",
         help="download the dataset into --data-dir if it is missing",
+    )
+
+
+def add_data_on_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--data-on-device``: for trainers whose dataset fits in memory."""
+    parser.add_argument(
+        "--data-on-device",
+        choices=DATA_ON_DEVICE_CHOICES,
+        default="auto",
+        help="hold the dataset on the rank's device and augment it there "
+        "(default: auto = on CUDA when it fits, else a DataLoader)",
     )
 
 
@@ -180,27 +203,35 @@ def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None = N
         test_size=args.test_size,
         image_size=getattr(args, "image_size", None),
         download=getattr(args, "download", False),
+        data_on_device=getattr(args, "data_on_device", "auto"),
         verify_data=not getattr(args, "no_verify", False),
     )
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _int_between(low: int, high: int, name: str) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        return value
+
+    parse.__name__ = name  # argparse's "invalid NAME value: 'x'"
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+positive_int = _int_between(1, 2**31 - 1, "positive_int")
+"""argparse type: an integer of at least 1."""
+_epochs = _int_between(1, MAX_EPOCHS, "epochs")
+_seed = _int_between(0, 2**32 - 1, "seed")  # seed arithmetic stays within torch.manual_seed
+_workers = _int_between(0, MAX_WORKERS, "workers")
 
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value

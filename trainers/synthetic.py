@@ -19,7 +19,7 @@ from trainers.datasets import DataSplits, synthetic_splits
 from trainers.distributed import DistContext
 from trainers.loop import Task, run
 from trainers.models import SmallCNN
-from trainers.options import TrainConfig, build_parser, parse_config
+from trainers.options import TrainConfig, add_data_on_device_option, build_parser, parse_config
 from trainers.specs import SYNTHETIC
 
 
@@ -51,6 +51,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         train_size=4000,
         test_size=1001,
     )
+    add_data_on_device_option(parser)
     return parser
 
 
