@@ -27,13 +27,13 @@ import io
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ddptui import benchmath, protocol
+from ddptui import benchmath
 from ddptui.commands import UsageError, command_main, fail
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
 from ddptui.formatting import fmt_duration
@@ -340,14 +340,6 @@ class Measurement:
         return self.problem is None and self.samples_per_s is not None
 
 
-def step_points(events: Iterable[protocol.AnyEvent]) -> list[benchmath.StepPoint]:
-    return [
-        benchmath.StepPoint(e.rank, e.step, e.epoch, e.samples, e.step_time)
-        for e in events
-        if isinstance(e, protocol.Step)
-    ]
-
-
 def figures_from_run(
     run_dir: Path, run_id: str | None, steps: int | None
 ) -> tuple[float | None, int]:
@@ -355,7 +347,7 @@ def figures_from_run(
     the fewest steps any rank logged."""
     from ddptui.rundir import iter_events
 
-    by_rank = benchmath.group_steps(step_points(iter_events(run_dir, run_id)), steps)
+    by_rank = benchmath.group_steps(benchmath.step_points(iter_events(run_dir, run_id)), steps)
     fewest = min((len(v) for v in by_rank.values()), default=0)
     return benchmath.run_rate(by_rank), fewest
 

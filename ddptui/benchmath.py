@@ -22,6 +22,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ddptui import protocol
+
 #: Fraction of each rank's steps counted as warm-up.
 WARMUP_FRACTION = 0.2
 #: At least this many of each rank's first steps are warm-up.
@@ -37,6 +39,15 @@ class StepPoint:
     epoch: int | None
     samples: int
     step_time: float | None
+
+
+def step_points(events: Iterable[protocol.AnyEvent]) -> list[StepPoint]:
+    """The step events among ``events``, as :class:`StepPoint`."""
+    return [
+        StepPoint(e.rank, e.step, e.epoch, e.samples, e.step_time)
+        for e in events
+        if isinstance(e, protocol.Step)
+    ]
 
 
 def warmup_count(n_steps: int) -> int:
