@@ -15,8 +15,7 @@ from ddptui.tui.screens.run import RunScreen
 from ddptui.tui.sources import RunSource
 
 OWNER_ONLY = (
-    "this run belongs to another ddptui process: {what} it there "
-    "(Ctrl-C in its terminal stops it)"
+    "this run belongs to another ddptui process: {what} it there (Ctrl-C in its terminal stops it)"
 )
 
 
