@@ -21,45 +21,30 @@ pytestmark = pytest.mark.slow
 def test_finished_run_writes_its_summary(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "ddptui.cli", "--no-ui", "--epochs", "1", "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=180,
+        [sys.executable, "-m", "ddptui.cli", "--no-ui", "--epochs", "1", "--run-dir",
+         str(run_dir)],
+        capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(RunDir(run_dir).summary.read_text())
     evals = [e for e in read_events(run_dir) if e["kind"] == "eval"]
     assert summary["outcome"] == "finished" and summary["exit_code"] == 0
     assert summary["final_accuracy"] == evals[-1]["accuracy"]
-    assert [(r["rank"], r["state"]) for r in summary["ranks"]] == [(0, "finished"), (1, "finished")]
+    assert [(r["rank"], r["state"]) for r in summary["ranks"]] == [(0, "finished"),
+                                                                   (1, "finished")]
     assert summary["failure"] is None
 
 
-@pytest.mark.parametrize(
-    "launcher, sig, code",
-    [
-        ("spawn", signal.SIGTERM, 143),
-        ("torchrun", signal.SIGINT, 130),
-    ],
-)
+@pytest.mark.parametrize("launcher, sig, code", [
+    ("spawn", signal.SIGTERM, 143),
+    ("torchrun", signal.SIGINT, 130),
+])
 def test_signal_during_start_up_leaves_nothing_and_is_recorded(tmp_path, launcher, sig, code):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ddptui.cli",
-            "--no-ui",
-            "--launcher",
-            launcher,
-            "--world-size",
-            "2",
-            "--run-dir",
-            str(run_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", "ddptui.cli", "--no-ui", "--launcher", launcher,
+         "--world-size", "2", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     run_id = None
     try:

@@ -44,30 +44,15 @@ def test_exit_codes_per_outcome():
 def _state():
     state = RunState("r1", 2, epochs=2)
     for rank in (0, 1):
-        state.apply(
-            protocol.Status(
-                run="r1",
-                rank=rank,
-                seq=0,
-                t=1.0,
-                state="started",
-                pid=100 + rank,
-                host="h",
-                device="cpu",
-            )
-        )
-        state.apply(
-            protocol.Step(run="r1", rank=rank, seq=1, t=2.0, step=1, epoch=1, loss=0.5, samples=32)
-        )
-        state.apply(
-            protocol.Eval(
-                run="r1", rank=rank, seq=2, t=3.0, epoch=1, accuracy=0.75, loss=0.4, count=100
-            )
-        )
+        state.apply(protocol.Status(run="r1", rank=rank, seq=0, t=1.0, state="started",
+                                    pid=100 + rank, host="h", device="cpu"))
+        state.apply(protocol.Step(run="r1", rank=rank, seq=1, t=2.0, step=1, epoch=1,
+                                  loss=0.5, samples=32))
+        state.apply(protocol.Eval(run="r1", rank=rank, seq=2, t=3.0, epoch=1,
+                                  accuracy=0.75, loss=0.4, count=100))
     state.apply(protocol.Status(run="r1", rank=0, seq=3, t=4.0, state="finished"))
-    state.apply(
-        protocol.Status(run="r1", rank=1, seq=3, t=4.0, state="failed", error="ValueError: boom")
-    )
+    state.apply(protocol.Status(run="r1", rank=1, seq=3, t=4.0, state="failed",
+                                error="ValueError: boom"))
     return state
 
 
@@ -88,11 +73,8 @@ def test_summary_of_a_failed_run_names_the_rank_and_why(tmp_path):
 
 def test_summary_keeps_json_strict_for_non_finite_accuracy():
     state = RunState("r", 1)
-    state.apply(
-        protocol.Eval(
-            run="r", rank=0, seq=0, t=0.0, epoch=1, accuracy=float("nan"), loss=float("inf")
-        )
-    )
+    state.apply(protocol.Eval(run="r", rank=0, seq=0, t=0.0, epoch=1, accuracy=float("nan"),
+                              loss=float("inf")))
     doc = summarize(state, "finished")
     json.dumps(doc, allow_nan=False)  # would raise on nan/inf
     assert doc["final_accuracy"] is None and doc["final_eval"]["loss"] is None
@@ -109,19 +91,10 @@ def test_atomic_write_leaves_no_temp_file_and_refuses_nan(tmp_path):
 
 @pytest.mark.parametrize(
     "text",
-    [
-        "",
-        "[1, 2]",
-        "{not json",
-        '"a string"',
-        '{"world_size": 1e9}',
-        '{"world_size": "two"}',
-        '{"world_size": true}',
-        '{"world_size": -1}',
-        '{"world_size": 1000000000}',
-        '{"world_size": 2, "run_id": 5}',
-        "\udcff".encode("utf-8", "surrogateescape").decode("latin-1"),
-    ],
+    ["", "[1, 2]", "{not json", '"a string"', '{"world_size": 1e9}', '{"world_size": "two"}',
+     '{"world_size": true}', '{"world_size": -1}', '{"world_size": 1000000000}',
+     '{"world_size": 2, "run_id": 5}', "\udcff".encode("utf-8", "surrogateescape").decode(
+         "latin-1")],
 )
 def test_hostile_config_json_is_one_line_error(tmp_path, text):
     RunDir(tmp_path).config.write_text(text, encoding="latin-1")
@@ -142,8 +115,7 @@ def test_replay_of_hostile_config_exits_2_in_one_line(tmp_path, capsys, text):
 def test_replay_bounds_the_world_size_by_the_ranks_its_events_name(tmp_path):
     RunDir(tmp_path).config.write_text(json.dumps({"run_id": "a", "world_size": 65536}))
     RunDir(tmp_path).events.write_bytes(
-        protocol.to_json(protocol.Step(run="a", rank=3, seq=0, t=0.0, step=1, samples=1)) + b"\n"
-    )
+        protocol.to_json(protocol.Step(run="a", rank=3, seq=0, t=0.0, step=1, samples=1)) + b"\n")
     _, state, summary = load_run(tmp_path)
     assert len(state.ranks) <= 1024
     assert summary["outcome"] == "interrupted"  # no rank said it ended: ddptui was killed
@@ -151,15 +123,10 @@ def test_replay_bounds_the_world_size_by_the_ranks_its_events_name(tmp_path):
 
 def test_old_run_without_summary_is_derived_from_its_events(tmp_path):
     RunDir(tmp_path).config.write_text(json.dumps({"run_id": "a", "world_size": 1}))
-    RunDir(tmp_path).events.write_bytes(
-        b"".join(
-            protocol.to_json(e) + b"\n"
-            for e in (
-                protocol.Eval(run="a", rank=0, seq=0, t=0.0, epoch=1, accuracy=0.5),
-                protocol.Status(run="a", rank=0, seq=1, t=1.0, state="finished"),
-            )
-        )
-    )
+    RunDir(tmp_path).events.write_bytes(b"".join(protocol.to_json(e) + b"\n" for e in (
+        protocol.Eval(run="a", rank=0, seq=0, t=0.0, epoch=1, accuracy=0.5),
+        protocol.Status(run="a", rank=0, seq=1, t=1.0, state="finished"),
+    )))
     _, state, summary = load_run(tmp_path)
     assert summary["outcome"] == "finished" and summary["final_accuracy"] == 0.5
     assert state.outcome == "finished"
@@ -168,9 +135,8 @@ def test_old_run_without_summary_is_derived_from_its_events(tmp_path):
 
 def test_written_summary_wins_over_the_events(tmp_path):
     RunDir(tmp_path).config.write_text(json.dumps({"run_id": "a", "world_size": 1}))
-    RunDir(tmp_path).events.write_bytes(
-        protocol.to_json(protocol.Status(run="a", rank=0, seq=0, t=1.0, state="finished")) + b"\n"
-    )
+    RunDir(tmp_path).events.write_bytes(protocol.to_json(
+        protocol.Status(run="a", rank=0, seq=0, t=1.0, state="finished")) + b"\n")
     state = RunState("a", 1)
     write_summary(tmp_path, summarize(state, "interrupted", exit_code=143))
     _, replayed, summary = load_run(tmp_path)
