@@ -425,8 +425,9 @@ def measure(
         if state.started_at is not None and state.first_step_at is not None:
             result.time_to_first_step = max(0.0, state.first_step_at - state.started_at)
         last = state.last_eval
-        if last is not None and last.accuracy is not None and math.isfinite(last.accuracy):
-            result.accuracy = last.accuracy
+        # Only a run trained to its end has a final accuracy (a --steps run is cut short).
+        if steps is None and last is not None and last.accuracy is not None:
+            result.accuracy = last.accuracy if math.isfinite(last.accuracy) else None
         result.samples_per_s, result.steps = figures_from_run(result.run_dir, cfg.run_id, steps)
         expected = "stopped" if steps is not None else "finished"
         if state.outcome == "failed":
