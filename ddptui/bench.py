@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "Run a matrix of configurations one at a time and measure which is fastest here. "
         "Arguments after '--' go to the trainer or your --script."
     )
-    p.add_argument("--no-ui", action="store_true", help="print to the console (the default)")
+    p.add_argument("--no-ui", action="store_true", help="print to the console, no dashboard")
     m = p.add_argument_group("matrix (comma-separated lists)")
     m.add_argument("--world-size", help="world sizes, e.g. 1,2,4 (default 1,2)")
     m.add_argument("--backend", help=f"backends from {', '.join(BACKEND_CHOICES)} (default auto)")
@@ -366,6 +366,7 @@ def measure(
     sampler_factory: Callable[[Callable[[Any], None]], Any] | None = None,
     starting: Callable[[], Any] | None = None,
     tearing_down: Callable[[], Any] | None = None,
+    result: Measurement | None = None,
 ) -> Measurement:
     """Run ``cfg`` once and measure it. Always tears the run down, also when interrupted
     (any exception, Ctrl-C included, stops every worker and writes summary.json).
@@ -385,7 +386,8 @@ def measure(
         else Sampler(interval=SAMPLE_INTERVAL_S, callback=tracker.take, pcie=False)
     )
     known: dict[int, Any] = {}
-    result = Measurement(Path(cfg.run_dir))
+    # Filled in on every way out, so an interrupted run is on record too.
+    result = result if result is not None else Measurement(Path(cfg.run_dir))
     sampler_started = False
     try:
         with (starting or nullcontext)():
@@ -734,9 +736,9 @@ class BenchRunner:
         cfg = dataclasses.replace(
             planned.cfg, run_dir=str(self.opts.bench_dir / name), run_id=f"{self.bench_id}-{name}"
         )
-        measurement = measure(cfg, self.opts.steps, **self.measure_kwargs)
+        measurement = Measurement(Path(cfg.run_dir))
         res.runs.append(measurement)
-        return measurement
+        return measure(cfg, self.opts.steps, result=measurement, **self.measure_kwargs)
 
     def rows(self) -> list[Row]:
         return build_rows(self.results)
@@ -806,6 +808,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         opts = plan_bench(args)
     except ConfigError as exc:
         return fail(str(exc))
+    if not args.no_ui:
+        try:
+            from ddptui.tui.screens.bench import run_bench_dashboard
+        except ImportError as exc:
+            return fail(f"the dashboard is not available ({exc}); use --no-ui")
+        return run_bench_dashboard(opts)
     runner = BenchRunner(opts, starting=signals_deferred)
     todo = runner.runnable
     total = len(todo) * opts.repeat

@@ -273,6 +273,7 @@ class FakeSession:
 
     def start(self):
         self.calls.append("start")
+        Path(self.cfg.run_dir).mkdir(parents=True, exist_ok=True)
 
     def pump(self, timeout):
         from ddptui import protocol
