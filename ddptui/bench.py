@@ -806,7 +806,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
         opts = plan_bench(args)
-    except ConfigError as exc:
+    except (ConfigError, UsageError) as exc:
         return fail(str(exc))
     if not args.no_ui:
         try:

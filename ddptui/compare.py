@@ -200,11 +200,12 @@ def load_all(run_dirs: list[str]) -> list[RunFacts]:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from ddptui.commands import UsageError
     from ddptui.rundir import RunDirError
 
     try:
         runs = load_all(list(args.run_dirs))
-    except RunDirError as exc:
+    except (RunDirError, UsageError) as exc:
         return fail(str(exc))
     if args.no_ui:
         out = out or sys.stdout

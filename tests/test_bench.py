@@ -447,3 +447,8 @@ def test_bench_on_cpu_measures_four_configurations_and_skips_the_rest(
     for run_dir in (tmp_path / "b").iterdir():
         if run_dir.is_dir():
             assert not processes_of_run(f"b-{run_dir.name}")
+
+
+def test_run_reports_usage_errors_itself_when_wired_into_another_parser(capsys):
+    assert bench.run(_args(["--no-ui", "--repeat", "1000"])) == 2
+    assert capsys.readouterr().err == "ddptui: error: --repeat must be at most 100, got 1000\n"

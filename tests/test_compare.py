@@ -86,3 +86,13 @@ def test_overlay_chart_snapshot(snap_compare):
 
     runs = compare.load_all([str(AMP_OFF), str(AMP_BF16)])
     assert snap_compare(CompareApp(runs), terminal_size=(120, 40))
+
+
+def test_run_reports_usage_errors_itself_when_wired_into_another_parser(capsys):
+    """The CLI builds its own parser with add_arguments and calls run(): errors stay one line."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    assert compare.run(parser.parse_args(["--no-ui", str(AMP_OFF)])) == 2
+    assert capsys.readouterr().err == "ddptui: error: compare needs at least two run directories\n"
