@@ -664,10 +664,11 @@ def markdown_text(rows: Sequence[Row], heading: str, about: Sequence[str]) -> st
         lines.append("| " + " | ".join(TABLE_HEADERS) + " |")
         lines.append("|" + "|".join(["---"] + ["---:"] * (len(TABLE_HEADERS) - 1)) + "|")
         for r in measured:
-            cells = list(table_cells(r))
+            cells = [_md_escape(c) for c in table_cells(dataclasses.replace(r, fastest=False))]
             if r.fastest:
                 cells = [f"**{c}**" if c != "--" else c for c in cells]
-            lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
+                cells[0] += " \\*"
+            lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "\\* fastest", ""]
     others = [r for r in rows if r.status != "measured"]
     if others:

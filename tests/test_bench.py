@@ -452,3 +452,9 @@ def test_bench_on_cpu_measures_four_configurations_and_skips_the_rest(
 def test_run_reports_usage_errors_itself_when_wired_into_another_parser(capsys):
     assert bench.run(_args(["--no-ui", "--repeat", "1000"])) == 2
     assert capsys.readouterr().err == "ddptui: error: --repeat must be at most 100, got 1000\n"
+
+
+def test_markdown_marks_the_fastest_and_lists_the_rest():
+    text = bench.markdown_text(bench.build_rows(_results()), "ddptui bench", ["about"])
+    assert "| **x2 spawn gloo amp off** \\* | **1,500** | **75%** |" in text
+    assert "- x1 spawn nccl amp off: skipped: backend nccl needs a CUDA GPU" in text
