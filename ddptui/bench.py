@@ -152,6 +152,8 @@ class BenchOptions:
     epochs: int | None
     repeat: int
     target: str
+    #: What ran the bench: GPUs, or why there were none.
+    devices: str = ""
 
 
 def _split(text: str | None) -> list[str]:
@@ -284,7 +286,12 @@ def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
                     if key not in seen:
                         seen.add(key)
                         plan.append(item)
-    return BenchOptions(tuple(plan), bench_dir, steps, epochs, repeat, base.target_label)
+    devices = (
+        f"{machine.cuda_devices} CUDA GPU(s)"
+        if machine.cuda_devices
+        else f"no GPU ({machine.cuda_reason})"
+    )
+    return BenchOptions(tuple(plan), bench_dir, steps, epochs, repeat, base.target_label, devices)
 
 
 # -- measuring one run ------------------------------------------------------------------------
@@ -647,7 +654,7 @@ def csv_text(rows: Sequence[Row]) -> str:
                 num(r.accuracy, 4),
                 "" if r.steps is None else r.steps,
                 "yes" if r.fastest else "",
-                " ".join(str(d) for d in r.run_dirs),
+                ";".join(str(d) for d in r.run_dirs),
             )
         )
     return buf.getvalue()
@@ -687,7 +694,7 @@ def about_lines(opts: BenchOptions) -> list[str]:
     repeat = "1 run" if opts.repeat == 1 else f"median of {opts.repeat} runs (range in brackets)"
     return [
         f"{opts.target}, {length} per configuration, {repeat}, on {usable_cpus()} CPU cores "
-        f"of {_hostname()}.",
+        f"and {opts.devices or 'no GPU'} of {_hostname()}.",
         f"samples/s: steady state, all ranks together; each rank's first "
         f"max({benchmath.MIN_WARMUP_STEPS}, {benchmath.WARMUP_FRACTION:.0%}) steps and the "
         "first step of each later epoch excluded. efficiency: samples/s / (world size x "
