@@ -149,3 +149,30 @@ def test_tensorboard_export_reads_back(tmp_path, capsys):
         assert len(acc.Scalars(tag)) == count, tag
     assert acc.Scalars("global/eval_accuracy")[-1].value == pytest.approx(0.975)
     assert f"{sum(expected.values())} scalars" in capsys.readouterr().out
+
+
+def test_tensorboard_export_goes_through_summary_writer(monkeypatch, tmp_path, capsys):
+    """The writer's calls, with a stand-in for torch.utils.tensorboard (no tensorboard needed)."""
+    import types
+
+    calls = []
+
+    class Writer:
+        def __init__(self, log_dir):
+            calls.append(("open", log_dir))
+
+        def add_scalar(self, tag, scalar_value, global_step=None, walltime=None):
+            calls.append((tag, scalar_value, global_step, walltime))
+
+        def close(self):
+            calls.append(("close",))
+
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = Writer
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    assert export.main([str(RUN), "--tensorboard", str(tmp_path / "tb")]) == 0
+    assert calls[0] == ("open", str(tmp_path / "tb")) and calls[-1] == ("close",)
+    scalars = calls[1:-1]
+    assert Counter(c[0] for c in scalars) == Counter(_expected_scalar_counts(RUN))
+    assert all(isinstance(c[2], int) and c[3] > 1e9 for c in scalars)
+    assert f"{len(scalars)} scalars" in capsys.readouterr().out
