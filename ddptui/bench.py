@@ -1,0 +1,875 @@
+"""``ddptui bench``: which world size, backend, AMP mode and launcher is fastest on this machine.
+
+Runs a matrix of configurations one at a time with the normal engine (:class:`RunSession`),
+each in its own run directory under the bench directory, and measures:
+
+- steady-state samples/s, warm-up excluded (the rule is in :mod:`ddptui.benchmath`);
+- scaling efficiency against world size 1 with the same other options;
+- time to first step (launch to the first step event);
+- peak resident memory per rank (the rank's process tree, sampled with psutil) and, where
+  NVML sees GPUs, peak GPU memory per rank;
+- final accuracy, when ``--epochs`` is given.
+
+With ``--steps N`` each run is stopped from outside once every rank has logged N steps (so it
+works for any user script too); such a run ends ``stopped``, as expected. Configurations that
+cannot run here (nccl or fp16 without CUDA, a world size over the machine's limits) are listed
+as skipped with the reason, never attempted. Results go to ``bench.csv`` and ``bench.md``.
+
+Headless: never imports Textual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from ddptui import benchmath
+from ddptui.commands import UsageError, command_main, fail
+from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
+from ddptui.formatting import fmt_duration
+
+#: The single-process ``torch.nn.DataParallel`` baseline (not a launcher of ranks).
+DP = "dp"
+BENCH_LAUNCHERS = (*LAUNCHERS, DP)
+#: Steps per configuration when neither --steps nor --epochs is given.
+DEFAULT_STEPS = 100
+MAX_REPEAT = 100
+MAX_CONFIGURATIONS = 256
+#: Seconds between memory samples of the ranks.
+SAMPLE_INTERVAL_S = 0.25
+#: Seconds between progress lines (when not on a terminal).
+PROGRESS_EVERY_S = 5.0
+CSV_FILE = "bench.csv"
+MD_FILE = "bench.md"
+MiB = 1024 * 1024
+
+CSV_COLUMNS = (
+    "configuration",
+    "world_size",
+    "launcher",
+    "backend",
+    "amp",
+    "status",
+    "reason",
+    "repeats",
+    "samples_per_s",
+    "samples_per_s_min",
+    "samples_per_s_max",
+    "spread_pct",
+    "efficiency",
+    "time_to_first_step_s",
+    "peak_rss_mib_per_rank",
+    "peak_rss_mib_max",
+    "peak_gpu_mib_per_rank",
+    "final_accuracy",
+    "steps_per_rank",
+    "fastest",
+    "run_dirs",
+)
+
+
+# -- the command line --------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Run a matrix of configurations one at a time and measure which is fastest here. "
+        "Arguments after '--' go to the trainer or your --script."
+    )
+    p.add_argument("--no-ui", action="store_true", help="print to the console, no dashboard")
+    m = p.add_argument_group("matrix (comma-separated lists)")
+    m.add_argument("--world-size", help="world sizes, e.g. 1,2,4 (default 1,2)")
+    m.add_argument("--backend", help=f"backends from {', '.join(BACKEND_CHOICES)} (default auto)")
+    m.add_argument("--amp", help=f"AMP modes from {', '.join(AMP_MODES)} (default off)")
+    m.add_argument(
+        "--launcher",
+        help=f"launchers from {', '.join(BENCH_LAUNCHERS)} (dp: single-process DataParallel "
+        "baseline, needs more than one GPU; default: the run's default)",
+    )
+    length = p.add_mutually_exclusive_group()
+    length.add_argument(
+        "--steps", help=f"stop each run once every rank logged N steps (default {DEFAULT_STEPS})"
+    )
+    length.add_argument("--epochs", help="train N epochs per run (also reports final accuracy)")
+    p.add_argument("--repeat", default="1", help="runs per configuration: median and spread")
+    p.add_argument("--bench-dir", help="where to write (default runs/bench-<timestamp>)")
+    g = p.add_argument_group("run options (the same for every configuration)")
+    g.add_argument("--trainer", help="built-in trainer (default synthetic)")
+    g.add_argument("--script", help="your own training script")
+    g.add_argument("--batch-size", help="batch size per rank")
+    g.add_argument("--lr", help="learning rate")
+    g.add_argument("--seed", help="random seed (default 0)")
+    g.add_argument("--model", help="model for cifar10/imagefolder")
+    g.add_argument("--data-dir", help="dataset directory")
+    g.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command_main("ddptui bench", __doc__ or "", add_arguments, run, argv, passthrough=True)
+
+
+# -- planning the matrix ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Planned:
+    """One configuration of the matrix: runnable (``cfg``) or skipped (``skip`` says why)."""
+
+    world_size: int | None
+    launcher: str
+    backend: str
+    amp: str
+    cfg: Any = None  # RunConfig (run_dir and run_id are set per repeat)
+    skip: str | None = None
+
+    @property
+    def label(self) -> str:
+        ranks = f"x{self.world_size}" if self.world_size is not None else "x-"
+        return f"{ranks} {self.launcher} {self.backend} amp {self.amp}"
+
+    @property
+    def slug(self) -> str:
+        ranks = self.world_size if self.world_size is not None else "all"
+        return f"w{ranks}-{self.launcher}-{self.backend}-{self.amp}"
+
+    @property
+    def group(self) -> tuple[str, str, str]:
+        """Options other than the world size: runs with equal groups scale against each other."""
+        return (self.launcher, self.backend, self.amp)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    plan: tuple[Planned, ...]
+    bench_dir: Path
+    steps: int | None
+    epochs: int | None
+    repeat: int
+    target: str
+    #: What ran the bench: GPUs, or why there were none.
+    devices: str = ""
+
+
+def _split(text: str | None) -> list[str]:
+    if text is None:
+        return []
+    return [part.strip() for part in str(text).split(",") if part.strip()]
+
+
+def _choices(name: str, text: str | None, allowed: Sequence[str]) -> list[str | None]:
+    from ddptui.config import parse_choice
+
+    values = _split(text)
+    if text is not None and not values:
+        raise UsageError(f"--{name} needs at least one value")
+    return [parse_choice(name, v, list(allowed)) for v in values] or [None]
+
+
+def default_world_sizes(cuda_devices: int) -> list[int]:
+    """1 and 2 on CPU; with GPUs, 1, 2, 4, … up to every GPU."""
+    if cuda_devices < 2:
+        return [1, 2]
+    sizes = [1]
+    while sizes[-1] * 2 < cuda_devices:
+        sizes.append(sizes[-1] * 2)
+    return [*sizes, cuda_devices]
+
+
+def dp_skip_reason(machine: Any) -> str | None:
+    """Why the DataParallel baseline cannot run here (None: it could)."""
+    if machine.cuda_devices < 2:
+        found = (
+            f"this machine has {machine.cuda_devices}"
+            if machine.cuda_devices
+            else f"none here: {machine.cuda_reason}"
+        )
+        return f"DataParallel baseline needs more than one GPU ({found})"
+    return (
+        "DataParallel baseline is not available yet: the built-in trainers have no "
+        "single-process DataParallel mode"
+    )
+
+
+def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
+    """Validate the command line and expand the matrix. Bad values raise ConfigError or
+    UsageError (exit 2, nothing started); configurations that cannot run here are skipped."""
+    from ddptui.config import ConfigError, Machine, build_config, parse_int
+
+    repeat = parse_int("repeat", args.repeat, 1)
+    if repeat > MAX_REPEAT:
+        raise UsageError(f"--repeat must be at most {MAX_REPEAT}, got {repeat}")
+    steps = None if args.steps is None else parse_int("steps", args.steps, 1)
+    epochs = None if args.epochs is None else parse_int("epochs", args.epochs, 1)
+    if steps is None and epochs is None:
+        steps = DEFAULT_STEPS
+    if steps is not None and steps > 10_000_000:
+        raise UsageError(f"--steps must be at most 10000000, got {steps}")
+    backends = _choices("backend", args.backend, BACKEND_CHOICES)
+    amps = _choices("amp", args.amp, AMP_MODES)
+    launchers = _choices("launcher", args.launcher, BENCH_LAUNCHERS)
+    sizes_text = _split(args.world_size)
+    if args.world_size is not None and not sizes_text:
+        raise UsageError("--world-size needs at least one value")
+    sizes = [parse_int("world_size", v, 1) for v in sizes_text]
+    if len(backends) * len(amps) * len(launchers) * max(1, len(sizes)) > MAX_CONFIGURATIONS:
+        raise UsageError(f"the matrix has more than {MAX_CONFIGURATIONS} configurations")
+
+    bench_dir = Path(args.bench_dir or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    bench_dir = bench_dir.expanduser().resolve()
+    if bench_dir.exists() and not bench_dir.is_dir():
+        raise UsageError(f"bench directory is a file: {bench_dir}")
+    if (bench_dir / CSV_FILE).exists():
+        raise UsageError(f"bench directory already holds a bench: {bench_dir}")
+
+    machine = machine or Machine.detect()
+    if not sizes:
+        sizes = default_world_sizes(machine.cuda_devices)
+    common = {
+        "trainer": args.trainer,
+        "script": args.script,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "model": args.model,
+        "data_dir": args.data_dir,
+        "sync_bn": bool(args.sync_bn),
+        "epochs": epochs,
+        "script_args": tuple(getattr(args, "script_args", None) or ()),
+    }
+    # Options that are wrong whatever the matrix (a missing script, a bad --lr) stop the bench.
+    base = build_config(
+        {**common, "world_size": 1, "backend": "gloo", "amp": "off", "run_dir": bench_dir / "x"},
+        machine,
+    )
+
+    plan: list[Planned] = []
+    seen: set[tuple] = set()
+    for launcher in launchers:
+        for amp in amps:
+            if launcher == DP:
+                key = (DP, amp)
+                if key not in seen:
+                    seen.add(key)
+                    ngpu = machine.cuda_devices or None
+                    plan.append(Planned(ngpu, DP, "-", amp or "off", skip=dp_skip_reason(machine)))
+                continue
+            for backend in backends:
+                for size in sizes:
+                    raw = {
+                        **common,
+                        "world_size": size,
+                        "backend": backend,
+                        "amp": amp,
+                        "launcher": launcher,
+                        "run_dir": bench_dir / "x",
+                        "run_id": "bench",
+                    }
+                    try:
+                        cfg = build_config(raw, machine)
+                    except ConfigError as exc:
+                        item = Planned(
+                            size,
+                            launcher or base.launcher,
+                            backend or "auto",
+                            amp or "off",
+                            skip=str(exc),
+                        )
+                    else:
+                        item = Planned(cfg.world_size, cfg.launcher, cfg.backend, cfg.amp, cfg)
+                    key = (item.world_size, item.launcher, item.backend, item.amp)
+                    if key not in seen:
+                        seen.add(key)
+                        plan.append(item)
+    devices = (
+        f"{machine.cuda_devices} CUDA GPU(s)"
+        if machine.cuda_devices
+        else f"no GPU ({machine.cuda_reason})"
+    )
+    return BenchOptions(tuple(plan), bench_dir, steps, epochs, repeat, base.target_label, devices)
+
+
+# -- measuring one run ------------------------------------------------------------------------
+class PeakTracker:
+    """Peak resident memory and GPU memory per rank, from monitor snapshots.
+
+    :meth:`take` runs on the sampler's thread; :meth:`set_ranks` on the bench's (it rebinds
+    one dict, which the sampler reads whole).
+    """
+
+    def __init__(self) -> None:
+        self._ranks: dict[int, Any] = {}
+        self.rss: dict[int, int] = {}
+        self.gpu: dict[int, int] = {}
+        self.samples = 0
+
+    def set_ranks(self, ranks: dict[int, Any]) -> None:
+        self._ranks = dict(ranks)
+
+    def take(self, snapshot: Any) -> None:
+        from ddptui.monitor import is_na, join_ranks
+
+        ranks = self._ranks
+        if not ranks:
+            return
+        self.samples += 1
+        for view in join_ranks(snapshot, ranks).ranks:
+            if not is_na(view.rss):
+                self.rss[view.rank] = max(self.rss.get(view.rank, 0), int(view.rss))
+            if not is_na(view.gpu_memory):
+                self.gpu[view.rank] = max(self.gpu.get(view.rank, 0), int(view.gpu_memory))
+
+
+@dataclass
+class Measurement:
+    """One run of one configuration."""
+
+    run_dir: Path
+    outcome: str | None = None
+    samples_per_s: float | None = None
+    time_to_first_step: float | None = None
+    rss: dict[int, int] = field(default_factory=dict)
+    gpu: dict[int, int] = field(default_factory=dict)
+    accuracy: float | None = None
+    steps: int = 0
+    #: Why the run does not count (it failed, or was interrupted), or None.
+    problem: str | None = None
+    #: Something worth saying that does not void the figures.
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None and self.samples_per_s is not None
+
+
+def figures_from_run(
+    run_dir: Path, run_id: str | None, steps: int | None
+) -> tuple[float | None, int]:
+    """Steady-state samples/s from a run directory's step events (steps up to ``steps``), and
+    the fewest steps any rank logged."""
+    from ddptui.rundir import iter_events
+
+    by_rank = benchmath.group_steps(benchmath.step_points(iter_events(run_dir, run_id)), steps)
+    fewest = min((len(v) for v in by_rank.values()), default=0)
+    return benchmath.run_rate(by_rank), fewest
+
+
+class Cancelled(Exception):
+    """The bench was asked to stop (from another thread, e.g. the dashboard)."""
+
+
+def measure(
+    cfg: Any,
+    steps: int | None,
+    *,
+    on_progress: Callable[[Any], None] | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+    session_factory: Callable[[Any], Any] | None = None,
+    sampler_factory: Callable[[Callable[[Any], None]], Any] | None = None,
+    starting: Callable[[], Any] | None = None,
+    tearing_down: Callable[[], Any] | None = None,
+    result: Measurement | None = None,
+) -> Measurement:
+    """Run ``cfg`` once and measure it. Always tears the run down, also when interrupted
+    (any exception, Ctrl-C included, stops every worker and writes summary.json).
+
+    ``starting`` and ``tearing_down`` are context managers around the start and the teardown
+    (the console holds signals back there, so none cuts either short)."""
+    from contextlib import nullcontext
+
+    from ddptui.monitor import RankInfo, Sampler
+    from ddptui.session import RunSession
+
+    session = (session_factory or RunSession)(cfg)
+    tracker = PeakTracker()
+    sampler = (
+        sampler_factory(tracker.take)
+        if sampler_factory
+        else Sampler(interval=SAMPLE_INTERVAL_S, callback=tracker.take, pcie=False)
+    )
+    known: dict[int, Any] = {}
+    # Filled in on every way out, so an interrupted run is on record too.
+    result = result if result is not None else Measurement(Path(cfg.run_dir))
+    sampler_started = False
+    try:
+        with (starting or nullcontext)():
+            session.start()
+        sampler.start()
+        sampler_started = True
+        while session.poll() is None:
+            session.pump(0.1)
+            with session.locked():
+                views = list(session.state.ranks.values())
+            ranks = {v.rank: RankInfo(v.pid, v.device_uuid) for v in views if v.pid}
+            if ranks != known:
+                known = ranks
+                tracker.set_ranks(ranks)
+                sampler.set_pids([info.pid for info in ranks.values()])
+            if on_progress is not None:
+                on_progress(session.state)
+            if cancelled():
+                session.stop(interrupted=True)
+                raise Cancelled
+            if steps is not None and views and all(v.step >= steps for v in views):
+                session.stop()
+                break
+    except BaseException:
+        if session.result is None:
+            session.stop(interrupted=True)
+        raise
+    finally:
+        with (tearing_down or nullcontext)():
+            if sampler_started:
+                sampler.stop()
+            session.close()
+        state = session.state
+        result.outcome = state.outcome
+        result.rss = dict(tracker.rss)
+        result.gpu = dict(tracker.gpu)
+        if state.started_at is not None and state.first_step_at is not None:
+            result.time_to_first_step = max(0.0, state.first_step_at - state.started_at)
+        last = state.last_eval
+        # Only a run trained to its end has a final accuracy (a --steps run is cut short).
+        if steps is None and last is not None and last.accuracy is not None:
+            result.accuracy = last.accuracy if math.isfinite(last.accuracy) else None
+        result.samples_per_s, result.steps = figures_from_run(result.run_dir, cfg.run_id, steps)
+        expected = "stopped" if steps is not None else "finished"
+        if state.outcome == "failed":
+            failure = state.failure
+            result.problem = "failed: " + (failure.describe() if failure else "a rank failed")
+        elif state.outcome not in (expected, "finished"):
+            result.problem = f"run {state.outcome or 'did not end'}"
+        elif steps is not None and result.steps < steps:
+            result.note = f"ended after {result.steps} of {steps} steps"
+        if result.problem is None and result.samples_per_s is None:
+            result.problem = (
+                f"too few steps to measure ({result.steps}; the first "
+                f"{benchmath.MIN_WARMUP_STEPS} of each rank are warm-up)"
+            )
+        if session.fault:
+            result.problem = session.fault
+    return result
+
+
+# -- results ---------------------------------------------------------------------------------
+@dataclass
+class ConfigResult:
+    planned: Planned
+    runs: list[Measurement] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the bench table (figures over the repeats of one configuration)."""
+
+    planned: Planned
+    status: str  # measured | skipped | failed | interrupted | not run
+    reason: str
+    rate: benchmath.Spread | None
+    efficiency: float | None
+    time_to_first_step: float | None
+    rss: dict[int, int]
+    gpu: dict[int, int]
+    accuracy: float | None
+    steps: int | None
+    run_dirs: tuple[Path, ...]
+    fastest: bool = False
+
+
+def build_rows(results: Sequence[ConfigResult]) -> list[Row]:
+    """Figures per configuration: medians over good repeats, efficiency against the same
+    group's world size 1, and the fastest configuration marked."""
+    rows: list[Row] = []
+    for res in results:
+        good = [m for m in res.runs if m.ok]
+        bad = [m for m in res.runs if not m.ok]
+        if res.planned.skip is not None:
+            status, reason = "skipped", res.planned.skip
+        elif not res.runs:
+            status, reason = "not run", "the bench was interrupted first"
+        elif bad and any(m.outcome == "interrupted" for m in bad) and not good:
+            status, reason = "interrupted", bad[0].problem or ""
+        elif not good:
+            status, reason = "failed", bad[0].problem or "failed"
+        else:
+            status = "measured"
+            notes = [m.problem for m in bad if m.problem] + [m.note for m in good if m.note]
+            if bad:
+                notes.insert(0, f"{len(bad)} of {len(res.runs)} repeats did not count")
+            reason = "; ".join(dict.fromkeys(notes))
+        rss: dict[int, int] = {}
+        gpu: dict[int, int] = {}
+        for m in good:
+            for rank, value in m.rss.items():
+                rss[rank] = max(rss.get(rank, 0), value)
+            for rank, value in m.gpu.items():
+                gpu[rank] = max(gpu.get(rank, 0), value)
+        rows.append(
+            Row(
+                planned=res.planned,
+                status=status,
+                reason=reason,
+                rate=benchmath.spread(m.samples_per_s for m in good),
+                efficiency=None,
+                time_to_first_step=benchmath.median(m.time_to_first_step for m in good),
+                rss=rss,
+                gpu=gpu,
+                accuracy=benchmath.median(m.accuracy for m in good),
+                steps=min((m.steps for m in good), default=None),
+                run_dirs=tuple(m.run_dir for m in res.runs),
+            )
+        )
+    base = {
+        r.planned.group: r.rate.median
+        for r in rows
+        if r.rate is not None and r.planned.world_size == 1 and r.planned.launcher != DP
+    }
+    measured = [r for r in rows if r.rate is not None]
+    best = max(measured, key=lambda r: r.rate.median) if measured else None  # type: ignore[union-attr]
+    out = []
+    for r in rows:
+        eff = None
+        if r.rate is not None and r.planned.world_size and r.planned.launcher != DP:
+            eff = benchmath.efficiency(
+                r.rate.median, r.planned.world_size, base.get(r.planned.group)
+            )
+        out.append(dataclasses.replace(r, efficiency=eff, fastest=r is best))
+    return out
+
+
+# -- output ----------------------------------------------------------------------------------
+def _mib(values: dict[int, int]) -> str:
+    if not values:
+        return "--"
+    low, high = min(values.values()) / MiB, max(values.values()) / MiB
+    return f"{high:,.0f} MiB" if round(low) == round(high) else f"{low:,.0f}–{high:,.0f} MiB"
+
+
+def _rate(spread: benchmath.Spread | None) -> str:
+    if spread is None:
+        return "--"
+    text = f"{spread.median:,.0f}"
+    if spread.count > 1:
+        text += f" ({spread.low:,.0f}–{spread.high:,.0f})"
+    return text
+
+
+def _pct(value: float | None) -> str:
+    return "--" if value is None else f"{value:.0%}"
+
+
+def _acc(value: float | None) -> str:
+    return "--" if value is None else f"{value:.4f}"
+
+
+def _secs(value: float | None) -> str:
+    return "--" if value is None else f"{value:.1f}s"
+
+
+TABLE_HEADERS = (
+    "configuration",
+    "samples/s",
+    "efficiency",
+    "first step",
+    "peak RSS/rank",
+    "GPU mem/rank",
+    "accuracy",
+)
+
+
+def table_cells(row: Row) -> tuple[str, ...]:
+    return (
+        row.planned.label + (" *" if row.fastest else ""),
+        _rate(row.rate),
+        _pct(row.efficiency),
+        _secs(row.time_to_first_step),
+        _mib(row.rss),
+        _mib(row.gpu),
+        _acc(row.accuracy),
+    )
+
+
+def format_table(rows: Sequence[Row]) -> list[str]:
+    """The console table: measured configurations, then the others with why."""
+    shown = [r for r in rows if r.status == "measured"]
+    lines: list[str] = []
+    if shown:
+        cells = [TABLE_HEADERS, *(table_cells(r) for r in shown)]
+        widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE_HEADERS))]
+        for n, line in enumerate(cells):
+            parts = [line[0].ljust(widths[0])]
+            parts += [c.rjust(w) for c, w in zip(line[1:], widths[1:], strict=True)]
+            lines.append("  ".join(parts).rstrip())
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        lines.append("* fastest")
+    else:
+        lines.append("no configuration was measured")
+    notes = [r for r in shown if r.reason]
+    if notes:
+        lines.append("notes:")
+        lines += [f"  {r.planned.label}: {r.reason}" for r in notes]
+    others = [r for r in rows if r.status != "measured"]
+    if others:
+        lines.append("not measured:")
+        lines += [f"  {r.planned.label}: {r.status}: {r.reason}" for r in others]
+    return lines
+
+
+def csv_text(rows: Sequence[Row]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+
+    def num(value: float | None, digits: int = 3) -> str:
+        return "" if value is None else f"{value:.{digits}f}"
+
+    for r in rows:
+        p = r.planned
+        rate = r.rate
+        writer.writerow(
+            (
+                p.label,
+                "" if p.world_size is None else p.world_size,
+                p.launcher,
+                p.backend,
+                p.amp,
+                r.status,
+                r.reason,
+                rate.count if rate else 0,
+                num(rate.median if rate else None, 1),
+                num(rate.low if rate else None, 1),
+                num(rate.high if rate else None, 1),
+                num(100 * rate.relative if rate else None, 1),
+                num(r.efficiency),
+                num(r.time_to_first_step),
+                " ".join(f"{r.rss[k] / MiB:.0f}" for k in sorted(r.rss)),
+                num(max(r.rss.values()) / MiB if r.rss else None, 0),
+                " ".join(f"{r.gpu[k] / MiB:.0f}" for k in sorted(r.gpu)),
+                num(r.accuracy, 4),
+                "" if r.steps is None else r.steps,
+                "yes" if r.fastest else "",
+                ";".join(str(d) for d in r.run_dirs),
+            )
+        )
+    return buf.getvalue()
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_text(rows: Sequence[Row], heading: str, about: Sequence[str]) -> str:
+    lines = [f"# {heading}", "", *about, ""]
+    measured = [r for r in rows if r.status == "measured"]
+    if measured:
+        lines.append("| " + " | ".join(TABLE_HEADERS) + " |")
+        lines.append("|" + "|".join(["---"] + ["---:"] * (len(TABLE_HEADERS) - 1)) + "|")
+        for r in measured:
+            cells = [_md_escape(c) for c in table_cells(dataclasses.replace(r, fastest=False))]
+            if r.fastest:
+                cells = [f"**{c}**" if c != "--" else c for c in cells]
+                cells[0] += " \\*"
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "\\* fastest", ""]
+    others = [r for r in rows if r.status != "measured"]
+    if others:
+        lines.append("Not measured:")
+        lines.append("")
+        for r in others:
+            lines.append(f"- {_md_escape(r.planned.label)}: {r.status}: {_md_escape(r.reason)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def about_lines(opts: BenchOptions) -> list[str]:
+    from ddptui.cpus import usable_cpus
+
+    length = f"{opts.steps} steps" if opts.steps is not None else f"{opts.epochs} epochs"
+    repeat = "1 run" if opts.repeat == 1 else f"median of {opts.repeat} runs (range in brackets)"
+    return [
+        f"{opts.target}, {length} per configuration, {repeat}, on {usable_cpus()} CPU cores "
+        f"and {opts.devices or 'no GPU'} of {_hostname()}.",
+        f"samples/s: steady state, all ranks together; each rank's first "
+        f"max({benchmath.MIN_WARMUP_STEPS}, {benchmath.WARMUP_FRACTION:.0%}) steps and the "
+        "first step of each later epoch excluded. efficiency: samples/s / (world size x "
+        "samples/s at world size 1, same other options). first step: launch to the first "
+        "step. Memory: peak per rank (its process tree).",
+    ]
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def write_results(bench_dir: Path, rows: Sequence[Row], about: Sequence[str]) -> None:
+    from ddptui.rundir import RunDirError
+
+    try:
+        bench_dir.mkdir(parents=True, exist_ok=True)
+        (bench_dir / CSV_FILE).write_text(csv_text(rows), encoding="utf-8")
+        (bench_dir / MD_FILE).write_text(
+            markdown_text(rows, "ddptui bench", about), encoding="utf-8"
+        )
+    except OSError as exc:
+        raise RunDirError(f"cannot write {bench_dir}: {exc.strerror or exc}") from None
+
+
+# -- running the matrix ----------------------------------------------------------------------
+class BenchRunner:
+    """Runs every runnable configuration ``repeat`` times, one run at a time."""
+
+    def __init__(self, opts: BenchOptions, **measure_kwargs: Any) -> None:
+        self.opts = opts
+        self.results = [ConfigResult(p) for p in opts.plan]
+        self.measure_kwargs = measure_kwargs
+        self.bench_id = opts.bench_dir.name
+
+    @property
+    def runnable(self) -> list[ConfigResult]:
+        return [r for r in self.results if r.planned.cfg is not None]
+
+    def run_config(self, res: ConfigResult, repeat: int) -> Measurement:
+        planned = res.planned
+        name = f"{self.results.index(res) + 1:02d}-{planned.slug}"
+        if self.opts.repeat > 1:
+            name += f"-r{repeat + 1}"
+        cfg = dataclasses.replace(
+            planned.cfg, run_dir=str(self.opts.bench_dir / name), run_id=f"{self.bench_id}-{name}"
+        )
+        measurement = Measurement(Path(cfg.run_dir))
+        res.runs.append(measurement)
+        return measure(cfg, self.opts.steps, result=measurement, **self.measure_kwargs)
+
+    def rows(self) -> list[Row]:
+        return build_rows(self.results)
+
+
+def _describe(m: Measurement) -> str:
+    if not m.ok:
+        return m.problem or "not measured"
+    parts = [f"{m.samples_per_s:,.0f} samples/s", f"first step {_secs(m.time_to_first_step)}"]
+    if m.accuracy is not None:
+        parts.append(f"accuracy {m.accuracy:.4f}")
+    if m.note:
+        parts.append(m.note)
+    return ", ".join(parts)
+
+
+class ProgressPrinter:
+    """A progress line now and then while a configuration runs."""
+
+    def __init__(self, out: TextIO, label: str, steps: int | None) -> None:
+        self.out = out
+        self.label = label
+        self.steps = steps
+        self.last = time.monotonic()
+
+    def __call__(self, state: Any) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        views = list(state.ranks.values())
+        step = min((v.step for v in views), default=0)
+        goal = f"/{self.steps}" if self.steps is not None else ""
+        self.out.write(
+            f"    step {step}{goal}, {state.global_samples_per_s():,.0f} samples/s, "
+            f"{fmt_duration(state.elapsed(now))}\n"
+        )
+        self.out.flush()
+
+
+@contextmanager
+def held_signals(guard: Any) -> Iterator[None]:
+    """While tearing a run down, a signal is remembered, not raised; once the teardown is
+    done it interrupts the bench (the rest of the matrix is not run)."""
+    from ddptui.headless import Interrupted
+
+    was, before = guard.armed, len(guard.received)
+    guard.armed = False
+    try:
+        yield
+    finally:
+        guard.armed = was
+    if was and len(guard.received) > before:
+        guard.armed = False
+        raise Interrupted(guard.received[-1])
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``ddptui bench``: exit 0 when every runnable configuration was measured, 1 when one
+    failed, 2 for bad options, 128 + signal when interrupted (results so far are written)."""
+    from ddptui.config import ConfigError
+    from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
+    from ddptui.rundir import RunDirError
+
+    out = out or sys.stdout
+    try:
+        opts = plan_bench(args)
+    except (ConfigError, UsageError) as exc:
+        return fail(str(exc))
+    if not args.no_ui:
+        try:
+            from ddptui.tui.screens.bench import run_bench_dashboard
+        except ImportError as exc:
+            return fail(f"the dashboard is not available ({exc}); use --no-ui")
+        return run_bench_dashboard(opts)
+    runner = BenchRunner(opts, starting=signals_deferred)
+    todo = runner.runnable
+    total = len(todo) * opts.repeat
+    out.write(
+        f"ddptui bench: {len(opts.plan)} configurations ({len(todo)} to run, "
+        f"{len(opts.plan) - len(todo)} skipped) -> {opts.bench_dir}\n"
+    )
+    for res in runner.results:
+        if res.planned.skip:
+            out.write(f"  skip {res.planned.label}: {res.planned.skip}\n")
+    out.flush()
+    code = 0
+    n = 0
+    with signals_interrupt() as guard:
+        runner.measure_kwargs["tearing_down"] = lambda: held_signals(guard)
+        try:
+            for repeat in range(opts.repeat):
+                for res in todo:
+                    n += 1
+                    label = res.planned.label
+                    out.write(f"[{n}/{total}] {label}: running…\n")
+                    out.flush()
+                    runner.measure_kwargs["on_progress"] = ProgressPrinter(out, label, opts.steps)
+                    m = runner.run_config(res, repeat)
+                    out.write(f"[{n}/{total}] {label}: {_describe(m)}\n")
+                    out.flush()
+        except Interrupted as exc:
+            guard.armed = False
+            out.write(f"interrupted ({exc}): every run was stopped\n")
+            code = 128 + exc.signum
+        except RunDirError as exc:
+            fail(str(exc))
+            code = 1
+        finally:
+            guard.armed = False
+    rows = runner.rows()
+    if code == 0 and any(r.status in ("failed", "interrupted") for r in rows):
+        code = 1
+    out.write("\n" + "\n".join(format_table(rows)) + "\n")
+    try:
+        write_results(opts.bench_dir, rows, about_lines(opts))
+    except RunDirError as exc:
+        fail(str(exc))
+        return code or 1
+    out.write(f"results: {opts.bench_dir / CSV_FILE}, {opts.bench_dir / MD_FILE}\n")
+    out.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The bench in the dashboard: progress, the table and the samples/s chart, driven by fake
+sessions (no process); quitting stops the run in progress and keeps the results."""
+
+from __future__ import annotations
+
+import csv
+import time
+
+from ddptui import bench
+from ddptui.tui.screens.bench import BenchApp, BenchScreen, SamplesChart
+from tests.test_bench import NO_CUDA, FakeSampler, FakeSession, _args
+
+
+def _opts(tmp_path, *argv):
+    argv = ["--world-size", "1,2", "--amp", "off,fp16", "--bench-dir", str(tmp_path), *argv]
+    return bench.plan_bench(_args(argv), NO_CUDA)
+
+
+async def _until(pilot, predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await pilot.pause(0.05)
+
+
+async def test_bench_screen_runs_the_matrix_and_charts_it(tmp_path):
+    sessions = []
+
+    def factory(cfg):
+        sessions.append(FakeSession(cfg, world=cfg.world_size))
+        return sessions[-1]
+
+    opts = _opts(tmp_path, "--steps", "20")
+    app = BenchApp(opts, session_factory=factory, sampler_factory=FakeSampler)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, BenchScreen)
+        await _until(pilot, screen.done.is_set)
+        await pilot.pause(0.6)  # one more redraw
+        assert screen.code == 0 and len(sessions) == 2
+        shown = screen.table_rows(screen.runner.rows())
+        assert [c[1] for c in shown] == ["measured", "measured", "skipped", "skipped"]
+        assert shown[0][:3] == ("x1 spawn gloo amp off", "measured", "800")
+        assert shown[1][:5] == ("x2 spawn gloo amp off *", "measured", "1,600", "100%", "1.0s")
+        assert shown[2][6].startswith("AMP fp16 needs a CUDA GPU")
+        assert screen.now_line().startswith("bench done — results in")
+        assert screen.query_one(SamplesChart).plt is not None
+        await pilot.press("q")
+    assert app.return_value == 0
+    rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
+    assert [r["status"] for r in rows] == ["measured", "measured", "skipped", "skipped"]
+    assert all(s.calls == ["start", "stop", "close"] for s in sessions)
+
+
+async def test_quitting_stops_the_run_in_progress_and_keeps_results(tmp_path):
+    sessions = []
+
+    class Slow(FakeSession):
+        def pump(self, timeout):
+            time.sleep(0.02)
+            super().pump(timeout)
+
+    def factory(cfg):
+        sessions.append(Slow(cfg, world=cfg.world_size))
+        return sessions[-1]
+
+    opts = _opts(tmp_path, "--steps", "100000")
+    app = BenchApp(opts, session_factory=factory, sampler_factory=FakeSampler)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        await _until(pilot, lambda: sessions and sessions[0]._step > 10)
+        assert screen.now_line().startswith("run 1/2: x1 spawn gloo amp off: step ")
+        assert screen.table_rows(screen.runner.rows())[0][1] == "running"
+        await pilot.press("q")
+        await _until(pilot, screen.done.is_set)
+    assert app.return_value == 130
+    assert len(sessions) == 1 and sessions[0].calls == ["start", "stop-interrupted", "close"]
+    rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
+    assert [r["status"] for r in rows] == ["interrupted", "not run", "skipped", "skipped"]
