@@ -101,6 +101,12 @@ COMMANDS: dict[str, Command] = {
             "ddptui.export:add_arguments",
             "ddptui.export:run",
         ),
+        Command(
+            "attach",
+            "watch a run another ddptui is running",
+            "ddptui.attach:add_arguments",
+            "ddptui.attach:run",
+        ),
     )
 }
 
