@@ -137,10 +137,11 @@ def test_nobody_listening_never_blocks_and_counts_drops():
         for _ in range(n):
             rep.log(loss=1.0, samples=1)
         rep.flush()
-        assert rep.sent + rep.dropped == n + 1  # + the started status
-        assert rep.dropped > 0
     finally:
         rep.close()
+    # Nothing was queued for a peer that never came (so closing has nothing to linger on);
+    # every event, the started status included, is counted as dropped.
+    assert (rep.sent, rep.dropped) == (0, n + 1)
 
 
 def test_flooding_drops_are_counted_and_visible_as_seq_gaps():
