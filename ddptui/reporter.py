@@ -185,7 +185,7 @@ class Reporter:
         batch, self._batch = self._batch, []
         self._flushed_at = now
         self._urgent = False
-        if not batch or self._socket is None:
+        if not (batch or self._held) or self._socket is None:
             return
         if now < self._full_until:
             self.dropped += len(batch)
@@ -292,7 +292,7 @@ class Reporter:
         if self._socket is not None:
             with self._lock:
                 if self._pending:  # at close it is fine to wait for the device (bounded)
-                    self._release(self._pending.drain())
+                    self._release(self._pending.drain(pending.DRAIN_TIMEOUT_S))
                 self._full_until = 0.0  # what is left gets its chance
                 self._flush(time.monotonic())
                 if self._held:
@@ -425,7 +425,8 @@ def _number(name: str, value: Any, device: list[tuple[Any, Any]]) -> float | Non
         if value.device.type == "cuda":
             device.append((name, value))
             return None
-    return float(value)  # ints, numpy scalars, CPU tensors: read now
+        return float(value.detach())  # a CPU tensor: read now
+    return float(value)  # ints, numpy scalars
 
 
 def _metrics(values: dict[str, Any], device: list[tuple[Any, Any]]) -> dict[str, Any]:
@@ -442,7 +443,7 @@ def _metrics(values: dict[str, Any], device: list[tuple[Any, Any]]) -> dict[str,
                 device.append(((_METRIC, name), value))
                 out[name] = None
             else:
-                out[name] = value.item()
+                out[name] = value.detach().item()
         elif hasattr(value, "item"):
             out[name] = value.item()
         else:
