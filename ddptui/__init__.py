@@ -5,11 +5,18 @@ no torch, no CUDA initialisation. Both calls are no-ops unless the script runs u
 (which sets ``DDPTUI_ENDPOINT``), so the same script runs unchanged under plain torchrun::
 
     import ddptui
-    ddptui.log(loss=loss.item(), samples=len(batch))     # one training step on this rank
+    ddptui.log(epoch=epoch, loss=loss, samples=len(x))   # one training step on this rank
     ddptui.log_eval(accuracy=acc, loss=val_loss)         # an all-reduced evaluation
 
 Rank, step number, timing and throughput are derived; ``epoch=`` is optional; any extra
 keyword metrics are carried along in the event's ``metrics``.
+
+Values may be numbers, numpy scalars or one-element torch tensors: pass ``loss`` as it is,
+without ``.item()``. A CUDA tensor is read lazily: the call queues a copy to pinned host
+memory and a CUDA event and returns at once, and the value is sent when the copy has
+landed, so logging never waits for the GPU (``.item()`` would, every step). Step numbers
+and step times are taken at the call; only the value arrives later. ``samples`` is a host
+number (``len(x)``).
 """
 
 from __future__ import annotations
@@ -21,14 +28,17 @@ __version__ = "0.1.0"
 
 
 def log(**metrics: Any) -> None:
-    """Report one training step on this rank (``loss``, ``samples``, ``epoch``, extras)."""
+    """Report one training step on this rank (``loss``, ``samples``, ``epoch``, extras).
+
+    ``loss`` and extras may be tensors; CUDA ones are read without waiting for the GPU."""
     from ddptui.reporter import get_reporter  # cached after the first call
 
     get_reporter().log(**metrics)
 
 
 def log_eval(**metrics: Any) -> None:
-    """Report an all-reduced evaluation (``accuracy``, ``loss``, ``count``, ``epoch``)."""
+    """Report an all-reduced evaluation (``accuracy``, ``loss``, ``count``, ``epoch``);
+    values may be tensors, as for :func:`log`."""
     from ddptui.reporter import get_reporter
 
     get_reporter().log_eval(**metrics)
