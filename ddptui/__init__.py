@@ -21,27 +21,36 @@ number (``len(x)``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["log", "log_eval", "started", "finished"]
 __version__ = "0.1.0"
+
+_get_reporter: Callable[[], Any] | None = None  # ddptui.reporter.get_reporter, once imported
+
+
+def _reporter() -> Any:
+    """This process's reporter (importing the reporter module on first use only)."""
+    global _get_reporter
+    if _get_reporter is None:
+        from ddptui.reporter import get_reporter
+
+        _get_reporter = get_reporter
+    return _get_reporter()
 
 
 def log(**metrics: Any) -> None:
     """Report one training step on this rank (``loss``, ``samples``, ``epoch``, extras).
 
     ``loss`` and extras may be tensors; CUDA ones are read without waiting for the GPU."""
-    from ddptui.reporter import get_reporter  # cached after the first call
-
-    get_reporter().log(**metrics)
+    (_get_reporter or _reporter)().log(**metrics)
 
 
 def log_eval(**metrics: Any) -> None:
     """Report an all-reduced evaluation (``accuracy``, ``loss``, ``count``, ``epoch``);
     values may be tensors, as for :func:`log`."""
-    from ddptui.reporter import get_reporter
-
-    get_reporter().log_eval(**metrics)
+    _reporter().log_eval(**metrics)
 
 
 def started(
@@ -52,15 +61,11 @@ def started(
 ) -> None:
     """Announce this rank with its device, planned epochs and steps per epoch, for progress
     and ETA (optional: the first ``log`` announces the rank too, without them)."""
-    from ddptui.reporter import get_reporter
-
-    get_reporter().started(
+    _reporter().started(
         device=device, device_uuid=device_uuid, epochs=epochs, steps_per_epoch=steps_per_epoch
     )
 
 
 def finished(error: str | None = None) -> None:
     """Announce that this rank finished, or failed with ``error`` (optional: done at exit)."""
-    from ddptui.reporter import get_reporter
-
-    get_reporter().finished(error=error)
+    _reporter().finished(error=error)

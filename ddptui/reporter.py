@@ -494,11 +494,20 @@ _reporter_lock = threading.Lock()
 
 
 def get_reporter() -> Reporter:
-    """This process's reporter, created on first use (and again after a fork)."""
+    """This process's reporter, created on first use (and again in a forked child).
+
+    The hot path is one global read: a fork forgets the parent's reporter in the child
+    (``os.register_at_fork``) instead of every call asking for the pid.
+    """
+    rep = _reporter
+    if rep is not None:
+        return rep
+    return _create_reporter()
+
+
+def _create_reporter() -> Reporter:
     global _reporter, _reporter_pid
     pid = os.getpid()
-    if _reporter is not None and _reporter_pid == pid:
-        return _reporter
     with _reporter_lock:
         if _reporter is None or _reporter_pid != pid:
             _reporter = Reporter(
@@ -510,7 +519,18 @@ def get_reporter() -> Reporter:
             if _reporter.enabled:
                 atexit.register(_at_exit, _reporter)
                 _install_excepthook()
-    return _reporter
+        return _reporter
+
+
+def _forget_after_fork() -> None:
+    """In a forked child the parent's reporter (its socket, its ZeroMQ threads) is not ours:
+    the child makes its own on first use. The parent's is left alone, never closed here."""
+    global _reporter, _reporter_pid, _reporter_lock
+    _reporter, _reporter_pid = None, None
+    _reporter_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def reset_reporter() -> None:

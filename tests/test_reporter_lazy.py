@@ -395,3 +395,30 @@ def test_a_cuda_loss_is_logged_without_waiting_and_arrives_with_its_value(collec
     assert s2.loss == pytest.approx(2 * expected, rel=1e-6) and s2.metrics == {"scale": 3.0}
     assert (events[4].accuracy, events[4].count) == (0.5, 7)
     assert [e.seq for e in events] == list(range(6))
+
+
+# -- one reporter per process ----------------------------------------------------------------
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_makes_its_own_reporter(monkeypatch):
+    from ddptui import reporter
+
+    monkeypatch.delenv("DDPTUI_ENDPOINT", raising=False)
+    reporter.reset_reporter()
+    try:
+        parent = reporter.get_reporter()
+        assert reporter.get_reporter() is parent
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report whether it got a reporter of its own, then leave
+            try:
+                os.write(write_fd, b"own" if reporter.get_reporter() is not parent else b"same")
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        os.waitpid(pid, 0)
+        answer = os.read(read_fd, 16)
+        os.close(read_fd)
+        assert answer == b"own"
+        assert reporter.get_reporter() is parent
+    finally:
+        reporter.reset_reporter()
