@@ -201,7 +201,7 @@ def bench_exit(endpoints: dict[str, str | None], runs: int, steps: int, work_s: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=30, help="loop blocks per setting")
+    parser.add_argument("--blocks", type=int, default=40, help="loop blocks per setting")
     parser.add_argument("--steps", type=int, default=50, help="training steps per block")
     parser.add_argument("--runs", type=int, default=5, help="child processes per setting")
     parser.add_argument("--child-steps", type=int, default=300, help="steps each child logs")

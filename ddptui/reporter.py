@@ -342,11 +342,11 @@ class Reporter:
             samples_per_s = samples / step_time
         self._epoch_samples += samples
         self._epoch_open = self._epoch is not None
+        if now < self._full_until and self._drop(now):  # known full: not even made or read
+            return
         device: list[tuple[Any, Any]] = []  # CUDA values, read later
         loss = _number("loss", values.pop("loss", None), device)
         metrics = _metrics(values, device) if values else {}
-        if now < self._full_until and self._drop(now):  # known full: not even made
-            return
         self._send(
             protocol.Step,
             urgent=False,
