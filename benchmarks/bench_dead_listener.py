@@ -165,6 +165,9 @@ print(time.monotonic(), flush=True)
 def run_child(endpoint: str | None, steps: int, work_s: float) -> tuple[float, float]:
     """(start-to-exit seconds, loop-end-to-exit seconds) of one child process."""
     env = {k: v for k, v in os.environ.items() if k not in (ENDPOINT_ENV, RUN_ID_ENV)}
+    # The child imports the ddptui this process imported (not whatever its cwd holds).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(ddptui.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     if endpoint:
         env[ENDPOINT_ENV] = endpoint
         env[RUN_ID_ENV] = RUN_ID
@@ -175,6 +178,7 @@ def run_child(endpoint: str | None, steps: int, work_s: float) -> tuple[float, f
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=tempfile.gettempdir(),
     )
     t1 = time.monotonic()
     if proc.returncode != 0:
