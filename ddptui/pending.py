@@ -10,8 +10,8 @@ the caller's path waits for the device.
 :class:`PendingQueue` keeps such reads (or anything with ``query()`` and ``values()``) in
 call order and hands out the ready prefix: an item still waiting holds back the items queued
 after it, so whoever consumes the queue sees them in the order they were pushed. The
-reporter uses it for the values of ``ddptui.log``; any other code that times or measures on
-the GPU (CUDA timings of hooks) can use the same two classes.
+reporter uses it for the values of ``ddptui.log``; code that times phases on the GPU
+(zero-code hooks) pushes a :class:`DeviceTiming` on the same kind of queue.
 
 This module never imports torch: only a caller that already holds a tensor gets to the
 torch code, which finds torch in ``sys.modules``. ``import ddptui`` stays free of torch.
@@ -107,6 +107,43 @@ class DeviceRead:
 
     def keys(self) -> list[Hashable]:
         return list(self._keys)
+
+
+class DeviceTiming:
+    """GPU time between :meth:`start` and :meth:`stop` on a CUDA stream, in seconds, read
+    once the stop event has completed (``value`` is ``(key, seconds)``). For hooks that time
+    forward/backward/optimizer phases without synchronising: push it on a PendingQueue.
+    """
+
+    __slots__ = ("_key", "_start", "_stop")
+
+    def __init__(self, key: Hashable) -> None:
+        self._key = key
+        self._start: Any = None
+        self._stop: Any = None
+
+    def start(self, stream: Any = None) -> DeviceTiming:
+        """Record the start on ``stream`` (default: the current stream)."""
+        torch = sys.modules["torch"]
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._start.record(stream)
+        return self
+
+    def stop(self, stream: Any = None) -> DeviceTiming:
+        """Record the stop on ``stream`` (default: the current stream)."""
+        torch = sys.modules["torch"]
+        self._stop = torch.cuda.Event(enable_timing=True)
+        self._stop.record(stream)
+        return self
+
+    def query(self) -> bool:
+        return self._stop is not None and self._stop.query()
+
+    def values(self) -> list[tuple[Hashable, Any]]:
+        return [(self._key, self._start.elapsed_time(self._stop) / 1000.0)]
+
+    def keys(self) -> list[Hashable]:
+        return [self._key]
 
 
 class PendingQueue(Generic[T]):

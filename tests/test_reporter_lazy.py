@@ -7,11 +7,14 @@ the test says so; the real one runs under the ``gpu`` marker.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import types
 import warnings
 
 import pytest
@@ -119,6 +122,123 @@ def test_drain_waits_for_reads_and_gives_up_at_its_deadline():
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError):
         pending.PendingQueue(capacity=0)
+
+
+# -- DeviceRead and DeviceTiming against a fake torch (the CUDA code without CUDA) ----------
+@dataclasses.dataclass(frozen=True)
+class FakeDevice:
+    type: str
+    index: int | None = None
+
+
+class FakeTorchTensor:
+    def __init__(self, value, device=FakeDevice("cuda", 0), shape=(), dtype="float32"):
+        self.value, self.device, self.shape, self.dtype = value, device, shape, dtype
+        self.detached = False
+        self.pinned = False
+        self.copied_from = None
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def detach(self):
+        out = FakeTorchTensor(self.value, self.device, self.shape, self.dtype)
+        out.detached = True
+        return out
+
+    def reshape(self, shape):
+        out = FakeTorchTensor(self.value, self.device, shape, self.dtype)
+        out.detached = self.detached
+        return out
+
+    def copy_(self, src, non_blocking=False):
+        assert non_blocking and self.pinned and src.detached and src.shape == ()
+        self.copied_from, self.value = src, src.value
+        return self
+
+    def item(self):
+        return self.value
+
+
+class FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.enable_timing = enable_timing
+        self.stream = "not recorded"
+        self.done = False
+        self.at = 0.0
+
+    def record(self, stream=None):
+        self.stream = stream
+
+    def query(self):
+        return self.done
+
+    def elapsed_time(self, end):  # milliseconds, as torch.cuda.Event.elapsed_time
+        return end.at - self.at
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    events: list[FakeEvent] = []
+
+    def make_event(enable_timing=False):
+        events.append(FakeEvent(enable_timing))
+        return events[-1]
+
+    def empty(shape, dtype=None, pin_memory=False):
+        host = FakeTorchTensor(None, FakeDevice("cpu"), shape, dtype)
+        host.pinned = pin_memory
+        return host
+
+    fake = types.SimpleNamespace(
+        Tensor=FakeTorchTensor,
+        empty=empty,
+        cuda=types.SimpleNamespace(
+            Event=make_event, current_stream=lambda device: ("stream of", device)
+        ),
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return events
+
+
+def test_device_read_copies_into_pinned_memory_behind_one_event_per_device(fake_torch):
+    loss = FakeTorchTensor(0.5)
+    count = FakeTorchTensor(3, FakeDevice("cuda", 1), shape=(1,), dtype="int64")
+    acc = FakeTorchTensor(0.75)
+    assert pending.on_device(loss) and not pending.on_device(
+        FakeTorchTensor(1.0, FakeDevice("cpu"))
+    )
+    read = pending.DeviceRead([("loss", loss), (("metric", "n"), count), ("accuracy", acc)])
+    # One event per device, recorded on that device's current stream after its copies.
+    assert [e.stream for e in fake_torch] == [
+        ("stream of", FakeDevice("cuda", 0)),
+        ("stream of", FakeDevice("cuda", 1)),
+    ]
+    assert not read.query()
+    fake_torch[0].done = True
+    assert not read.query()  # the copy on cuda:1 has not landed yet
+    fake_torch[1].done = True
+    assert read.query()
+    assert read.values() == [("loss", 0.5), (("metric", "n"), 3), ("accuracy", 0.75)]
+    assert read.keys() == ["loss", ("metric", "n"), "accuracy"]
+
+
+def test_device_read_refuses_a_tensor_of_many_values(fake_torch):
+    with pytest.raises(ValueError, match=r"loss must be .* shape \(2,\)"):
+        pending.DeviceRead([("loss", FakeTorchTensor(0.5, shape=(2,)))])
+
+
+def test_device_timing_reads_the_elapsed_time_once_its_stop_has_completed(fake_torch):
+    q = pending.PendingQueue()
+    timing = pending.DeviceTiming("backward_s").start()
+    assert not timing.query()  # not stopped yet
+    q.push("phase", timing.stop(stream="s1"))
+    start, stop = fake_torch
+    assert start.enable_timing and stop.enable_timing and stop.stream == "s1"
+    stop.at = 12.5
+    assert q.pop_ready() == []
+    stop.done = True
+    assert q.pop_ready() == [("phase", [("backward_s", 0.0125)])]
 
 
 # -- the reporter with fake CUDA values ------------------------------------------------------
@@ -422,3 +542,18 @@ def test_a_forked_child_makes_its_own_reporter(monkeypatch):
         assert reporter.get_reporter() is parent
     finally:
         reporter.reset_reporter()
+
+
+@pytest.mark.gpu
+def test_device_timing_on_a_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.randn(2048, 2048, device="cuda")
+    q = pending.PendingQueue()
+    timing = pending.DeviceTiming("matmul_s").start()
+    x @ x
+    q.push("phase", timing.stop())
+    ((item, values),) = q.drain(timeout=10)
+    assert item == "phase" and values[0][0] == "matmul_s"
+    assert 0 < values[0][1] < 10 and q.failed == 0
