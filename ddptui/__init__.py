@@ -5,33 +5,52 @@ no torch, no CUDA initialisation. Both calls are no-ops unless the script runs u
 (which sets ``DDPTUI_ENDPOINT``), so the same script runs unchanged under plain torchrun::
 
     import ddptui
-    ddptui.log(loss=loss.item(), samples=len(batch))     # one training step on this rank
+    ddptui.log(epoch=epoch, loss=loss, samples=len(x))   # one training step on this rank
     ddptui.log_eval(accuracy=acc, loss=val_loss)         # an all-reduced evaluation
 
 Rank, step number, timing and throughput are derived; ``epoch=`` is optional; any extra
 keyword metrics are carried along in the event's ``metrics``.
+
+Values may be numbers, numpy scalars or one-element torch tensors: pass ``loss`` as it is,
+without ``.item()``. A CUDA tensor is read lazily: the call queues a copy to pinned host
+memory and a CUDA event and returns at once, and the value is sent when the copy has
+landed, so logging never waits for the GPU (``.item()`` would, every step). Step numbers
+and step times are taken at the call; only the value arrives later. ``samples`` is a host
+number (``len(x)``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["log", "log_eval", "started", "finished"]
 __version__ = "0.1.0"
 
+_get_reporter: Callable[[], Any] | None = None  # ddptui.reporter.get_reporter, once imported
+
+
+def _reporter() -> Any:
+    """This process's reporter (importing the reporter module on first use only)."""
+    global _get_reporter
+    if _get_reporter is None:
+        from ddptui.reporter import get_reporter
+
+        _get_reporter = get_reporter
+    return _get_reporter()
+
 
 def log(**metrics: Any) -> None:
-    """Report one training step on this rank (``loss``, ``samples``, ``epoch``, extras)."""
-    from ddptui.reporter import get_reporter  # cached after the first call
+    """Report one training step on this rank (``loss``, ``samples``, ``epoch``, extras).
 
-    get_reporter().log(**metrics)
+    ``loss`` and extras may be tensors; CUDA ones are read without waiting for the GPU."""
+    (_get_reporter or _reporter)().log(**metrics)
 
 
 def log_eval(**metrics: Any) -> None:
-    """Report an all-reduced evaluation (``accuracy``, ``loss``, ``count``, ``epoch``)."""
-    from ddptui.reporter import get_reporter
-
-    get_reporter().log_eval(**metrics)
+    """Report an all-reduced evaluation (``accuracy``, ``loss``, ``count``, ``epoch``);
+    values may be tensors, as for :func:`log`."""
+    _reporter().log_eval(**metrics)
 
 
 def started(
@@ -42,15 +61,11 @@ def started(
 ) -> None:
     """Announce this rank with its device, planned epochs and steps per epoch, for progress
     and ETA (optional: the first ``log`` announces the rank too, without them)."""
-    from ddptui.reporter import get_reporter
-
-    get_reporter().started(
+    _reporter().started(
         device=device, device_uuid=device_uuid, epochs=epochs, steps_per_epoch=steps_per_epoch
     )
 
 
 def finished(error: str | None = None) -> None:
     """Announce that this rank finished, or failed with ``error`` (optional: done at exit)."""
-    from ddptui.reporter import get_reporter
-
-    get_reporter().finished(error=error)
+    _reporter().finished(error=error)

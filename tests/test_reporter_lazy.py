@@ -1,0 +1,559 @@
+"""Values logged as tensors: CPU ones read at once, CUDA ones read lazily (never waiting for
+the device), in the reporter's pending queue; and a dead listener that costs nothing.
+
+The CUDA path is covered without CUDA by a fake device value whose "event" completes when
+the test says so; the real one runs under the ``gpu`` marker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import warnings
+
+import pytest
+import zmq
+
+from ddptui import pending, protocol
+from ddptui.collector import Collector
+from ddptui.reporter import HOLD_EVENTS, Reporter
+from ddptui.state import RunState
+
+
+def drain(collector, want, timeout=10.0):
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got += collector.poll(0.05)
+    return got
+
+
+@pytest.fixture
+def collector():
+    c = Collector("run-1")
+    yield c
+    c.close()
+
+
+# -- the pending queue, with fake reads ------------------------------------------------------
+class FakeRead:
+    """A read in flight: ``query()`` is False until ``done`` is set (or after ``polls``)."""
+
+    def __init__(self, values, polls=None, error=None):
+        self._values = list(values.items())
+        self.done = False
+        self._polls = polls
+        self._error = error
+        self.queries = 0
+
+    def query(self):
+        self.queries += 1
+        if self._error is not None:
+            raise self._error
+        if self._polls is not None and self.queries >= self._polls:
+            self.done = True
+        return self.done
+
+    def values(self):
+        return list(self._values)
+
+    def keys(self):
+        return [k for k, _ in self._values]
+
+
+def test_items_without_reads_leave_at_once_in_order():
+    q = pending.PendingQueue()
+    q.push("a")
+    q.push("b")
+    assert q.pop_ready() == [("a", None), ("b", None)]
+    assert not q
+
+
+def test_a_read_in_flight_holds_back_later_items_until_its_event_completes():
+    q = pending.PendingQueue()
+    read = FakeRead({"loss": 0.25})
+    q.push("step-1", read)
+    q.push("step-2")
+    q.push("eval", FakeRead({"accuracy": 0.5}, polls=1))  # already complete when asked
+    assert q.pop_ready() == []  # nothing overtakes step-1
+    assert len(q) == 3
+    read.done = True
+    assert q.pop_ready() == [
+        ("step-1", [("loss", 0.25)]),
+        ("step-2", None),
+        ("eval", [("accuracy", 0.5)]),
+    ]
+    assert (q.dropped, q.failed) == (0, 0)
+
+
+def test_a_full_queue_drops_the_oldest_and_counts_it():
+    q = pending.PendingQueue(capacity=2)
+    reads = [FakeRead({"loss": float(i)}) for i in range(4)]
+    assert [q.push(i, r) for i, r in enumerate(reads)] == [0, 0, 1, 1]
+    assert q.dropped == 2 and len(q) == 2
+    for r in reads:
+        r.done = True
+    assert q.pop_ready() == [(2, [("loss", 2.0)]), (3, [("loss", 3.0)])]
+
+
+def test_a_read_that_fails_loses_its_values_not_its_place():
+    q = pending.PendingQueue()
+    q.push("broken", FakeRead({"loss": 1.0}, error=RuntimeError("CUDA error")))
+    q.push("next")
+    assert q.pop_ready() == [("broken", [("loss", None)]), ("next", None)]
+    assert q.failed == 1
+
+
+def test_drain_waits_for_reads_and_gives_up_at_its_deadline():
+    q = pending.PendingQueue()
+    q.push("soon", FakeRead({"loss": 1.5}, polls=3))
+    q.push("never", FakeRead({"loss": 2.5}))
+    out = q.drain(timeout=0.05, poll=0.001)
+    assert out == [("soon", [("loss", 1.5)]), ("never", [("loss", None)])]
+    assert (len(q), q.failed) == (0, 1)
+
+
+def test_capacity_must_be_positive():
+    with pytest.raises(ValueError):
+        pending.PendingQueue(capacity=0)
+
+
+# -- DeviceRead and DeviceTiming against a fake torch (the CUDA code without CUDA) ----------
+@dataclasses.dataclass(frozen=True)
+class FakeDevice:
+    type: str
+    index: int | None = None
+
+
+class FakeTorchTensor:
+    def __init__(self, value, device=FakeDevice("cuda", 0), shape=(), dtype="float32"):
+        self.value, self.device, self.shape, self.dtype = value, device, shape, dtype
+        self.detached = False
+        self.pinned = False
+        self.copied_from = None
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def detach(self):
+        out = FakeTorchTensor(self.value, self.device, self.shape, self.dtype)
+        out.detached = True
+        return out
+
+    def reshape(self, shape):
+        out = FakeTorchTensor(self.value, self.device, shape, self.dtype)
+        out.detached = self.detached
+        return out
+
+    def copy_(self, src, non_blocking=False):
+        assert non_blocking and self.pinned and src.detached and src.shape == ()
+        self.copied_from, self.value = src, src.value
+        return self
+
+    def item(self):
+        return self.value
+
+
+class FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.enable_timing = enable_timing
+        self.stream = "not recorded"
+        self.done = False
+        self.at = 0.0
+
+    def record(self, stream=None):
+        self.stream = stream
+
+    def query(self):
+        return self.done
+
+    def elapsed_time(self, end):  # milliseconds, as torch.cuda.Event.elapsed_time
+        return end.at - self.at
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    events: list[FakeEvent] = []
+
+    def make_event(enable_timing=False):
+        events.append(FakeEvent(enable_timing))
+        return events[-1]
+
+    def empty(shape, dtype=None, pin_memory=False):
+        host = FakeTorchTensor(None, FakeDevice("cpu"), shape, dtype)
+        host.pinned = pin_memory
+        return host
+
+    fake = types.SimpleNamespace(
+        Tensor=FakeTorchTensor,
+        empty=empty,
+        cuda=types.SimpleNamespace(
+            Event=make_event, current_stream=lambda device: ("stream of", device)
+        ),
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return events
+
+
+def test_device_read_copies_into_pinned_memory_behind_one_event_per_device(fake_torch):
+    loss = FakeTorchTensor(0.5)
+    count = FakeTorchTensor(3, FakeDevice("cuda", 1), shape=(1,), dtype="int64")
+    acc = FakeTorchTensor(0.75)
+    assert pending.on_device(loss) and not pending.on_device(
+        FakeTorchTensor(1.0, FakeDevice("cpu"))
+    )
+    read = pending.DeviceRead([("loss", loss), (("metric", "n"), count), ("accuracy", acc)])
+    # One event per device, recorded on that device's current stream after its copies.
+    assert [e.stream for e in fake_torch] == [
+        ("stream of", FakeDevice("cuda", 0)),
+        ("stream of", FakeDevice("cuda", 1)),
+    ]
+    assert not read.query()
+    fake_torch[0].done = True
+    assert not read.query()  # the copy on cuda:1 has not landed yet
+    fake_torch[1].done = True
+    assert read.query()
+    assert read.values() == [("loss", 0.5), (("metric", "n"), 3), ("accuracy", 0.75)]
+    assert read.keys() == ["loss", ("metric", "n"), "accuracy"]
+
+
+def test_device_read_refuses_a_tensor_of_many_values(fake_torch):
+    with pytest.raises(ValueError, match=r"loss must be .* shape \(2,\)"):
+        pending.DeviceRead([("loss", FakeTorchTensor(0.5, shape=(2,)))])
+
+
+def test_device_timing_reads_the_elapsed_time_once_its_stop_has_completed(fake_torch):
+    q = pending.PendingQueue()
+    timing = pending.DeviceTiming("backward_s").start()
+    assert not timing.query()  # not stopped yet
+    q.push("phase", timing.stop(stream="s1"))
+    start, stop = fake_torch
+    assert start.enable_timing and stop.enable_timing and stop.stream == "s1"
+    stop.at = 12.5
+    assert q.pop_ready() == []
+    stop.done = True
+    assert q.pop_ready() == [("phase", [("backward_s", 0.0125)])]
+
+
+# -- the reporter with fake CUDA values ------------------------------------------------------
+class FakeCuda:
+    """Stands in for a one-element CUDA tensor."""
+
+    class device:  # noqa: N801 - mimics torch.device
+        type = "cuda"
+
+    shape = ()
+
+    def __init__(self, value):
+        self.value = value
+
+    def numel(self):
+        return 1
+
+    def __float__(self):  # reading it now would wait for the GPU: the reporter must not
+        raise AssertionError("a CUDA value was read on the step path")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Make the reporter treat FakeCuda as CUDA tensors; return the reads it starts."""
+    reads: list[FakeRead] = []
+
+    def device_read(tensors):
+        read = FakeRead({key: t.value for key, t in tensors})
+        reads.append(read)
+        return read
+
+    real = pending.torch_tensor
+    monkeypatch.setattr(pending, "torch_tensor", lambda v: isinstance(v, FakeCuda) or real(v))
+    monkeypatch.setattr(pending, "DeviceRead", device_read)
+    return reads
+
+
+def test_cuda_values_arrive_later_with_step_numbers_and_times_of_the_call(collector, fake_cuda):
+    rep = Reporter(collector.endpoint, "run-1", rank=2)
+    try:
+        rep.log(epoch=1, loss=FakeCuda(0.25), samples=8, lr=FakeCuda(0.1), tag="a")
+        time.sleep(0.02)
+        rep.log(epoch=1, loss=1.5, samples=8)  # plain, but after a waiting one: it waits
+        rep.log_eval(accuracy=FakeCuda(0.75), loss=FakeCuda(0.5), count=FakeCuda(10))
+        rep.flush()
+        early = drain(collector, 1, timeout=1.0)
+        assert [type(e).__name__ for e in early] == ["Status"]
+        assert collector.poll(0.2) == []  # nothing overtook the waiting step
+        assert len(fake_cuda) == 2
+        for read in fake_cuda:
+            read.done = True
+        rep.log(epoch=1, loss=0.5, samples=8)  # a later call sends what has arrived
+        rep.flush()
+        events = drain(collector, 5)
+    finally:
+        rep.close()
+    kinds = [type(e).__name__ for e in early + events]
+    assert kinds == ["Status", "Step", "Step", "EpochEnd", "Eval", "Step"]
+    assert [e.seq for e in early + events] == list(range(6))
+    s1, s2, _, evaluation, s3 = events
+    assert (s1.step, s2.step, s3.step) == (1, 2, 3)
+    assert (s1.loss, s1.metrics) == (0.25, {"lr": 0.1, "tag": "a"})
+    assert s2.loss == 1.5 and s2.step_time >= 0.02  # taken at the call, not at release
+    assert s2.samples_per_s == pytest.approx(8 / s2.step_time)
+    assert s1.t <= s2.t  # each event keeps the time of its call
+    assert (evaluation.accuracy, evaluation.loss, evaluation.count) == (0.75, 0.5, 10)
+    assert type(evaluation.count) is int
+
+
+def test_close_sends_values_that_never_arrived_as_missing(collector, fake_cuda, monkeypatch):
+    monkeypatch.setattr(pending, "DRAIN_TIMEOUT_S", 0.05)
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    rep.log(loss=FakeCuda(0.25), samples=4)
+    rep.log(loss=2.0, samples=4)
+    rep.finished()
+    rep.close()
+    events = drain(collector, 4)
+    assert [type(e).__name__ for e in events] == ["Status", "Step", "Step", "Status"]
+    assert [e.loss for e in events[1:3]] == [None, 2.0]
+    assert events[-1].state == "finished" and events[-1].seq == 3
+
+
+def test_close_waits_for_values_in_flight(collector, fake_cuda):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    rep.log(loss=FakeCuda(0.125), samples=4)
+    fake_cuda[0]._polls = fake_cuda[0].queries + 3  # completes a few polls later
+    rep.close()
+    events = drain(collector, 2)
+    assert [(type(e).__name__, getattr(e, "loss", None)) for e in events] == [
+        ("Status", None),
+        ("Step", 0.125),
+    ]
+
+
+def test_too_many_waiting_steps_drop_the_oldest_and_show_as_gaps(collector, fake_cuda):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    rep._pending = pending.PendingQueue(capacity=3)
+    try:
+        for i in range(5):
+            rep.log(loss=FakeCuda(float(i)), samples=1)
+        assert rep.dropped == 2
+        for read in fake_cuda:
+            read.done = True
+        rep.flush()
+        events = drain(collector, 4)
+    finally:
+        rep.close()
+    steps = [e for e in events if type(e).__name__ == "Step"]
+    assert [(e.step, e.loss) for e in steps] == [(3, 2.0), (4, 3.0), (5, 4.0)]
+    state = RunState("run-1", 1)
+    for e in events:
+        state.apply(e, now=0.0)
+    assert state.ranks[0].gaps == 2
+
+
+# -- CPU tensors and numpy scalars: read at once ---------------------------------------------
+def test_cpu_tensors_are_recorded_as_the_same_floats_with_the_same_step_counts(collector):
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    losses = [torch.tensor(0.1), torch.tensor(2.5, dtype=torch.bfloat16), torch.tensor([0.3])]
+    loss_with_grad = (torch.ones(3, requires_grad=True) * 0.7).sum()
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a loss that requires grad is read without a warning
+            for loss in [*losses, loss_with_grad]:
+                rep.log(epoch=1, loss=loss, samples=2, acc=torch.tensor(3), lr=np.float32(0.1))
+            rep.log(epoch=1, loss=np.float64(0.4), samples=2)
+            rep.log_eval(
+                accuracy=torch.tensor(0.75), loss=np.float32(0.2), count=torch.tensor(10), top5=0.9
+            )
+        rep.finished()
+        events = drain(collector, 9)
+    finally:
+        rep.close()
+    steps = [e for e in events if type(e).__name__ == "Step"]
+    expected = [float(t.detach()) for t in [*losses, loss_with_grad]] + [0.4]
+    assert [e.loss for e in steps] == expected
+    assert [e.step for e in steps] == [1, 2, 3, 4, 5]
+    assert steps[0].metrics == {"acc": 3, "lr": float(np.float32(0.1))}
+    assert type(steps[0].metrics["acc"]) is int
+    (end,) = [e for e in events if type(e).__name__ == "EpochEnd"]
+    assert end.samples == 10
+    (evaluation,) = [e for e in events if type(e).__name__ == "Eval"]
+    assert (evaluation.accuracy, evaluation.count, evaluation.metrics) == (0.75, 10, {"top5": 0.9})
+    assert evaluation.loss == float(np.float32(0.2))
+    assert [e.seq for e in events] == list(range(len(events)))
+
+
+def test_a_tensor_of_many_values_is_refused_with_a_clear_error(collector):
+    torch = pytest.importorskip("torch")
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        with pytest.raises(ValueError, match=r"loss must be a number or a one-element tensor"):
+            rep.log(loss=torch.ones(3), samples=1)
+        with pytest.raises(ValueError, match=r"grad_norm must be .* shape \(2, 2\)"):
+            rep.log(loss=1.0, grad_norm=torch.ones(2, 2))
+    finally:
+        rep.close()
+
+
+def test_plain_floats_never_import_torch_or_numpy():
+    with tempfile.TemporaryDirectory() as tmp:
+        code = (
+            "import sys, ddptui; ddptui.log(epoch=1, loss=1.0, samples=2, lr=0.1); "
+            "ddptui.log_eval(accuracy=0.5, count=3); ddptui.finished(); "
+            "print(sorted(m for m in ('torch', 'numpy', 'textual') if m in sys.modules))"
+        )
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            "DDPTUI_ENDPOINT": f"ipc://{tmp}/nobody.sock",  # the reporter is live: it sends
+            "DDPTUI_RUN_ID": "run-1",
+        }
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+        )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# -- a dead listener -------------------------------------------------------------------------
+def dead_endpoint() -> str:
+    with zmq.Context() as ctx, ctx.socket(zmq.PULL) as probe:
+        port = probe.bind_to_random_port("tcp://127.0.0.1")
+    return f"tcp://127.0.0.1:{port}"
+
+
+def test_nobody_listening_closes_without_linger_and_makes_few_events(monkeypatch):
+    made = []
+    real_send = Reporter._send
+
+    def counting_send(self, cls, *args, **kwargs):
+        made.append(cls)
+        return real_send(self, cls, *args, **kwargs)
+
+    monkeypatch.setattr(Reporter, "_send", counting_send)
+    rep = Reporter(dead_endpoint(), "run", rank=0)
+    real_socket = rep._socket
+    lingers = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real_socket, name)
+
+        def close(self, linger=None):
+            lingers.append(linger)
+            real_socket.close(linger=linger)
+
+    rep._socket = Spy()
+    n = 20_000
+    for _ in range(n):
+        rep.log(loss=1.0, samples=1)
+    rep.close()
+    assert lingers == [0]  # nothing was queued to a peer that never came: nothing to wait for
+    assert (rep.sent, rep.dropped) == (0, n + 1)
+    # Once the hold is full, steps are dropped unmade (one a look, every 50 ms at most).
+    assert made.count(protocol.Step) < HOLD_EVENTS + 1_000
+
+
+def test_events_made_before_a_late_listener_are_held_and_delivered_in_order():
+    with tempfile.TemporaryDirectory() as tmp, zmq.Context() as ctx:
+        endpoint = f"ipc://{tmp}/late.sock"
+        rep = Reporter(endpoint, "run-1", rank=0)
+        try:
+            assert not rep._connected
+            rep.started(device="cpu", epochs=2)
+            rep.log(epoch=1, loss=1.0, samples=4)
+            rep.log_eval(accuracy=0.5)
+            with ctx.socket(zmq.PULL) as pull:
+                pull.bind(endpoint)
+                got: list = []
+                deadline = time.monotonic() + 20
+                while len(got) < 4 and time.monotonic() < deadline:
+                    rep.flush()  # ZeroMQ reconnects on its own; a later call sends the hold
+                    if pull.poll(50):
+                        got += protocol.decode_batch(pull.recv())
+        finally:
+            rep.close()
+    assert [type(e).__name__ for e in got] == ["Status", "Step", "EpochEnd", "Eval"]
+    assert [e.seq for e in got] == [0, 1, 2, 3]
+    assert rep.dropped == 0
+
+
+# -- on a GPU --------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_a_cuda_loss_is_logged_without_waiting_and_arrives_with_its_value(collector):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device = torch.device("cuda", 0)
+    x = torch.randn(512, 512, device=device)
+    loss = (x @ x).square().mean()
+    expected = loss.item()
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep.log(epoch=1, loss=loss, samples=1)  # warm up (pinned allocation, event creation)
+        rep.flush()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time queued ahead of the copy
+        rep.log(epoch=1, loss=loss.detach() * 2, samples=1, scale=torch.tensor(3.0, device=device))
+        assert len(rep._pending) == 1  # the call returned while the GPU was still busy
+        rep.log_eval(
+            accuracy=torch.tensor(0.5, device=device), count=torch.tensor(7, device=device)
+        )
+        rep.finished()
+    finally:
+        rep.close()  # waits for the device
+    events = drain(collector, 6)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["Status", "Step", "Step", "EpochEnd", "Eval", "Status"]
+    s1, s2 = events[1], events[2]
+    assert s1.loss == pytest.approx(expected, rel=1e-6)
+    assert s2.loss == pytest.approx(2 * expected, rel=1e-6) and s2.metrics == {"scale": 3.0}
+    assert (events[4].accuracy, events[4].count) == (0.5, 7)
+    assert [e.seq for e in events] == list(range(6))
+
+
+# -- one reporter per process ----------------------------------------------------------------
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_makes_its_own_reporter(monkeypatch):
+    from ddptui import reporter
+
+    monkeypatch.delenv("DDPTUI_ENDPOINT", raising=False)
+    reporter.reset_reporter()
+    try:
+        parent = reporter.get_reporter()
+        assert reporter.get_reporter() is parent
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report whether it got a reporter of its own, then leave
+            try:
+                os.write(write_fd, b"own" if reporter.get_reporter() is not parent else b"same")
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        os.waitpid(pid, 0)
+        answer = os.read(read_fd, 16)
+        os.close(read_fd)
+        assert answer == b"own"
+        assert reporter.get_reporter() is parent
+    finally:
+        reporter.reset_reporter()
+
+
+@pytest.mark.gpu
+def test_device_timing_on_a_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.randn(2048, 2048, device="cuda")
+    q = pending.PendingQueue()
+    timing = pending.DeviceTiming("matmul_s").start()
+    x @ x
+    q.push("phase", timing.stop())
+    ((item, values),) = q.drain(timeout=10)
+    assert item == "phase" and values[0][0] == "matmul_s"
+    assert 0 < values[0][1] < 10 and q.failed == 0
