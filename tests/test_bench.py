@@ -443,7 +443,10 @@ def test_bench_on_cpu_measures_four_configurations_and_skips_the_rest(
         assert float(row["peak_rss_mib_max"]) > 10
         run_dir = Path(row["run_dirs"])
         assert (run_dir / "summary.json").is_file()
-    assert "| x1 spawn gloo amp off" in (tmp_path / "b" / "bench.md").read_text()
+    table = (tmp_path / "b" / "bench.md").read_text()
+    for label in ("x1 spawn gloo amp off", "x2 spawn gloo amp bf16"):
+        assert f"| {label} |" in table or f"| **{label}** \\* |" in table  # bold: the fastest
+    assert table.count("\\* |") == 1
     for run_dir in (tmp_path / "b").iterdir():
         if run_dir.is_dir():
             assert not processes_of_run(f"b-{run_dir.name}")
