@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ddptui.constants import ENDPOINT_ENV, LAUNCHERS, RUN_ID_ENV, THREADS_ENV
+from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV, THREADS_ENV
 from ddptui.net import free_port
 from tests.helpers import processes_of_run
 from tests.trainer_data import (
