@@ -130,7 +130,7 @@ TRAINER_DATA = {
     # Each launcher and each dataset once: a spawn rank's workers cost ~4 CPU-seconds each to
     # start (torch + torchvision), so the full product took 2.5 minutes of a 2-core machine.
     # That every dataset class pickles by name is checked without processes in
-    # test_trainers_units.py.
+    # test_trainers_run.py (test_cifar10_datasets_pickle_for_dataloader_workers).
     [("imagefolder", "spawn"), ("cifar10", "torchrun")],
 )
 def test_dataloader_workers_under_both_launchers(trainer, launcher, tmp_path):
