@@ -70,8 +70,15 @@ _STEP_FIELDS = ("epoch", "loss", "samples", "step", "step_time", "samples_per_s"
 _EVAL_FIELDS = ("epoch", "accuracy", "loss", "count")
 
 
+def env_int(name: str, default: int | None = None) -> int | None:
+    """A non-negative whole number from the environment, or ``default`` when it is unset or
+    not one: a garbled variable must never crash the training script through telemetry."""
+    text = (os.environ.get(name) or "").strip()
+    return int(text) if text.isdigit() and len(text) < 10 else default
+
+
 def _rank_from_env() -> int:
-    return int(os.environ.get("RANK", "0") or 0)
+    return env_int("RANK", 0) or 0
 
 
 class Reporter:
@@ -119,7 +126,18 @@ class Reporter:
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-            sock.connect(endpoint)
+            try:
+                sock.connect(endpoint)
+            except zmq.ZMQError as exc:
+                # A bad DDPTUI_ENDPOINT disables telemetry; training goes on.
+                print(
+                    f"ddptui: telemetry off: cannot use DDPTUI_ENDPOINT {endpoint[:200]!r} ({exc})",
+                    file=sys.stderr,
+                )
+                sock.close(linger=0)
+                self._context.term()
+                self._context = None
+                return
             self._socket = sock
             # With IMMEDIATE, POLLOUT means a connection has completed: wait for it once, so
             # the first status goes out at once (a live listener answers within a millisecond).
@@ -266,8 +284,8 @@ class Reporter:
             state="started",
             pid=os.getpid(),
             host=socket.gethostname(),
-            local_rank=int(os.environ.get("LOCAL_RANK", self.rank)),
-            world_size=int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None,
+            local_rank=env_int("LOCAL_RANK", self.rank),
+            world_size=env_int("WORLD_SIZE"),
             **self._announced,
         )
 
