@@ -85,6 +85,10 @@ def test_ddptui_signalled_while_ranks_start_leaves_no_process(tmp_path, launcher
         proc.wait(timeout=30)
         gone = wait_until(lambda: processes_of_run(run_id) == [], GONE_WITHIN_S, interval=0.1)
         assert gone, [" ".join(p.cmdline()) for p in processes_of_run(run_id)]
+        if sig != signal.SIGKILL:  # ddptui's own teardown: exit 128+N, the run recorded
+            assert proc.returncode == 128 + sig
+            summary = json.loads((run_dir / "summary.json").read_text())
+            assert summary["outcome"] == "interrupted" and summary["exit_code"] == 128 + sig
     finally:
         if proc.poll() is None:
             proc.kill()
