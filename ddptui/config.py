@@ -734,7 +734,7 @@ def _check_run_dir(text: Any, run_id: str) -> str:
             raise ConfigError("run_dir", f"run directory is a file: {resolved}")
         if not _can_create(resolved):
             raise ConfigError("run_dir", f"cannot create or write the run directory: {resolved}")
-        if (resolved / "events.jsonl").exists():
+        if RunDir(resolved).holds_run():
             raise ConfigError(
                 "run_dir",
                 f"run directory already holds a run: {resolved} "

@@ -53,10 +53,6 @@ class LaunchResult:
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.stopped and self.failure is None
 
-    @property
-    def outcome(self) -> str:
-        return "stopped" if self.stopped else ("finished" if self.ok else "failed")
-
 
 @dataclass(frozen=True)
 class ProcessIdentity:

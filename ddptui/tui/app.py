@@ -213,7 +213,7 @@ class DdpTuiApp(App[int]):
     def exit_code(self) -> int:
         """1 when a launched run failed, else 0."""
         failed = any(
-            s.result is not None and s.result.outcome == "failed" or s.error
+            s.state.outcome == "failed" or s.error
             for s in self.live_sources
         )
         return 1 if failed else 0
