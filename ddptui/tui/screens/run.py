@@ -167,7 +167,7 @@ class RunScreen(Screen):
             frame = run_frame(source.state, source.now())
         self.frame = frame
         self._header.show(frame, source.config, self.note())
-        self._table.show(frame.rows)
+        self._table.show(frame)
         self._health.show(frame.problems)
         self._failure.show(frame.failure, frame.rows)
         self.app.feed.set_ranks(frame.rank_devices)
