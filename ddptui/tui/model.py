@@ -255,9 +255,8 @@ class NodeSummary:
 
     @property
     def label(self) -> str:
-        if isinstance(self.node, int):
-            return f"node {self.node}"
-        return "node ?" if self.node is None else "node"
+        # Grouped by host when the ranks did not say their node rank: the rank is unknown.
+        return f"node {self.node}" if isinstance(self.node, int) else "node ?"
 
     def loss_range(self) -> str:
         if self.min_loss is None or self.max_loss is None:

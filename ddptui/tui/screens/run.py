@@ -9,6 +9,8 @@ trigger a redraw, so 16 ranks at 50 steps/s cost about what 2 ranks at 1 step/s 
 
 from __future__ import annotations
 
+import socket
+import time
 from dataclasses import dataclass
 
 from textual import work
@@ -22,6 +24,7 @@ from textual.worker import get_current_worker
 
 from ddptui.launch import LaunchResult
 from ddptui.tui.model import RunFrame, chart_data, run_frame
+from ddptui.tui.node_system import NodeSystemLine, local_node, node_system_lines
 from ddptui.tui.sources import LiveSource, RunSource
 from ddptui.tui.widgets.charts import AccuracyChart, LossChart, ThroughputChart
 from ddptui.tui.widgets.failure import FailurePanel
@@ -169,7 +172,7 @@ class RunScreen(Screen):
         self._header.show(frame, source.config, self.note())
         self._table.show(frame)
         self._health.show(frame.problems)
-        self._failure.show(frame.failure, frame.rows)
+        self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes))
         self.app.feed.set_ranks(frame.rank_devices)
         self._logs.set_ranks(r.rank for r in frame.rows)
         if self.on_frame_drawn is not None:
@@ -215,9 +218,24 @@ class RunScreen(Screen):
             return
         feed = self.app.feed
         feed.tick()
-        self._system.show(feed)
+        self._system.show(feed, self.node_lines())
         if self._logs.display:
             self._logs.poll()
+
+    def node_lines(self) -> tuple[NodeSystemLine, ...]:
+        """Each node's latest system sample (multi-node runs only): the other nodes' from
+        the run state, this machine's from the system feed (live runs only)."""
+        frame = self.frame
+        if frame is None or not frame.nodes:
+            return ()
+        with self.source.locked():
+            samples = dict(getattr(self.source.state, "node_samples", None) or {})
+        nodes = [(n.node, n.host) for n in frame.nodes]
+        here = local_node(nodes, socket.gethostname())
+        snapshot = self.app.feed.snapshot
+        if isinstance(self.source, LiveSource) and here is not None and snapshot is not None:
+            samples[here] = snapshot
+        return node_system_lines(nodes, samples, time.time())
 
     # -- actions ------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
