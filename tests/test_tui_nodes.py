@@ -188,6 +188,7 @@ async def test_table_scrolls_with_worst_rank_on_top_at_96_ranks():
         table.scroll_end(animate=False)
         await pilot.pause()
         assert table.scroll_y == table.max_scroll_y
+        assert table.render_line(0).text.split()[:2] == ["node", "rank"]  # header stays
         last = table.render_line(table.size.height - 1).text
         assert table.lines[-1].cells[2] in last.split()  # the last rank is reachable
         failure = app.screen.query_one("#failure").render()

@@ -18,6 +18,8 @@ from ddptui.state import RankFailureInfo, RunState
 MAX_POINTS = 240
 #: Narrowest time bucket of the global throughput chart, in seconds.
 MIN_BUCKET_S = 0.25
+#: Most (time, samples/s) points summed for the global throughput chart, over all ranks.
+THROUGHPUT_POINTS = 32_000
 
 
 @dataclass(frozen=True)
@@ -439,6 +441,9 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
         values = [d[step] for d in losses if step in d]
         mean_x.append(float(step))
         mean_y.append(sum(values) / len(values))
+    # Throughput points per rank: two per bucket, fewer with many ranks (the sum's cost grows
+    # with ranks x points; a thinned rank's value is carried forward between its points).
+    per_rank = max(max_points // 4, min(2 * max_points, THROUGHPUT_POINTS // len(state.ranks)))
     evals = [p for p in state.eval_history if p.accuracy is not None]
     accuracy = (
         [float(p.epoch if p.epoch is not None else i + 1) for i, p in enumerate(evals)],
@@ -449,7 +454,7 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
         mean_loss=(mean_x, mean_y),
         accuracy=accuracy,
         throughput=global_throughput(
-            [thin(list(v.sps_series), 2 * max_points) for v in state.ranks.values()],
+            [thin(list(v.sps_series), per_rank) for v in state.ranks.values()],
             state.started_at,
             max_points,
         ),

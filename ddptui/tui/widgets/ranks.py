@@ -78,8 +78,10 @@ class RankTable(ScrollView, can_focus=True):
         self._columns: tuple[str, ...] = COLUMNS
         self._lines: list[tuple[tuple[str, ...], str, str]] = []
         self._widths: list[int] = [len(c) for c in COLUMNS]
-        self._strips: dict[int, Strip] = {}
-        self._header: Strip | None = None
+        #: Line index -> ((scroll x, width), the line as painted): repainted only on change.
+        self._strips: dict[int, tuple[tuple[int, int], Strip]] = {}
+        self._header: tuple[tuple[int, int], Strip] | None = None
+        self._base: Style | None = None
         #: rank -> the cells as shown (state column as labelled), for tests and tools.
         self.shown: dict[int, tuple[str, ...]] = {}
         #: The table's lines in the order shown (node summaries and ranks).
@@ -125,29 +127,36 @@ class RankTable(ScrollView, can_focus=True):
 
     # -- painting -------------------------------------------------------------------------------
     def render_line(self, y: int) -> Strip:
+        """The header stays on the first line; the lines below it scroll."""
         scroll_x, scroll_y = self.scroll_offset
-        index = y + scroll_y
         width = self.scrollable_content_region.width
-        if index == 0:
-            strip = self._header
-            if strip is None:
-                strip = self._header = self._render_header()
-        elif index - 1 < len(self._lines):
-            strip = self._strips.get(index - 1)
-            if strip is None:
-                strip = self._strips[index - 1] = self._render(self._lines[index - 1])
-        else:
-            return Strip.blank(width, self.rich_style)
-        return strip.crop_extend(scroll_x, scroll_x + width, self.rich_style)
+        key = (scroll_x, width)
+        if self._base is None:
+            self._base = self.rich_style
+        if y == 0:
+            if self._header is None or self._header[0] != key:
+                strip = self._render_header().crop_extend(scroll_x, scroll_x + width, self._base)
+                self._header = (key, strip)
+            return self._header[1]
+        index = y - 1 + scroll_y
+        if index >= len(self._lines):
+            return Strip.blank(width, self._base)
+        cached = self._strips.get(index)
+        if cached is None or cached[0] != key:
+            strip = self._render(self._lines[index]).crop_extend(
+                scroll_x, scroll_x + width, self._base
+            )
+            cached = self._strips[index] = (key, strip)
+        return cached[1]
 
     def _render_header(self) -> Strip:
-        base = self.rich_style
+        base = self._base or self.rich_style
         text = _line(self._columns, self._columns, self._widths)
         return Strip([Segment(text, base + Style.parse("bold"))])
 
     def _render(self, line: tuple[tuple[str, ...], str, str]) -> Strip:
         cells, line_style, state_style = line
-        base = self.rich_style
+        base = self._base or self.rich_style
         first = _line(self._columns[:-1], cells[:-1], self._widths[:-1]) + _GAP
         return Strip(
             [
@@ -163,6 +172,7 @@ class RankTable(ScrollView, can_focus=True):
         super().notify_style_update()
         self._strips.clear()
         self._header = None
+        self._base = None
 
 
 def _rows_frame(rows: tuple[RankRow, ...]) -> RunFrame:
