@@ -167,12 +167,19 @@ def test_local_node_is_node_zero_else_the_matching_host():
 
 
 # -- the real table at 64+ ranks -------------------------------------------------------------
-async def test_table_scrolls_with_worst_rank_on_top_at_96_ranks():
-    from ddptui.tui.widgets.ranks import RankTable
+def _open(source):
     from tests.tui_fixtures.fakes import primed_app
 
-    source = multi_node_source(12, 8, slow=(70,), failed=45)
     app = primed_app("replay", replay_source=source, snapshots=no_gpu_snapshots())
+    return app
+
+
+async def test_table_scrolls_with_worst_rank_on_top_at_96_ranks():
+    from ddptui.tui.widgets.ranks import HealthLine, RankTable
+
+    stragglers = (70, 71, 72, 73, 74, 75)
+    source = multi_node_source(12, 8, slow=stragglers, crashed=45)
+    app = _open(source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.app.workers.wait_for_complete()
         await pilot.pause()
@@ -185,11 +192,18 @@ async def test_table_scrolls_with_worst_rank_on_top_at_96_ranks():
         assert table.lines[0].kind == "node" and table.lines[0].cells[0] == "node 5"
         assert table.lines[1].key == 45
         assert "45" in table.render_line(2).text and "failed" in table.render_line(2).text
+        # Then the stragglers' node.
+        assert table.lines[9].cells[0] == "node 8" and table.lines[9].cells[-1] == "straggler"
         table.scroll_end(animate=False)
         await pilot.pause()
         assert table.scroll_y == table.max_scroll_y
         assert table.render_line(0).text.split()[:2] == ["node", "rank"]  # header stays
         last = table.render_line(table.size.height - 1).text
         assert table.lines[-1].cells[2] in last.split()  # the last rank is reachable
-        failure = app.screen.query_one("#failure").render()
-        assert "rank 45 on node 5 (node-5) was killed by signal SIGKILL" in str(failure)
+        failure = str(app.screen.query_one("#failure").render())
+        assert "rank 45 on node 5 (node-5) failed: RuntimeError: boom" in failure
+        assert "other ranks: 95 started" in failure
+        health = str(app.screen.query_one(HealthLine).render()).splitlines()
+        assert len(health) == 4 and "(+2 more ranks need attention" in health[-1]
+        # The system feed tracks only this machine's ranks (node 0), never another node's pids.
+        assert sorted(app.feed._ranks) == list(range(8))

@@ -88,6 +88,7 @@ class RunScreen(Screen):
         self._chart_tick = 0
         self._redraw_timers: list = []
         self._chart_data = None
+        self._hostname = socket.gethostname()
 
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -173,7 +174,7 @@ class RunScreen(Screen):
         self._table.show(frame)
         self._health.show(frame.problems)
         self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes))
-        self.app.feed.set_ranks(frame.rank_devices)
+        self.app.feed.set_ranks(self.local_rank_devices(frame))
         self._logs.set_ranks(r.rank for r in frame.rows)
         if self.on_frame_drawn is not None:
             self.call_after_refresh(self.on_frame_drawn, frame)
@@ -222,6 +223,19 @@ class RunScreen(Screen):
         if self._logs.display:
             self._logs.poll()
 
+    def local_rank_devices(self, frame: RunFrame) -> dict[int, tuple[int | None, str | None]]:
+        """The ranks whose processes run on this machine, for the system feed to track: in a
+        multi-node run only this node's (another node's pid means nothing here)."""
+        if not frame.nodes:
+            return frame.rank_devices
+        here = local_node([(n.node, n.host) for n in frame.nodes], self._hostname)
+        ranks = (
+            {r for n in frame.nodes if n.node == here for r in n.ranks}
+            if here is not None
+            else set()
+        )
+        return {r: d for r, d in frame.rank_devices.items() if r in ranks}
+
     def node_lines(self) -> tuple[NodeSystemLine, ...]:
         """Each node's latest system sample (multi-node runs only): the other nodes' from
         the run state, this machine's from the system feed (live runs only)."""
@@ -231,7 +245,7 @@ class RunScreen(Screen):
         with self.source.locked():
             samples = dict(getattr(self.source.state, "node_samples", None) or {})
         nodes = [(n.node, n.host) for n in frame.nodes]
-        here = local_node(nodes, socket.gethostname())
+        here = local_node(nodes, self._hostname)
         snapshot = self.app.feed.snapshot
         if isinstance(self.source, LiveSource) and here is not None and snapshot is not None:
             samples[here] = snapshot
