@@ -207,3 +207,12 @@ async def test_table_scrolls_with_worst_rank_on_top_at_96_ranks():
         assert len(health) == 4 and "(+2 more ranks need attention" in health[-1]
         # The system feed tracks only this machine's ranks (node 0), never another node's pids.
         assert sorted(app.feed._ranks) == list(range(8))
+
+
+def test_long_host_names_are_cut_so_the_state_stays_in_view():
+    state, now = multi_node_state(2, 1)
+    state.ranks[1].host = "gpu-node-017.cluster.example.com"
+    lines = table_lines(run_frame(state, now))
+    hosts = {line.cells[3] for line in lines}
+    assert "gpu-node-017.clus…" in hosts and all(len(h) <= 18 for h in hosts)
+    assert run_frame(state, now).nodes[1].host == "gpu-node-017.cluster.example.com"

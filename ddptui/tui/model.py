@@ -333,6 +333,22 @@ RANK_COLUMNS = (
 NODE_COLUMNS = ("node", *RANK_COLUMNS)
 
 
+#: Widest host name in the rank table (longer ones are cut, so the state column stays visible).
+HOST_WIDTH = 18
+
+
+def short(text: str, width: int) -> str:
+    """``text``, cut to ``width`` characters with an ellipsis when longer."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _cells(row: RankRow) -> tuple[str, ...]:
+    cells = row.cells()
+    if len(row.host) <= HOST_WIDTH:
+        return cells
+    return (*cells[:2], short(row.host, HOST_WIDTH), *cells[3:])
+
+
 def table_columns(frame: RunFrame) -> tuple[str, ...]:
     return NODE_COLUMNS if frame.nodes else RANK_COLUMNS
 
@@ -349,7 +365,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
     if not frame.nodes:
         if len(rows) > RANK_ORDER_MAX:
             rows = tuple(sorted(rows, key=worst_first_key))
-        return tuple(TableLine("rank", r.rank, r.cells(), severity(r), r) for r in rows)
+        return tuple(TableLine("rank", r.rank, _cells(r), severity(r), r) for r in rows)
     by_group: dict[int | str | None, list[RankRow]] = {}
     for row in rows:
         by_group.setdefault(row.group, []).append(row)
@@ -368,7 +384,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
                     node.label,
                     f"{len(node.ranks)} rank" + ("s" if len(node.ranks) != 1 else ""),
                     "",
-                    node.host,
+                    short(node.host, HOST_WIDTH),
                     "",
                     "",
                     node.loss_range(),
@@ -385,7 +401,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
             TableLine(
                 "rank",
                 r.rank,
-                ("" if r.node is None else str(r.node), *r.cells()),
+                ("" if r.node is None else str(r.node), *_cells(r)),
                 severity(r),
                 r,
             )
