@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -207,6 +208,8 @@ def child(args: argparse.Namespace) -> None:
             session.pump(0.1)
         session.stop()
         session.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(sent_dir, ignore_errors=True)
         out.write_text("{}")
         return
     paints: list[tuple[float, dict[int, int]]] = []
@@ -272,6 +275,7 @@ def child(args: argparse.Namespace) -> None:
 
         with open(out.with_suffix(".prof.txt"), "w") as f:
             pstats.Stats(profiler, stream=f).sort_stats(args.profile_sort).print_stats(40)
+    shutil.rmtree(run_dir, ignore_errors=True)  # 64k events: ~13 MB of events.jsonl
     out.write_text(
         json.dumps(
             {
@@ -380,6 +384,9 @@ def main() -> None:
     prof = out.with_suffix(".prof.txt")
     if prof.exists():
         print(prof.read_text()[:6000])
+        prof.unlink()
+    shutil.rmtree(data["sent_dir"], ignore_errors=True)
+    out.unlink()
 
 
 def _run(common: list[str], seconds: float) -> tuple[float, Path]:
