@@ -285,12 +285,15 @@ def delays(paints, arrivals, start: float, end: float) -> list[float]:
 
 
 # -- the parent: runs the children and measures them ---------------------------------------------
-def run_child(extra: list[str], seconds: float, pty_mode: bool) -> tuple[float, Path]:
-    """Start a child, return (CPU % of one core over the steady window, output path)."""
+def run_child(
+    extra: list[str], seconds: float, pty_mode: bool, script: str = __file__
+) -> tuple[float, Path]:
+    """Start a child (``script --child``), return (CPU % of one core over the steady window,
+    output path)."""
     import psutil
 
     out = Path(tempfile.mkstemp(prefix="bench-tui-", suffix=".json")[1])
-    cmd = [sys.executable, __file__, "--child", "--out", str(out), *extra]
+    cmd = [sys.executable, script, "--child", "--out", str(out), *extra]
     env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(SIZE[0]), LINES=str(SIZE[1]))
     if pty_mode:
         master, slave = pty.openpty()

@@ -66,6 +66,8 @@ class RankView:
     state: str = "pending"  # pending | started | finished | failed | stopped
     pid: int | None = None
     host: str | None = None
+    #: Node rank in a multi-node run (from the rank's ``started`` Status), None when unknown.
+    node: int | None = None
     local_rank: int | None = None
     device: str | None = None
     device_uuid: str | None = None
@@ -119,6 +121,10 @@ class RunState:
         self.events_applied = 0
         #: Events for ranks outside ``range(world_size)``: ignored, never given a row.
         self.events_ignored = 0
+        #: Node rank -> that node's latest system sample (a monitor SystemSnapshot or its
+        #: dict form), for nodes other than the dashboard's own; filled by whoever receives
+        #: the other nodes' samples (the multi-node engine), read by the system panel.
+        self.node_samples: dict[int, object] = {}
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
@@ -148,6 +154,10 @@ class RunState:
             value = getattr(ev, name)
             if value is not None:
                 setattr(view, name, value)
+        # ``node`` is newer than the Status event of older runs: read it only when present.
+        node = getattr(ev, "node", None)
+        if isinstance(node, int) and not isinstance(node, bool) and 0 <= node < 1_000_000:
+            view.node = node
         if ev.dropped is not None:
             view.reporter_dropped = ev.dropped
         if ev.epochs and not self.epochs:

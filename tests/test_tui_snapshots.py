@@ -98,3 +98,19 @@ def test_monitor_screen_fixed_scales_few_samples(snap_compare):
     busy one draws full bars at 100 % and near its power limit."""
     app = primed_app("monitor", snapshots=idle_and_busy_snapshots())
     assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
+
+
+def test_run_screen_two_nodes(snap_compare):
+    """Two nodes of two ranks: a summary line per node above its ranks (node 1 first: its
+    rank 3 straggles), the node column, and the system panel's per-node block (node 1 has
+    sent a sample, node 0 has not)."""
+    from ddptui.monitor.snapshot import to_dict
+    from tests.tui_fixtures.fakes import gpu_snapshots
+    from tests.tui_fixtures.nodes import multi_node_source
+
+    source = multi_node_source(2, 2, slow=(3,))
+    sample = to_dict(gpu_snapshots(1)[0])
+    sample["time"] = None  # no age: the snapshot must not depend on the wall clock
+    source.state.node_samples[1] = sample
+    app = primed_app("replay", replay_source=source, snapshots=no_gpu_snapshots())
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)

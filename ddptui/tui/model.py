@@ -18,6 +18,8 @@ from ddptui.state import RankFailureInfo, RunState
 MAX_POINTS = 240
 #: Narrowest time bucket of the global throughput chart, in seconds.
 MIN_BUCKET_S = 0.25
+#: Most (time, samples/s) points summed for the global throughput chart, over all ranks.
+THROUGHPUT_POINTS = 32_000
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,17 @@ class RankRow:
     state: str
     #: Why the rank needs attention (straggler, silent, failed), or None.
     problem: str | None
+    #: Node rank (multi-node runs), None when the rank did not say.
+    node: int | None = None
+    #: Raw numbers behind the formatted cells, for node summaries and ordering.
+    step_time_s: float | None = None
+    samples_per_s_value: float | None = None
+    loss_value: float | None = None
+
+    @property
+    def group(self) -> int | str | None:
+        """Which node the rank runs on: its node rank, else its host, else None (unknown)."""
+        return self.node if self.node is not None else (self.host if self.host != "--" else None)
 
     def cells(self) -> tuple[str, ...]:
         return (
@@ -68,6 +81,8 @@ class RunFrame:
     #: Rank -> (pid, device_uuid), for joining ranks to GPUs and tracking their processes.
     rank_devices: dict[int, tuple[int | None, str | None]]
     events_applied: int
+    #: One summary per node, in node order; empty for a single-node run.
+    nodes: tuple[NodeSummary, ...] = ()
 
 
 def config_label(config: dict[str, Any]) -> str:
@@ -148,6 +163,10 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         shown_state = view.state
         rows.append(
             RankRow(
+                node=view.node,
+                step_time_s=view.typical_step_time or view.step_time,
+                samples_per_s_value=view.samples_per_s if view.state == "started" else None,
+                loss_value=view.loss,
                 rank=rank,
                 pid=str(view.pid) if view.pid is not None else "--",
                 host=view.host or "--",
@@ -184,7 +203,211 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         failure=state.failure,
         rank_devices=devices,
         events_applied=state.events_applied,
+        nodes=node_summaries(rows),
     )
+
+
+# -- many ranks, many nodes --------------------------------------------------------------------
+#: A single-node run with at most this many ranks keeps its ranks in rank order; larger runs
+#: (and every multi-node run) show the worst ranks first.
+RANK_ORDER_MAX = 16
+
+#: How bad a rank's state is, worst first (lower is worse).
+SEVERITY = ("failed", "silent", "straggler", "stopped", "pending", "started", "finished")
+_SEVERITY_INDEX = {name: i for i, name in enumerate(SEVERITY)}
+
+
+def severity(row: RankRow) -> str:
+    """The row's state as it ranks for attention: ``failed``, ``silent``, ``straggler``,
+    or its plain state."""
+    if row.state == "failed":
+        return "failed"
+    if row.problem:
+        kind = row.problem.split(":", 1)[0]
+        if kind in _SEVERITY_INDEX:
+            return kind
+    return row.state
+
+
+def worst_first_key(row: RankRow) -> tuple[int, float, int]:
+    """Failed, then silent, then stragglers, then the rest; slowest first within each."""
+    return (
+        _SEVERITY_INDEX.get(severity(row), len(SEVERITY)),
+        -(row.step_time_s or 0.0),
+        row.rank,
+    )
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """One node's ranks, aggregated: the rank table's summary row for that node."""
+
+    #: The node's rank, or its host name when the ranks did not say, or None (unknown).
+    node: int | str | None
+    host: str
+    ranks: tuple[int, ...]
+    mean_step_time: float | None
+    samples_per_s: float
+    min_loss: float | None
+    max_loss: float | None
+    #: The worst state among its ranks (see :data:`SEVERITY`).
+    worst: str
+    #: How many of its ranks need attention (failed, silent, straggler).
+    problems: int
+
+    @property
+    def label(self) -> str:
+        # Grouped by host when the ranks did not say their node rank: the rank is unknown.
+        return f"node {self.node}" if isinstance(self.node, int) else "node ?"
+
+    def loss_range(self) -> str:
+        if self.min_loss is None or self.max_loss is None:
+            return "--"
+        if self.min_loss == self.max_loss:
+            return fmt_num(self.min_loss)
+        return f"{fmt_num(self.min_loss)}-{fmt_num(self.max_loss)}"
+
+
+def _group_order(group: int | str | None) -> tuple[int, int, str]:
+    if isinstance(group, int):
+        return (0, group, "")
+    return (1, 0, group) if group is not None else (2, 0, "")
+
+
+def node_summaries(rows: Sequence[RankRow]) -> tuple[NodeSummary, ...]:
+    """A summary per node, in node order, when the ranks run on more than one node (by node
+    rank, else by host); empty for a single-node run (or while no rank has said where)."""
+    groups: dict[int | str | None, list[RankRow]] = {}
+    for row in rows:
+        groups.setdefault(row.group, []).append(row)
+    if len(groups) < 2:
+        return ()
+    out = []
+    for group in sorted(groups, key=_group_order):
+        members = groups[group]
+        hosts = sorted({r.host for r in members if r.host != "--"})
+        times = [r.step_time_s for r in members if r.step_time_s is not None]
+        losses = [r.loss_value for r in members if r.loss_value is not None]
+        worst = min((severity(r) for r in members), key=lambda s: _SEVERITY_INDEX.get(s, 99))
+        out.append(
+            NodeSummary(
+                node=group,
+                host=",".join(hosts) if hosts else "--",
+                ranks=tuple(r.rank for r in members),
+                mean_step_time=sum(times) / len(times) if times else None,
+                samples_per_s=sum(r.samples_per_s_value or 0.0 for r in members),
+                min_loss=min(losses) if losses else None,
+                max_loss=max(losses) if losses else None,
+                worst=worst,
+                problems=sum(1 for r in members if severity(r) in SEVERITY[:3]),
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class TableLine:
+    """One line of the rank table: a node's summary (``kind`` "node") or a rank."""
+
+    kind: str
+    #: The rank (kind "rank") or the node's position in :attr:`RunFrame.nodes` (kind "node").
+    key: int
+    cells: tuple[str, ...]
+    #: ``severity`` of the rank, or the node's worst.
+    severity: str
+    row: RankRow | None = None
+
+
+RANK_COLUMNS = (
+    "rank",
+    "pid",
+    "host",
+    "device",
+    "epoch/step",
+    "loss",
+    "samples/s",
+    "step time",
+    "last seen",
+    "state",
+)
+NODE_COLUMNS = ("node", *RANK_COLUMNS)
+
+
+#: Widest host name in the rank table (longer ones are cut, so the state column stays visible).
+HOST_WIDTH = 18
+
+
+def short(text: str, width: int) -> str:
+    """``text``, cut to ``width`` characters with an ellipsis when longer."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _cells(row: RankRow) -> tuple[str, ...]:
+    cells = row.cells()
+    if len(row.host) <= HOST_WIDTH:
+        return cells
+    return (*cells[:2], short(row.host, HOST_WIDTH), *cells[3:])
+
+
+def table_columns(frame: RunFrame) -> tuple[str, ...]:
+    return NODE_COLUMNS if frame.nodes else RANK_COLUMNS
+
+
+def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
+    """The rank table's lines in the order shown.
+
+    A single-node run of up to :data:`RANK_ORDER_MAX` ranks: every rank in rank order (as it
+    always was). A larger single-node run: the worst ranks first. A multi-node run: grouped
+    by node, each node's summary line above its ranks (worst first); nodes with a failed,
+    silent or straggling rank come first, the rest in node order.
+    """
+    rows = frame.rows
+    if not frame.nodes:
+        if len(rows) > RANK_ORDER_MAX:
+            rows = tuple(sorted(rows, key=worst_first_key))
+        return tuple(TableLine("rank", r.rank, _cells(r), severity(r), r) for r in rows)
+    by_group: dict[int | str | None, list[RankRow]] = {}
+    for row in rows:
+        by_group.setdefault(row.group, []).append(row)
+    order = sorted(
+        range(len(frame.nodes)),
+        key=lambda i: (min(_SEVERITY_INDEX.get(frame.nodes[i].worst, 99), 3), i),
+    )
+    lines = []
+    for i in order:
+        node = frame.nodes[i]
+        lines.append(
+            TableLine(
+                "node",
+                i,
+                (
+                    node.label,
+                    f"{len(node.ranks)} rank" + ("s" if len(node.ranks) != 1 else ""),
+                    "",
+                    short(node.host, HOST_WIDTH),
+                    "",
+                    "",
+                    node.loss_range(),
+                    fmt_num(node.samples_per_s, ",.0f"),
+                    _ms(node.mean_step_time),
+                    "",
+                    node.worst,
+                ),
+                node.worst,
+            )
+        )
+        members = sorted(by_group.get(node.node, ()), key=worst_first_key)
+        lines.extend(
+            TableLine(
+                "rank",
+                r.rank,
+                ("" if r.node is None else str(r.node), *_cells(r)),
+                severity(r),
+                r,
+            )
+            for r in members
+        )
+    return tuple(lines)
 
 
 def _ms(seconds: float | None) -> str:
@@ -234,6 +457,9 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
         values = [d[step] for d in losses if step in d]
         mean_x.append(float(step))
         mean_y.append(sum(values) / len(values))
+    # Throughput points per rank: two per bucket, fewer with many ranks (the sum's cost grows
+    # with ranks x points; a thinned rank's value is carried forward between its points).
+    per_rank = max(max_points // 4, min(2 * max_points, THROUGHPUT_POINTS // len(state.ranks)))
     evals = [p for p in state.eval_history if p.accuracy is not None]
     accuracy = (
         [float(p.epoch if p.epoch is not None else i + 1) for i, p in enumerate(evals)],
@@ -244,7 +470,7 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
         mean_loss=(mean_x, mean_y),
         accuracy=accuracy,
         throughput=global_throughput(
-            [thin(list(v.sps_series), 2 * max_points) for v in state.ranks.values()],
+            [thin(list(v.sps_series), per_rank) for v in state.ranks.values()],
             state.started_at,
             max_points,
         ),

@@ -9,6 +9,8 @@ trigger a redraw, so 16 ranks at 50 steps/s cost about what 2 ranks at 1 step/s 
 
 from __future__ import annotations
 
+import socket
+import time
 from dataclasses import dataclass
 
 from textual import work
@@ -22,6 +24,7 @@ from textual.worker import get_current_worker
 
 from ddptui.launch import LaunchResult
 from ddptui.tui.model import RunFrame, chart_data, run_frame
+from ddptui.tui.node_system import NodeSystemLine, local_node, node_system_lines
 from ddptui.tui.sources import LiveSource, RunSource
 from ddptui.tui.widgets.charts import AccuracyChart, LossChart, ThroughputChart
 from ddptui.tui.widgets.failure import FailurePanel
@@ -85,6 +88,7 @@ class RunScreen(Screen):
         self._chart_tick = 0
         self._redraw_timers: list = []
         self._chart_data = None
+        self._hostname = socket.gethostname()
 
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -167,10 +171,10 @@ class RunScreen(Screen):
             frame = run_frame(source.state, source.now())
         self.frame = frame
         self._header.show(frame, source.config, self.note())
-        self._table.show(frame.rows)
+        self._table.show(frame)
         self._health.show(frame.problems)
-        self._failure.show(frame.failure, frame.rows)
-        self.app.feed.set_ranks(frame.rank_devices)
+        self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes))
+        self.app.feed.set_ranks(self.local_rank_devices(frame))
         self._logs.set_ranks(r.rank for r in frame.rows)
         if self.on_frame_drawn is not None:
             self.call_after_refresh(self.on_frame_drawn, frame)
@@ -215,9 +219,37 @@ class RunScreen(Screen):
             return
         feed = self.app.feed
         feed.tick()
-        self._system.show(feed)
+        self._system.show(feed, self.node_lines())
         if self._logs.display:
             self._logs.poll()
+
+    def local_rank_devices(self, frame: RunFrame) -> dict[int, tuple[int | None, str | None]]:
+        """The ranks whose processes run on this machine, for the system feed to track: in a
+        multi-node run only this node's (another node's pid means nothing here)."""
+        if not frame.nodes:
+            return frame.rank_devices
+        here = local_node([(n.node, n.host) for n in frame.nodes], self._hostname)
+        ranks = (
+            {r for n in frame.nodes if n.node == here for r in n.ranks}
+            if here is not None
+            else set()
+        )
+        return {r: d for r, d in frame.rank_devices.items() if r in ranks}
+
+    def node_lines(self) -> tuple[NodeSystemLine, ...]:
+        """Each node's latest system sample (multi-node runs only): the other nodes' from
+        the run state, this machine's from the system feed (live runs only)."""
+        frame = self.frame
+        if frame is None or not frame.nodes:
+            return ()
+        with self.source.locked():
+            samples = dict(getattr(self.source.state, "node_samples", None) or {})
+        nodes = [(n.node, n.host) for n in frame.nodes]
+        here = local_node(nodes, self._hostname)
+        snapshot = self.app.feed.snapshot
+        if isinstance(self.source, LiveSource) and here is not None and snapshot is not None:
+            samples[here] = snapshot
+        return node_system_lines(nodes, samples, time.time())
 
     # -- actions ------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

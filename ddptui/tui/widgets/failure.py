@@ -11,6 +11,32 @@ from ddptui.tui.widgets.text import QuietStatic
 
 #: stderr lines shown (the rest is in the logs pane and the rank's log file).
 TAIL_LINES = 6
+#: Other ranks named one by one up to this many; more are counted by state.
+OTHERS_NAMED = 8
+
+
+def rank_place(row: RankRow | None, multi_node: bool) -> str:
+    """``on node 1 (gpu-b)``: where a rank ran, when the run has more than one node (or the
+    rank said its node); empty when unknown or when it is the only machine."""
+    if row is None:
+        return ""
+    host = row.host if row.host != "--" else None
+    if row.node is not None:
+        return f"on node {row.node}" + (f" ({host})" if host else "")
+    if multi_node and host:
+        return f"on {host}"
+    return ""
+
+
+def others_label(rows: tuple[RankRow, ...], rank: int | None) -> str:
+    """``rank 0 stopped, rank 2 finished``; with many ranks ``250 stopped, 5 finished``."""
+    others = [r for r in rows if r.rank != rank]
+    if len(others) <= OTHERS_NAMED:
+        return ", ".join(f"rank {r.rank} {r.state}" for r in others)
+    counts: dict[str, int] = {}
+    for r in others:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 class FailurePanel(QuietStatic):
@@ -21,6 +47,7 @@ class FailurePanel(QuietStatic):
         failure: RankFailureInfo | None,
         rows: tuple[RankRow, ...],
         log_name: str | None = None,
+        multi_node: bool = False,
     ) -> None:
         failed = [r for r in rows if r.state == "failed"]
         if failure is None and not failed:
@@ -33,15 +60,20 @@ class FailurePanel(QuietStatic):
             headline = failure.describe()
             tail = failure.stderr_tail
             rank = failure.rank
-            own = next((r.problem for r in rows if r.rank == rank), None)
+            row = next((r for r in rows if r.rank == rank), None)
+            own = row.problem if row else None
             if not failure.error and own and own != headline:
                 headline += f": {own}"  # what the rank itself reported before it died
+            place = rank_place(row, multi_node)
+            if place and rank is not None:
+                headline = headline.replace(f"rank {rank}", f"rank {rank} {place}", 1)
         else:  # a rank said it failed; the launcher has not concluded yet
             first = failed[0]
-            headline = f"rank {first.rank} failed: {first.problem}"
+            place = rank_place(first, multi_node)
+            headline = f"rank {first.rank}{' ' + place if place else ''} failed: {first.problem}"
             tail = ()
             rank = first.rank
-        others = ", ".join(f"rank {r.rank} {r.state}" for r in rows if r.rank != rank)
+        others = others_label(rows, rank)
         parts = [Text.assemble(("✖ FAILED  ", "bold white on red"), " ", (headline, "bold red"))]
         if others:
             parts.append(Text(f"other ranks: {others}", style="yellow"))

@@ -1,16 +1,24 @@
-"""The per-rank table, drawn as one block of text.
+"""The per-rank table: one line per rank, and per node in a multi-node run.
 
-A DataTable re-renders cell by cell and, at 4 refreshes a second with 16 changing rows, cost
-most of the dashboard's CPU; this widget rebuilds one Text only when a value changed.
+Drawn line by line (Textual's line API): each refresh compares the new lines with the ones
+shown and repaints only when something changed, and painting renders only the lines in
+view. At 256 ranks on 32 nodes that keeps a refresh to building the lines' text; a Static
+(or a DataTable) would re-render every line of the table on every change.
 """
 
 from __future__ import annotations
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
-from ddptui.tui.model import RankRow
+from ddptui.tui.model import RankRow, RunFrame, TableLine, table_columns, table_lines
 from ddptui.tui.widgets.text import QuietStatic
 
+#: The rank columns (single-node runs); multi-node runs add "node" in front.
 COLUMNS = (
     "rank",
     "pid",
@@ -34,6 +42,12 @@ STATE_STYLE = {
     "stopped": "yellow",
 }
 PROBLEM_STYLE = "bold black on yellow"
+NODE_STYLE = "bold cyan"
+NODE_STATE_STYLE = {
+    "failed": "bold white on red",
+    "silent": PROBLEM_STYLE,
+    "straggler": PROBLEM_STYLE,
+}
 
 
 def state_label(row: RankRow) -> tuple[str, str]:
@@ -43,58 +57,167 @@ def state_label(row: RankRow) -> tuple[str, str]:
     return row.state, STATE_STYLE.get(row.state, "")
 
 
-class RankTable(QuietStatic):
-    """One line per rank; stragglers, silent and failed ranks are highlighted."""
+def _styled(line: TableLine) -> tuple[tuple[str, ...], str, str]:
+    """(cells as shown, the line's style, the state cell's style)."""
+    if line.row is None:  # a node's summary
+        return line.cells, NODE_STYLE, NODE_STATE_STYLE.get(line.severity, NODE_STYLE)
+    row = line.row
+    label, state_style = state_label(row)
+    line_style = ""
+    if row.problem:
+        line_style = "red" if row.state == "failed" else "yellow"
+    return (*line.cells[:-1], label), line_style, state_style
+
+
+class RankTable(ScrollView, can_focus=True):
+    """The rank table; stragglers, silent and failed ranks are highlighted. In a multi-node
+    run each node has a summary line above its ranks. Taller than its space, it scrolls."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._signature: tuple = ()
+        self._columns: tuple[str, ...] = COLUMNS
+        self._lines: list[tuple[tuple[str, ...], str, str]] = []
+        self._widths: list[int] = [len(c) for c in COLUMNS]
+        #: Line index -> ((scroll x, width), the line as painted): repainted only on change.
+        self._strips: dict[int, tuple[tuple[int, int], Strip]] = {}
+        self._header: tuple[tuple[int, int], Strip] | None = None
+        self._base: Style | None = None
         #: rank -> the cells as shown (state column as labelled), for tests and tools.
         self.shown: dict[int, tuple[str, ...]] = {}
+        #: The table's lines in the order shown (node summaries and ranks).
+        self.lines: tuple[TableLine, ...] = ()
 
-    def show(self, rows: tuple[RankRow, ...]) -> None:
-        signature = tuple((row.cells(), row.problem) for row in rows)
-        if signature == self._signature:
+    def show(self, rows_or_frame: RunFrame | tuple[RankRow, ...]) -> None:
+        """Show a frame's ranks (and nodes); a plain tuple of rows is a single-node table."""
+        frame = rows_or_frame
+        if not isinstance(frame, RunFrame):
+            frame = _rows_frame(tuple(rows_or_frame))
+        lines = table_lines(frame)
+        columns = table_columns(frame)
+        styled = [_styled(line) for line in lines]
+        if columns == self._columns and styled == self._lines:
             return
-        self._signature = signature
-        table = []
-        for row in rows:
-            label, style = state_label(row)
-            table.append((row, (*row.cells()[:-1], label), style))
-        widths = [len(name) for name in COLUMNS]
-        for _, cells, _ in table:
+        self.lines = lines
+        self.shown = {
+            line.key: cells
+            for line, (cells, _, _) in zip(lines, styled, strict=True)
+            if line.row is not None
+        }
+        widths = [len(c) for c in columns]
+        for cells, _, _ in styled:
             widths = [max(w, len(c)) for w, c in zip(widths, cells, strict=True)]
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(_line(COLUMNS, widths), style="bold")
-        for row, cells, state_style in table:
-            text.append("\n")
-            line_style = ""
-            if row.problem:
-                line_style = "red" if row.state == "failed" else "yellow"
-            text.append(_line(cells[:-1], widths[:-1]) + _GAP, style=line_style)
-            text.append(cells[-1].ljust(widths[-1]), style=state_style)
-        self.shown = {row.rank: cells for row, cells, _ in table}
-        self.show_text(text)
+        if columns != self._columns or widths != self._widths:
+            self._strips.clear()
+            self._header = None
+        else:  # forget only the lines that changed
+            old = self._lines
+            for i, line in enumerate(styled):
+                if i >= len(old) or old[i] != line:
+                    self._strips.pop(i, None)
+            for i in range(len(styled), len(old)):
+                self._strips.pop(i, None)
+        self._columns, self._widths, self._lines = columns, widths, styled
+        width = 1 + sum(widths) + len(_GAP) * (len(widths) - 1)
+        size = Size(width, len(styled) + 1)
+        if size != self.virtual_size:
+            self.virtual_size = size
+            self.refresh(layout=True)
+        else:
+            self.refresh()
+
+    # -- painting -------------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        """The header stays on the first line; the lines below it scroll."""
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.scrollable_content_region.width
+        key = (scroll_x, width)
+        if self._base is None:
+            self._base = self.rich_style
+        if y == 0:
+            if self._header is None or self._header[0] != key:
+                strip = self._render_header().crop_extend(scroll_x, scroll_x + width, self._base)
+                self._header = (key, strip)
+            return self._header[1]
+        index = y - 1 + scroll_y
+        if index >= len(self._lines):
+            return Strip.blank(width, self._base)
+        cached = self._strips.get(index)
+        if cached is None or cached[0] != key:
+            strip = self._render(self._lines[index]).crop_extend(
+                scroll_x, scroll_x + width, self._base
+            )
+            cached = self._strips[index] = (key, strip)
+        return cached[1]
+
+    def _render_header(self) -> Strip:
+        base = self._base or self.rich_style
+        text = _line(self._columns, self._columns, self._widths)
+        return Strip([Segment(text, base + Style.parse("bold"))])
+
+    def _render(self, line: tuple[tuple[str, ...], str, str]) -> Strip:
+        cells, line_style, state_style = line
+        base = self._base or self.rich_style
+        first = _line(self._columns[:-1], cells[:-1], self._widths[:-1]) + _GAP
+        return Strip(
+            [
+                Segment(first, base + Style.parse(line_style) if line_style else base),
+                Segment(
+                    cells[-1].ljust(self._widths[-1]),
+                    base + Style.parse(state_style) if state_style else base,
+                ),
+            ]
+        )
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+        self._header = None
+        self._base = None
 
 
-def _line(cells, widths) -> str:
-    return " " + _GAP.join(
-        c.rjust(w) if name in _RIGHT else c.ljust(w)
-        for name, c, w in zip(COLUMNS, cells, widths, strict=False)
+def _rows_frame(rows: tuple[RankRow, ...]) -> RunFrame:
+    from ddptui.tui.model import node_summaries
+
+    return RunFrame(
+        status="",
+        elapsed="",
+        eta="",
+        progress=None,
+        epoch="",
+        summary="",
+        rows=rows,
+        problems={},
+        failure=None,
+        rank_devices={},
+        events_applied=0,
+        nodes=node_summaries(rows),
     )
 
 
+def _line(columns, cells, widths) -> str:
+    return " " + _GAP.join(
+        c.rjust(w) if name in _RIGHT else c.ljust(w)
+        for name, c, w in zip(columns, cells, widths, strict=False)
+    )
+
+
+#: Most ranks named one per line under the table; the rest are counted.
+HEALTH_LINES = 4
+
+
 class HealthLine(QuietStatic):
-    """Why a rank is highlighted: one line per straggler or silent rank."""
+    """Why ranks are highlighted: one line per straggler or silent rank (the first few)."""
 
     def show(self, problems: dict[int, str]) -> None:
         if self.display != bool(problems):
             self.display = bool(problems)
         if not problems:
             return
-        self.show_text(
-            Text(
-                "\n".join(f"⚠ rank {rank} {why}" for rank, why in sorted(problems.items())),
-                style="bold yellow",
-            )
-        )
+        ranked = sorted(problems.items())
+        if len(ranked) > HEALTH_LINES:  # many: the silent ones first
+            ranked.sort(key=lambda kv: not kv[1].startswith("silent"))
+        lines = [f"⚠ rank {rank} {why}" for rank, why in ranked[:HEALTH_LINES]]
+        more = len(ranked) - HEALTH_LINES
+        if more > 0:
+            lines[-1] += f"   (+{more} more ranks need attention: see the table)"
+        self.show_text(Text("\n".join(lines), style="bold yellow"))

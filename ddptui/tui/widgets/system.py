@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Static
 
 from ddptui.monitor import NA, GpuHistory, GpuSnapshot, GpuView, is_na
 from ddptui.monitor.units import GiB, format_bytes, format_percent, format_value
+from ddptui.tui.node_system import NodeSystemLine
 from ddptui.tui.system_feed import SystemFeed
 from ddptui.tui.widgets.spark import FixedSparkline
 from ddptui.tui.widgets.text import QuietStatic
@@ -250,18 +251,45 @@ class RankProcesses(QuietStatic):
         self.show_text(Text("\n").join(lines))
 
 
+class NodeLoads(QuietStatic):
+    """Every node's host load and GPUs (multi-node runs); hidden for a single node."""
+
+    def show(self, nodes: tuple[NodeSystemLine, ...]) -> None:
+        if self.display != bool(nodes):
+            self.display = bool(nodes)
+        if not nodes:
+            return
+        lines = [Text("nodes", style="bold")]
+        for node in nodes:
+            head = Text.assemble((node.label, "bold cyan"), f" {node.host}")
+            if not node.sampled:
+                head.append("  no sample yet", "dim")
+                lines.append(head)
+                continue
+            if node.age:
+                head.append(f"  {node.age}", "dim")
+            lines.append(head)
+            lines.append(Text(f"  {node.host_load}"))
+            lines.extend(Text(f"  {gpu}") for gpu in node.gpus)
+        lines.append(Text("this machine", style="bold"))
+        self.show_text(Text("\n").join(lines))
+
+
 class SystemPanel(VerticalScroll):
-    """The run screen's system panel: GPUs, host, rank processes."""
+    """The run screen's system panel: every node (multi-node runs), then this machine's
+    GPUs, host and rank processes."""
 
     def compose(self) -> ComposeResult:
         yield QuietStatic("system", classes="panel-title")
+        yield NodeLoads(id="sys-nodes")
         yield GpuList(id="sys-gpus")
         yield HostLine(id="sys-host")
         yield RankProcesses(id="sys-ranks")
 
-    def show(self, feed: SystemFeed) -> None:
+    def show(self, feed: SystemFeed, nodes: tuple[NodeSystemLine, ...] = ()) -> None:
         title = Text.assemble("system  ", (history_legend(feed.interval), "dim not bold"))
         self.query_one(".panel-title", QuietStatic).show_text(title)
+        self.query_one(NodeLoads).show(nodes)
         self.query_one(GpuList).show(feed)
         self.query_one(HostLine).show(feed)
         self.query_one(RankProcesses).show(feed)

@@ -1,0 +1,397 @@
+"""Dashboard cost at scale: 256 ranks on 32 nodes, 10 step events/s each (2,560 events/s).
+
+Simulated senders (a few processes, 64 ranks each by default) send over the real telemetry
+path (ZeroMQ PUSH → the dashboard's Collector → events.jsonl → RunState). Each rank's
+``started`` Status names its host ``node-K`` and its node rank ``K`` (8 ranks per node), as
+a multi-node run's ranks do. The dashboard runs in a pseudo-terminal (120x40) exactly as
+``ddptui --start`` would, except that the senders replace the launcher (the method of
+``bench_tui.py``). Measured:
+
+* CPU of the dashboard process (all threads: pump, monitor sampler, UI), % of one core;
+* delay from an event's arrival in the dashboard to the first refresh that shows it;
+* collector drops: per rank, events sent (by seq) against events received.
+
+Prints numbers; it is not a test. Usage::
+
+    python benchmarks/bench_scale.py                          # 256 ranks x 10/s, 20 s
+    python benchmarks/bench_scale.py --nodes 8 --seconds 10 --transport tcp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_tui import WARMUP_S, _NullSampler, delays, run_child  # noqa: E402
+
+GOAL_CPU = 15.0
+GOAL_P95_MS = 500.0
+
+
+# -- a sender: ``count`` simulated ranks from ``first`` -------------------------------------------
+def send(
+    endpoint: str,
+    run_id: str,
+    first: int,
+    count: int,
+    per_node: int,
+    world: int,
+    rate: float,
+    seconds: float,
+    out: str,
+) -> None:
+    import zmq
+
+    from ddptui import protocol
+
+    sock = zmq.Context().socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 5000)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.connect(endpoint)
+    ranks = range(first, first + count)
+    seq = dict.fromkeys(ranks, 0)
+
+    def common(rank: int) -> dict:
+        seq[rank] += 1
+        return {"run": run_id, "rank": rank, "t": time.time(), "seq": seq[rank] - 1}
+
+    for rank in ranks:
+        node = rank // per_node
+        started = protocol.Status(
+            state="started",
+            pid=os.getpid(),
+            host=f"node-{node}",
+            local_rank=rank % per_node,
+            world_size=world,
+            device="cpu",
+            **common(rank),
+        )
+        # The node rank, as the multi-node engine adds it (an older decoder ignores it).
+        fields = {f: getattr(started, f) for f in started.__struct_fields__}
+        raw = {"kind": "status", **fields, "node": node}
+        sock.send(protocol._msgpack_encoder.encode([raw]))
+    start = time.monotonic()
+    step = 0
+    # Ranks of a node step in lock-step (DDP); a little skew between ranks in time.
+    while True:
+        step += 1
+        due = start + step / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        if time.monotonic() - start > seconds:
+            break
+        for rank in ranks:
+            step_time = (1 / rate) * (1.0 + 0.001 * rank)
+            event = protocol.Step(
+                step=step,
+                epoch=1 + step // 100,
+                loss=2.0 / (1 + step / 100) + rank / 1000,
+                samples=32,
+                samples_per_s=32 / step_time,
+                step_time=step_time,
+                **common(rank),
+            )
+            sock.send(protocol.encode_batch([event]))  # one message per rank per step
+    for rank in ranks:
+        sock.send(protocol.encode_batch([protocol.Status(state="finished", **common(rank))]))
+    sock.close()
+    Path(out).write_text(json.dumps({str(r): n for r, n in seq.items()}))
+
+
+# -- the dashboard side ----------------------------------------------------------------------------
+def make_session_class(args: argparse.Namespace, sent_dir: Path):
+    from ddptui.collector import Collector
+    from ddptui.launch import LaunchResult
+    from ddptui.session import RunSession
+
+    world = args.nodes * args.per_node
+
+    class Senders:
+        """Launcher stand-in: runs the sender processes instead of the ranks."""
+
+        def __init__(self, endpoint: str, run_id: str, seconds: float):
+            per = -(-world // args.senders)
+            self.cmds = [
+                [
+                    sys.executable,
+                    __file__,
+                    "--send",
+                    endpoint,
+                    run_id,
+                    str(first),
+                    str(min(per, world - first)),
+                    str(args.per_node),
+                    str(world),
+                    str(args.rate),
+                    str(seconds),
+                    str(sent_dir / f"sent-{first}.json"),
+                ]
+                for first in range(0, world, per)
+            ]
+            self.procs: list[subprocess.Popen] = []
+
+        def start(self) -> None:
+            self.procs = [subprocess.Popen(cmd, cwd=ROOT) for cmd in self.cmds]
+
+        def poll(self) -> LaunchResult | None:
+            codes = [p.poll() for p in self.procs]
+            return None if None in codes else LaunchResult(max(codes, key=abs))
+
+        def stop(self, grace: float | None = None) -> LaunchResult:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            return LaunchResult(0, stopped=True)
+
+    class ScaleSession(RunSession):
+        arrivals: list[tuple[float, dict[int, int], int]] = []
+
+        def start(self) -> None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._events_file = open(self.events_path, "ab")
+            self.collector = Collector(self.cfg.run_id, world_size=world, transport=args.transport)
+            self.stats = self.collector.stats
+            # The senders end before the dashboard does, so that everything sent arrives.
+            duration = args.seconds + WARMUP_S
+            self.launcher = Senders(self.collector.endpoint, self.cfg.run_id, duration)
+            self.state.started_at = self.clock()
+            self.launcher.start()
+
+        def _record(self, events) -> None:
+            super()._record(events)
+            newest: dict[int, int] = {}
+            for event in events:
+                step = getattr(event, "step", None)
+                if step is not None:
+                    newest[event.rank] = max(step, newest.get(event.rank, 0))
+            if newest:
+                self.arrivals.append((time.monotonic(), newest, len(events)))
+
+    return ScaleSession
+
+
+def child(args: argparse.Namespace) -> None:
+    """The dashboard process (in a pty)."""
+    from ddptui.config import Machine, RunConfig
+    from ddptui.tui.app import DdpTuiApp, Deps
+    from ddptui.tui.machine import HostInfo
+    from ddptui.tui.screens.run import RunScreen
+
+    out = Path(args.out)
+    sent_dir = out.with_suffix(".sent")
+    sent_dir.mkdir(exist_ok=True)
+    Session = make_session_class(args, sent_dir)
+    world = args.nodes * args.per_node
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    cfg = RunConfig(
+        world_size=world, epochs=None, run_dir=str(run_dir / "run"), run_id="scale", backend="gloo"
+    )
+    if args.ingest_only:  # the same session pumped with no UI: what ingest alone costs
+        session = Session(cfg)
+        session.start()
+        deadline = time.monotonic() + WARMUP_S + args.seconds + 4
+        while time.monotonic() < deadline and session.poll() is None:
+            session.pump(0.1)
+        session.stop()
+        session.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(sent_dir, ignore_errors=True)
+        out.write_text("{}")
+        return
+    paints: list[tuple[float, dict[int, int]]] = []
+    host = HostInfo(Machine(0, "benchmark", os.cpu_count() or 1), None)
+    deps = Deps(
+        detect_host=lambda: host,
+        session_factory=Session,
+        refresh_hz=args.refresh_hz,
+        runs_root=run_dir,
+    )
+    if args.no_monitor:
+        deps.make_sampler = lambda interval: _NullSampler()
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+
+    def on_frame(frame) -> None:
+        shown = {}
+        for row in frame.rows:
+            step = row.epoch_step.rsplit("/", 1)[-1]
+            if step.isdigit():
+                shown[row.rank] = int(step)
+        paints.append((time.monotonic(), shown))
+
+    class BenchApp(DdpTuiApp):
+        def on_mount(self) -> None:
+            self.set_timer(WARMUP_S + args.seconds + 4, self._finish)
+            self.call_after_refresh(self._probe)
+            if profiler is not None:
+                self.set_timer(WARMUP_S, lambda: profiler.enable())
+
+        def _finish(self) -> None:
+            if profiler is not None:
+                profiler.disable()
+            self.exit(0)
+
+        def _probe(self) -> None:
+            if isinstance(self.screen, RunScreen):
+                self.screen.on_frame_drawn = on_frame
+            else:
+                self.set_timer(0.05, self._probe)
+
+    app = BenchApp("run", deps=deps, cfg=cfg, start=True, host_info=host)
+    app.run()
+    app.stop_everything()
+    source = app.live_sources[0] if app.live_sources else None
+    received: dict[int, list[int]] = {}
+    stats = {}
+    if source is not None:
+        state = source.state
+        received = {r: [v.events, v.last_seq, v.gaps] for r, v in state.ranks.items()}
+        collector_stats = getattr(source.session, "stats", None)
+        if collector_stats is not None:
+            stats = {
+                k: v
+                for k, v in vars(collector_stats).items()
+                if isinstance(v, int) and not isinstance(v, bool)
+            }
+    if profiler is not None:
+        import pstats
+
+        with open(out.with_suffix(".prof.txt"), "w") as f:
+            pstats.Stats(profiler, stream=f).sort_stats(args.profile_sort).print_stats(40)
+    shutil.rmtree(run_dir, ignore_errors=True)  # 64k events: ~13 MB of events.jsonl
+    out.write_text(
+        json.dumps(
+            {
+                "paints": paints,
+                "arrivals": Session.arrivals,
+                "received": received,
+                "stats": stats,
+                "sent_dir": str(sent_dir),
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--per-node", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=10.0, help="step events/s per rank")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured window")
+    parser.add_argument("--senders", type=int, default=4, help="sender processes")
+    parser.add_argument("--transport", choices=("ipc", "tcp"), default="ipc")
+    parser.add_argument("--refresh-hz", type=float, default=4.5)
+    parser.add_argument("--no-monitor", action="store_true", help="no system sampling thread")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the UI thread (prints the top)"
+    )
+    parser.add_argument("--profile-sort", default="cumulative", help="pstats sort key")
+    parser.add_argument(
+        "--ingest-only", action="store_true", help="also measure the session with no UI"
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--send", nargs=9, help=argparse.SUPPRESS)
+    # bench_tui.run_child passes these through; accepted and unused here.
+    parser.add_argument("--ranks", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.send:
+        e, run_id, first, count, per_node, world, rate, seconds, out = args.send
+        send(e, run_id, int(first), int(count), int(per_node), int(world), float(rate),
+             float(seconds), out)  # fmt: skip
+        return
+    if args.child:
+        child(args)
+        return
+    world = args.nodes * args.per_node
+    common = [
+        "--nodes", str(args.nodes), "--per-node", str(args.per_node), "--rate", str(args.rate),
+        "--seconds", str(args.seconds), "--senders", str(args.senders),
+        "--transport", args.transport, "--refresh-hz", str(args.refresh_hz),
+    ]  # fmt: skip
+    if args.no_monitor:
+        common.append("--no-monitor")
+    if args.profile:
+        common += ["--profile", "--profile-sort", args.profile_sort]
+    print(
+        f"ddptui scale benchmark: {world} ranks on {args.nodes} nodes x {args.rate:g} events/s "
+        f"({world * args.rate:g} events/s) from {args.senders} sender processes over "
+        f"{args.transport}, refresh {args.refresh_hz:g} Hz, {args.seconds:g} s window, "
+        f"{os.cpu_count()} CPUs"
+    )
+    ingest_cpu = None
+    if args.ingest_only:
+        ingest_cpu, _ = run_child([*common, "--ingest-only"], args.seconds, False, __file__)
+    cpu, out = _run(common, args.seconds)
+    data = json.loads(out.read_text())
+    paints = [(t, {int(r): s for r, s in shown.items()}) for t, shown in data["paints"]]
+    arrivals = [(t, {int(r): s for r, s in newest.items()}, n) for t, newest, n in data["arrivals"]]
+    if not arrivals or not paints:
+        print("no measurements: the dashboard did not run (see the child's output)")
+        return
+    first = arrivals[0][0]
+    waits = sorted(delays(paints, arrivals, first + WARMUP_S, first + WARMUP_S + args.seconds))
+    verdict = "ok" if cpu <= GOAL_CPU else "MISSED"
+    print(f"CPU, dashboard process: {cpu:5.1f} % of one core (goal <= {GOAL_CPU:g} %: {verdict})")
+    if ingest_cpu is not None:
+        print(f"CPU, ingest only (same session, no UI): {ingest_cpu:5.1f} % of one core")
+    if waits:
+        p95 = waits[int(0.95 * (len(waits) - 1))] * 1000
+        verdict = "ok" if p95 <= GOAL_P95_MS else "MISSED"
+        print(
+            f"event arrival -> on screen: median {statistics.median(waits) * 1000:.0f} ms, "
+            f"p95 {p95:.0f} ms, max {waits[-1] * 1000:.0f} ms over {len(waits)} events "
+            f"(goal p95 <= {GOAL_P95_MS:g} ms: {verdict})"
+        )
+    intervals = [b[0] - a[0] for a, b in zip(paints, paints[1:], strict=False)]
+    if intervals:
+        print(
+            f"refreshes: {len(paints)}, interval median "
+            f"{statistics.median(intervals) * 1000:.0f} ms, max {max(intervals) * 1000:.0f} ms"
+        )
+    sent: dict[int, int] = {}
+    for path in Path(data["sent_dir"]).glob("sent-*.json"):
+        sent.update({int(r): n for r, n in json.loads(path.read_text()).items()})
+    received = {int(r): v for r, v in data["received"].items()}
+    missing = {r: n - received.get(r, [0])[0] for r, n in sent.items()}
+    lost = sum(max(0, m) for m in missing.values())
+    gaps = sum(v[2] for v in received.values())
+    verdict = "ok" if lost == 0 and gaps == 0 and len(sent) == world else "MISSED"
+    print(
+        f"collector drops: {lost} of {sum(sent.values())} events sent by {len(sent)} ranks "
+        f"were not received (seq gaps {gaps}; ranks short: "
+        f"{sum(1 for m in missing.values() if m > 0)}) (goal 0: {verdict})"
+    )
+    if data["stats"]:
+        print("collector stats: " + ", ".join(f"{k} {v}" for k, v in data["stats"].items()))
+    prof = out.with_suffix(".prof.txt")
+    if prof.exists():
+        print(prof.read_text()[:6000])
+        prof.unlink()
+    shutil.rmtree(data["sent_dir"], ignore_errors=True)
+    out.unlink()
+
+
+def _run(common: list[str], seconds: float) -> tuple[float, Path]:
+    return run_child([*common], seconds, pty_mode=True, script=__file__)
+
+
+if __name__ == "__main__":
+    main()
