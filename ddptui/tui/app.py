@@ -212,10 +212,7 @@ class DdpTuiApp(App[int]):
 
     def exit_code(self) -> int:
         """1 when a launched run failed, else 0."""
-        failed = any(
-            s.state.outcome == "failed" or s.error
-            for s in self.live_sources
-        )
+        failed = any(s.state.outcome == "failed" or s.error for s in self.live_sources)
         return 1 if failed else 0
 
     async def action_quit(self) -> None:
