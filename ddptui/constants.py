@@ -35,3 +35,10 @@ RUN_DIR_ENV = "DDPTUI_RUN_DIR"
 THREADS_ENV = "DDPTUI_THREADS"
 #: The run's device choice (``cpu`` or ``cuda``): rank ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``.
 DEVICE_ENV = "DDPTUI_DEVICE"
+
+# -- diagnosis ---------------------------------------------------------------------------------
+#: The built-in phases of a training step, in order; together they make up the whole step
+#: (see ddptui.instrument). Custom ``ddptui.phase`` names are carried beside them.
+PHASES = ("data", "forward", "backward", "comm", "optimizer", "other")
+#: Set to 1 to run ranks without the zero-code instrumentation hooks (``--no-instrument``).
+NO_INSTRUMENT_ENV = "DDPTUI_NO_INSTRUMENT"

@@ -214,6 +214,7 @@ class Reporter:
         if samples_per_s is None and step_time and samples:
             samples_per_s = samples / step_time
         loss = values.pop("loss", None)
+        phases = protocol.clean_phases(values.pop("phases", None))
         self._epoch_samples += samples
         self._epoch_open = self._epoch is not None
         self._send(
@@ -226,6 +227,7 @@ class Reporter:
             samples_per_s=samples_per_s,
             step_time=step_time,
             metrics=_plain(values) if values else {},
+            phases=phases,
         )
 
     def log_eval(self, **values: Any) -> None:

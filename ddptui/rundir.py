@@ -9,6 +9,7 @@ The one module that knows what a run directory holds::
     launcher.log          the launcher's own output
     launcher-result.json  the first failing rank, as the launcher driver saw it
     checkpoint.pt         global rank 0's checkpoint after every epoch
+    stacks-rank-N.txt     rank N's Python stacks, dumped on ddptui's signal (hang diagnosis)
 
 Stdlib only (the launcher driver and the ranks import it).
 """
@@ -30,6 +31,11 @@ CHECKPOINT_FILE = "checkpoint.pt"
 def rank_log_name(rank: int | None) -> str:
     """``rank-N.log`` for a rank; ``launcher.log`` when no rank is known."""
     return LAUNCHER_LOG if rank is None else f"rank-{rank}.log"
+
+
+def stacks_name(rank: int) -> str:
+    """``stacks-rank-N.txt``: where rank N dumps its Python stacks when ddptui asks."""
+    return f"stacks-rank-{rank}.txt"
 
 
 class RunDir:
@@ -67,6 +73,9 @@ class RunDir:
 
     def rank_log(self, rank: int | None) -> Path:
         return self.path / rank_log_name(rank)
+
+    def stacks(self, rank: int) -> Path:
+        return self.path / stacks_name(rank)
 
     def holds_run(self) -> bool:
         """Whether a run was started here (its events file exists)."""

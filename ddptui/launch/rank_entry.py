@@ -21,6 +21,7 @@ from pathlib import Path
 from ddptui.argv import split_passthrough
 from ddptui.constants import THREADS_ENV
 from ddptui.cpus import threads_per_rank
+from ddptui.instrument import install_rank
 from ddptui.rundir import RunDir
 
 _PR_SET_PDEATHSIG = 1
@@ -53,6 +54,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
 
 
 def run_target(module: str | None, script: str | None, args: list[str]) -> int:
