@@ -262,21 +262,6 @@ class CudaStepRead:
         return ["phases", "loss"]
 
 
-class _Ready:
-    """A read that is ready at once (CPU steps)."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, phases: dict[str, float], loss: float | None) -> None:
-        self._values = [("phases", phases), ("loss", loss)]
-
-    def query(self) -> bool:
-        return True
-
-    def values(self) -> list[tuple[str, Any]]:
-        return self._values
-
-
 # -- gradient hooks ----------------------------------------------------------------------------
 class _GradWatch:
     """Post-accumulate-grad hooks on one DDP module's parameters. Learns which parameter
@@ -347,6 +332,7 @@ class Instrument:
         self.phases_ignored = 0
         self.steps_sent = 0
         self._undo: list[Callable[[], None]] = []
+        self._handles: list[Any] = []  # forward hooks on DDP modules and their inner modules
         self._watches: dict[int, _GradWatch] = {}
         self._cuda: Any = None  # torch.device of the DDP module when it lives on CUDA
         # the step in progress
@@ -370,6 +356,7 @@ class Instrument:
         self._pending: deque[tuple[dict[str, Any], Any]] = deque()
         self._carry: dict[str, float] = {}
         self._atexit = False
+        self._get_reporter: Callable[[], Any] | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, torch: Any) -> None:
@@ -397,6 +384,9 @@ class Instrument:
             except Exception:
                 pass
         self._undo = []
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
         for watch in self._watches.values():
             watch.remove()
         self._watches = {}
@@ -417,7 +407,7 @@ class Instrument:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         original = DDP.__init__
-        watch_ddp = self._watch_ddp
+        watch_ddp = self.watch
 
         @functools.wraps(original)
         def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
@@ -468,15 +458,19 @@ class Instrument:
 
         self._patch(DistributedSampler, "set_epoch", set_epoch)
 
-    def _watch_ddp(self, ddp: Any) -> None:
+    def watch(self, ddp: Any) -> None:
+        """Hook one ``DistributedDataParallel`` module (done for every DDP module created once
+        the hooks are installed; call it for one created before)."""
         if self.disabled:
             return
         try:
-            ddp.register_forward_pre_hook(self._outer_pre, with_kwargs=True)
-            ddp.register_forward_hook(self._outer_post)
             inner = ddp.module
-            inner.register_forward_pre_hook(self._inner_pre, with_kwargs=True)
-            inner.register_forward_hook(self._inner_post)
+            self._handles += [
+                ddp.register_forward_pre_hook(self._outer_pre, with_kwargs=True),
+                ddp.register_forward_hook(self._outer_post),
+                inner.register_forward_pre_hook(self._inner_pre, with_kwargs=True),
+                inner.register_forward_hook(self._inner_post),
+            ]
             param = next(iter(inner.parameters()), None)
             if param is not None and param.device.type == "cuda":
                 self._cuda = param.device
@@ -496,8 +490,9 @@ class Instrument:
         event.record(cuda.current_stream(self._cuda))
         return event
 
-    def _transition(self, nxt: str, new_seg: str) -> None:
-        """Close the current segment at ``nxt`` (an event name) and open ``new_seg``."""
+    def _transition(self, nxt: str, new_seg: str) -> float:
+        """Close the current segment at ``nxt`` (an event name) and open ``new_seg``; returns
+        the time of the transition."""
         now = self.clock()
         seg, mark = self._seg, self._mark
         event = self._event() if self._cuda is not None else None
@@ -511,7 +506,7 @@ class Instrument:
                     self._marks.append(("backward", self._grad_event))
                     self._marks.append((rest, event))
             else:
-                name = _resolve(seg, nxt)
+                name = _RESOLVE.get((seg, nxt)) or _resolve(seg, nxt)
                 self._acc[name] += now - mark
                 if event is not None:
                     self._marks.append((name, event))
@@ -521,13 +516,15 @@ class Instrument:
         self._t_grad = None
         if new_seg in _BWD and event is not None:
             self._grad_event = self.torch.cuda.Event(enable_timing=True)
+        return now
 
     def _forward_start(self, args: tuple, kwargs: dict, new_seg: str) -> None:
         self._ddp_seen = True
         self._fwd_seen = True
-        if self._mark is None:
-            self._step_start = self.clock()
-        self._transition("fwd_pre", new_seg)
+        first = self._mark is None
+        now = self._transition("fwd_pre", new_seg)
+        if first:
+            self._step_start = now
         self._samples += _batch_size(args, kwargs)
         self._send_ready()
 
@@ -616,11 +613,10 @@ class Instrument:
         try:
             if tensor.dim() == 0 and len(self._losses) < MAX_LOSSES:
                 scaled = self._scaled
-                if scaled is not None and scaled[0] == id(tensor):
-                    loss = scaled[1]
-                else:
-                    loss = tensor.detach()
-                self._losses.append(loss)
+                # the tensor itself (the script holds it too); detached when copied or read
+                self._losses.append(
+                    scaled[1] if scaled is not None and scaled[0] == id(tensor) else tensor
+                )
             self._scaled = None
         except Exception as exc:
             self._fail(exc)
@@ -638,9 +634,10 @@ class Instrument:
         if self.disabled:
             return None
         try:
-            if self._mark is None:
-                self._step_start = self.clock()
-            self._transition("opt_pre", "optimizer")
+            first = self._mark is None
+            now = self._transition("opt_pre", "optimizer")
+            if first:
+                self._step_start = now
             self._send_ready()
         except Exception as exc:
             self._fail(exc)
@@ -670,10 +667,10 @@ class Instrument:
             for value in losses:
                 if value.device.type == "cuda":
                     host = torch.empty((), dtype=value.dtype, pin_memory=True)
-                    host.copy_(value, non_blocking=True)
+                    host.copy_(value.detach(), non_blocking=True)
                     host_losses.append(host)
         elif losses:
-            numbers = [float(value) for value in losses]
+            numbers = [float(value.detach()) for value in losses]
             loss = sum(numbers) / len(numbers)
         self._transition("opt_post", "data")
         now = self._mark
@@ -683,18 +680,21 @@ class Instrument:
             "samples": self._samples,
             "step_time": max(0.0, now - start),
         }
-        custom = dict(self._custom)
+        custom = self._custom
+        read: Any  # a CudaStepRead, or the values themselves when known now (CPU)
         if self._cuda is not None and len(self._marks) > 1:
-            read: Any = CudaStepRead(self._marks, host_losses, custom)
+            read = CudaStepRead(self._marks, host_losses, custom)
             self._marks = [("start", self._marks[-1][1])]
         else:
-            phases = dict(self._acc)
-            phases.update(custom)
-            read = _Ready(phases, loss)
+            phases = self._acc
+            if custom:
+                phases.update(custom)
+            read = {"phases": phases, "loss": loss}
             if self._cuda is not None:
                 self._marks = self._marks[-1:]
         self._acc = dict.fromkeys(PHASES, 0.0)
-        self._custom = {}
+        if custom:
+            self._custom = {}
         self._losses = []
         self._samples = 0
         self._fwd_seen = False
@@ -715,12 +715,15 @@ class Instrument:
         pending = self._pending
         while pending:
             fields, read = pending[0]
-            try:
-                if not read.query():
-                    return
-                values = dict(read.values())
-            except Exception:
-                values = {}
+            if type(read) is dict:
+                values = read
+            else:
+                try:
+                    if not read.query():
+                        return
+                    values = dict(read.values())
+                except Exception:
+                    values = {}
             pending.popleft()
             self._deliver(fields, values)
 
@@ -730,14 +733,21 @@ class Instrument:
             if phases:
                 _add_into(self._carry, phases)
             return
-        from ddptui.reporter import get_reporter
+        get_reporter = self._get_reporter
+        if get_reporter is None:
+            from ddptui import reporter as reporter_module
 
+            get_reporter = self._get_reporter = reporter_module.get_reporter
         reporter = get_reporter()
         if not self._atexit:  # after the reporter's own: runs before it at exit
             self._atexit = True
             atexit.register(self._at_exit)
         reporter.log(loss=(values or {}).get("loss"), phases=phases, **fields)
         self.steps_sent += 1
+        if self.steps_sent == 1:
+            # Out at once (not batched): ddptui learns the rank is past its start-up even if
+            # it stalls before the batch's next send (the hang limit is longer before it).
+            reporter.flush()
 
     def flush(self, timeout: float = 1.0) -> None:
         """Send every finished step, waiting at most ``timeout`` for GPU events."""
@@ -800,6 +810,11 @@ def _resolve(seg: str, nxt: str) -> str:
     if seg == "bwd":
         return "backward"
     return seg  # forward, optimizer, other
+
+
+_SEGMENTS = ("data", "after_bwd", "bwd", "ddp_pre", "forward", "optimizer", "other")
+_EVENTS = ("fwd_pre", "inner_pre", "fwd_post", "bwd_return", "opt_pre", "opt_post")
+_RESOLVE = {(seg, nxt): _resolve(seg, nxt) for seg in _SEGMENTS for nxt in _EVENTS}
 
 
 def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:

@@ -69,9 +69,13 @@ class TimedSGD(torch.optim.SGD):
 class FakeReporter:
     def __init__(self):
         self.logs = []
+        self.flushes = 0
 
     def log(self, **values):
         self.logs.append(values)
+
+    def flush(self):
+        self.flushes += 1
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +152,10 @@ def test_steps_are_sent_one_step_late_then_at_exit(inst):
     assert inst.fake.logs == []  # held until the next step starts: an explicit log may follow
     train_step(model, opt, clock)
     assert len(inst.fake.logs) == 1
+    assert inst.fake.flushes == 1  # the first step goes out at once, not batched
     inst.flush()
     assert len(inst.fake.logs) == 2
+    assert inst.fake.flushes == 1
 
 
 def test_explicit_log_wins_and_gets_the_phases(inst, monkeypatch):
