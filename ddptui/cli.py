@@ -61,6 +61,18 @@ def run_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", help="checkpoint to resume from (continues at the next epoch)")
     g.add_argument("--init-method", help="process-group init: tcp://HOST:PORT or file://PATH")
     g.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm")
+    d = p.add_argument_group("diagnosis")
+    d.add_argument(
+        "--hang-timeout",
+        help="seconds without progress before a rank counts as hung "
+        "(default: the larger of 60 s and 20x the median step time; 0: off)",
+    )
+    d.add_argument("--on-hang", help="when the run hangs: stop (tear it down, exit code 3) | keep")
+    d.add_argument(
+        "--no-instrument",
+        action="store_true",
+        help="no zero-code hooks in the ranks (steps only from ddptui.log)",
+    )
     return p
 
 

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
+from ddptui.constants import (
+    AMP_MODES,
+    BACKEND_CHOICES,
+    LAUNCHERS,
+    MAX_HANG_TIMEOUT_S,
+    ON_HANG,
+)
 from ddptui.rundir import RunDir
 from trainers import DEFAULT_TRAINER, TRAINERS
 from trainers.data_files import missing_data_message
@@ -79,6 +85,12 @@ class RunConfig:
     sync_bn: bool = False
     model: str | None = None
     run_id: str = ""
+    #: Seconds without progress before a rank counts as hung (None: the default rule, 0: off).
+    hang_timeout: float | None = None
+    #: What to do with a hung run: ``stop`` (exit code 3) or ``keep`` it running.
+    on_hang: str = "stop"
+    #: Zero-code instrumentation hooks in every rank (``--no-instrument`` turns them off).
+    instrument: bool = True
 
     @property
     def target_label(self) -> str:
@@ -269,6 +281,9 @@ def _build(
             f"--init-method must be tcp://HOST:PORT, file://PATH or env://, got {init_method!r}",
         )
 
+    hang_timeout = _optional(raw, "hang_timeout", _parse_hang_timeout, attempt)
+    on_hang = attempt(parse_choice, "on_hang", _default(raw, "on_hang", "stop"), ON_HANG) or "stop"
+
     run_id = str(raw.get("run_id") or new_run_id())
     run_dir = None if _blank(raw.get("run_dir")) else str(raw["run_dir"])
     run_dir = str(Path(run_dir or Path("runs") / run_id).expanduser().resolve())
@@ -303,6 +318,9 @@ def _build(
         sync_bn=sync_bn,
         model=None if _blank(raw.get("model")) else str(raw["model"]),
         run_id=run_id,
+        hang_timeout=hang_timeout,
+        on_hang=on_hang,
+        instrument=not bool(raw.get("no_instrument")),
     )
 
 
@@ -321,6 +339,16 @@ def _fail(field: str, message: str) -> None:
 def _default(raw: Mapping[str, Any], key: str, default: Any) -> Any:
     value = raw.get(key)
     return default if _blank(value) else value
+
+
+def _parse_hang_timeout(text: Any) -> float:
+    value = parse_float("hang_timeout", text, positive=False)
+    if not 0 <= value <= MAX_HANG_TIMEOUT_S:  # False for NaN too
+        raise ConfigError(
+            "hang_timeout",
+            f"--hang-timeout must be 0 (off) or seconds up to {MAX_HANG_TIMEOUT_S:g}, got {text!r}",
+        )
+    return value
 
 
 def _optional(raw, key, parse, attempt):

@@ -42,3 +42,7 @@ DEVICE_ENV = "DDPTUI_DEVICE"
 PHASES = ("data", "forward", "backward", "comm", "optimizer", "other")
 #: Set to 1 to run ranks without the zero-code instrumentation hooks (``--no-instrument``).
 NO_INSTRUMENT_ENV = "DDPTUI_NO_INSTRUMENT"
+#: What ``--on-hang`` may do with a hung run: tear it down (exit code 3) or keep it running.
+ON_HANG = ("stop", "keep")
+#: Longest ``--hang-timeout``, in seconds.
+MAX_HANG_TIMEOUT_S = 1e6

@@ -338,7 +338,7 @@ def classify_stack(text: str) -> StackInfo:
         if path.endswith("torch/nn/parallel/distributed.py"):
             return StackInfo(True, f"DDP {frame.func}", where, tuple(frames))
         if "/torch/autograd/" in path and frame.func in ("_engine_run_backward", "backward"):
-            return StackInfo(True, "DDP gradient all-reduce (in backward)", where, tuple(frames))
+            return StackInfo(True, "DDP gradient all-reduce, in backward", where, tuple(frames))
         if _COLLECTIVE_FUNC.search(frame.func):
             return StackInfo(True, frame.func, where, tuple(frames))
     return StackInfo(False, None, where, tuple(frames))
@@ -364,7 +364,8 @@ def diagnose_hang(
     out: list[Diagnosis] = []
     if waiting:
         names = sorted({i.collective or "?" for i in waiting.values()})
-        waits = f"{_ranks_text(waiting)} wait in a collective ({', '.join(names)})"
+        verb = "waits" if len(waiting) == 1 else "wait"
+        waits = f"{_ranks_text(waiting)} {verb} in a collective ({'; '.join(names)})"
     else:
         waits = "no rank waits in a collective"
     for rank, info in culprits.items():
@@ -372,7 +373,7 @@ def diagnose_hang(
             Diagnosis(
                 rank,
                 "hang",
-                f"rank {rank} hung outside any collective, in {info.where}; {waits}; {head}",
+                f"rank {rank} hung outside any collective, in {info.where}, while {waits}; {head}",
                 t,
             )
         )
@@ -674,6 +675,21 @@ class Diagnoser:
                 )
                 found.append(self.hang)
         return found
+
+    def final(
+        self, state: Any, now: float, cpu_percent: Mapping[int, float] | None = None
+    ) -> list[Diagnosis]:
+        """At the end of the run: the straggler verdict over every rank's last steps, when it
+        was not reported yet (a short run ends before a finding can hold)."""
+        history = getattr(state, "phase_history", None)
+        if history is None:
+            return []
+        finding = find_straggler(history, None, cpu_percent, t=state.elapsed(now))
+        if finding is None or (finding.rank, finding.cause) == self._reported:
+            return []
+        self._reported = (finding.rank, finding.cause)
+        self.record(finding)
+        return [finding]
 
     def explain_hang(self, stacks: Mapping[int, str], t: float) -> list[Diagnosis]:
         """After a hang: the culprit and the waiting ranks from their stacks (recorded)."""

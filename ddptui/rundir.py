@@ -97,10 +97,10 @@ def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
 
 
 # -- how a run ended -------------------------------------------------------------------------
-#: Every way a run can end.
-OUTCOMES = ("finished", "failed", "stopped", "interrupted")
+#: Every way a run can end (``hung``: ddptui found a hang and tore the run down).
+OUTCOMES = ("finished", "failed", "stopped", "interrupted", "hung")
 #: ddptui's exit code for each outcome (``ddptui --no-ui`` returns it).
-EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130, "interrupted": 130}
+EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130, "interrupted": 130, "hung": 3}
 #: Version of the summary.json layout.
 SUMMARY_VERSION = 1
 #: Longest error / traceback text kept in summary.json.
@@ -111,15 +111,19 @@ class RunDirError(Exception):
     """A run directory that cannot be read or written; ``str()`` is a one-line message."""
 
 
-def decide_outcome(*, failed: bool, stopped: bool = False, interrupted: bool = False) -> str:
+def decide_outcome(
+    *, failed: bool, stopped: bool = False, interrupted: bool = False, hung: bool = False
+) -> str:
     """The one rule for how a run ended.
 
-    ``interrupted`` (Ctrl-C or SIGTERM to ddptui) and ``stopped`` (the user's stop) win over a
-    failure that the teardown itself caused; otherwise any failing rank or non-zero launcher
-    exit makes the run ``failed``.
+    ``interrupted`` (Ctrl-C or SIGTERM to ddptui), ``hung`` (ddptui tore a hung run down) and
+    ``stopped`` (the user's stop) win over a failure that the teardown itself caused;
+    otherwise any failing rank or non-zero launcher exit makes the run ``failed``.
     """
     if interrupted:
         return "interrupted"
+    if hung:
+        return "hung"
     if stopped:
         return "stopped"
     return "failed" if failed else "finished"

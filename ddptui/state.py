@@ -194,7 +194,7 @@ class RunState:
             view = self.ranks[failure.rank]
             view.state = "failed"
             view.error = view.error or failure.describe()
-        if outcome in ("failed", "stopped"):
+        if outcome in ("failed", "stopped", "hung"):
             # The launcher ended the run: a rank that never said it ended was torn down.
             for view in self.ranks.values():
                 if view.state in ("started", "pending"):

@@ -182,6 +182,25 @@ def test_diagnoser_says_nothing_once_the_run_ended():
     assert d.check(state, 100.0) == []
 
 
+def test_final_verdict_of_a_run_too_short_for_the_live_one():
+    state = live_state({0: VICTIM, 1: COMPUTE_CULPRIT})
+    d = Diagnoser(hang_timeout=0)
+    assert d.check(state, 10.0) == []  # not held long enough yet
+    for rank in (0, 1):  # the ranks end: no longer live
+        state.apply(protocol.Status(run="r", rank=rank, t=0, seq=99, state="finished"), 10.5)
+    (found,) = d.final(state, 11.0)
+    assert (found.rank, found.cause) == (1, "compute")
+    assert d.final(state, 12.0) == []  # said once
+    assert d.diagnoses == [found]
+
+
+def test_final_verdict_does_not_repeat_the_live_one():
+    state = live_state({0: VICTIM, 1: INPUT_CULPRIT})
+    d = Diagnoser(hang_timeout=0, confirm=1)
+    assert len(d.check(state, 10.0)) == 1
+    assert d.final(state, 11.0) == []
+
+
 # -- hangs ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "step_time, timeout, limit",
@@ -270,7 +289,7 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
                 *BOTTOM,
             ],
             True,
-            "DDP gradient all-reduce (in backward)",
+            "DDP gradient all-reduce, in backward",
             "main (train.py:80)",
         ),
         (
@@ -335,7 +354,7 @@ def test_diagnose_hang_names_the_rank_outside_the_collective():
     out = diagnose_hang({0: 12.0, 1: 13.0, 2: 12.0}, stacks, 10.0, t=40.0)
     assert [(d.rank, d.cause) for d in out] == [(1, "hang"), (0, "collective"), (2, "collective")]
     assert out[0].detail.startswith(
-        "rank 1 hung outside any collective, in stall_forever (train.py:12); "
+        "rank 1 hung outside any collective, in stall_forever (train.py:12), while "
         "ranks 0, 2 wait in a collective (all_reduce); no progress for 13 s"
     )
 

@@ -91,6 +91,7 @@ class Launcher:
         script: str | None = None,
         args: list[str] | tuple[str, ...] = (),
         grace: float = 3.0,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         if kind not in LAUNCHERS:
             raise ValueError(f"unknown launcher {kind!r}")
@@ -105,6 +106,8 @@ class Launcher:
         self.script = script
         self.args = list(args)
         self.grace = grace
+        #: More environment for every process of the run (e.g. DDPTUI_NO_INSTRUMENT=1).
+        self.extra_env = dict(extra_env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.result: LaunchResult | None = None
         self._stopping = False
@@ -130,6 +133,7 @@ class Launcher:
         env[RUN_ID_ENV] = self.run_id
         env[RUN_DIR_ENV] = str(self.run_dir)
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
         if self.endpoint:
             env[ENDPOINT_ENV] = self.endpoint
         else:
