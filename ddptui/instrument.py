@@ -241,7 +241,7 @@ class CudaStepRead:
 
     def __init__(self, marks: list[tuple[str, Any]], losses: list[Any], custom: dict) -> None:
         self._marks = marks  # [("start", ev0), (phase, ev1), ...]: phase = ev(i-1) -> ev(i)
-        self._losses = losses  # pinned host copies
+        self._losses = losses  # pinned host copies (or floats already read)
         self._custom = custom
 
     def query(self) -> bool:
@@ -254,7 +254,7 @@ class CudaStepRead:
             phases[name] += max(0.0, previous.elapsed_time(event) / 1000.0)
             previous = event
         phases.update(self._custom)
-        losses = [float(host.item()) for host in self._losses]
+        losses = [h if type(h) is float else float(h.item()) for h in self._losses]
         loss = sum(losses) / len(losses) if losses else None
         return [("phases", phases), ("loss", loss)]
 
@@ -669,6 +669,8 @@ class Instrument:
                     host = torch.empty((), dtype=value.dtype, pin_memory=True)
                     host.copy_(value.detach(), non_blocking=True)
                     host_losses.append(host)
+                else:  # a loss computed on the host: read now, it costs nothing
+                    host_losses.append(float(value.detach()))
         elif losses:
             numbers = [float(value.detach()) for value in losses]
             loss = sum(numbers) / len(numbers)

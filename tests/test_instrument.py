@@ -263,6 +263,67 @@ def test_phase_is_a_no_op_without_instrumentation():
     assert p is ddptui._NO_PHASE
 
 
+class FakeEvent:
+    """A CUDA event on a fake device whose clock is the test's: it completes when told."""
+
+    def __init__(self, clock, done):
+        self.clock, self.done, self.t = clock, done, None
+
+    def record(self, stream=None):
+        self.t = self.clock.now
+
+    def query(self):
+        return self.done[0]
+
+    def elapsed_time(self, end):
+        assert self.done[0], "read before the device passed the event: a synchronisation"
+        return (end.t - self.t) * 1000.0
+
+
+class FakeCuda:
+    def __init__(self, clock, done):
+        self.Event = lambda enable_timing=False: FakeEvent(clock, done)
+        self.current_stream = lambda device=None: "stream"
+
+
+class FakeTorch:
+    """torch with a fake ``cuda`` namespace: exercises the GPU timing path on CPU."""
+
+    def __init__(self, clock, done):
+        self.cuda = FakeCuda(clock, done)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def test_gpu_phases_come_from_events_read_only_once_complete(inst):
+    clock = inst.fake_clock
+    done = [False]
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    inst.torch = FakeTorch(clock, done)
+    inst._cuda = "cuda:0"  # as if the DDP module's parameters lived on a GPU
+    losses = [train_step(model, opt, clock, between_s=0.002).item() for _ in range(3)]
+    assert inst.fake.logs == []  # the device has not passed the events: nothing is read
+    done[0] = True
+    train_step(model, opt, clock, between_s=0.002)
+    inst.flush()
+    logs = inst.fake.logs
+    assert len(logs) == 4
+    for i, log in enumerate(logs):
+        expected = {
+            "data": 0.0 if i == 0 else 0.005,
+            "forward": 0.010,
+            "backward": 0.022,
+            "comm": 0.0,
+            "other": 0.001,
+            "optimizer": 0.003,
+        }
+        assert log["phases"] == pytest.approx(expected, abs=1e-9)
+        assert log["step_time"] == pytest.approx(sum(expected.values()), abs=1e-9)
+    assert [log["loss"] for log in logs[:3]] == pytest.approx(losses)  # host losses: read now
+
+
 def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     clock = inst.fake_clock
     model = Net(clock)
@@ -349,3 +410,31 @@ def test_uninstall_restores_torch(inst):
     instrument.uninstall()
     assert torch.Tensor.backward is not patched
     assert not hasattr(torch.Tensor.backward, "__wrapped__")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_cuda_steps_carry_device_phases_and_loss(inst):
+    inst.clock = __import__("time").perf_counter  # real time: the device's events are real
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))
+    model = DistributedDataParallel(net.to(device), device_ids=[0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    losses = []
+    for _ in range(10):
+        x = torch.randn(64, 256, device=device)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    torch.cuda.synchronize()
+    inst.flush(timeout=10.0)
+    logs = inst.fake.logs
+    assert len(logs) == 10
+    for log, loss in zip(logs, losses, strict=True):
+        assert set(PHASES) <= set(log["phases"])
+        assert log["phases"]["forward"] > 0 and log["phases"]["backward"] > 0
+        assert log["loss"] == pytest.approx(loss.item(), rel=1e-3)
+        assert log["samples"] == 64
