@@ -99,6 +99,7 @@ class RunSession:
         self._news: list[Diagnosis] = []
         self._next_diagnosis = 0.0
         self._hung = False
+        self._concluding = False
 
     @property
     def events_path(self) -> Path:
@@ -142,7 +143,7 @@ class RunSession:
 
     def _diagnose(self) -> None:
         now = self.clock()
-        if now < self._next_diagnosis:
+        if now < self._next_diagnosis or self._concluding:
             return
         self._next_diagnosis = now + DIAGNOSE_EVERY_S
         if self.probe is None:
@@ -231,6 +232,7 @@ class RunSession:
         return self.result
 
     def _conclude(self, result: LaunchResult, drain: bool = True, hung: bool = False) -> None:
+        self._concluding = True  # no new diagnosis while draining the last events
         deadline = time.monotonic() + (DRAIN_SECONDS if drain else 0.0)
         while time.monotonic() < deadline and self.collector is not None:
             if not self.pump(0.05) and time.monotonic() > deadline - DRAIN_SECONDS / 2:

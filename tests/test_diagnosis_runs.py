@@ -109,6 +109,15 @@ def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
     quiet = int(re.search(r"no progress for (\d+) s", named[1]["detail"]).group(1))
     assert 10 <= quiet < 30
     assert "hang: rank 1 hung outside any collective" in proc.stdout
+    replay = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "replay", "--no-ui", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert "hung (exit code 3)" in replay.stdout
+    assert "diagnosis: rank 1 hung outside any collective" in replay.stdout
 
 
 def test_crash_names_the_first_rank_and_its_consequences(tmp_path):
