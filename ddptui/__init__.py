@@ -7,6 +7,7 @@ no torch, no CUDA initialisation. Both calls are no-ops unless the script runs u
     import ddptui
     ddptui.log(epoch=epoch, loss=loss, samples=len(x))   # one training step on this rank
     ddptui.log_eval(accuracy=acc, loss=val_loss)         # an all-reduced evaluation
+    with ddptui.phase("augment"): ...                    # a custom phase of the step
 
 Rank, step number, timing and throughput are derived; ``epoch=`` is optional; any extra
 keyword metrics are carried along in the event's ``metrics``.
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["log", "log_eval", "started", "finished"]
+__all__ = ["log", "log_eval", "started", "finished", "phase"]
 __version__ = "0.1.0"
 
 _get_reporter: Callable[[], Any] | None = None  # ddptui.reporter.get_reporter, once imported
@@ -40,11 +41,44 @@ def _reporter() -> Any:
     return _get_reporter()
 
 
+#: The zero-code instrumentation of this rank (``ddptui.instrument``), when installed.
+_instrument: Any = None
+
+
+class _NoPhase:
+    """``ddptui.phase`` when nothing measures phases: does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoPhase:
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+_NO_PHASE = _NoPhase()
+
+
 def log(**metrics: Any) -> None:
     """Report one training step on this rank (``loss``, ``samples``, ``epoch``, extras).
 
     ``loss`` and extras may be tensors; CUDA ones are read without waiting for the GPU."""
+    if _instrument is not None:  # explicit calls win over the hooks; they get the phases
+        _instrument.explicit_log(metrics)
     (_get_reporter or _reporter)().log(**metrics)
+
+
+def phase(name: str) -> Any:
+    """A custom phase of the training step: ``with ddptui.phase("augment"): ...``.
+
+    Its host time is reported with the step's phases (beside the built-in ones, which it
+    overlaps). A no-op unless the rank runs under ddptui with its instrumentation on.
+    """
+    inst = _instrument
+    if inst is None:
+        return _NO_PHASE
+    return inst.phase(name)
 
 
 def log_eval(**metrics: Any) -> None:

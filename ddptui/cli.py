@@ -206,6 +206,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="process-group init: tcp://HOST:PORT, file:///PATH or env://",
     )
     g.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm")
+    d = p.add_argument_group("diagnosis")
+    d.add_argument(
+        "--hang-timeout",
+        help="seconds without progress before a rank counts as hung "
+        "(default: the larger of 60 s and 20x the median step time; 0: off)",
+    )
+    d.add_argument("--on-hang", help="when the run hangs: stop (tear it down, exit code 3) | keep")
+    d.add_argument(
+        "--no-instrument",
+        action="store_true",
+        help="no zero-code hooks in the ranks (steps only from ddptui.log)",
+    )
 
 
 def run_parser() -> argparse.ArgumentParser:

@@ -36,7 +36,10 @@ from ddptui.constants import (
     DEVICE_CHOICES,
     DEVICE_ENV,
     LAUNCHERS,
+    MAX_HANG_TIMEOUT_S,
     MAX_RANKS_PER_CORE,
+    NO_INSTRUMENT_ENV,
+    ON_HANG,
 )
 from ddptui.cpus import usable_cpus
 from ddptui.registry import DEFAULT_TRAINER, Registry, TrainerSpec, registry
@@ -126,6 +129,12 @@ class RunConfig:
     model: str | None = None
     trainer_module: str | None = None  # the module every rank runs (None for a script)
     run_id: str = ""
+    #: Seconds without progress before a rank counts as hung (None: the default rule, 0: off).
+    hang_timeout: float | None = None
+    #: What to do with a hung run: ``stop`` (exit code 3) or ``keep`` it running.
+    on_hang: str = "stop"
+    #: Zero-code instrumentation hooks in every rank (``--no-instrument`` turns them off).
+    instrument: bool = True
 
     @property
     def target_label(self) -> str:
@@ -164,11 +173,14 @@ class RunConfig:
         Under ``cpu`` the GPUs are also hidden (``CUDA_VISIBLE_DEVICES=""``): CPU ranks are then
         CPU ranks for every script, including one that picks CUDA whenever it sees a GPU, and
         no rank creates a CUDA context on a GPU it does not use. A script that wants the GPUs
-        runs with ``--device cuda`` (or ``auto``).
+        runs with ``--device cuda`` (or ``auto``). ``--no-instrument`` sets
+        ``DDPTUI_NO_INSTRUMENT=1`` (the rank entry then installs no zero-code hooks).
         """
         env = {DEVICE_ENV: self.device}
         if self.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
+        if not self.instrument:
+            env[NO_INSTRUMENT_ENV] = "1"
         return env
 
 
@@ -406,6 +418,9 @@ def _build(
     if not _blank(raw.get("init_method")):
         init_method = attempt(check_init_method, raw["init_method"])
 
+    hang_timeout = _optional(raw, "hang_timeout", _parse_hang_timeout, attempt)
+    on_hang = attempt(parse_choice, "on_hang", _default(raw, "on_hang", "stop"), ON_HANG) or "stop"
+
     run_id = str(raw.get("run_id") or new_run_id())
     run_dir = attempt(_check_run_dir, raw.get("run_dir"), run_id)
 
@@ -432,6 +447,9 @@ def _build(
         model=model,
         trainer_module=spec.module if spec is not None else None,
         run_id=run_id,
+        hang_timeout=hang_timeout,
+        on_hang=on_hang,
+        instrument=not bool(raw.get("no_instrument")),
     )
     if deep and spec is not None and spec.arg_parser and script_args and not checks.failed:
         problem = _trainer_args_problem(spec, tuple(cfg.trainer_argv()))
@@ -799,6 +817,16 @@ def _first_line(exc: BaseException) -> str:
 def _default(raw: Mapping[str, Any], key: str, default: Any) -> Any:
     value = raw.get(key)
     return default if _blank(value) else value
+
+
+def _parse_hang_timeout(text: Any) -> float:
+    value = parse_float("hang_timeout", text, positive=False)
+    if not 0 <= value <= MAX_HANG_TIMEOUT_S:  # False for NaN too
+        raise ConfigError(
+            "hang_timeout",
+            f"--hang-timeout must be 0 (off) or seconds up to {MAX_HANG_TIMEOUT_S:g}, got {text!r}",
+        )
+    return value
 
 
 def _optional(raw, key, parse, attempt):

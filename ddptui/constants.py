@@ -38,3 +38,14 @@ DEVICE_ENV = "DDPTUI_DEVICE"
 #: The pid of the process that started this one (ddptui for the driver, the driver for a
 #: rank): a process that finds another parent at start-up was orphaned and exits.
 PARENT_PID_ENV = "DDPTUI_PARENT_PID"
+
+# -- diagnosis ---------------------------------------------------------------------------------
+#: The built-in phases of a training step, in order; together they make up the whole step
+#: (see ddptui.instrument). Custom ``ddptui.phase`` names are carried beside them.
+PHASES = ("data", "forward", "backward", "comm", "optimizer", "other")
+#: Set to 1 to run ranks without the zero-code instrumentation hooks (``--no-instrument``).
+NO_INSTRUMENT_ENV = "DDPTUI_NO_INSTRUMENT"
+#: What ``--on-hang`` may do with a hung run: tear it down (exit code 3) or keep it running.
+ON_HANG = ("stop", "keep")
+#: Longest ``--hang-timeout``, in seconds.
+MAX_HANG_TIMEOUT_S = 1e6

@@ -16,6 +16,8 @@ from typing import TextIO
 
 from ddptui import protocol
 from ddptui.config import RunConfig
+from ddptui.constants import PHASES
+from ddptui.diagnosis import Diagnosis
 from ddptui.formatting import fmt_duration, fmt_num
 from ddptui.rundir import RunDirError, rank_log_name
 from ddptui.session import RunSession
@@ -24,6 +26,30 @@ from ddptui.state import RunState
 PRINT_EVERY_S = 5.0
 BAR_EVERY_S = 0.5
 BAR_WIDTH = 24
+
+
+def phase_table(state: RunState) -> list[str]:
+    """Each rank's recent phase breakdown (median share of the step), as aligned lines; empty
+    when no rank sent phases."""
+    history = state.phase_history
+    ranks = history.ranks()
+    if not ranks:
+        return []
+    width = max(len(p) for p in PHASES) + 1
+    lines = [
+        f"phases (median share of the step over the last {history.window} steps):",
+        "rank  " + "".join(f"{p:>{width}}" for p in PHASES),
+    ]
+    for rank in ranks:
+        shares = history.median_shares(rank)
+        cells = "".join(f"{shares[p] * 100:>{width - 2}.0f} %" for p in PHASES)
+        lines.append(f"{rank:>4}  {cells}")
+    return lines
+
+
+def diagnosis_line(diagnosis: Diagnosis) -> str:
+    label = "hang" if diagnosis.cause in ("hang", "collective") else "diagnosis"
+    return f"{label}: {diagnosis.detail}"
 
 
 def progress_line(state: RunState, now: float) -> str:
@@ -134,6 +160,13 @@ class HeadlessConsole:
             f"{state.samples_total:,} samples; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )
+        for line in phase_table(state):
+            self.line(line)
+        if state.outcome == "hung":
+            self.line(
+                "HUNG: the run was torn down (exit code 3); every rank's stack is in "
+                "summary.json and stacks-rank-N.txt"
+            )
         failure = state.failure
         if state.outcome == "failed" and failure is not None:
             self.line(f"FAILED: {failure.describe()}")
@@ -202,8 +235,8 @@ def signals_deferred() -> Iterator[None]:
 
 
 def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
-    """Run ``cfg`` to the end; the exit code of its outcome: 0 finished, 1 failed, 130 after
-    Ctrl-C, 143 after SIGTERM (``summary.json`` in the run directory says the same)."""
+    """Run ``cfg`` to the end; the exit code of its outcome: 0 finished, 1 failed, 3 hung, 130
+    after Ctrl-C, 143 after SIGTERM (``summary.json`` in the run directory says the same)."""
     out = out or sys.stdout
     console = HeadlessConsole(out)
     session = RunSession(cfg)
@@ -226,6 +259,8 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                 events = session.pump(0.1)
                 now = time.monotonic()
                 console.on_events(session.state, events, now)
+                for diagnosis in session.take_diagnoses():
+                    console.line(diagnosis_line(diagnosis))
                 console.tick(session.state, now)
         except Interrupted as exc:
             console.line(f"interrupted ({exc}): stopping every worker…")
@@ -233,6 +268,8 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         finally:
             guard.armed = False
             session.close()
+    for diagnosis in session.take_diagnoses():  # found at the end: the crash's root cause
+        console.line(diagnosis_line(diagnosis))
     console.summary(session, time.monotonic())
     if session.fault:
         print(f"ddptui: error: {session.fault}", file=sys.stderr)

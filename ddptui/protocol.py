@@ -44,6 +44,15 @@ MAX_RATE = 1e12
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 Metric = float | int | str | bool | None
 Metrics = Annotated[dict[str, Metric], msgspec.Meta(max_length=MAX_METRICS)]
+#: Most phases one step may carry (the built-in ones and a few custom ``ddptui.phase``).
+MAX_PHASES = 16
+#: Longest phase name.
+MAX_PHASE_NAME = 32
+#: Longest phase duration accepted, in seconds.
+MAX_PHASE_S = 1e6
+PhaseName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PHASE_NAME)]
+PhaseSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_PHASE_S)]
+Phases = Annotated[dict[PhaseName, PhaseSeconds], msgspec.Meta(max_length=MAX_PHASES)]
 
 
 class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=False):
@@ -90,6 +99,10 @@ class Step(Event, tag="step"):
     samples_per_s: float | None = None
     step_time: float | None = None
     metrics: Metrics = {}
+    #: Seconds of this step (or of the steps since the last explicit log) per phase: the
+    #: built-in ones (``constants.PHASES``, which partition the step) and custom ones
+    #: (``ddptui.phase``, which overlap them). None when nothing measured the phases.
+    phases: Phases | None = None
 
 
 class Eval(Event, tag="eval"):
@@ -126,6 +139,27 @@ _batch_decoder = msgspec.msgpack.Decoder(
 )
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def clean_phases(phases: object) -> dict[str, float] | None:
+    """``phases`` as the wire accepts them: string names (cut to MAX_PHASE_NAME), finite
+    durations in 0..MAX_PHASE_S seconds, at most MAX_PHASES of them; anything else is left
+    out (one bad value never costs the whole step event). None when nothing is left."""
+    if not isinstance(phases, dict):
+        return None
+    out: dict[str, float] = {}
+    for name, value in phases.items():
+        if len(out) >= MAX_PHASES:
+            break
+        if not isinstance(name, str) or not name or isinstance(value, bool):
+            continue
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if 0.0 <= seconds <= MAX_PHASE_S:  # False for NaN
+            out[name[:MAX_PHASE_NAME]] = seconds
+    return out or None
 
 
 class InvalidEvent(ValueError):

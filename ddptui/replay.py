@@ -38,4 +38,8 @@ def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
     failure = summary.get("failure")
     if failure:
         print(f"  FAILED: {failure.get('how')}", file=out)
+    diagnoses = summary.get("diagnoses")
+    for item in diagnoses if isinstance(diagnoses, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("detail"), str):
+            print(f"  diagnosis: {item['detail'][:500]}", file=out)
     return 0

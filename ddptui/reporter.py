@@ -367,6 +367,7 @@ class Reporter:
         samples_per_s = values.pop("samples_per_s", None)
         if samples_per_s is None and step_time and samples:
             samples_per_s = samples / step_time
+        phases = protocol.clean_phases(values.pop("phases", None))
         self._epoch_samples += samples
         self._epoch_open = self._epoch is not None
         if now < self._full_until and self._drop(now):  # known full: not even made or read
@@ -385,6 +386,7 @@ class Reporter:
             samples_per_s=samples_per_s,
             step_time=step_time,
             metrics=metrics,
+            phases=phases,
         )
 
     def log_eval(self, **values: Any) -> None:

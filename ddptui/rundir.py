@@ -9,6 +9,7 @@ The one module that knows what a run directory holds::
     launcher.log          the launcher's own output
     launcher-result.json  the first failing rank, as the launcher driver saw it
     checkpoint.pt         global rank 0's checkpoint after every epoch
+    stacks-rank-N.txt     rank N's Python stacks, dumped on ddptui's signal (hang diagnosis)
 
 Stdlib only (the launcher driver and the ranks import it).
 """
@@ -30,6 +31,11 @@ CHECKPOINT_FILE = "checkpoint.pt"
 def rank_log_name(rank: int | None) -> str:
     """``rank-N.log`` for a rank; ``launcher.log`` when no rank is known."""
     return LAUNCHER_LOG if rank is None else f"rank-{rank}.log"
+
+
+def stacks_name(rank: int) -> str:
+    """``stacks-rank-N.txt``: where rank N dumps its Python stacks when ddptui asks."""
+    return f"stacks-rank-{rank}.txt"
 
 
 class RunDir:
@@ -68,6 +74,9 @@ class RunDir:
     def rank_log(self, rank: int | None) -> Path:
         return self.path / rank_log_name(rank)
 
+    def stacks(self, rank: int) -> Path:
+        return self.path / stacks_name(rank)
+
     def holds_run(self) -> bool:
         """Whether a run was started here (its events file exists)."""
         return self.events.exists()
@@ -88,10 +97,10 @@ def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
 
 
 # -- how a run ended -------------------------------------------------------------------------
-#: Every way a run can end.
-OUTCOMES = ("finished", "failed", "stopped", "interrupted")
+#: Every way a run can end (``hung``: ddptui found a hang and tore the run down).
+OUTCOMES = ("finished", "failed", "stopped", "interrupted", "hung")
 #: ddptui's exit code for each outcome (``ddptui --no-ui`` returns it).
-EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130, "interrupted": 130}
+EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130, "interrupted": 130, "hung": 3}
 #: Version of the summary.json layout.
 SUMMARY_VERSION = 1
 #: Longest error / traceback text kept in summary.json.
@@ -102,15 +111,19 @@ class RunDirError(Exception):
     """A run directory that cannot be read or written; ``str()`` is a one-line message."""
 
 
-def decide_outcome(*, failed: bool, stopped: bool = False, interrupted: bool = False) -> str:
+def decide_outcome(
+    *, failed: bool, stopped: bool = False, interrupted: bool = False, hung: bool = False
+) -> str:
     """The one rule for how a run ended.
 
-    ``interrupted`` (Ctrl-C or SIGTERM to ddptui) and ``stopped`` (the user's stop) win over a
-    failure that the teardown itself caused; otherwise any failing rank or non-zero launcher
-    exit makes the run ``failed``.
+    ``interrupted`` (Ctrl-C or SIGTERM to ddptui), ``hung`` (ddptui tore a hung run down) and
+    ``stopped`` (the user's stop) win over a failure that the teardown itself caused;
+    otherwise any failing rank or non-zero launcher exit makes the run ``failed``.
     """
     if interrupted:
         return "interrupted"
+    if hung:
+        return "hung"
     if stopped:
         return "stopped"
     return "failed" if failed else "finished"

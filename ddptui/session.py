@@ -20,6 +20,7 @@ from pathlib import Path
 from ddptui import protocol
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig
+from ddptui.diagnosis import Diagnoser, Diagnosis, diagnose_crash, diagnoses_for_summary, rank_ends
 from ddptui.launch import Launcher, LaunchResult
 from ddptui.rundir import (
     EXIT_CODES,
@@ -34,6 +35,10 @@ from ddptui.state import RankFailureInfo, RunState
 
 #: After the launcher ends, keep reading this long for events still in flight.
 DRAIN_SECONDS = 0.5
+#: How often the running diagnosis (stragglers, hangs) looks at the run.
+DIAGNOSE_EVERY_S = 1.0
+#: How long to wait for the ranks' stack dumps after a hang.
+STACKS_TIMEOUT_S = 5.0
 
 
 def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
@@ -81,6 +86,17 @@ class RunSession:
         self._exit_code: int | None = None
         self.stats = CollectorStats()
         self._lock = threading.RLock()  # the dashboard reads state from another thread
+        #: Stragglers, hangs and crash causes, found as the run goes (see ddptui.diagnosis).
+        self.diagnoser = Diagnoser(hang_timeout=getattr(cfg, "hang_timeout", None))
+        #: What to do when the run hangs: ``stop`` it (exit code 3) or ``keep`` it running.
+        self.on_hang = getattr(cfg, "on_hang", "stop")
+        #: Every rank's Python stack (rank -> text), captured when the run hung.
+        self.stacks: dict[int, str] = {}
+        self.probe = None
+        self._news: list[Diagnosis] = []
+        self._next_diagnosis = 0.0
+        self._hung = False
+        self._concluding = False
 
     @property
     def events_path(self) -> Path:
@@ -111,7 +127,64 @@ class RunSession:
         events = self.collector.poll(timeout)
         if events:
             self._record(events)
+        if self.result is None:
+            self._diagnose()
         return events
+
+    # -- diagnosis ---------------------------------------------------------------------------
+    def take_diagnoses(self) -> list[Diagnosis]:
+        """What the diagnosis found since the last call (for the front end to show)."""
+        with self._lock:
+            news, self._news = self._news, []
+        return news
+
+    def _diagnose(self) -> None:
+        now = self.clock()
+        if now < self._next_diagnosis or self._concluding:
+            return
+        self._next_diagnosis = now + DIAGNOSE_EVERY_S
+        if self.probe is None:
+            from ddptui.probe import RankProbe
+
+            self.probe = RankProbe()
+        with self._lock:
+            pids = {r: v.pid for r, v in self.state.ranks.items() if v.pid and v.state == "started"}
+        self.probe.sample(pids, now)
+        with self._lock:
+            found = self.diagnoser.check(self.state, now, self.probe.cpu_percent())
+            self._news += found
+        if self.diagnoser.hang is not None and not self._hung:
+            self._on_hang(now)
+
+    def _on_hang(self, now: float) -> None:
+        """Capture every rank's stack, name the culprit, then stop the run (or keep it)."""
+        from ddptui.stacks import capture_stacks
+
+        self._hung = True
+        with self._lock:
+            pids = {r: v.pid for r, v in self.state.ranks.items() if v.pid}
+        stacks = capture_stacks(pids, self.run_dir, STACKS_TIMEOUT_S, run_id=self.cfg.run_id)
+        with self._lock:
+            self.stacks = stacks
+            self._news += self.diagnoser.explain_hang(stacks, self.state.elapsed(now))
+        if self.on_hang != "keep" and self.launcher is not None and self.result is None:
+            self._conclude(self.launcher.stop(), hung=True)
+
+    def _diagnose_crash(self) -> None:
+        state = self.state
+        failure = state.failure
+        memory = self.probe.memory_state() if self.probe is not None else None
+        rss = self.probe.rss if self.probe is not None else None
+        found = diagnose_crash(
+            rank_ends(state),
+            failure.rank if failure is not None else None,
+            memory,
+            rss,
+            t=state.elapsed(self.clock()),
+        )
+        for diagnosis in found:
+            self.diagnoser.record(diagnosis)
+        self._news += found
 
     def _record(self, events: list[protocol.AnyEvent]) -> None:
         if self._events_file is not None:
@@ -155,7 +228,8 @@ class RunSession:
             self._conclude(self.launcher.stop())
         return self.result
 
-    def _conclude(self, result: LaunchResult, drain: bool = True) -> None:
+    def _conclude(self, result: LaunchResult, drain: bool = True, hung: bool = False) -> None:
+        self._concluding = True  # no new diagnosis while draining the last events
         deadline = time.monotonic() + (DRAIN_SECONDS if drain else 0.0)
         while time.monotonic() < deadline and self.collector is not None:
             if not self.pump(0.05) and time.monotonic() > deadline - DRAIN_SECONDS / 2:
@@ -167,9 +241,16 @@ class RunSession:
             failed=self.fault is not None or not (result.ok or result.stopped),
             stopped=result.stopped and self.fault is None,
             interrupted=self._interrupted,
+            hung=hung,
         )
+        if hung:
+            failure = None  # ddptui's own teardown of a hung run, not a rank's failure
         with self._lock:
+            cpu = self.probe.cpu_percent() if self.probe is not None else None
+            self._news += self.diagnoser.final(self.state, self.clock(), cpu)
             self.state.set_outcome(outcome, failure, now=self.clock())
+            if outcome == "failed":
+                self._diagnose_crash()
         self.result = result
 
     @property
@@ -178,7 +259,8 @@ class RunSession:
 
     @property
     def exit_code(self) -> int:
-        """ddptui's exit code for this run (0 finished, 1 failed, 130 stopped/interrupted)."""
+        """ddptui's exit code for this run (0 finished, 1 failed, 3 hung, 130 stopped or
+        interrupted)."""
         if self._exit_code is not None and self.state.outcome == "interrupted":
             return self._exit_code
         return EXIT_CODES.get(self.state.outcome or "", 1)
@@ -217,6 +299,7 @@ class RunSession:
             },
             duration_s=duration,
         )
+        self.summary.update(diagnoses_for_summary(self.diagnoser.diagnoses, self.stacks))
         try:
             write_summary(self.run_dir, self.summary)
         except OSError as exc:

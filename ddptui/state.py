@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ddptui import protocol
+from ddptui.diagnosis import PhaseHistory
 
 #: Points kept per series (loss, throughput, step time) per rank.
 SERIES_LENGTH = 2_000
@@ -93,6 +94,8 @@ class RankView:
         default_factory=lambda: deque(maxlen=SERIES_LENGTH)
     )
     recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
+    #: The latest step's phases in seconds (built-in and custom), when the rank sends them.
+    phases: dict[str, float] | None = None
 
     @property
     def typical_step_time(self) -> float | None:
@@ -125,6 +128,8 @@ class RunState:
         #: dict form), for nodes other than the dashboard's own; filled by whoever receives
         #: the other nodes' samples (the multi-node engine), read by the system panel.
         self.node_samples: dict[int, object] = {}
+        #: Recent phase breakdowns per rank, for the straggler diagnosis.
+        self.phase_history = PhaseHistory()
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
@@ -185,6 +190,10 @@ class RunState:
         if ev.step_time is not None:
             view.step_time = ev.step_time
             view.recent_step_times.append(ev.step_time)
+        phases = getattr(ev, "phases", None)
+        if phases:
+            view.phases = phases
+            self.phase_history.add(view.rank, phases)
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
         # Every rank reports the same all-reduced result; the first one to arrive counts.
@@ -212,7 +221,7 @@ class RunState:
             )
             view.state = "failed"
             view.error = view.error or failure.describe()
-        if outcome in ("failed", "stopped"):
+        if outcome in ("failed", "stopped", "hung"):
             # The launcher ended the run: a rank that never said it ended was torn down.
             for view in self.ranks.values():
                 if view.state in ("started", "pending"):

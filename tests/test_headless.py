@@ -63,6 +63,21 @@ def test_events_are_a_public_jsonl_format(default_run):
         assert seqs == list(range(len(seqs)))
 
 
+def test_builtin_trainer_steps_carry_phases(default_run):
+    """The trainers call ddptui.log themselves; the zero-code hooks still time the phases and
+    attach them to each explicit step (and send no steps of their own)."""
+    from ddptui.constants import PHASES
+
+    _, run_dir = default_run
+    steps = [e for e in read_events(run_dir) if e["kind"] == "step"]
+    assert steps and all(set(PHASES) <= set(e["phases"] or {}) for e in steps)
+    for rank in (0, 1):
+        numbers = [e["step"] for e in steps if e["rank"] == rank]
+        assert numbers == list(range(1, len(numbers) + 1))  # one event per step, no doubles
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert isinstance(summary["diagnoses"], list)
+
+
 def test_replay_summarises_the_run(default_run):
     _, run_dir = default_run
     out = subprocess.run(

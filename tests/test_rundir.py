@@ -38,7 +38,13 @@ def test_one_rule_decides_the_outcome(failed, stopped, interrupted, outcome):
 
 
 def test_exit_codes_per_outcome():
-    assert EXIT_CODES == {"finished": 0, "failed": 1, "stopped": 130, "interrupted": 130}
+    assert EXIT_CODES == {
+        "finished": 0,
+        "failed": 1,
+        "stopped": 130,
+        "interrupted": 130,
+        "hung": 3,
+    }
 
 
 def _state():

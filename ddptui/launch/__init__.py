@@ -172,6 +172,7 @@ class Launcher:
         self.extra_env = dict(env or {})
         self.args = list(args)
         self.grace = grace
+        #: More environment for every process of the run (e.g. DDPTUI_NO_INSTRUMENT=1).
         self.process: subprocess.Popen[bytes] | None = None
         self.result: LaunchResult | None = None
         self._stopping = False

@@ -33,6 +33,7 @@ from pathlib import Path
 from ddptui.argv import split_passthrough
 from ddptui.constants import PARENT_PID_ENV, THREADS_ENV
 from ddptui.cpus import threads_per_rank
+from ddptui.instrument import install_rank
 from ddptui.rundir import RunDir
 
 _PR_SET_PDEATHSIG = 1
@@ -100,6 +101,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
 
 
 def report_failure(error: str, trace: str | None) -> None:

@@ -1,0 +1,96 @@
+"""A plain DDP training script, exactly as one writes it for torchrun: no ddptui import.
+
+Fault injection through environment variables (rank R, epochs counted from 1):
+
+* ``PLAIN_SLOW_DATA_RANK=R``, ``PLAIN_SLOW_DATA_S=S``: rank R's Dataset sleeps S per batch.
+* ``PLAIN_SLOW_COMPUTE_RANK=R``, ``PLAIN_EXTRA_MATMULS=N``: rank R runs N extra matmuls
+  between forward and backward.
+* ``PLAIN_HANG_RANK=R``, ``PLAIN_HANG_EPOCH=E``: rank R stops for good at the start of E.
+* ``PLAIN_FAIL_RANK=R``, ``PLAIN_FAIL_EPOCH=E``: rank R raises at the start of epoch E.
+
+Sizes: ``PLAIN_EPOCHS`` (default 2), ``PLAIN_STEPS`` (steps per epoch, default 20),
+``PLAIN_BATCH`` (default 16).
+"""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def env_int(name, default=-1):
+    return int(os.environ.get(name, default))
+
+
+EPOCHS = env_int("PLAIN_EPOCHS", 2)
+STEPS = env_int("PLAIN_STEPS", 20)
+BATCH = env_int("PLAIN_BATCH", 16)
+
+
+class Points(Dataset):
+    """Random regression points; sleeps once per batch on the slow-data rank."""
+
+    def __init__(self, size, rank):
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(size, 32, generator=gen)
+        self.y = self.x.sum(dim=1, keepdim=True)
+        self.sleep = (
+            float(os.environ.get("PLAIN_SLOW_DATA_S", "0"))
+            if rank == env_int("PLAIN_SLOW_DATA_RANK")
+            else 0.0
+        )
+        self.calls = 0
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        if self.sleep and self.calls % BATCH == 0:
+            time.sleep(self.sleep)
+        self.calls += 1
+        return self.x[index], self.y[index]
+
+
+def stall_forever():
+    """The injected hang: this rank never reaches its next collective."""
+    while True:
+        time.sleep(1)
+
+
+def main():
+    dist.init_process_group("gloo")  # env:// from the launcher
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = Points(STEPS * BATCH * world, rank)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    extra = env_int("PLAIN_EXTRA_MATMULS", 0) if rank == env_int("PLAIN_SLOW_COMPUTE_RANK") else 0
+    busy = torch.randn(192, 192)
+    for epoch in range(1, EPOCHS + 1):
+        sampler.set_epoch(epoch)
+        if rank == env_int("PLAIN_HANG_RANK") and epoch == env_int("PLAIN_HANG_EPOCH"):
+            stall_forever()
+        if rank == env_int("PLAIN_FAIL_RANK") and epoch == env_int("PLAIN_FAIL_EPOCH"):
+            raise RuntimeError(f"injected failure on rank {rank} at epoch {epoch}")
+        for x, y in loader:
+            out = model(x)
+            loss = torch.nn.functional.mse_loss(out, y)
+            for _ in range(extra):
+                busy = torch.tanh(busy @ busy)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    print(f"rank {rank} done, last loss {loss.item():.4f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

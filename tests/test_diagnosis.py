@@ -1,0 +1,532 @@
+"""Diagnosis rules, table-driven: stragglers from phases, hangs, stack classification, crash
+root cause, and the summary.json part. Pure: no processes, no sockets."""
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ddptui import protocol
+from ddptui.diagnosis import (
+    Diagnoser,
+    Diagnosis,
+    MemoryState,
+    PhaseHistory,
+    RankEnd,
+    classify_stack,
+    diagnose_crash,
+    diagnose_hang,
+    diagnoses_for_summary,
+    find_straggler,
+    hang_limit,
+    hung_ranks,
+    rank_ends,
+)
+from ddptui.state import RankFailureInfo, RunState
+
+STACKS = Path(__file__).parent / "data" / "stacks"
+
+
+def phases(data=0.0, forward=0.0, backward=0.0, comm=0.0, optimizer=0.0, other=0.0, **custom):
+    out = dict(
+        data=data, forward=forward, backward=backward, comm=comm, optimizer=optimizer, other=other
+    )
+    out.update(custom)
+    return out
+
+
+# One step of 100 ms seen from each rank, by scenario.
+BALANCED = phases(data=0.005, forward=0.03, backward=0.05, comm=0.01, optimizer=0.005)
+VICTIM = phases(data=0.004, forward=0.01, backward=0.015, comm=0.066, optimizer=0.005)
+INPUT_CULPRIT = phases(data=0.066, forward=0.01, backward=0.015, comm=0.004, optimizer=0.005)
+COMPUTE_CULPRIT = phases(data=0.004, forward=0.02, backward=0.066, comm=0.005, optimizer=0.005)
+COMM_BOUND = phases(data=0.005, forward=0.01, backward=0.02, comm=0.06, optimizer=0.005)
+
+
+def history(per_rank, steps=10):
+    h = PhaseHistory()
+    for _ in range(steps):
+        for rank, p in per_rank.items():
+            h.add(rank, p)
+    return h
+
+
+@pytest.mark.parametrize(
+    "per_rank, rank, cause, words",
+    [
+        ({0: VICTIM, 1: INPUT_CULPRIT}, 1, "input", "data wait 66 % of step vs 4 % median"),
+        ({0: INPUT_CULPRIT, 1: VICTIM}, 0, "input", "data wait 66 %"),
+        ({0: VICTIM, 1: COMPUTE_CULPRIT}, 1, "compute", "backward 66 % of step vs 15 % median"),
+        (
+            {0: VICTIM, 1: VICTIM, 2: COMPUTE_CULPRIT, 3: VICTIM},
+            2,
+            "compute",
+            "the other ranks wait 66 % of their step in communication",
+        ),
+        ({0: VICTIM, 1: VICTIM, 2: VICTIM, 3: INPUT_CULPRIT}, 3, "input", "vs 4 % median"),
+        ({0: COMM_BOUND, 1: COMM_BOUND}, None, "communication", "wait 60 % of their step"),
+        ({0: BALANCED, 1: BALANCED}, None, None, None),
+        ({0: BALANCED, 1: BALANCED, 2: BALANCED}, None, None, None),
+    ],
+)
+def test_straggler_names_the_late_rank_not_its_victims(per_rank, rank, cause, words):
+    found = find_straggler(history(per_rank), t=12.5)
+    if cause is None:
+        assert found is None
+        return
+    assert (found.rank, found.cause) == (rank, cause)
+    assert words in found.detail
+    assert found.t == 12.5
+
+
+def test_equal_step_times_do_not_blame_the_waiting_rank():
+    # DDP equalises step times: both ranks take 100 ms; only the phases tell them apart.
+    h = history({0: VICTIM, 1: COMPUTE_CULPRIT})
+    found = find_straggler(h)
+    assert found.rank == 1 and "rank 0" not in found.detail
+
+
+def test_straggler_needs_enough_steps_and_two_ranks():
+    assert find_straggler(history({0: VICTIM, 1: INPUT_CULPRIT}, steps=4)) is None
+    assert find_straggler(history({0: VICTIM}, steps=20)) is None
+    assert find_straggler(PhaseHistory()) is None
+
+
+def test_straggler_judges_only_the_live_ranks():
+    h = history({0: VICTIM, 1: INPUT_CULPRIT, 2: VICTIM})
+    assert find_straggler(h).rank == 1
+    assert find_straggler(h, ranks=[0, 2]).rank is None  # rank 1 ended: not judged
+
+
+@pytest.mark.parametrize(
+    "cpu, cause",
+    [
+        ({1: 30.0}, "host"),  # computes ~90 % of its step on a third of a core
+        ({1: 95.0}, "compute"),
+        ({0: 10.0}, "compute"),  # the victim's CPU says nothing about the culprit
+        ({1: float("nan")}, "compute"),
+        (None, "compute"),
+    ],
+)
+def test_a_compute_straggler_short_of_cpu_is_host(cpu, cause):
+    found = find_straggler(history({0: VICTIM, 1: COMPUTE_CULPRIT}), cpu_percent=cpu)
+    assert found.cause == cause
+    if cause == "host":
+        assert "gets 30 % CPU" in found.detail
+
+
+def test_a_few_odd_steps_do_not_change_the_verdict():
+    h = history({0: VICTIM, 1: INPUT_CULPRIT}, steps=20)
+    for _ in range(5):  # a burst the other way (e.g. an evaluation on rank 0)
+        h.add(0, INPUT_CULPRIT)
+        h.add(1, VICTIM)
+    assert find_straggler(h).rank == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"data": 0.0, "comm": 0.0},
+        {"data": float("inf")},
+        {"data": -1.0},
+        {"data": "x"},
+        {"custom": 5.0},
+    ],
+)
+def test_phase_history_ignores_steps_without_measurable_phases(bad):
+    h = PhaseHistory()
+    h.add(0, bad)
+    assert h.steps(0) == 0
+
+
+def test_custom_phases_are_kept_for_display_but_not_judged():
+    h = PhaseHistory()
+    h.add(0, phases(data=0.5, comm=0.5, augment=10.0))
+    assert h.latest[0]["augment"] == 10.0
+    assert h.median_shares(0)["data"] == 0.5
+
+
+# -- the running judgement --------------------------------------------------------------------
+def step_event(rank, seq, p, step_time=0.1):
+    return protocol.Step(
+        run="r", rank=rank, t=0.0, seq=seq, step=seq + 1, step_time=step_time, phases=p
+    )
+
+
+def live_state(per_rank, steps=10):
+    state = RunState("r", len(per_rank))
+    for i in range(steps):
+        for rank, p in per_rank.items():
+            state.apply(step_event(rank, i, p), now=float(i))
+    return state
+
+
+def test_diagnoser_reports_a_straggler_once_after_it_held():
+    state = live_state({0: VICTIM, 1: INPUT_CULPRIT})
+    d = Diagnoser(hang_timeout=0)
+    assert d.check(state, 10.0) == []
+    assert d.check(state, 11.0) == []
+    (found,) = d.check(state, 12.0)
+    assert (found.rank, found.cause) == (1, "input")
+    assert found.t == pytest.approx(12.0)
+    assert d.check(state, 13.0) == []
+    assert d.diagnoses == [found]
+
+
+def test_diagnoser_says_nothing_once_the_run_ended():
+    state = live_state({0: VICTIM, 1: INPUT_CULPRIT})
+    state.set_outcome("finished")
+    d = Diagnoser(confirm=1)
+    assert d.check(state, 100.0) == []
+
+
+def test_final_verdict_of_a_run_too_short_for_the_live_one():
+    state = live_state({0: VICTIM, 1: COMPUTE_CULPRIT})
+    d = Diagnoser(hang_timeout=0)
+    assert d.check(state, 10.0) == []  # not held long enough yet
+    for rank in (0, 1):  # the ranks end: no longer live
+        state.apply(protocol.Status(run="r", rank=rank, t=0, seq=99, state="finished"), 10.5)
+    (found,) = d.final(state, 11.0)
+    assert (found.rank, found.cause) == (1, "compute")
+    assert d.final(state, 12.0) == []  # said once
+    assert d.diagnoses == [found]
+
+
+def test_final_verdict_does_not_repeat_the_live_one():
+    state = live_state({0: VICTIM, 1: INPUT_CULPRIT})
+    d = Diagnoser(hang_timeout=0, confirm=1)
+    assert len(d.check(state, 10.0)) == 1
+    assert d.final(state, 11.0) == []
+
+
+# -- hangs ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "step_time, timeout, limit",
+    [
+        (None, None, 60.0),
+        (0.1, None, 60.0),
+        (5.0, None, 100.0),  # 20 x the median step time
+        (5.0, 10, 10.0),
+        (5.0, 0, None),  # off
+        (5.0, 0.5, 0.5),
+    ],
+)
+def test_hang_limit(step_time, timeout, limit):
+    state = RunState("r", 2)
+    if step_time is not None:
+        for i in range(3):
+            state.apply(step_event(0, i, None, step_time), now=float(i))
+    assert hang_limit(state, timeout) == limit
+
+
+def test_hung_ranks_are_running_ranks_silent_past_the_limit():
+    state = RunState("r", 4)
+    state.started_at = 0.0
+    state.apply(step_event(0, 0, None), now=100.0)
+    state.apply(step_event(1, 0, None), now=90.0)
+    state.apply(protocol.Status(run="r", rank=2, t=0, seq=0, state="finished"), now=10.0)
+    # rank 3 never said anything: counted from the start, with the start-up allowance
+    assert hung_ranks(state, 105.0, 10.0) == {1: 15.0, 3: 105.0}
+    assert hung_ranks(state, 105.0, None) == {}
+    assert hung_ranks(state, 50.0, 10.0) == {}
+    state.set_outcome("failed")
+    assert hung_ranks(state, 500.0, 10.0) == {}
+
+
+def test_diagnoser_reports_the_hang_once():
+    state = RunState("r", 2)
+    state.started_at = 0.0
+    for rank in (0, 1):
+        state.apply(step_event(rank, 0, None), now=1.0)
+    d = Diagnoser(hang_timeout=10)
+    assert d.check(state, 5.0) == []
+    (hang,) = d.check(state, 12.0)
+    assert hang.cause == "hang" and hang.rank is None
+    assert "no progress for 11 s on ranks 0, 1 (limit 10 s)" in hang.detail
+    assert d.check(state, 20.0) == []
+    assert d.hung == {0: 11.0, 1: 11.0}
+
+
+# -- stacks -----------------------------------------------------------------------------------
+def dump(*threads):
+    """A faulthandler dump: threads given as lists of (file, line, func), innermost first."""
+    out = []
+    for i, frames in enumerate(threads):
+        head = "Current thread" if i == len(threads) - 1 else "Thread"
+        out.append(f"{head} 0x00007f{i:010x} (most recent call first):")
+        out += [f'  File "{f}", line {n} in {fn}' for f, n, fn in frames]
+        out.append("")
+    return "\n".join(out)
+
+
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+SCRIPT = "/home/me/train.py"
+BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
+
+
+@pytest.mark.parametrize(
+    "frames, in_collective, collective, where",
+    [
+        (
+            [(f"{TORCH}/distributed/distributed_c10d.py", 2500, "all_reduce"), *BOTTOM],
+            True,
+            "all_reduce",
+            "main (train.py:80)",
+        ),
+        (
+            [(f"{TORCH}/distributed/c10d_logger.py", 81, "wrapper"), *BOTTOM],
+            True,
+            "wrapper",
+            "main (train.py:80)",
+        ),
+        (
+            [
+                (f"{TORCH}/autograd/graph.py", 829, "_engine_run_backward"),
+                (f"{TORCH}/autograd/__init__.py", 364, "backward"),
+                (f"{TORCH}/_tensor.py", 630, "backward"),
+                *BOTTOM,
+            ],
+            True,
+            "DDP gradient all-reduce, in backward",
+            "main (train.py:80)",
+        ),
+        (
+            [(f"{TORCH}/nn/parallel/distributed.py", 1700, "_sync_buffers"), *BOTTOM],
+            True,
+            "DDP _sync_buffers",
+            "main (train.py:80)",
+        ),
+        ([(SCRIPT, 12, "stall_forever"), *BOTTOM], False, None, "stall_forever (train.py:12)"),
+        (
+            [
+                ("/usr/lib/python3.11/threading.py", 327, "wait"),
+                ("/usr/lib/python3.11/queue.py", 180, "get"),
+                (f"{TORCH}/utils/data/dataloader.py", 1130, "_try_get_data"),
+                *BOTTOM,
+            ],
+            False,
+            None,
+            "main (train.py:80)",
+        ),
+        (
+            # a user's own forward under DDP: the script's frame is innermost
+            [(SCRIPT, 40, "forward"), (f"{TORCH}/nn/parallel/distributed.py", 1600, "forward")]
+            + BOTTOM,
+            False,
+            None,
+            "forward (train.py:40)",
+        ),
+    ],
+)
+def test_classify_stack(frames, in_collective, collective, where):
+    info = classify_stack(dump(frames))
+    assert (info.in_collective, info.collective, info.where) == (in_collective, collective, where)
+
+
+def test_classify_stack_reads_the_main_thread_not_helpers():
+    helper = [("/usr/lib/python3.11/threading.py", 331, "wait"), ("/x/worker.py", 5, "run")]
+    main = [(f"{TORCH}/distributed/distributed_c10d.py", 4000, "barrier"), *BOTTOM]
+    assert classify_stack(dump(helper, main)).collective == "barrier"
+    assert classify_stack(dump(main, helper)).collective == "barrier"  # found by <module>
+
+
+@pytest.mark.parametrize("text", ["", "garbage\n\x00", "Thread 0x1 (most recent call first):\n"])
+def test_classify_stack_survives_junk(text):
+    assert classify_stack(text).in_collective is False
+
+
+def test_real_captured_stacks_are_classified():
+    """Dumps captured from a real hang of tests/scripts/plain_ddp.py (gloo, 2 ranks)."""
+    culprit = classify_stack((STACKS / "hang-rank-1.txt").read_text())
+    victim = classify_stack((STACKS / "hang-rank-0.txt").read_text())
+    assert not culprit.in_collective and culprit.where.startswith("stall_forever (plain_ddp.py:")
+    assert victim.in_collective
+
+
+def test_diagnose_hang_names_the_rank_outside_the_collective():
+    stacks = {
+        0: dump([(f"{TORCH}/distributed/distributed_c10d.py", 1, "all_reduce"), *BOTTOM]),
+        1: dump([(SCRIPT, 12, "stall_forever"), *BOTTOM]),
+        2: dump([(f"{TORCH}/distributed/distributed_c10d.py", 1, "all_reduce"), *BOTTOM]),
+    }
+    out = diagnose_hang({0: 12.0, 1: 13.0, 2: 12.0}, stacks, 10.0, t=40.0)
+    assert [(d.rank, d.cause) for d in out] == [(1, "hang"), (0, "collective"), (2, "collective")]
+    assert out[0].detail.startswith(
+        "rank 1 hung outside any collective, in stall_forever (train.py:12), while "
+        "ranks 0, 2 wait in a collective (all_reduce); no progress for 13 s"
+    )
+
+
+def test_diagnose_hang_without_a_culprit_blames_the_run():
+    coll = dump([(f"{TORCH}/distributed/distributed_c10d.py", 1, "barrier"), *BOTTOM])
+    out = diagnose_hang({0: 12.0, 1: 12.0}, {0: coll, 1: coll}, 10.0, t=1.0)
+    assert (out[0].rank, out[0].cause) == (None, "hang")
+    assert "mismatched collectives" in out[0].detail
+    (alone,) = diagnose_hang({0: 12.0}, {}, 10.0, t=1.0)
+    assert "no stacks captured" in alone.detail
+
+
+# -- crashes ----------------------------------------------------------------------------------
+RESET = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+
+
+@pytest.mark.parametrize(
+    "ends, launcher, memory, expect",
+    [
+        # the first to fail is the cause; the later "connection closed" is a consequence
+        (
+            [RankEnd(0, t=5.0, error=RESET), RankEnd(1, t=4.0, error="ValueError: bad")],
+            0,
+            None,
+            [(1, "crash"), (0, "consequence")],
+        ),
+        # a consequence that happens to arrive first does not become the cause
+        (
+            [RankEnd(0, t=3.0, error=RESET), RankEnd(1, t=4.0, error="KeyError: 'x'")],
+            0,
+            None,
+            [(1, "crash"), (0, "consequence")],
+        ),
+        # killed without a word, named by the launcher, memory full: likely OOM
+        (
+            [RankEnd(1, signal="SIGKILL", exit_code=-9), RankEnd(0, t=2.0, error=RESET)],
+            1,
+            MemoryState(host_fraction=0.98),
+            [(1, "oom"), (0, "consequence")],
+        ),
+        (
+            [RankEnd(1, signal="SIGKILL"), RankEnd(0, t=2.0, error=RESET)],
+            1,
+            MemoryState(oom_kills=1),
+            [(1, "oom"), (0, "consequence")],
+        ),
+        (
+            [RankEnd(1, signal="SIGKILL")],
+            1,
+            MemoryState(cgroup_current=990, cgroup_max=1000),
+            [(1, "oom")],
+        ),
+        # SIGKILL with memory to spare: a crash, not OOM
+        ([RankEnd(1, signal="SIGKILL")], 1, MemoryState(host_fraction=0.5), [(1, "crash")]),
+        ([RankEnd(1, exit_code=137)], 1, None, [(1, "crash")]),
+        # everyone looks like a consequence: the earliest is named
+        (
+            [RankEnd(0, t=3.0, error=RESET), RankEnd(1, t=2.0, error="DistBackendError: nccl")],
+            None,
+            None,
+            [(1, "crash"), (0, "consequence")],
+        ),
+        # torn down by ddptui (SIGTERM) is never the cause
+        (
+            [RankEnd(0, signal="SIGTERM"), RankEnd(1, t=9.0, error="OSError: disk")],
+            0,
+            None,
+            [(1, "crash"), (0, "consequence")],
+        ),
+        ([], 0, None, []),
+    ],
+)
+def test_diagnose_crash(ends, launcher, memory, expect):
+    out = diagnose_crash(ends, launcher, memory, rss={1: 3 * 1024**3}, t=7.0)
+    assert [(d.rank, d.cause) for d in out] == expect
+
+
+def test_crash_details_carry_the_evidence():
+    ends = [
+        RankEnd(1, signal="SIGKILL", exit_code=-9),
+        RankEnd(0, t=2.0, error=RESET),
+    ]
+    oom, consequence = diagnose_crash(ends, 1, MemoryState(host_fraction=0.97), {1: 3 * 1024**3})
+    assert oom.detail == (
+        "rank 1 was killed by SIGKILL while host memory was 97 % used: likely out of memory; "
+        "last RSS 3.0 GiB"
+    )
+    assert consequence.detail.startswith("rank 0 failed after rank 1 (RuntimeError: [../gloo")
+    (crash,) = diagnose_crash([RankEnd(2, t=1.0, error="ValueError: x", traceback="Tb...")])
+    assert crash.detail == "rank 2 failed first: ValueError: x (traceback in the failure)"
+
+
+def test_rank_ends_from_the_state():
+    state = RunState("r", 3)
+    state.apply(protocol.Status(run="r", rank=0, t=0, seq=0, state="failed", error=RESET), 9.0)
+    state.apply(protocol.Status(run="r", rank=2, t=0, seq=0, state="started"), 1.0)
+    state.set_outcome("failed", RankFailureInfo(rank=2, signal="SIGKILL", exit_code=-9), 10.0)
+    ends = {e.rank: e for e in rank_ends(state)}
+    assert set(ends) == {0, 2}
+    assert ends[0].t == 9.0 and ends[0].error == RESET
+    assert ends[2].t is None and ends[2].signal == "SIGKILL" and ends[2].error is None
+    out = diagnose_crash(list(ends.values()), state.failure.rank)
+    assert [(d.rank, d.cause) for d in out] == [(2, "crash"), (0, "consequence")]
+
+
+# -- summary.json -----------------------------------------------------------------------------
+def test_diagnoses_for_summary_is_plain_json():
+    found = [
+        Diagnosis(1, "input", "rank 1 straggler: input (…)", 12.34567),
+        Diagnosis(None, "hang", "x", float("nan")),
+    ]
+    doc = diagnoses_for_summary(found, {1: "a" * 30_000, 0: "stack"})
+    text = json.dumps(doc, allow_nan=False)
+    back = json.loads(text)
+    assert back["diagnoses"][0] == {
+        "rank": 1,
+        "cause": "input",
+        "detail": "rank 1 straggler: input (…)",
+        "t": 12.346,
+    }
+    assert back["diagnoses"][1]["t"] is None
+    assert list(back["stacks"]) == ["0", "1"] and len(back["stacks"]["1"]) < 20_100
+    assert "stacks" not in diagnoses_for_summary([])
+
+
+# -- the wire ----------------------------------------------------------------------------------
+BASE = dict(run="r", rank=0, t=1.0, seq=0)
+
+
+def test_step_phases_round_trip():
+    event = protocol.Step(step=1, phases={"data": 0.1, "augment": 0.02}, **BASE)
+    assert protocol.decode_batch(protocol.encode_batch([event])) == [event]
+    assert protocol.from_json(protocol.to_json(event)) == event
+    old = protocol.from_json(b'{"kind":"step","step":1,"v":1,"run":"r","rank":0,"t":1,"seq":0}')
+    assert old.phases is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"data": -0.1},
+        {"data": float("nan")},
+        {"data": 1e400},
+        {"": 1.0},
+        {"x" * 33: 1.0},
+        {f"p{i}": 0.1 for i in range(protocol.MAX_PHASES + 1)},
+        {"data": "fast"},
+        [0.1, 0.2],
+    ],
+)
+def test_bad_phases_are_rejected_on_the_wire(bad):
+    raw = msgspec.msgpack.encode([{"kind": "step", "step": 1, "phases": bad, **BASE}])
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(raw)
+
+
+@pytest.mark.parametrize(
+    "given, cleaned",
+    [
+        (None, None),
+        ("x", None),
+        ({}, None),
+        ({"data": 0.5, "forward": 1}, {"data": 0.5, "forward": 1.0}),
+        ({"data": -1, "comm": float("nan"), "x": float("inf"), "ok": 0.0}, {"ok": 0.0}),
+        ({"data": True, 5: 1.0, "": 1.0, "y": "2"}, {"y": 2.0}),
+        ({"n" * 50: 1.0}, {"n" * 32: 1.0}),
+        ({f"p{i}": 0.1 for i in range(40)}, {f"p{i}": 0.1 for i in range(16)}),
+    ],
+)
+def test_clean_phases(given, cleaned):
+    assert protocol.clean_phases(given) == cleaned
+    if cleaned:  # what is left always passes the wire's validation
+        event = protocol.Step(step=1, phases=cleaned, **BASE)
+        protocol.decode_batch(protocol.encode_batch([event]))

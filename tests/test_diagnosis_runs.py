@@ -1,0 +1,134 @@
+"""Diagnosis end to end: an unmodified DDP script (no ddptui import) run through ddptui under
+both launchers, with injected faults: an input straggler, a compute straggler, a hang and a
+crash. Real ranks, gloo, CPU."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddptui.constants import PHASES
+from ddptui.diagnosis import classify_stack, find_straggler
+from ddptui.rundir import iter_events
+from ddptui.state import RunState
+from tests.helpers import ROOT, processes_of_run, read_events
+
+pytestmark = pytest.mark.slow
+
+PLAIN = ROOT / "tests" / "scripts" / "plain_ddp.py"
+
+
+def ddptui_run(run_dir, launcher, env, *args, timeout=150):
+    """``ddptui --no-ui --script plain_ddp.py`` with 2 ranks; leaves no process behind."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(PLAIN)]
+    cmd += ["--world-size", "2", "--launcher", launcher, "--run-dir", str(run_dir), *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    finally:
+        run_id = json.loads((Path(run_dir) / "config.json").read_text())["run_id"]
+        leftovers = processes_of_run(run_id)
+        for p in leftovers:
+            p.kill()
+    assert leftovers == [], "the run left processes behind"
+    return proc, json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def replayed(run_dir):
+    state = RunState("replay", 2)
+    for event in iter_events(run_dir):
+        state.apply(event)
+    return state
+
+
+def check_live_steps(run_dir, steps_per_rank):
+    steps = [e for e in read_events(run_dir) if e["kind"] == "step"]
+    for rank in (0, 1):
+        mine = [e for e in steps if e["rank"] == rank]
+        assert len(mine) == steps_per_rank
+        assert [e["step"] for e in mine] == list(range(1, steps_per_rank + 1))
+        for e in mine:
+            assert set(PHASES) <= set(e["phases"])
+            assert e["samples"] == 16 and e["epoch"] == 1 and e["loss"] is not None
+            assert sum(e["phases"][p] for p in PHASES) == pytest.approx(e["step_time"], rel=1e-6)
+
+
+def test_input_straggler_under_torchrun(tmp_path):
+    env = {
+        "PLAIN_EPOCHS": "1",
+        "PLAIN_STEPS": "25",
+        "PLAIN_SLOW_DATA_RANK": "1",
+        "PLAIN_SLOW_DATA_S": "0.05",
+    }
+    proc, summary = ddptui_run(tmp_path / "run", "torchrun", env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_live_steps(tmp_path / "run", 25)
+    found = find_straggler(replayed(tmp_path / "run").phase_history)
+    assert (found.rank, found.cause) == (1, "input")
+    named = [(d["rank"], d["cause"]) for d in summary["diagnoses"]]
+    assert (1, "input") in named and all(rank != 0 for rank, _ in named)
+    assert "diagnosis: rank 1 straggler: input (data wait" in proc.stdout
+    assert re.search(r"^\s+1\s+\d\d %", proc.stdout, re.M)  # the phase table
+
+
+def test_compute_straggler_under_spawn(tmp_path):
+    env = {
+        "PLAIN_EPOCHS": "1",
+        "PLAIN_STEPS": "25",
+        "PLAIN_SLOW_COMPUTE_RANK": "1",
+        "PLAIN_EXTRA_MATMULS": "40",
+    }
+    proc, summary = ddptui_run(tmp_path / "run", "spawn", env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_live_steps(tmp_path / "run", 25)
+    found = find_straggler(replayed(tmp_path / "run").phase_history)
+    assert (found.rank, found.cause) == (1, "compute")
+    assert "backward" in found.detail
+    named = [(d["rank"], d["cause"]) for d in summary["diagnoses"]]
+    # with the ranks' CPU known, a starved culprit is "host": still rank 1, never rank 0
+    assert named and all(r == 1 and c in ("compute", "host") for r, c in named), named
+
+
+def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
+    env = {"PLAIN_EPOCHS": "3", "PLAIN_STEPS": "5", "PLAIN_HANG_RANK": "1", "PLAIN_HANG_EPOCH": "2"}
+    proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "10")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert summary["outcome"] == "hung" and summary["exit_code"] == 3
+    assert summary["failure"] is None
+    stacks = summary["stacks"]
+    assert set(stacks) == {"0", "1"}
+    assert "in stall_forever" in stacks["1"]
+    assert classify_stack(stacks["0"]).in_collective
+    named = {d["rank"]: d for d in summary["diagnoses"]}
+    assert named[1]["cause"] == "hang" and "stall_forever (plain_ddp.py:" in named[1]["detail"]
+    assert named[0]["cause"] == "collective"
+    quiet = int(re.search(r"no progress for (\d+) s", named[1]["detail"]).group(1))
+    assert 10 <= quiet < 30
+    assert "hang: rank 1 hung outside any collective" in proc.stdout
+    replay = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "replay", "--no-ui", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert "hung (exit code 3)" in replay.stdout
+    assert "diagnosis: rank 1 hung outside any collective" in replay.stdout
+
+
+def test_crash_names_the_first_rank_and_its_consequences(tmp_path):
+    env = {"PLAIN_EPOCHS": "3", "PLAIN_STEPS": "5", "PLAIN_FAIL_RANK": "1", "PLAIN_FAIL_EPOCH": "2"}
+    proc, summary = ddptui_run(tmp_path / "run", "torchrun", env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert summary["failure"]["rank"] == 1
+    assert "injected failure on rank 1" in summary["failure"]["error"]
+    causes = {d["rank"]: d for d in summary["diagnoses"]}
+    assert causes[1]["cause"] == "crash"
+    assert "rank 1 failed first: RuntimeError: injected failure on rank 1" in causes[1]["detail"]
+    if 0 in causes:  # rank 0 failed too (connection closed by peer) before the teardown
+        assert causes[0]["cause"] == "consequence"
+    assert "diagnosis: rank 1 failed first" in proc.stdout

@@ -1,0 +1,440 @@
+"""Zero-code instrumentation in one process: a real DDP module (gloo, world size 1), real torch
+hooks, a fake clock advanced by the model, data and optimizer themselves, so every phase has
+an exact expected value."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import ddptui
+from ddptui import instrument, reporter
+from ddptui.constants import ENDPOINT_ENV, NO_INSTRUMENT_ENV, PHASES
+from ddptui.net import free_port
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
+class Tick(torch.autograd.Function):
+    """Identity that spends ``seconds`` of fake time in its forward and its backward."""
+
+    @staticmethod
+    def forward(ctx, x, clock, forward_s, backward_s):
+        ctx.clock, ctx.backward_s = clock, backward_s
+        clock.advance(forward_s)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.clock.advance(ctx.backward_s)
+        return grad, None, None, None
+
+
+class Net(torch.nn.Module):
+    def __init__(self, clock, forward_s=0.010, backward_s=0.020):
+        super().__init__()
+        self.clock, self.forward_s, self.backward_s = clock, forward_s, backward_s
+        self.first = torch.nn.Linear(4, 8)
+        self.second = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        # between the layers: its backward runs before the first layer's gradients arrive
+        x = Tick.apply(self.first(x), self.clock, self.forward_s, self.backward_s)
+        return self.second(torch.relu(x))
+
+
+class TimedSGD(torch.optim.SGD):
+    def __init__(self, params, clock, seconds=0.003):
+        super().__init__(params, lr=0.01)
+        self.clock, self.seconds = clock, seconds
+
+    def step(self, closure=None):
+        self.clock.advance(self.seconds)
+        return super().step(closure)
+
+
+class FakeReporter:
+    def __init__(self):
+        self.logs = []
+        self.flushes = 0
+
+    def log(self, **values):
+        self.logs.append(values)
+
+    def flush(self):
+        self.flushes += 1
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def inst(monkeypatch, process_group):
+    fake = FakeReporter()
+    monkeypatch.setattr(reporter, "get_reporter", lambda: fake)
+    instrument.uninstall()
+    clock = FakeClock()
+    installed = instrument.install(force=True)
+    installed.clock = clock
+    installed.fake = fake
+    installed.fake_clock = clock
+    yield installed
+    instrument.uninstall()
+
+
+def train_step(model, opt, clock, batch=6, data_s=0.005, between_s=0.0, other_s=0.001):
+    clock.advance(data_s)  # waiting for the batch
+    x = torch.randn(batch, 4)
+    loss = model(x).pow(2).mean()
+    clock.advance(between_s)  # loss and the script's own compute before backward
+    opt.zero_grad()
+    loss.backward()
+    clock.advance(other_s)  # e.g. gradient clipping
+    opt.step()
+    return loss
+
+
+def test_phases_partition_each_step_exactly(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler.set_epoch(3)
+    losses = [train_step(model, opt, clock, between_s=0.002).item() for _ in range(4)]
+    inst.flush()
+    logs = inst.fake.logs
+    assert len(logs) == 4
+    for i, (log, loss) in enumerate(zip(logs, losses, strict=True)):
+        phases = log["phases"]
+        assert set(PHASES) <= set(phases)
+        expected = {
+            "data": 0.0 if i == 0 else 0.005,  # the first step starts at its forward
+            "forward": 0.010,
+            "backward": 0.022,  # the loss's own compute (0.002) + backward (0.020)
+            "comm": 0.0,  # one rank: nobody to wait for (fake time does not pass)
+            "other": 0.001,
+            "optimizer": 0.003,
+        }
+        assert phases == pytest.approx(expected, abs=1e-9)
+        assert log["step_time"] == pytest.approx(sum(expected.values()), abs=1e-9)
+        assert log["samples"] == 6
+        assert log["epoch"] == 3
+        assert log["loss"] == pytest.approx(loss)
+
+
+def test_steps_are_sent_one_step_late_then_at_exit(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    train_step(model, opt, clock)
+    assert inst.fake.logs == []  # held until the next step starts: an explicit log may follow
+    train_step(model, opt, clock)
+    assert len(inst.fake.logs) == 1
+    assert inst.fake.flushes == 1  # the first step goes out at once, not batched
+    inst.flush()
+    assert len(inst.fake.logs) == 2
+    assert inst.fake.flushes == 1
+
+
+def test_explicit_log_wins_and_gets_the_phases(inst, monkeypatch):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    fake = inst.fake
+    train_step(model, opt, clock)
+    ddptui.log(loss=1.5, samples=6)  # the script reports itself
+    for _ in range(2):
+        train_step(model, opt, clock)
+    ddptui.log(loss=1.0)
+    ddptui.log(loss=0.5)  # nothing measured since the previous call: no phases
+    train_step(model, opt, clock)
+    ddptui.log(loss=0.1, phases={"mine": 1.0})  # its own phases win
+    inst.flush()
+    assert [log.get("loss") for log in fake.logs] == [1.5, 1.0, 0.5, 0.1]
+    assert fake.logs[0]["phases"]["forward"] == pytest.approx(0.010)
+    assert fake.logs[1]["phases"]["forward"] == pytest.approx(0.020)  # two steps' worth
+    assert "phases" not in fake.logs[2]
+    assert fake.logs[3]["phases"] == {"mine": 1.0}
+
+
+def test_evaluation_forwards_are_not_timed(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    train_step(model, opt, clock)
+    with torch.no_grad():
+        model(torch.randn(50, 4))  # 0.010 of fake forward time
+    model.eval()
+    model(torch.randn(50, 4))  # eval mode, grad enabled: not training either
+    model.train()
+    train_step(model, opt, clock)
+    inst.flush()
+    second = inst.fake.logs[1]
+    assert second["samples"] == 6
+    assert second["phases"]["data"] == pytest.approx(0.025)  # 0.005 + two eval forwards
+    assert second["phases"]["forward"] == pytest.approx(0.010)
+
+
+def test_gradient_accumulation_sums_samples_and_averages_losses(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        for batch in (4, 5):
+            clock.advance(0.005)
+            loss = model(torch.randn(batch, 4)).pow(2).mean()
+            loss.backward()
+            losses.append(loss.item())
+        opt.step()
+    inst.flush()
+    first, second = inst.fake.logs
+    assert first["samples"] == second["samples"] == 9
+    assert second["loss"] == pytest.approx((losses[2] + losses[3]) / 2)
+    assert second["phases"]["forward"] == pytest.approx(0.020)
+    assert second["phases"]["backward"] == pytest.approx(0.040)
+    assert second["phases"]["data"] == pytest.approx(0.010)  # both micro-batches' waits
+
+
+def test_gradient_hooks_shrink_to_the_last_parameter(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    for _ in range(instrument.LEARN_STEPS + 2):
+        train_step(model, opt, clock)
+    (watch,) = inst._watches.values()
+    assert len(watch.params) == 4 and len(watch.handles) == 1
+    kept = watch.params[watch.kept]
+    assert kept is model.module.first.weight or kept is model.module.first.bias
+    calls = inst.hook_calls
+    train_step(model, opt, clock)
+    # outer pre/post, inner pre/post, one gradient hook, backward, optimizer pre/post
+    assert inst.hook_calls - calls == 8
+    inst.flush()
+    assert inst.fake.logs[-1]["phases"]["backward"] == pytest.approx(0.020)
+
+
+def test_custom_phases_ride_with_the_step(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    with ddptui.phase("augment"):
+        clock.advance(0.004)
+    train_step(model, opt, clock)
+    for i in range(instrument.MAX_CUSTOM_PHASES + 3):
+        with ddptui.phase(f"p{i}"):
+            pass
+    train_step(model, opt, clock)
+    inst.flush()
+    first, second = inst.fake.logs
+    assert first["phases"]["augment"] == pytest.approx(0.004)
+    assert sum(first["phases"][p] for p in PHASES) == pytest.approx(first["step_time"])
+    assert len([k for k in second["phases"] if k.startswith("p")]) == instrument.MAX_CUSTOM_PHASES
+    assert inst.phases_ignored == 3
+
+
+def test_phase_is_a_no_op_without_instrumentation():
+    instrument.uninstall()
+    with ddptui.phase("anything") as p:
+        pass
+    assert p is ddptui._NO_PHASE
+
+
+class FakeEvent:
+    """A CUDA event on a fake device whose clock is the test's: it completes when told."""
+
+    def __init__(self, clock, done):
+        self.clock, self.done, self.t = clock, done, None
+
+    def record(self, stream=None):
+        self.t = self.clock.now
+
+    def query(self):
+        return self.done[0]
+
+    def elapsed_time(self, end):
+        assert self.done[0], "read before the device passed the event: a synchronisation"
+        return (end.t - self.t) * 1000.0
+
+
+class FakeCuda:
+    def __init__(self, clock, done):
+        self.Event = lambda enable_timing=False: FakeEvent(clock, done)
+        self.current_stream = lambda device=None: "stream"
+
+
+class FakeTorch:
+    """torch with a fake ``cuda`` namespace: exercises the GPU timing path on CPU."""
+
+    def __init__(self, clock, done):
+        self.cuda = FakeCuda(clock, done)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def test_gpu_phases_come_from_events_read_only_once_complete(inst):
+    clock = inst.fake_clock
+    done = [False]
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    inst.torch = FakeTorch(clock, done)
+    inst._cuda = "cuda:0"  # as if the DDP module's parameters lived on a GPU
+    losses = [train_step(model, opt, clock, between_s=0.002).item() for _ in range(3)]
+    assert inst.fake.logs == []  # the device has not passed the events: nothing is read
+    done[0] = True
+    train_step(model, opt, clock, between_s=0.002)
+    inst.flush()
+    logs = inst.fake.logs
+    assert len(logs) == 4
+    for i, log in enumerate(logs):
+        expected = {
+            "data": 0.0 if i == 0 else 0.005,
+            "forward": 0.010,
+            "backward": 0.022,
+            "comm": 0.0,
+            "other": 0.001,
+            "optimizer": 0.003,
+        }
+        assert log["phases"] == pytest.approx(expected, abs=1e-9)
+        assert log["step_time"] == pytest.approx(sum(expected.values()), abs=1e-9)
+    assert [log["loss"] for log in logs[:3]] == pytest.approx(losses)  # host losses: read now
+
+
+def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = TimedSGD(model.parameters(), clock)
+    for _ in range(3):
+        train_step(model, opt, clock)
+    inst.flush()
+    assert len(inst.fake.logs) == 3
+    last = inst.fake.logs[-1]
+    assert last["phases"]["optimizer"] == pytest.approx(0.003)
+    assert last["step_time"] == pytest.approx(sum(last["phases"][p] for p in PHASES))
+
+
+def test_an_internal_error_turns_the_hooks_off_not_the_training(inst, monkeypatch, capsys):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+
+    def broken(*args):
+        raise ValueError("bug")
+
+    monkeypatch.setattr(inst, "_transition", broken)
+    for _ in range(2):
+        train_step(model, opt, clock)  # trains on
+    assert inst.disabled
+    assert "instrumentation off after an internal error: ValueError: bug" in capsys.readouterr().err
+
+
+def test_grad_scaler_reports_the_unscaled_loss(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    losses = []
+    for _ in range(2):
+        loss = model(torch.randn(3, 4)).pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    inst.flush()
+    assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
+
+
+@pytest.mark.parametrize(
+    "env, wanted",
+    [
+        ({}, False),
+        ({ENDPOINT_ENV: "tcp://127.0.0.1:1"}, True),
+        ({ENDPOINT_ENV: "tcp://127.0.0.1:1", NO_INSTRUMENT_ENV: "1"}, False),
+        ({ENDPOINT_ENV: "tcp://127.0.0.1:1", NO_INSTRUMENT_ENV: "yes"}, False),
+        ({ENDPOINT_ENV: "tcp://127.0.0.1:1", NO_INSTRUMENT_ENV: "0"}, True),
+    ],
+)
+def test_wanted_only_under_ddptui_and_not_switched_off(env, wanted):
+    assert instrument.wanted(env) is wanted
+
+
+def test_install_waits_for_the_script_to_import_torch(tmp_path):
+    code = """
+import sys
+from ddptui import instrument
+inst = instrument.install(force=True)
+assert "torch" not in sys.modules, "installing must not import torch"
+import json  # any other import passes through
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+assert inst.torch is torch
+assert DDP.__init__.__wrapped__ is not None
+assert torch.Tensor.backward.__wrapped__ is not None
+assert type(torch.__spec__.loader).__name__ != "_NotifyingLoader"
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_uninstall_restores_torch(inst):
+    patched = torch.Tensor.backward
+    instrument.uninstall()
+    assert torch.Tensor.backward is not patched
+    assert not hasattr(torch.Tensor.backward, "__wrapped__")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_cuda_steps_carry_device_phases_and_loss(inst):
+    inst.clock = __import__("time").perf_counter  # real time: the device's events are real
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))
+    model = DistributedDataParallel(net.to(device), device_ids=[0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    losses = []
+    for _ in range(10):
+        x = torch.randn(64, 256, device=device)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    torch.cuda.synchronize()
+    inst.flush(timeout=10.0)
+    logs = inst.fake.logs
+    assert len(logs) == 10
+    for log, loss in zip(logs, losses, strict=True):
+        assert set(PHASES) <= set(log["phases"])
+        assert log["phases"]["forward"] > 0 and log["phases"]["backward"] > 0
+        assert log["loss"] == pytest.approx(loss.item(), rel=1e-3)
+        assert log["samples"] == 64

@@ -1,0 +1,83 @@
+"""Stack capture without ptrace: a real child process dumps its stacks on ddptui's signal."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddptui.constants import RUN_ID_ENV
+from ddptui.diagnosis import classify_stack
+from ddptui.rundir import RunDir
+from ddptui.stacks import capture_stacks
+
+CHILD = """
+import sys, time
+from ddptui.stacks import register_stack_dump
+register_stack_dump(sys.argv[1], int(sys.argv[2]))
+
+def waiting_for_godot():
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+
+waiting_for_godot()
+"""
+
+
+@pytest.fixture
+def child(tmp_path):
+    procs = []
+
+    def start(rank=1, run_id="run-a", register=True):
+        code = CHILD if register else CHILD.replace("register_stack_dump(", "(lambda *a: 0)(")
+        env = {**os.environ, "PYTHONPATH": os.getcwd(), RUN_ID_ENV: run_id}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path), str(rank)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_capture_reads_each_ranks_stack(child, tmp_path):
+    proc = child(rank=1)
+    stacks = capture_stacks({1: proc.pid}, tmp_path, timeout=5.0, run_id="run-a")
+    assert set(stacks) == {1}
+    assert "in waiting_for_godot" in stacks[1]
+    info = classify_stack(stacks[1])
+    assert not info.in_collective and info.where.startswith("waiting_for_godot (<string>")
+    again = capture_stacks({1: proc.pid}, tmp_path, timeout=5.0)
+    assert again[1].count("waiting_for_godot") == 1  # only what this capture wrote
+    assert proc.poll() is None  # the signal does not end the rank
+
+
+def test_capture_never_signals_a_process_without_the_handler(child, tmp_path):
+    proc = child(rank=2, register=False)
+    RunDir(tmp_path).stacks(3).touch()
+    started = time.monotonic()
+    assert capture_stacks({2: proc.pid}, tmp_path, timeout=1.0) == {}
+    assert time.monotonic() - started < 1.0  # nobody was asked: no waiting
+    time.sleep(0.2)
+    assert proc.poll() is None  # SIGUSR2 without a handler would have killed it
+
+
+def test_capture_only_signals_this_runs_processes(child, tmp_path):
+    proc = child(rank=1, run_id="another-run")
+    assert capture_stacks({1: proc.pid}, tmp_path, timeout=1.0, run_id="run-a") == {}
+
+
+def test_capture_skips_dead_and_bogus_pids(tmp_path):
+    RunDir(tmp_path).stacks(0).touch()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert capture_stacks({0: dead.pid, 1: -5, 2: 0}, tmp_path, timeout=0.5) == {}
