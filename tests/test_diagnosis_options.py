@@ -23,8 +23,8 @@ def config(tmp_path, **raw):
     "argv, message",
     [
         (["--hang-timeout", "-1"], "--hang-timeout must be 0 (off) or seconds up to"),
-        (["--hang-timeout", "nan"], "--hang-timeout must be 0 (off) or seconds up to"),
-        (["--hang-timeout", "1e400"], "--hang-timeout must be 0 (off) or seconds up to"),
+        (["--hang-timeout", "nan"], "--hang-timeout must be a finite number"),
+        (["--hang-timeout", "1e400"], "--hang-timeout must be a finite number"),
         (["--hang-timeout", "soon"], "--hang-timeout must be a number"),
         (["--on-hang", "panic"], "unknown on hang 'panic' (choose from stop, keep)"),
     ],

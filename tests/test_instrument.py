@@ -94,6 +94,8 @@ def process_group():
 def inst(monkeypatch, process_group):
     fake = FakeReporter()
     monkeypatch.setattr(reporter, "get_reporter", lambda: fake)
+    # ddptui.log caches the reporter getter: replace (and, after the test, restore) it too.
+    monkeypatch.setattr(ddptui, "_get_reporter", lambda: fake)
     instrument.uninstall()
     clock = FakeClock()
     installed = instrument.install(force=True)
