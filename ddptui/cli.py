@@ -206,6 +206,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="process-group init: tcp://HOST:PORT, file:///PATH or env://",
     )
     g.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm")
+    g.add_argument(
+        "--max-restarts",
+        metavar="N",
+        help="after a rank fails, restart the whole group from the last checkpoint up to N "
+        "times (default 0)",
+    )
 
 
 def run_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ from ddptui.constants import (
     DEVICE_ENV,
     LAUNCHERS,
     MAX_RANKS_PER_CORE,
+    MAX_RESTARTS,
 )
 from ddptui.cpus import usable_cpus
 from ddptui.registry import DEFAULT_TRAINER, Registry, TrainerSpec, registry
@@ -124,6 +125,8 @@ class RunConfig:
     init_method: str | None = None
     sync_bn: bool = False
     model: str | None = None
+    #: Restarts of the whole group after a rank fails (torchrun's ``--max-restarts``).
+    max_restarts: int = 0
     trainer_module: str | None = None  # the module every rank runs (None for a script)
     run_id: str = ""
 
@@ -355,6 +358,9 @@ def _build(
     )
     lr = _optional(raw, "lr", lambda v: parse_float("lr", v), attempt)
     seed = attempt(parse_int, "seed", _default(raw, "seed", 0), 0, MAX_SEED)
+    max_restarts = attempt(
+        parse_int, "max_restarts", _default(raw, "max_restarts", 0), 0, MAX_RESTARTS
+    )
 
     # -- where ranks compute, and how they talk
     device = attempt(parse_choice, "device", _default(raw, "device", "auto"), DEVICE_CHOICES)
@@ -430,6 +436,7 @@ def _build(
         init_method=init_method,
         sync_bn=sync_bn,
         model=model,
+        max_restarts=max_restarts or 0,
         trainer_module=spec.module if spec is not None else None,
         run_id=run_id,
     )
@@ -632,6 +639,30 @@ def _check_checkpoint(path: str, spec: TrainerSpec, model: str | None) -> None:
             f"--resume {path} holds a {_shown(saved_model)} model, but this run trains "
             f"{wanted!r}{hint}",
         )
+
+
+def check_restart_checkpoint(cfg: RunConfig, path: str) -> tuple[str | None, int | None]:
+    """``(problem, epoch)`` of the checkpoint a restarted attempt of ``cfg`` would resume from.
+
+    The same checks as ``--resume`` before launch: a built-in trainer's checkpoint must be a
+    readable trainer checkpoint of this trainer and model (``epoch`` is the epoch it holds); a
+    user script's only has to be a non-empty file (its format is the script's business).
+    """
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        return f"cannot read checkpoint {path}: {_why(exc)}", None
+    if cfg.script:
+        return (f"checkpoint {path} is an empty file" if stat.st_size == 0 else None), None
+    spec = registry().specs.get(cfg.trainer)
+    if spec is None:
+        return f"unknown trainer {cfg.trainer!r}", None
+    try:
+        _check_checkpoint(path, spec, cfg.model)
+    except ConfigError as exc:
+        return str(exc).replace("--resume ", "checkpoint ", 1), None
+    _, header = _checkpoint_header(path, stat.st_mtime_ns, stat.st_size)
+    return None, header["epoch"] if header else None
 
 
 @functools.lru_cache(maxsize=16)

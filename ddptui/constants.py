@@ -38,3 +38,15 @@ DEVICE_ENV = "DDPTUI_DEVICE"
 #: The pid of the process that started this one (ddptui for the driver, the driver for a
 #: rank): a process that finds another parent at start-up was orphaned and exits.
 PARENT_PID_ENV = "DDPTUI_PARENT_PID"
+
+# -- restarts (``--max-restarts``) -----------------------------------------------------------
+#: Most restarts ``--max-restarts`` accepts.
+MAX_RESTARTS = 100
+#: The attempt number of a run's ranks (0 first, then 1 per restart); the reporter stamps it
+#: on every event. ddptui sets it, and sets torchrun's name below to the same value.
+ATTEMPT_ENV = "DDPTUI_ATTEMPT"
+#: torchrun's name for the attempt number, for user scripts (0 on the first attempt).
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+#: Path of the run's last checkpoint (``RUN_DIR/checkpoint.pt``) when a restarted attempt has
+#: one to resume from; unset otherwise.
+RESUME_ENV = "DDPTUI_RESUME"

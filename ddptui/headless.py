@@ -118,6 +118,15 @@ class HeadlessConsole:
         room = max(1, self.width() - 1)  # the last column would wrap on some terminals
         return text if len(text) <= room else text[: room - 1] + "…"
 
+    def restarts(self, session: RunSession, shown: int) -> int:
+        """Print the session's restart lines after the first ``shown``; how many are shown."""
+        lines = session.restart_lines
+        for text in lines[shown:]:
+            self.line(text)
+        if len(lines) > shown:
+            self._announced.clear()  # the ranks of the new attempt say where they run again
+        return len(lines)
+
     def summary(self, session: RunSession, now: float) -> None:
         state = session.state
         stats = session.stats
@@ -135,8 +144,12 @@ class HeadlessConsole:
             f"({state.dropped} dropped{rejected})"
         )
         failure = state.failure
+        if len(state.attempts) > 1:
+            self.line(f"{len(state.attempts)} attempts ({len(state.attempts) - 1} restarts)")
         if state.outcome == "failed" and failure is not None:
             self.line(f"FAILED: {failure.describe()}")
+            if session.restart_refused:
+                self.line(f"not restarted: {session.restart_refused}")
             if failure.stderr_tail:
                 self.line(f"last lines of {rank_log_name(failure.rank)}:")
                 for text in failure.stderr_tail:
@@ -222,11 +235,14 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                 print(f"ddptui: error: {exc}", file=sys.stderr)
                 session.close()
                 return 2
+            shown = 0
             while session.poll() is None:
+                shown = console.restarts(session, shown)
                 events = session.pump(0.1)
                 now = time.monotonic()
                 console.on_events(session.state, events, now)
                 console.tick(session.state, now)
+            console.restarts(session, shown)
         except Interrupted as exc:
             console.line(f"interrupted ({exc}): stopping every worker…")
             session.stop(interrupted=True, exit_code=128 + exc.signum)

@@ -54,6 +54,9 @@ class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=False)
     rank: NonNegInt
     t: float
     seq: NonNegInt
+    #: Which attempt of the run sent it (0 first, +1 per ``--max-restarts`` restart); ``seq``
+    #: counts within one rank's attempt.
+    attempt: NonNegInt = 0
 
 
 RankState = Literal["started", "finished", "failed"]

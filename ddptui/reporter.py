@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from ddptui import protocol
-from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
+from ddptui.constants import ATTEMPT_ENV, ENDPOINT_ENV, RESTART_COUNT_ENV, RUN_ID_ENV
 
 #: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
 SEND_HWM = 1_000
@@ -44,6 +44,15 @@ def _rank_from_env() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
+def attempt_from_env() -> int:
+    """This rank's attempt number: ``DDPTUI_ATTEMPT``, else torchrun's restart count, else 0."""
+    for name in (ATTEMPT_ENV, RESTART_COUNT_ENV):
+        text = os.environ.get(name, "").strip()
+        if text.isdigit() and len(text) < 10:
+            return int(text)
+    return 0
+
+
 class Reporter:
     """Sends this rank's events. Use the module functions in :mod:`ddptui` instead."""
 
@@ -56,6 +65,7 @@ class Reporter:
         self.sent = 0
         self.dropped = 0
         self._seq = 0
+        self.attempt = attempt_from_env()
         self._step = 0
         self._epoch: int | None = None
         self._epoch_started = time.monotonic()
@@ -95,7 +105,14 @@ class Reporter:
             seq = self._seq
             self._seq += 1  # a dropped event still takes its number: the gap shows the drop
             self._batch.append(
-                cls(run=self.run_id, rank=self.rank, t=time.time(), seq=seq, **fields)
+                cls(
+                    run=self.run_id,
+                    rank=self.rank,
+                    t=time.time(),
+                    seq=seq,
+                    attempt=self.attempt,
+                    **fields,
+                )
             )
             now = time.monotonic()
             if (

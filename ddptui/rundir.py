@@ -172,6 +172,7 @@ def summarize(
                 or (getattr(view, "traceback", None) if view else None)
             ),
         }
+    attempts = [_attempt_doc(record) for record in getattr(state, "attempts", ())]
     return {
         "version": SUMMARY_VERSION,
         "run_id": state.run_id,
@@ -193,6 +194,33 @@ def summarize(
         "events": dict(events or {}),
         "ranks": ranks,
         "failure": failure_doc,
+        "attempts": attempts,
+        "restarts": max(0, len(attempts) - 1),
+    }
+
+
+def _attempt_doc(record) -> dict:
+    """One entry of summary.json's ``attempts`` (a :class:`~ddptui.state.AttemptRecord`)."""
+    from datetime import UTC, datetime
+
+    started = _finite(record.started_at)
+    failure = record.failure
+    return {
+        "attempt": record.attempt,
+        "started_at": None
+        if started is None
+        else datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "outcome": record.outcome,
+        "failure": None
+        if failure is None
+        else {
+            "rank": failure.rank,
+            "how": failure.describe(),
+            "exit_code": failure.exit_code,
+            "signal": failure.signal,
+        },
+        "resumed_from": record.resumed_from,
+        "resumed_from_epoch": record.resumed_from_epoch,
     }
 
 

@@ -1,0 +1,298 @@
+"""``--max-restarts``: relaunch the whole group after a rank fails, from the last checkpoint.
+
+Unit tests of the attempt bookkeeping (RunState, summary.json, the checks before a restart),
+then real CPU runs (slow): a SIGKILLed rank under the built-in trainer, a user script that
+resumes from ``DDPTUI_RESUME`` under torchrun, a crash that repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddptui import protocol
+from ddptui.config import ConfigError, build_config, check_restart_checkpoint
+from ddptui.launch import LaunchResult
+from ddptui.reporter import attempt_from_env
+from ddptui.rundir import RunDir, summarize
+from ddptui.session import RunSession, failure_key
+from ddptui.state import AttemptRecord, RankFailureInfo, RunState
+from tests.helpers import ROOT, processes_of_run, read_events, wait_until
+
+
+def step(rank, seq, step_no, attempt=0, epoch=1, loss=1.0):
+    return protocol.Step(
+        run="r",
+        rank=rank,
+        t=100.0 + seq,
+        seq=seq,
+        step=step_no,
+        epoch=epoch,
+        loss=loss,
+        samples=4,
+        attempt=attempt,
+    )
+
+
+# -- RunState across attempts ------------------------------------------------------------------
+def test_a_new_attempt_restarts_seq_without_gaps_and_continues_the_series():
+    state = RunState("r", 1)
+    for i in range(5):
+        state.apply(step(0, i, i + 1), now=float(i))
+    state.apply(step(0, 0, 1, attempt=1, epoch=3), now=10.0)
+    state.apply(step(0, 1, 2, attempt=1, epoch=3), now=11.0)
+    view = state.ranks[0]
+    assert view.gaps == 0 and view.attempt == 1
+    assert [x for x, _ in view.loss_series] == [1, 2, 3, 4, 5, 6, 7]  # no jump back to 1
+    assert view.epoch == 3 and view.steps_in_epoch == 2
+    state.apply(step(0, 7, 9, attempt=0), now=12.0)  # late news from attempt 0: ignored
+    assert view.step == 7 and state.events_ignored == 1
+
+
+def test_begin_attempt_resets_ranks_to_pending_and_a_later_eval_replaces_an_earlier():
+    state = RunState("r", 2)
+    state.begin_attempt(AttemptRecord(0, 1.0))
+    state.apply(protocol.Status(run="r", rank=0, t=1, seq=0, state="started", pid=5), now=1)
+    state.apply(protocol.Eval(run="r", rank=0, t=2, seq=1, epoch=3, accuracy=0.5), now=2)
+    state.begin_attempt(AttemptRecord(1, 3.0, resumed_from_epoch=2))
+    assert [v.state for v in state.ranks.values()] == ["pending", "pending"]
+    assert state.attempt == 1
+    state.apply(protocol.Eval(run="r", rank=0, t=4, seq=0, epoch=3, accuracy=0.9, attempt=1), now=4)
+    assert state.last_eval.accuracy == 0.9
+
+
+def test_summary_lists_the_attempts():
+    state = RunState("r", 2)
+    state.begin_attempt(AttemptRecord(0, 1_700_000_000.0))
+    state.end_attempt("failed", RankFailureInfo(rank=1, signal="SIGKILL"))
+    state.begin_attempt(AttemptRecord(1, 1_700_000_100.0, "/x/checkpoint.pt", 2))
+    state.end_attempt("finished")
+    doc = summarize(state, "finished")
+    assert doc["restarts"] == 1
+    first, second = doc["attempts"]
+    assert first["outcome"] == "failed" and "SIGKILL" in first["failure"]["how"]
+    assert first["started_at"].startswith("2023-11-14T22:13:20")
+    assert second == {
+        "attempt": 1,
+        "started_at": "2023-11-14T22:15:00+00:00",
+        "outcome": "finished",
+        "failure": None,
+        "resumed_from": "/x/checkpoint.pt",
+        "resumed_from_epoch": 2,
+    }
+    json.dumps(doc, allow_nan=False)
+
+
+def test_events_carry_the_attempt_from_the_environment(monkeypatch):
+    monkeypatch.delenv("DDPTUI_ATTEMPT", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert attempt_from_env() == 2
+    monkeypatch.setenv("DDPTUI_ATTEMPT", "3")
+    assert attempt_from_env() == 3
+    monkeypatch.setenv("DDPTUI_ATTEMPT", "-1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "x")
+    assert attempt_from_env() == 0
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(
+            protocol.encode_batch([step(0, 0, 1)]).replace(b"\xa7attempt\x00", b"\xa7attempt\xff")
+        )
+
+
+# -- options and checks ------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["-1", "101", "x", "1e400", ""])
+def test_max_restarts_is_validated(value, tmp_path):
+    raw = {"device": "cpu", "run_dir": str(tmp_path / "r"), "max_restarts": value}
+    if value == "":
+        assert build_config(raw, deep=False).max_restarts == 0
+        return
+    with pytest.raises(ConfigError, match="max.restarts"):
+        build_config(raw, deep=False)
+
+
+def test_max_restarts_is_kept(tmp_path):
+    cfg = build_config({"device": "cpu", "run_dir": str(tmp_path / "r"), "max_restarts": "100"})
+    assert cfg.max_restarts == 100 and cfg.to_json_dict()["max_restarts"] == 100
+
+
+def _cfg(tmp_path, **extra):
+    raw = {"device": "cpu", "run_dir": str(tmp_path / "run"), "max_restarts": "2", **extra}
+    return build_config(raw, deep=False)
+
+
+class _NoCollector:
+    endpoint = "ipc:///nonexistent"
+
+    def poll(self, timeout):
+        return []
+
+    def close(self):
+        pass
+
+
+def _failed_session(tmp_path, checkpoint_bytes: bytes | None):
+    session = RunSession(_cfg(tmp_path))
+    session.run_dir.mkdir(parents=True)
+    session.collector = _NoCollector()
+    session.state.begin_attempt(AttemptRecord(0, time.time()))
+    if checkpoint_bytes is not None:
+        session.files.checkpoint.write_bytes(checkpoint_bytes)
+    return session
+
+
+def test_a_torn_checkpoint_is_refused_at_restart_with_one_line(tmp_path):
+    session = _failed_session(tmp_path, b"PK\x03\x04torn")
+    failure = RankFailureInfo(rank=1, signal="SIGKILL")
+    assert session._restart(LaunchResult(-9, failure=failure)) is False
+    assert "not a checkpoint" in session.restart_refused
+    assert "\n" not in session.restart_refused
+    assert session.state.attempts[0].outcome == "failed"
+
+
+def test_a_foreign_checkpoint_is_refused(tmp_path):
+    import torch
+
+    path = tmp_path / "foreign.pt"
+    torch.save({"epoch": 1, "model": {}, "config": {"trainer": "mnist", "model": None}}, path)
+    problem, _ = check_restart_checkpoint(_cfg(tmp_path), str(path))
+    assert problem is not None and "'mnist' trainer" in problem
+
+
+def test_the_same_failure_twice_from_the_same_checkpoint_is_not_restarted(tmp_path, monkeypatch):
+    session = _failed_session(tmp_path, None)  # no checkpoint: both attempts from scratch
+    started = []
+    monkeypatch.setattr(
+        "ddptui.session.Launcher.start", lambda self: started.append(self.extra_env)
+    )
+    failure = RankFailureInfo(rank=1, exit_code=3, error="boom")
+    assert session._restart(LaunchResult(1, failure=failure)) is True
+    assert started[-1]["DDPTUI_ATTEMPT"] == "1" == started[-1]["TORCHELASTIC_RESTART_COUNT"]
+    assert "DDPTUI_RESUME" not in started[-1]
+    assert session.restart_lines == ["restart 1/2: rank 1 exited with code 3: boom; from scratch"]
+    assert session._restart(LaunchResult(1, failure=failure)) is False
+    assert session.restart_refused == (
+        "the same failure twice from the same checkpoint: attempt 1: rank 1 exited with code 3: "
+        "boom; attempt 2: rank 1 exited with code 3: boom"
+    )
+    assert failure_key(failure) != failure_key(RankFailureInfo(rank=0, exit_code=3, error="boom"))
+
+
+# -- real runs ---------------------------------------------------------------------------------
+def _ddptui(run_dir, *args, timeout=150):
+    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--run-dir", str(run_dir), *args]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finish(proc, run_dir, timeout=150):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]
+        for leftover in processes_of_run(run_id):
+            leftover.kill()
+    assert wait_until(lambda: processes_of_run(run_id) == [], 10) is not None
+    return out, err
+
+
+TRAIN = ["--epochs", "6", "--seed", "3", "--", "--train-size", "800", "--test-size", "300"]
+
+
+def _kill_rank_1_after_epoch_2(run_dir):
+    """SIGKILL rank 1 once rank 0 has printed epoch 2 (after writing its checkpoint)."""
+    log = RunDir(run_dir).rank_log(0)
+    assert wait_until(lambda: log.exists() and "epoch 2/6" in log.read_text(), 90, 0.02)
+    pid = next(
+        e["pid"]
+        for e in read_events(run_dir)
+        if e["kind"] == "status" and e["rank"] == 1 and e["state"] == "started" and e["pid"]
+    )
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    return killed_at
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restarts, code", [(1, 0), (0, 1)])
+def test_a_killed_rank_is_restarted_from_the_checkpoint(tmp_path, restarts, code):
+    run_dir = tmp_path / "run"
+    proc = _ddptui(run_dir, "--max-restarts", str(restarts), *TRAIN)
+    try:
+        killed_at = _kill_rank_1_after_epoch_2(run_dir)
+    finally:
+        out, err = _finish(proc, run_dir)
+    assert proc.returncode == code, out + err
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    if restarts == 0:
+        assert summary["outcome"] == "failed" and len(summary["attempts"]) == 1
+        assert "SIGKILL" in summary["failure"]["how"]
+        return
+    assert len(summary["attempts"]) == 2 and summary["restarts"] == 1
+    first, second = summary["attempts"]
+    assert first["outcome"] == "failed" and "rank 1 was killed by signal SIGKILL" in out
+    assert second["outcome"] == "finished" and second["resumed_from_epoch"] >= 2
+    assert "restart 1/1: rank 1 was killed by signal SIGKILL; resuming from checkpoint.pt" in out
+    steps = [e for e in read_events(run_dir) if e["kind"] == "step"]
+    assert all(e["epoch"] > 2 for e in steps if e["t"] > killed_at)
+    assert {e["epoch"] for e in steps if e["attempt"] == 1} == set(
+        range(second["resumed_from_epoch"] + 1, 7)
+    )
+    # The same run uninterrupted, same seed: the same final accuracy.
+    reference = tmp_path / "reference"
+    ref = _ddptui(reference, *TRAIN)
+    out, err = _finish(ref, reference)
+    assert ref.returncode == 0, out + err
+    expected = json.loads(RunDir(reference).summary.read_text())["final_accuracy"]
+    assert abs(summary["final_accuracy"] - expected) <= 0.01
+
+
+@pytest.mark.slow
+def test_a_user_script_resumes_from_ddptui_resume_under_torchrun(tmp_path):
+    run_dir = tmp_path / "run"
+    script = ROOT / "tests" / "scripts" / "resumable.py"
+    proc = _ddptui(
+        run_dir, "--script", str(script), "--launcher", "torchrun", "--max-restarts", "2"
+    )
+    out, err = _finish(proc, run_dir)
+    assert proc.returncode == 0, out + err
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    assert [a["outcome"] for a in summary["attempts"]] == ["failed", "finished"]
+    assert "restart 1/2: rank 1 exited with code 3" in out
+    evals = [e for e in read_events(run_dir) if e["kind"] == "eval"]
+    assert evals and all(e["attempt"] == 1 and e["metrics"]["resumed_from"] == 5 for e in evals)
+    log = RunDir(run_dir).rank_log(1).read_text()
+    assert f"attempt 1 resume {RunDir(run_dir).checkpoint} from 5" in log
+
+
+@pytest.mark.slow
+def test_a_crash_that_repeats_ends_the_run_naming_it(tmp_path):
+    run_dir = tmp_path / "run"
+    script = ROOT / "tests" / "scripts" / "rank_fails.py"
+    proc = _ddptui(
+        run_dir,
+        "--script",
+        str(script),
+        "--launcher",
+        "spawn",
+        "--max-restarts",
+        "3",
+        "--",
+        "--how",
+        "exit",
+    )
+    out, err = _finish(proc, run_dir)
+    assert proc.returncode == 1, out + err
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    assert len(summary["attempts"]) == 2  # the same failure from the same (no) checkpoint
+    assert summary["restart_refused"].startswith("the same failure twice from the same checkpoint")
+    assert "not restarted: the same failure twice" in out
+    assert out.count("rank 1 exited with code 3") >= 2
