@@ -68,6 +68,9 @@ class RunFrame:
     #: Rank -> (pid, device_uuid), for joining ranks to GPUs and tracking their processes.
     rank_devices: dict[int, tuple[int | None, str | None]]
     events_applied: int
+    #: ``attempt 2/3 (restarted after: rank 1 was killed by signal SIGKILL)`` once a run
+    #: with ``--max-restarts`` has restarted; empty otherwise.
+    attempt: str = ""
 
 
 def config_label(config: dict[str, Any]) -> str:
@@ -184,6 +187,22 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         failure=state.failure,
         rank_devices=devices,
         events_applied=state.events_applied,
+        attempt=attempt_label(state),
+    )
+
+
+def attempt_label(state: RunState) -> str:
+    """The attempt and why each restart happened; empty for a run that never restarted."""
+    if len(state.attempts) < 2:
+        return ""
+    total = max(state.max_restarts, len(state.attempts) - 1) + 1
+    causes = "; ".join(
+        f"{record.attempt + 1}: {record.failure.describe()}"
+        for record in state.attempts
+        if record.failure is not None
+    )
+    return f"attempt {state.attempt + 1}/{total}" + (
+        f" (failed attempts {causes})" if causes else ""
     )
 
 
@@ -213,6 +232,8 @@ class ChartData:
     throughput: tuple[list[float], list[float]]
     #: Epochs planned (None when unknown), for the accuracy chart's x range.
     epochs: int | None = None
+    #: Steps (the loss chart's x) at which each restarted attempt began.
+    restarts: tuple[float, ...] = ()
 
 
 def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
@@ -249,6 +270,7 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
             max_points,
         ),
         epochs=state.epochs,
+        restarts=tuple(float(a.first_step) for a in state.attempts[1:]),
     )
 
 
