@@ -175,6 +175,38 @@ class RunConfig:
         return env
 
 
+def resume_command(cfg: RunConfig) -> str:
+    """The command line that continues ``cfg``'s run from its checkpoint, with its options."""
+    import shlex
+
+    checkpoint = RunDir(cfg.run_dir or ".").checkpoint
+    argv = ["ddptui", "--resume", str(checkpoint)]
+    argv += ["--script", cfg.script] if cfg.script else ["--trainer", cfg.trainer]
+    for flag, value in (
+        ("--launcher", cfg.launcher),
+        ("--device", cfg.device),
+        ("--backend", cfg.backend),
+        ("--amp", cfg.amp),
+        ("--world-size", cfg.world_size),
+        ("--workers", None if cfg.script else cfg.workers),
+        ("--epochs", cfg.epochs),
+        ("--batch-size", cfg.batch_size),
+        ("--lr", cfg.lr),
+        ("--seed", cfg.seed),
+        ("--model", cfg.model),
+        ("--data-dir", cfg.data_dir),
+        ("--init-method", cfg.init_method),
+        ("--max-restarts", cfg.max_restarts or None),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--sync-bn"] if cfg.sync_bn else []
+    argv += ["--oversubscribe"] if cfg.oversubscribe else []
+    if cfg.script_args:
+        argv += ["--", *cfg.script_args]
+    return shlex.join(argv)
+
+
 def nvidia_driver_present() -> bool:
     return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
 

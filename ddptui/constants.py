@@ -50,3 +50,10 @@ RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 #: Path of the run's last checkpoint (``RUN_DIR/checkpoint.pt``) when a restarted attempt has
 #: one to resume from; unset otherwise.
 RESUME_ENV = "DDPTUI_RESUME"
+
+# -- stop with a checkpoint ------------------------------------------------------------------
+#: The signal ddptui sends to every rank of a built-in trainer to ask it to stop after the
+#: current step with a checkpoint (``s`` in the dashboard, the first Ctrl-C headless). A user
+#: script that installs a handler for it (see the README) can opt in; by default ddptui
+#: sends it only to the built-in trainers.
+STOP_SIGNAL = "SIGUSR2"

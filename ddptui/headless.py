@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from ddptui import protocol
-from ddptui.config import RunConfig
+from ddptui.config import RunConfig, resume_command
 from ddptui.formatting import fmt_duration, fmt_num
 from ddptui.rundir import RunDirError, rank_log_name
 from ddptui.session import RunSession
@@ -155,6 +155,9 @@ class HeadlessConsole:
                 for text in failure.stderr_tail:
                     self.line(f"  | {text}")
         self.line(f"run directory: {session.run_dir}")
+        if state.outcome == "stopped" and session.files.checkpoint.is_file():
+            self.line(f"to continue: ddptui --resume {session.run_dir}")
+            self.line(f"         or: {resume_command(session.cfg)}")
 
 
 def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
@@ -182,9 +185,16 @@ class SignalGuard:
     def __init__(self) -> None:
         self.armed = True
         self.received: list[int] = []
+        #: Whether the first SIGINT may ask for a stop with a checkpoint instead.
+        self.gentle = False
+        #: The first SIGINT arrived while :attr:`gentle`: the loop should ask for that stop.
+        self.gentle_asked = False
 
     def handler(self, signum: int, frame: object) -> None:
         self.received.append(signum)
+        if self.armed and self.gentle and signum == signal.SIGINT and not self.gentle_asked:
+            self.gentle_asked = True  # the next Ctrl-C tears the run down as before
+            return
         if self.armed:
             self.armed = False  # a second Ctrl-C during teardown must not cut it short
             raise Interrupted(signum)
@@ -236,8 +246,23 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                 session.close()
                 return 2
             shown = 0
+            asked = False
             while session.poll() is None:
                 shown = console.restarts(session, shown)
+                guard.gentle = not asked and session.can_stop_with_checkpoint()
+                if guard.gentle_asked and not asked:
+                    asked = True
+                    if session.stop_with_checkpoint():
+                        console.line(
+                            "stopping after the current step with a checkpoint "
+                            "(Ctrl-C again to stop at once)…"
+                        )
+                    else:
+                        raise Interrupted(signal.SIGINT)
+                if session.stop_overdue():
+                    console.line("no progress while stopping: stopping every worker…")
+                    session.stop()
+                    break
                 events = session.pump(0.1)
                 now = time.monotonic()
                 console.on_events(session.state, events, now)

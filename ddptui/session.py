@@ -23,7 +23,7 @@ from pathlib import Path
 from ddptui import protocol
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig, check_restart_checkpoint
-from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV
+from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
 from ddptui.launch import Launcher, LaunchResult
 from ddptui.rundir import (
     EXIT_CODES,
@@ -38,6 +38,9 @@ from ddptui.state import AttemptRecord, RankFailureInfo, RunState
 
 #: After the launcher ends, keep reading this long for events still in flight.
 DRAIN_SECONDS = 0.5
+#: After a stop with a checkpoint was asked: this long without any event from the ranks and
+#: the front ends fall back to tearing the run down.
+STOP_PATIENCE_S = 30.0
 
 
 def make_launcher(
@@ -48,6 +51,8 @@ def make_launcher(
     and, when there is one, the checkpoint to resume from: a built-in trainer as
     ``--resume``, a user script as ``DDPTUI_RESUME``."""
     env = cfg.rank_environment()
+    if attempt == 0 and cfg.script and cfg.resume:
+        env[RESUME_ENV] = cfg.resume  # a script's --resume: the same convention
     if attempt > 0:
         env[ATTEMPT_ENV] = env[RESTART_COUNT_ENV] = str(attempt)
         if resume is not None:
@@ -126,6 +131,8 @@ class RunSession:
         #: Per attempt: (identity of the checkpoint it started from, its failure's key).
         self._attempt_failures: list[tuple[tuple | None, tuple]] = []
         self._attempt_checkpoint: tuple | None = checkpoint_identity(cfg.resume)
+        #: When a stop with a checkpoint was asked (clock time), or None.
+        self.checkpoint_stop_at: float | None = None
 
     @property
     def events_path(self) -> Path:
@@ -204,6 +211,7 @@ class RunSession:
         same checkpoint is not restarted again."""
         if (
             self.cfg.max_restarts <= self.attempt
+            or self.checkpoint_stop_at is not None
             or self.fault is not None
             or self._interrupted
             or result.stopped
@@ -269,6 +277,42 @@ class RunSession:
     def _refuse(self, line: str) -> None:
         self.restart_refused = line
 
+    # -- stop with a checkpoint ------------------------------------------------------------
+    def can_stop_with_checkpoint(self) -> bool:
+        """A built-in trainer's run whose every rank has said where it runs (its stop handler
+        is installed by then) and that is still going."""
+        with self._lock:
+            views = list(self.state.ranks.values())
+        return (
+            not self.cfg.script
+            and self.result is None
+            and self.launcher is not None
+            and bool(self.cfg.run_dir)
+            and all(v.state == "started" and v.pid for v in views)
+        )
+
+    def stop_with_checkpoint(self) -> bool:
+        """Ask every rank to stop after an agreed step with a checkpoint; whether it was
+        asked (else stop with :meth:`stop`). The run then ends ``stopped``; see
+        :meth:`stop_overdue` for when to give up waiting."""
+        if not self.can_stop_with_checkpoint():
+            return False
+        assert self.launcher is not None
+        with self._lock:
+            pids = {v.pid for v in self.state.ranks.values() if v.pid}
+        if not self.launcher.signal_ranks(pids, getattr(signal, STOP_SIGNAL)):
+            return False
+        self.checkpoint_stop_at = self.clock()
+        return True
+
+    def stop_overdue(self, now: float | None = None) -> bool:
+        """A stop with a checkpoint was asked and no event came for STOP_PATIENCE_S since."""
+        if self.checkpoint_stop_at is None or self.result is not None:
+            return False
+        now = self.clock() if now is None else now
+        last = max(self.checkpoint_stop_at, self.state.last_event_at or 0.0)
+        return now - last > STOP_PATIENCE_S
+
     def stop(self, interrupted: bool = False, exit_code: int | None = None) -> LaunchResult | None:
         """Stop every worker (SIGTERM, grace, SIGKILL). The run ends as ``stopped`` (the user
         asked) or ``interrupted`` (Ctrl-C / SIGTERM to ddptui, with ``exit_code``)."""
@@ -290,9 +334,10 @@ class RunSession:
         failure = result.failure
         if self.fault is not None and failure is None:
             failure = RankFailureInfo(rank=None, error=self.fault)
+        asked = self.checkpoint_stop_at is not None and self.fault is None
         outcome = decide_outcome(
             failed=self.fault is not None or not (result.ok or result.stopped),
-            stopped=result.stopped and self.fault is None,
+            stopped=(result.stopped or (asked and result.ok)) and self.fault is None,
             interrupted=self._interrupted,
         )
         with self._lock:
