@@ -313,3 +313,69 @@ def test_a_crash_that_repeats_ends_the_run_naming_it(tmp_path):
     assert summary["restart_refused"].startswith("the same failure twice from the same checkpoint")
     assert "not restarted: the same failure twice" in out
     assert out.count("rank 1 exited with code 3") >= 2
+
+
+# -- stop with a checkpoint --------------------------------------------------------------------
+@pytest.mark.slow
+def test_first_ctrl_c_stops_with_a_checkpoint_and_the_run_resumes_from_it(tmp_path):
+    import torch
+
+    run_dir = tmp_path / "run"
+    proc = _ddptui(run_dir, *TRAIN)
+    try:
+        log = RunDir(run_dir).rank_log(0)
+        assert wait_until(lambda: log.exists() and "epoch 1/6" in log.read_text(), 90, 0.02)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        out, err = _finish(proc, run_dir)  # also: no process of the run is left
+    assert proc.returncode == 130, out + err
+    assert "stopping after the current step with a checkpoint" in out
+    assert f"to continue: ddptui --resume {run_dir}" in out
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    assert summary["outcome"] == "stopped" and summary["exit_code"] == 130
+    state = torch.load(RunDir(run_dir).checkpoint, weights_only=True)
+    steps = [e for e in read_events(run_dir) if e["kind"] == "step" and e["rank"] == 0]
+    stopped_in = steps[-1]["epoch"]
+    if "partial" in state:  # stopped mid-epoch: the epoch in progress and its steps done
+        assert state["partial"] == {"epoch": stopped_in, "steps": state["partial"]["steps"]}
+        assert state["epoch"] == stopped_in - 1
+    else:  # the agreed step was an epoch's last
+        assert state["epoch"] == stopped_in
+    # --resume RUN_DIR: the saved options and checkpoint, a new run directory.
+    again = tmp_path / "again"
+    resumed = _ddptui(again, "--resume", str(run_dir))
+    out, err = _finish(resumed, again)
+    assert resumed.returncode == 0, out + err
+    config = json.loads(RunDir(again).config.read_text())
+    assert config["resume"] == str(RunDir(run_dir).checkpoint) and config["seed"] == 3
+    first = next(e for e in read_events(again) if e["kind"] == "step" and e["rank"] == 0)
+    assert first["epoch"] == state.get("partial", {}).get("epoch", state["epoch"] + 1)
+    assert json.loads(RunDir(again).summary.read_text())["final_eval"]["epoch"] == 6
+
+
+def test_resume_command_repeats_the_options(tmp_path):
+    from ddptui.config import resume_command
+
+    cfg = _cfg(tmp_path, epochs="4", lr="0.5", script_args=("--train-size", "8 00"))
+    line = resume_command(cfg)
+    assert line.startswith(f"ddptui --resume {tmp_path / 'run' / 'checkpoint.pt'} --trainer ")
+    assert "--epochs 4" in line and "--lr 0.5" in line and "--max-restarts 2" in line
+    assert line.endswith("-- --train-size '8 00'")
+
+
+def test_resume_run_dir_takes_the_saved_options(tmp_path):
+    from ddptui.cli import continue_run_dir
+    from ddptui.rundir import write_json_atomic
+
+    saved = _cfg(tmp_path, epochs="4", script_args=("--train-size", "800"))
+    RunDir(saved.run_dir).path.mkdir(parents=True)
+    write_json_atomic(RunDir(saved.run_dir).config, saved.to_json_dict())
+    with pytest.raises(ConfigError, match="has no checkpoint.pt"):
+        continue_run_dir({"resume": saved.run_dir})
+    RunDir(saved.run_dir).checkpoint.write_bytes(b"x")
+    raw = continue_run_dir({"resume": saved.run_dir, "epochs": "9", "script_args": ()})
+    assert raw["epochs"] == "9" and raw["max_restarts"] == 2 and raw["device"] == "cpu"
+    assert raw["script_args"] == ("--train-size", "800")
+    assert raw["resume"] == str(RunDir(saved.run_dir).checkpoint) and "run_dir" not in raw
+    with pytest.raises(ConfigError, match="not a run directory"):
+        continue_run_dir({"resume": str(tmp_path)})
