@@ -253,7 +253,10 @@ def continue_run_dir(raw: dict) -> dict:
     from ddptui.rundir import RunDir, RunDirError, read_config
 
     resume = raw.get("resume")
-    if not resume or not Path(str(resume)).is_dir():
+    try:
+        if not resume or not Path(str(resume)).is_dir():
+            return raw
+    except (OSError, ValueError):  # a name too long, a NUL: build_config says why
         return raw
     try:
         saved = read_config(resume)
