@@ -2,10 +2,12 @@
 
 ddptui asks the ranks to stop by sending :data:`ddptui.constants.STOP_SIGNAL` to each of
 them; the signals land at different moments, and a rank that stopped alone would hang the
-others in their next all-reduce. So the ranks vote: after every step each rank starts an
-asynchronous all-reduce (MAX) of its "stop asked" flag on a separate gloo group, and reads the
-result one step later. Every rank runs the same number of steps per epoch, so round ``k`` holds
-every rank's flag as of step ``k``, and every rank learns the same answer at step ``k + 1``.
+others in their next all-reduce. So the ranks vote: every :data:`VOTE_EVERY` steps each rank
+starts an asynchronous all-reduce (MAX) of its "stop asked" flag on a separate gloo group, and
+reads the result at the next vote, ``VOTE_EVERY`` steps later (long done by then: the read
+does not wait). Every rank runs the same number of steps, so round ``k`` holds every rank's
+flag as of step ``k``, and every rank learns the same answer at the same step: a stop takes
+effect within ``2 * VOTE_EVERY`` steps.
 
 The vote never touches the training's device or its process group: a one-element CPU tensor
 on its own gloo group, in flight while the next step computes. Without a process group (one
@@ -23,6 +25,8 @@ import torch.distributed as dist
 from ddptui.constants import STOP_SIGNAL
 
 _requested = threading.Event()
+#: Steps between two votes (one vote per step cost ~1 ms of gloo traffic on a busy CPU).
+VOTE_EVERY = 8
 
 
 def _on_stop_signal(signum: int, frame: object) -> None:
@@ -49,11 +53,15 @@ class StopVote:
         self._group = dist.new_group(backend="gloo") if self._distributed else None
         self._flag = torch.zeros(1)
         self._work = None
+        self._steps = 0
 
     def agreed(self) -> bool:
-        """Whether the ranks agreed (one step ago) to stop now; starts the next round."""
+        """Call after every step: whether the ranks agreed to stop after this one."""
         if not self._distributed:
             return _requested.is_set()
+        self._steps += 1
+        if self._steps % VOTE_EVERY:
+            return False
         if self._work is not None:
             self._work.wait()  # started a step ago on the CPU: normally long done
             self._work = None
