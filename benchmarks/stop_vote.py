@@ -2,7 +2,8 @@
 
 Times N training-like steps (a small matmul and an all_reduce of a gradient-sized tensor on the
 default group) with and without ``StopVote.agreed()`` after each, best of 4 interleaved rounds
-each, and prints the added microseconds per step. ``python benchmarks/stop_vote.py [steps]``; about 10 s.
+each, and prints the added microseconds per step.
+``python benchmarks/stop_vote.py [steps]``; about 10 s.
 """
 
 from __future__ import annotations
