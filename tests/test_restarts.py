@@ -381,3 +381,65 @@ def test_resume_run_dir_takes_the_saved_options(tmp_path):
     assert raw["resume"] == str(RunDir(saved.run_dir).checkpoint) and "run_dir" not in raw
     with pytest.raises(ConfigError, match="not a run directory"):
         continue_run_dir({"resume": str(tmp_path)})
+
+
+def test_first_ctrl_c_asks_gently_and_the_second_tears_down():
+    from ddptui.headless import Interrupted, SignalGuard
+
+    guard = SignalGuard()
+    guard.gentle = True
+    guard.handler(signal.SIGINT, None)  # no exception: the loop asks for the checkpoint stop
+    assert guard.gentle_asked
+    with pytest.raises(Interrupted):
+        guard.handler(signal.SIGINT, None)
+    term = SignalGuard()
+    term.gentle = True
+    with pytest.raises(Interrupted):  # SIGTERM is never gentle
+        term.handler(signal.SIGTERM, None)
+
+
+def test_a_stop_with_a_checkpoint_is_overdue_after_30_s_without_events(tmp_path):
+    now = [100.0]
+    session = RunSession(_cfg(tmp_path), clock=lambda: now[0])
+    assert not session.stop_overdue()
+    session.checkpoint_stop_at = 100.0
+    now[0] = 129.0
+    assert not session.stop_overdue()
+    session.state.last_event_at = 120.0  # the ranks still report: still making progress
+    now[0] = 140.0
+    assert not session.stop_overdue()
+    now[0] = 150.5
+    assert session.stop_overdue()
+
+
+def test_a_script_is_never_asked_to_stop_with_a_checkpoint(tmp_path):
+    script = ROOT / "tests" / "scripts" / "resumable.py"
+    session = RunSession(_cfg(tmp_path, script=str(script)))
+    for view in session.state.ranks.values():
+        view.state, view.pid = "started", 1
+    session.launcher = object()
+    assert not session.can_stop_with_checkpoint()
+    trainer = RunSession(_cfg(tmp_path))
+    for view in trainer.state.ranks.values():
+        view.state, view.pid = "started", 1
+    trainer.launcher = object()
+    assert trainer.can_stop_with_checkpoint()
+
+
+def test_the_header_names_the_attempt_and_the_loss_chart_marks_it():
+    from ddptui.tui.model import attempt_label, chart_data
+
+    state = RunState("r", 1)
+    state.max_restarts = 2
+    state.begin_attempt(AttemptRecord(0, 1.0))
+    assert attempt_label(state) == ""
+    for i in range(3):
+        state.apply(step(0, i, i + 1), now=float(i))
+    state.end_attempt("failed", RankFailureInfo(rank=0, signal="SIGKILL"))
+    state.begin_attempt(AttemptRecord(1, 2.0))
+    state.apply(step(0, 0, 1, attempt=1), now=5.0)
+    assert attempt_label(state) == (
+        "attempt 2/3 (failed attempts 1: rank 0 was killed by signal SIGKILL)"
+    )
+    data = chart_data(state)
+    assert data.restarts == (3.0,) and data.mean_loss[0] == [1.0, 2.0, 3.0, 4.0]
