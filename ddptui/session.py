@@ -242,7 +242,7 @@ class RunSession:
         if resume is not None:
             problem, epoch = check_restart_checkpoint(self.cfg, resume)
             if problem:
-                self._refuse(f"cannot restart: {problem}")
+                self._refuse(problem)
                 return False
         number = self.attempt + 1
         where = "from scratch"
@@ -276,6 +276,8 @@ class RunSession:
 
     def _refuse(self, line: str) -> None:
         self.restart_refused = line
+        with self._lock:
+            self.state.restart_refused = line
 
     # -- stop with a checkpoint ------------------------------------------------------------
     def can_stop_with_checkpoint(self) -> bool:
@@ -390,7 +392,6 @@ class RunSession:
             },
             duration_s=duration,
         )
-        self.summary["restart_refused"] = self.restart_refused
         try:
             write_summary(self.run_dir, self.summary)
         except OSError as exc:

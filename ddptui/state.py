@@ -140,6 +140,8 @@ class RunState:
         self.attempts: list[AttemptRecord] = []
         #: Restarts allowed in all (for ``attempt 2/3``); 0 without ``--max-restarts``.
         self.max_restarts = 0
+        #: Why a failed run was not restarted although restarts were left (one line).
+        self.restart_refused: str | None = None
 
     @property
     def attempt(self) -> int:

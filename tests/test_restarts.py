@@ -443,3 +443,23 @@ def test_the_header_names_the_attempt_and_the_loss_chart_marks_it():
     )
     data = chart_data(state)
     assert data.restarts == (3.0,) and data.mean_loss[0] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_replayed_run_shows_its_attempts(tmp_path):
+    from ddptui.rundir import load_run, write_json_atomic, write_summary
+
+    cfg = _cfg(tmp_path)
+    RunDir(cfg.run_dir).path.mkdir(parents=True)
+    write_json_atomic(RunDir(cfg.run_dir).config, cfg.to_json_dict())
+    state = RunState(cfg.run_id, 2)
+    state.begin_attempt(AttemptRecord(0, 1_700_000_000.0))
+    state.end_attempt("failed", RankFailureInfo(rank=1, signal="SIGKILL"))
+    state.begin_attempt(AttemptRecord(1, 1_700_000_100.0, "/x/checkpoint.pt", 2))
+    state.end_attempt("finished")
+    doc = summarize(state, "finished")
+    doc["attempts"].append({"attempt": "x"})  # malformed: skipped
+    write_summary(cfg.run_dir, doc)
+    _, replayed, _ = load_run(cfg.run_dir)
+    assert [(a.attempt, a.outcome) for a in replayed.attempts] == [(0, "failed"), (1, "finished")]
+    assert replayed.attempts[0].failure.describe() == "rank 1 was killed by signal SIGKILL"
+    assert replayed.max_restarts == 2 and replayed.attempts[1].resumed_from_epoch == 2

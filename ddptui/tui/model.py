@@ -193,8 +193,9 @@ def run_frame(state: RunState, now: float) -> RunFrame:
 
 def attempt_label(state: RunState) -> str:
     """The attempt and why each restart happened; empty for a run that never restarted."""
+    refused = f"not restarted: {state.restart_refused}" if state.restart_refused else ""
     if len(state.attempts) < 2:
-        return ""
+        return refused
     total = max(state.max_restarts, len(state.attempts) - 1) + 1
     causes = "; ".join(
         f"{record.attempt + 1}: {record.failure.describe()}"
