@@ -49,7 +49,7 @@ def attempt_from_env() -> int:
     for name in (ATTEMPT_ENV, RESTART_COUNT_ENV):
         text = os.environ.get(name, "").strip()
         if text.isdigit() and len(text) < 10:
-            return int(text)
+            return min(int(text), protocol.MAX_ATTEMPT)  # beyond it every event is refused
     return 0
 
 

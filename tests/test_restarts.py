@@ -95,13 +95,16 @@ def test_events_carry_the_attempt_from_the_environment(monkeypatch):
     assert attempt_from_env() == 2
     monkeypatch.setenv("DDPTUI_ATTEMPT", "3")
     assert attempt_from_env() == 3
+    monkeypatch.setenv("DDPTUI_ATTEMPT", "999999")
+    assert attempt_from_env() == protocol.MAX_ATTEMPT
     monkeypatch.setenv("DDPTUI_ATTEMPT", "-1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "x")
     assert attempt_from_env() == 0
-    with pytest.raises(protocol.InvalidEvent):
-        protocol.decode_batch(
-            protocol.encode_batch([step(0, 0, 1)]).replace(b"\xa7attempt\x00", b"\xa7attempt\xff")
-        )
+    wire = protocol.encode_batch([step(0, 0, 1)])
+    assert b"\xa7attempt\x00" in wire
+    for bad in (b"\xa7attempt\xff", b"\xa7attempt\xcd\x03\xe9"):  # -1, 1001
+        with pytest.raises(protocol.InvalidEvent):
+            protocol.decode_batch(wire.replace(b"\xa7attempt\x00", bad))
 
 
 # -- options and checks ------------------------------------------------------------------------
