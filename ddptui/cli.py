@@ -218,6 +218,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no zero-code hooks in the ranks (steps only from ddptui.log)",
     )
+    g.add_argument(
+        "--max-restarts",
+        metavar="N",
+        help="after a rank fails, restart the whole group from the last checkpoint up to N "
+        "times (default 0)",
+    )
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -231,6 +237,7 @@ def run_command(args: argparse.Namespace) -> int:
     raw = {k: v for k, v in vars(args).items() if k not in ("no_ui", "start")}
     raw["script_args"] = tuple(getattr(args, "script_args", ()))
     try:
+        raw = continue_run_dir(raw)
         cfg = build_config(raw)
     except ConfigError as exc:
         return fail(str(exc))
@@ -239,6 +246,50 @@ def run_command(args: argparse.Namespace) -> int:
 
         return run_headless(cfg)
     return _dashboard("run", cfg=cfg, raw=raw, start=args.start)
+
+
+#: Options of a saved run that ``--resume RUN_DIR`` takes over (unless given again).
+_CONTINUED = (
+    "trainer", "script", "launcher", "device", "backend", "amp", "world_size", "workers",
+    "oversubscribe", "epochs", "batch_size", "lr", "seed", "data_dir", "init_method",
+    "sync_bn", "model", "max_restarts",
+)  # fmt: skip
+
+
+def continue_run_dir(raw: dict) -> dict:
+    """``--resume RUN_DIR``: the run's options from its config.json (options given on this
+    command line win) and its checkpoint; a new run directory. Other raws pass unchanged.
+    Raises ConfigError (one line)."""
+    from pathlib import Path
+
+    from ddptui.rundir import RunDir, RunDirError, read_config
+
+    resume = raw.get("resume")
+    try:
+        if not resume or not Path(str(resume)).is_dir():
+            return raw
+    except (OSError, ValueError):  # a name too long, a NUL: build_config says why
+        return raw
+    try:
+        saved = read_config(resume)
+    except RunDirError as exc:
+        raise ConfigError("resume", f"--resume {resume}: {exc}") from None
+    checkpoint = RunDir(resume).checkpoint
+    if not checkpoint.is_file():
+        raise ConfigError("resume", f"--resume {resume}: the run has no {checkpoint.name}")
+    merged = dict(raw)
+    given_target = raw.get("trainer") or raw.get("script")
+    for key in _CONTINUED:
+        if key in ("trainer", "script") and given_target:
+            continue
+        if merged.get(key) in (None, False) and saved.get(key) not in (None, ""):
+            merged[key] = saved[key]
+    if not merged.get("script_args") and isinstance(saved.get("script_args"), list):
+        merged["script_args"] = tuple(str(a) for a in saved["script_args"])
+    if merged.get("script"):
+        merged.pop("trainer", None)
+    merged["resume"] = str(checkpoint)
+    return merged
 
 
 # -- monitor ------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from ddptui.constants import (
     LAUNCHERS,
     MAX_HANG_TIMEOUT_S,
     MAX_RANKS_PER_CORE,
+    MAX_RESTARTS,
     NO_INSTRUMENT_ENV,
     ON_HANG,
 )
@@ -127,6 +128,8 @@ class RunConfig:
     init_method: str | None = None
     sync_bn: bool = False
     model: str | None = None
+    #: Restarts of the whole group after a rank fails (torchrun's ``--max-restarts``).
+    max_restarts: int = 0
     trainer_module: str | None = None  # the module every rank runs (None for a script)
     run_id: str = ""
     #: Seconds without progress before a rank counts as hung (None: the default rule, 0: off).
@@ -182,6 +185,38 @@ class RunConfig:
         if not self.instrument:
             env[NO_INSTRUMENT_ENV] = "1"
         return env
+
+
+def resume_command(cfg: RunConfig) -> str:
+    """The command line that continues ``cfg``'s run from its checkpoint, with its options."""
+    import shlex
+
+    checkpoint = RunDir(cfg.run_dir or ".").checkpoint
+    argv = ["ddptui", "--resume", str(checkpoint)]
+    argv += ["--script", cfg.script] if cfg.script else ["--trainer", cfg.trainer]
+    for flag, value in (
+        ("--launcher", cfg.launcher),
+        ("--device", cfg.device),
+        ("--backend", cfg.backend),
+        ("--amp", cfg.amp),
+        ("--world-size", cfg.world_size),
+        ("--workers", None if cfg.script else cfg.workers),
+        ("--epochs", cfg.epochs),
+        ("--batch-size", cfg.batch_size),
+        ("--lr", cfg.lr),
+        ("--seed", cfg.seed),
+        ("--model", cfg.model),
+        ("--data-dir", cfg.data_dir),
+        ("--init-method", cfg.init_method),
+        ("--max-restarts", cfg.max_restarts or None),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--sync-bn"] if cfg.sync_bn else []
+    argv += ["--oversubscribe"] if cfg.oversubscribe else []
+    if cfg.script_args:
+        argv += ["--", *cfg.script_args]
+    return shlex.join(argv)
 
 
 def nvidia_driver_present() -> bool:
@@ -367,6 +402,9 @@ def _build(
     )
     lr = _optional(raw, "lr", lambda v: parse_float("lr", v), attempt)
     seed = attempt(parse_int, "seed", _default(raw, "seed", 0), 0, MAX_SEED)
+    max_restarts = attempt(
+        parse_int, "max_restarts", _default(raw, "max_restarts", 0), 0, MAX_RESTARTS
+    )
 
     # -- where ranks compute, and how they talk
     device = attempt(parse_choice, "device", _default(raw, "device", "auto"), DEVICE_CHOICES)
@@ -445,6 +483,7 @@ def _build(
         init_method=init_method,
         sync_bn=sync_bn,
         model=model,
+        max_restarts=max_restarts or 0,
         trainer_module=spec.module if spec is not None else None,
         run_id=run_id,
         hang_timeout=hang_timeout,
@@ -650,6 +689,30 @@ def _check_checkpoint(path: str, spec: TrainerSpec, model: str | None) -> None:
             f"--resume {path} holds a {_shown(saved_model)} model, but this run trains "
             f"{wanted!r}{hint}",
         )
+
+
+def check_restart_checkpoint(cfg: RunConfig, path: str) -> tuple[str | None, int | None]:
+    """``(problem, epoch)`` of the checkpoint a restarted attempt of ``cfg`` would resume from.
+
+    The same checks as ``--resume`` before launch: a built-in trainer's checkpoint must be a
+    readable trainer checkpoint of this trainer and model (``epoch`` is the epoch it holds); a
+    user script's only has to be a non-empty file (its format is the script's business).
+    """
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        return f"cannot read checkpoint {path}: {_why(exc)}", None
+    if cfg.script:
+        return (f"checkpoint {path} is an empty file" if stat.st_size == 0 else None), None
+    spec = registry().specs.get(cfg.trainer)
+    if spec is None:
+        return f"unknown trainer {cfg.trainer!r}", None
+    try:
+        _check_checkpoint(path, spec, cfg.model)
+    except ConfigError as exc:
+        return str(exc).replace("--resume ", "checkpoint ", 1), None
+    _, header = _checkpoint_header(path, stat.st_mtime_ns, stat.st_size)
+    return None, header["epoch"] if header else None
 
 
 @functools.lru_cache(maxsize=16)

@@ -49,3 +49,22 @@ NO_INSTRUMENT_ENV = "DDPTUI_NO_INSTRUMENT"
 ON_HANG = ("stop", "keep")
 #: Longest ``--hang-timeout``, in seconds.
 MAX_HANG_TIMEOUT_S = 1e6
+
+# -- restarts (``--max-restarts``) -----------------------------------------------------------
+#: Most restarts ``--max-restarts`` accepts.
+MAX_RESTARTS = 100
+#: The attempt number of a run's ranks (0 first, then 1 per restart); the reporter stamps it
+#: on every event. ddptui sets it, and sets torchrun's name below to the same value.
+ATTEMPT_ENV = "DDPTUI_ATTEMPT"
+#: torchrun's name for the attempt number, for user scripts (0 on the first attempt).
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+#: Path of the run's last checkpoint (``RUN_DIR/checkpoint.pt``) when a restarted attempt has
+#: one to resume from; unset otherwise.
+RESUME_ENV = "DDPTUI_RESUME"
+
+# -- stop with a checkpoint ------------------------------------------------------------------
+#: The signal ddptui sends to every rank of a built-in trainer to ask it to stop after the
+#: current step with a checkpoint (``s`` in the dashboard, the first Ctrl-C headless). A user
+#: script that installs a handler for it (see the README) can opt in; by default ddptui
+#: sends it only to the built-in trainers.
+STOP_SIGNAL = "SIGUSR2"

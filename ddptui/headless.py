@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from ddptui import protocol
-from ddptui.config import RunConfig
+from ddptui.config import RunConfig, resume_command
 from ddptui.constants import PHASES
 from ddptui.diagnosis import Diagnosis
 from ddptui.formatting import fmt_duration, fmt_num
@@ -144,6 +144,15 @@ class HeadlessConsole:
         room = max(1, self.width() - 1)  # the last column would wrap on some terminals
         return text if len(text) <= room else text[: room - 1] + "…"
 
+    def restarts(self, session: RunSession, shown: int) -> int:
+        """Print the session's restart lines after the first ``shown``; how many are shown."""
+        lines = session.restart_lines
+        for text in lines[shown:]:
+            self.line(text)
+        if len(lines) > shown:
+            self._announced.clear()  # the ranks of the new attempt say where they run again
+        return len(lines)
+
     def summary(self, session: RunSession, now: float) -> None:
         state = session.state
         stats = session.stats
@@ -168,13 +177,20 @@ class HeadlessConsole:
                 "summary.json and stacks-rank-N.txt"
             )
         failure = state.failure
+        if len(state.attempts) > 1:
+            self.line(f"{len(state.attempts)} attempts ({len(state.attempts) - 1} restarts)")
         if state.outcome == "failed" and failure is not None:
             self.line(f"FAILED: {failure.describe()}")
+            if session.restart_refused:
+                self.line(f"not restarted: {session.restart_refused}")
             if failure.stderr_tail:
                 self.line(f"last lines of {rank_log_name(failure.rank)}:")
                 for text in failure.stderr_tail:
                     self.line(f"  | {text}")
         self.line(f"run directory: {session.run_dir}")
+        if state.outcome == "stopped" and session.files.checkpoint.is_file():
+            self.line(f"to continue: ddptui --resume {session.run_dir}")
+            self.line(f"         or: {resume_command(session.cfg)}")
 
 
 def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
@@ -202,9 +218,16 @@ class SignalGuard:
     def __init__(self) -> None:
         self.armed = True
         self.received: list[int] = []
+        #: Whether the first SIGINT may ask for a stop with a checkpoint instead.
+        self.gentle = False
+        #: The first SIGINT arrived while :attr:`gentle`: the loop should ask for that stop.
+        self.gentle_asked = False
 
     def handler(self, signum: int, frame: object) -> None:
         self.received.append(signum)
+        if self.armed and self.gentle and signum == signal.SIGINT and not self.gentle_asked:
+            self.gentle_asked = True  # the next Ctrl-C tears the run down as before
+            return
         if self.armed:
             self.armed = False  # a second Ctrl-C during teardown must not cut it short
             raise Interrupted(signum)
@@ -255,13 +278,31 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                 print(f"ddptui: error: {exc}", file=sys.stderr)
                 session.close()
                 return 2
+            shown = 0
+            asked = False
             while session.poll() is None:
+                shown = console.restarts(session, shown)
+                guard.gentle = not asked and session.can_stop_with_checkpoint()
+                if guard.gentle_asked and not asked:
+                    asked = True
+                    if session.stop_with_checkpoint():
+                        console.line(
+                            "stopping after the current step with a checkpoint "
+                            "(Ctrl-C again to stop at once)…"
+                        )
+                    else:
+                        raise Interrupted(signal.SIGINT)
+                if session.stop_overdue():
+                    console.line("no progress while stopping: stopping every worker…")
+                    session.stop()
+                    break
                 events = session.pump(0.1)
                 now = time.monotonic()
                 console.on_events(session.state, events, now)
                 for diagnosis in session.take_diagnoses():
                     console.line(diagnosis_line(diagnosis))
                 console.tick(session.state, now)
+            console.restarts(session, shown)
         except Interrupted as exc:
             console.line(f"interrupted ({exc}): stopping every worker…")
             session.stop(interrupted=True, exit_code=128 + exc.signum)

@@ -42,6 +42,8 @@ MAX_SECONDS = 1e9
 MAX_RATE = 1e12
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+#: Highest attempt number an event may carry (``--max-restarts`` allows at most 100).
+MAX_ATTEMPT = 1_000
 Metric = float | int | str | bool | None
 Metrics = Annotated[dict[str, Metric], msgspec.Meta(max_length=MAX_METRICS)]
 #: Most phases one step may carry (the built-in ones and a few custom ``ddptui.phase``).
@@ -63,6 +65,9 @@ class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=False)
     rank: NonNegInt
     t: float
     seq: NonNegInt
+    #: Which attempt of the run sent it (0 first, +1 per ``--max-restarts`` restart); ``seq``
+    #: counts within one rank's attempt.
+    attempt: Annotated[int, msgspec.Meta(ge=0, le=MAX_ATTEMPT)] = 0
 
 
 RankState = Literal["started", "finished", "failed"]

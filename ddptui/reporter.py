@@ -44,7 +44,7 @@ import time
 from typing import Any
 
 from ddptui import pending, protocol
-from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
+from ddptui.constants import ATTEMPT_ENV, ENDPOINT_ENV, RESTART_COUNT_ENV, RUN_ID_ENV
 
 #: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
 SEND_HWM = 1_000
@@ -81,6 +81,15 @@ def _rank_from_env() -> int:
     return env_int("RANK", 0) or 0
 
 
+def attempt_from_env() -> int:
+    """This rank's attempt number: ``DDPTUI_ATTEMPT``, else torchrun's restart count, else 0."""
+    for name in (ATTEMPT_ENV, RESTART_COUNT_ENV):
+        text = os.environ.get(name, "").strip()
+        if text.isdigit() and len(text) < 10:
+            return min(int(text), protocol.MAX_ATTEMPT)  # beyond it every event is refused
+    return 0
+
+
 class Reporter:
     """Sends this rank's events. Use the module functions in :mod:`ddptui` instead."""
 
@@ -93,6 +102,7 @@ class Reporter:
         self.sent = 0
         self.dropped = 0
         self._seq = 0
+        self.attempt = attempt_from_env()
         self._step = 0
         self._epoch: int | None = None
         self._epoch_started = time.monotonic()
@@ -165,7 +175,14 @@ class Reporter:
         with self._lock:
             seq = self._seq
             self._seq += 1  # a dropped event still takes its number: the gap shows the drop
-            event = cls(run=self.run_id, rank=self.rank, t=time.time(), seq=seq, **fields)
+            event = cls(
+                run=self.run_id,
+                rank=self.rank,
+                t=time.time(),
+                seq=seq,
+                attempt=self.attempt,
+                **fields,
+            )
             if read is not None or self._pending:
                 self.dropped += self._pending.push(event, read)  # urgent once released
             else:

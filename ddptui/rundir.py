@@ -185,6 +185,7 @@ def summarize(
                 or (getattr(view, "traceback", None) if view else None)
             ),
         }
+    attempts = [_attempt_doc(record) for record in getattr(state, "attempts", ())]
     return {
         "version": SUMMARY_VERSION,
         "run_id": state.run_id,
@@ -206,7 +207,80 @@ def summarize(
         "events": dict(events or {}),
         "ranks": ranks,
         "failure": failure_doc,
+        "attempts": attempts,
+        "restarts": max(0, len(attempts) - 1),
+        "restart_refused": getattr(state, "restart_refused", None),
     }
+
+
+def _attempt_doc(record) -> dict:
+    """One entry of summary.json's ``attempts`` (a :class:`~ddptui.state.AttemptRecord`)."""
+    from datetime import UTC, datetime
+
+    started = _finite(record.started_at)
+    failure = record.failure
+    return {
+        "attempt": record.attempt,
+        "started_at": None
+        if started is None
+        else datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "outcome": record.outcome,
+        "failure": None
+        if failure is None
+        else {
+            "rank": failure.rank,
+            "how": failure.describe(),
+            "exit_code": failure.exit_code,
+            "signal": failure.signal,
+        },
+        "resumed_from": record.resumed_from,
+        "resumed_from_epoch": record.resumed_from_epoch,
+    }
+
+
+def _restore_attempts(state, summary: dict, config: dict) -> None:
+    """summary.json's ``attempts`` back onto a replayed state (malformed entries skipped)."""
+    from datetime import datetime
+
+    from ddptui.state import AttemptRecord, RankFailureInfo
+
+    restarts = config.get("max_restarts")
+    if isinstance(restarts, int) and not isinstance(restarts, bool) and 0 <= restarts <= 1000:
+        state.max_restarts = restarts
+    if isinstance(summary.get("restart_refused"), str):
+        state.restart_refused = _text(summary["restart_refused"])
+    attempts = summary.get("attempts")
+    if not isinstance(attempts, list):
+        return
+    for doc in attempts[:1000]:
+        if not isinstance(doc, dict) or not isinstance(doc.get("attempt"), int):
+            continue
+        try:
+            started = datetime.fromisoformat(str(doc.get("started_at"))).timestamp()
+        except ValueError:
+            started = 0.0
+        failure = doc.get("failure")
+        info = None
+        if isinstance(failure, dict):
+            rank = failure.get("rank")
+            info = RankFailureInfo(
+                rank=rank if isinstance(rank, int) else None,
+                exit_code=failure.get("exit_code")
+                if isinstance(failure.get("exit_code"), int)
+                else None,
+                signal=failure.get("signal") if isinstance(failure.get("signal"), str) else None,
+            )
+        epoch = doc.get("resumed_from_epoch")
+        state.attempts.append(
+            AttemptRecord(
+                doc["attempt"],
+                started,
+                resumed_from=_text(doc.get("resumed_from")),
+                resumed_from_epoch=epoch if isinstance(epoch, int) else None,
+                outcome=doc.get("outcome") if doc.get("outcome") in OUTCOMES else None,
+                failure=info,
+            )
+        )
 
 
 def write_summary(run_dir: str | os.PathLike[str], summary: dict) -> Path:
@@ -337,6 +411,7 @@ def load_run(run_dir: str | os.PathLike[str]):
                 stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(rank))),
             )
         state.set_outcome(summary["outcome"], failure)
+        _restore_attempts(state, summary, config)
         return config, state, summary
     failure = read_failure(run_dir)
     if failure is None:

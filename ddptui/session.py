@@ -11,7 +11,10 @@ permission lost) the session stops every worker, keeps what was written and says
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +22,8 @@ from pathlib import Path
 
 from ddptui import protocol
 from ddptui.collector import Collector, CollectorStats
-from ddptui.config import RunConfig
+from ddptui.config import RunConfig, check_restart_checkpoint
+from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
 from ddptui.diagnosis import Diagnoser, Diagnosis, diagnose_crash, diagnoses_for_summary, rank_ends
 from ddptui.launch import Launcher, LaunchResult
 from ddptui.rundir import (
@@ -31,7 +35,7 @@ from ddptui.rundir import (
     write_json_atomic,
     write_summary,
 )
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.state import AttemptRecord, RankFailureInfo, RunState
 
 #: After the launcher ends, keep reading this long for events still in flight.
 DRAIN_SECONDS = 0.5
@@ -39,9 +43,27 @@ DRAIN_SECONDS = 0.5
 DIAGNOSE_EVERY_S = 1.0
 #: How long to wait for the ranks' stack dumps after a hang.
 STACKS_TIMEOUT_S = 5.0
+#: After a stop with a checkpoint was asked: this long without any event from the ranks and
+#: the front ends fall back to tearing the run down.
+STOP_PATIENCE_S = 30.0
 
 
-def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
+def make_launcher(
+    cfg: RunConfig, endpoint: str | None, attempt: int = 0, resume: str | None = None
+) -> Launcher:
+    """The launcher of attempt ``attempt`` (0 first). A restarted attempt's ranks are told
+    their attempt number (``DDPTUI_ATTEMPT`` and torchrun's ``TORCHELASTIC_RESTART_COUNT``)
+    and, when there is one, the checkpoint to resume from: a built-in trainer as
+    ``--resume``, a user script as ``DDPTUI_RESUME``."""
+    env = cfg.rank_environment()
+    if attempt == 0 and cfg.script and cfg.resume:
+        env[RESUME_ENV] = cfg.resume  # a script's --resume: the same convention
+    if attempt > 0:
+        env[ATTEMPT_ENV] = env[RESTART_COUNT_ENV] = str(attempt)
+        if resume is not None:
+            env[RESUME_ENV] = resume
+            if not cfg.script:
+                cfg = dataclasses.replace(cfg, resume=resume)
     return Launcher(
         cfg.launcher,
         cfg.world_size,
@@ -51,8 +73,28 @@ def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
         module=None if cfg.script else cfg.trainer_module,
         script=cfg.script,
         args=cfg.trainer_argv(),
-        env=cfg.rank_environment(),
+        env=env,
     )
+
+
+def failure_key(failure: RankFailureInfo | None) -> tuple:
+    """What makes two failures "the same": rank, exit code, signal and the error's first
+    line."""
+    if failure is None:
+        return (None,)
+    error = (failure.error or "").strip().splitlines()
+    return (failure.rank, failure.exit_code, failure.signal, error[0] if error else "")
+
+
+def checkpoint_identity(path: str | None) -> tuple | None:
+    """A checkpoint file as it is now (path, size, mtime): a rewrite is another checkpoint."""
+    if path is None:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (path,)
+    return (path, stat.st_size, stat.st_mtime_ns)
 
 
 def os_error_message(path: Path, exc: OSError, doing: str = "write") -> str:
@@ -97,6 +139,16 @@ class RunSession:
         self._next_diagnosis = 0.0
         self._hung = False
         self._concluding = False
+        self.state.max_restarts = cfg.max_restarts
+        #: One line per restart (and per restart refused), for the front ends to show.
+        self.restart_lines: list[str] = []
+        #: Why the run was not restarted although restarts were left (one line), or None.
+        self.restart_refused: str | None = None
+        #: Per attempt: (identity of the checkpoint it started from, its failure's key).
+        self._attempt_failures: list[tuple[tuple | None, tuple]] = []
+        self._attempt_checkpoint: tuple | None = checkpoint_identity(cfg.resume)
+        #: When a stop with a checkpoint was asked (clock time), or None.
+        self.checkpoint_stop_at: float | None = None
 
     @property
     def events_path(self) -> Path:
@@ -117,6 +169,9 @@ class RunSession:
         self.stats = self.collector.stats
         self.launcher = make_launcher(self.cfg, self.collector.endpoint)
         self.state.started_at = self.clock()
+        self.state.begin_attempt(
+            AttemptRecord(0, time.time(), resumed_from=self.cfg.resume or None)
+        )
         self.launcher.start()
 
     def pump(self, timeout: float = 0.1) -> list[protocol.AnyEvent]:
@@ -214,9 +269,124 @@ class RunSession:
         if self.result is not None or self.launcher is None:
             return self.result
         result = self.launcher.poll()
-        if result is not None:
+        if result is not None and not self._restart(result):
             self._conclude(result)
         return self.result
+
+    # -- restarts (--max-restarts) ----------------------------------------------------------
+    @property
+    def attempt(self) -> int:
+        return self.state.attempt
+
+    def _restart(self, result: LaunchResult) -> bool:
+        """After a rank failed: relaunch the whole group when restarts are left and the
+        checkpoint to resume from is sound; whether it did. The same failure twice from the
+        same checkpoint is not restarted again."""
+        if (
+            self.cfg.max_restarts <= self.attempt
+            or self.checkpoint_stop_at is not None
+            or self.fault is not None
+            or self._interrupted
+            or result.stopped
+            or result.ok
+            or self.collector is None
+        ):
+            return False
+        self._drain()
+        failure = result.failure or RankFailureInfo(rank=None, exit_code=result.exit_code)
+        view = self.state.ranks.get(failure.rank) if failure.rank is not None else None
+        if view is not None and not failure.error and view.error:
+            failure = dataclasses.replace(failure, error=view.error)
+        with self._lock:
+            self.state.end_attempt("failed", failure)
+        key = failure_key(failure)
+        started_from = self._attempt_checkpoint
+        for number, (checkpoint, earlier) in enumerate(self._attempt_failures):
+            if checkpoint == started_from and earlier == key:
+                first = self.state.attempts[number].failure
+                self._refuse(
+                    f"the same failure twice from the same checkpoint: attempt {number + 1}: "
+                    f"{first.describe() if first else '?'}; attempt {self.attempt + 1}: "
+                    f"{failure.describe()}"
+                )
+                return False
+        self._attempt_failures.append((started_from, key))
+        resume, epoch = self._resume_point()
+        if resume is not None:
+            problem, epoch = check_restart_checkpoint(self.cfg, resume)
+            if problem:
+                self._refuse(problem)
+                return False
+        number = self.attempt + 1
+        where = "from scratch"
+        if resume is not None:
+            where = f"resuming from {os.path.basename(resume)}"
+            where += f" (epoch {epoch})" if epoch is not None else ""
+        self.restart_lines.append(
+            f"restart {number}/{self.cfg.max_restarts}: {failure.describe()}; {where}"
+        )
+        self._attempt_checkpoint = checkpoint_identity(resume)
+        with self._lock:
+            self.state.begin_attempt(
+                AttemptRecord(number, time.time(), resumed_from=resume, resumed_from_epoch=epoch)
+            )
+        self.launcher = make_launcher(self.cfg, self.collector.endpoint, number, resume)
+        held = {signal.SIGINT, signal.SIGTERM}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)  # no signal between start and
+        try:  # remembering the process
+            self.launcher.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return True
+
+    def _resume_point(self) -> tuple[str | None, int | None]:
+        """The checkpoint a restart resumes from: the run's own (written by this run), else
+        the run's ``--resume``, else none (from scratch)."""
+        own = self.files.checkpoint
+        if own.is_file():
+            return str(own), None
+        return self.cfg.resume or None, None
+
+    def _refuse(self, line: str) -> None:
+        self.restart_refused = line
+        with self._lock:
+            self.state.restart_refused = line
+
+    # -- stop with a checkpoint ------------------------------------------------------------
+    def can_stop_with_checkpoint(self) -> bool:
+        """A built-in trainer's run whose every rank has said where it runs (its stop handler
+        is installed by then) and that is still going."""
+        with self._lock:
+            views = list(self.state.ranks.values())
+        return (
+            not self.cfg.script
+            and self.result is None
+            and self.launcher is not None
+            and bool(self.cfg.run_dir)
+            and all(v.state == "started" and v.pid for v in views)
+        )
+
+    def stop_with_checkpoint(self) -> bool:
+        """Ask every rank to stop after an agreed step with a checkpoint; whether it was
+        asked (else stop with :meth:`stop`). The run then ends ``stopped``; see
+        :meth:`stop_overdue` for when to give up waiting."""
+        if not self.can_stop_with_checkpoint():
+            return False
+        assert self.launcher is not None
+        with self._lock:
+            pids = {v.pid for v in self.state.ranks.values() if v.pid}
+        if not self.launcher.signal_ranks(pids, getattr(signal, STOP_SIGNAL)):
+            return False
+        self.checkpoint_stop_at = self.clock()
+        return True
+
+    def stop_overdue(self, now: float | None = None) -> bool:
+        """A stop with a checkpoint was asked and no event came for STOP_PATIENCE_S since."""
+        if self.checkpoint_stop_at is None or self.result is not None:
+            return False
+        now = self.clock() if now is None else now
+        last = max(self.checkpoint_stop_at, self.state.last_event_at or 0.0)
+        return now - last > STOP_PATIENCE_S
 
     def stop(self, interrupted: bool = False, exit_code: int | None = None) -> LaunchResult | None:
         """Stop every worker (SIGTERM, grace, SIGKILL). The run ends as ``stopped`` (the user
@@ -228,18 +398,22 @@ class RunSession:
             self._conclude(self.launcher.stop())
         return self.result
 
-    def _conclude(self, result: LaunchResult, drain: bool = True, hung: bool = False) -> None:
-        self._concluding = True  # no new diagnosis while draining the last events
-        deadline = time.monotonic() + (DRAIN_SECONDS if drain else 0.0)
+    def _drain(self, seconds: float = DRAIN_SECONDS) -> None:
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and self.collector is not None:
             if not self.pump(0.05) and time.monotonic() > deadline - DRAIN_SECONDS / 2:
                 break
+
+    def _conclude(self, result: LaunchResult, drain: bool = True, hung: bool = False) -> None:
+        self._concluding = True  # no new diagnosis while draining the last events
+        self._drain(DRAIN_SECONDS if drain else 0.0)
         failure = result.failure
         if self.fault is not None and failure is None:
             failure = RankFailureInfo(rank=None, error=self.fault)
+        asked = self.checkpoint_stop_at is not None and self.fault is None
         outcome = decide_outcome(
             failed=self.fault is not None or not (result.ok or result.stopped),
-            stopped=result.stopped and self.fault is None,
+            stopped=(result.stopped or (asked and result.ok)) and self.fault is None,
             interrupted=self._interrupted,
             hung=hung,
         )
@@ -251,6 +425,7 @@ class RunSession:
             self.state.set_outcome(outcome, failure, now=self.clock())
             if outcome == "failed":
                 self._diagnose_crash()
+            self.state.end_attempt(outcome, self.state.failure)
         self.result = result
 
     @property

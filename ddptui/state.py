@@ -34,6 +34,7 @@ class EvalPoint:
     loss: float | None
     count: int | None
     t: float
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,20 @@ class RankFailureInfo:
         else:
             how = "failed"
         return f"{who} {how}" + (f": {self.error}" if self.error else "")
+
+
+@dataclass
+class AttemptRecord:
+    """One attempt of a run (``--max-restarts``): when it began, where from, how it ended."""
+
+    attempt: int
+    started_at: float  # wall clock, seconds since the epoch
+    resumed_from: str | None = None  # the checkpoint it resumed from
+    resumed_from_epoch: int | None = None
+    outcome: str | None = None  # None while it runs; then failed / finished / stopped / …
+    failure: RankFailureInfo | None = None
+    #: Cumulative step (the charts' x) at which this attempt began, per the fastest rank.
+    first_step: int = 0
 
 
 @dataclass
@@ -87,6 +102,8 @@ class RankView:
     gaps: int = 0  # events missing according to seq numbers (dropped on the way)
     reporter_dropped: int = 0
     epochs_done: int = 0
+    attempt: int = 0  # the attempt this rank's latest events came from
+    step_offset: int = 0  # steps of earlier attempts (series continue across attempts)
     loss_series: deque[tuple[int, float]] = field(
         default_factory=lambda: deque(maxlen=SERIES_LENGTH)
     )
@@ -130,6 +147,45 @@ class RunState:
         self.node_samples: dict[int, object] = {}
         #: Recent phase breakdowns per rank, for the straggler diagnosis.
         self.phase_history = PhaseHistory()
+        #: Every attempt so far (one unless ``--max-restarts`` restarted the run).
+        self.attempts: list[AttemptRecord] = []
+        #: Restarts allowed in all (for ``attempt 2/3``); 0 without ``--max-restarts``.
+        self.max_restarts = 0
+        #: Why a failed run was not restarted although restarts were left (one line).
+        self.restart_refused: str | None = None
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt number (0 first)."""
+        return self.attempts[-1].attempt if self.attempts else 0
+
+    def begin_attempt(self, record: AttemptRecord) -> None:
+        """A new attempt starts: every rank is pending again; series and evals continue."""
+        record.first_step = max((v.step for v in self.ranks.values()), default=0)
+        self.attempts.append(record)
+        if record.attempt > 0:
+            for view in self.ranks.values():
+                self._new_attempt(view, record.attempt)
+
+    def end_attempt(self, outcome: str, failure: RankFailureInfo | None = None) -> None:
+        if self.attempts and self.attempts[-1].outcome is None:
+            self.attempts[-1].outcome = outcome
+            self.attempts[-1].failure = failure
+
+    @staticmethod
+    def _new_attempt(view: RankView, attempt: int) -> None:
+        if attempt <= view.attempt:
+            return
+        view.attempt = attempt
+        view.last_seq = -1
+        view.step_offset = view.step
+        view.state = "pending"
+        view.error = view.traceback = None
+        view.epoch = None
+        view.steps_in_epoch = 0
+        view.epochs_done = 0
+        view.samples_per_s = None
+        view.recent_step_times.clear()
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
@@ -138,6 +194,11 @@ class RunState:
             self.events_ignored += 1
             return
         now = event.t if now is None else now
+        if event.attempt != view.attempt:
+            if event.attempt < view.attempt:  # late news from an attempt already over
+                self.events_ignored += 1
+                return
+            self._new_attempt(view, event.attempt)
         if self.started_at is None:
             self.started_at = now
         self.last_event_at = now
@@ -179,11 +240,11 @@ class RunState:
             view.epoch = ev.epoch
             view.steps_in_epoch = 0
         view.steps_in_epoch += 1
-        view.step = ev.step
+        view.step = view.step_offset + ev.step
         view.samples_total += ev.samples
         if ev.loss is not None:
             view.loss = ev.loss
-            view.loss_series.append((ev.step, ev.loss))
+            view.loss_series.append((view.step, ev.loss))
         if ev.samples_per_s is not None:
             view.samples_per_s = ev.samples_per_s
             view.sps_series.append((now, ev.samples_per_s))
@@ -196,8 +257,13 @@ class RunState:
             self.phase_history.add(view.rank, phases)
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
-        # Every rank reports the same all-reduced result; the first one to arrive counts.
-        self.evals.setdefault(ev.epoch, EvalPoint(ev.epoch, ev.accuracy, ev.loss, ev.count, now))
+        # Every rank reports the same all-reduced result; the first one to arrive counts (a
+        # later attempt's evaluation of the same epoch, after a restart, replaces it).
+        old = self.evals.get(ev.epoch)
+        if old is None or ev.attempt > old.attempt:
+            self.evals[ev.epoch] = EvalPoint(
+                ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt
+            )
 
     def _on_epochend(self, view: RankView, ev: protocol.EpochEnd, now: float) -> None:
         view.epochs_done = max(view.epochs_done, ev.epoch)

@@ -9,6 +9,12 @@ with its :class:`~trainers.options.TrainConfig`. :func:`run` joins the process g
         evaluate(epoch)          # sharded over ranks, each test sample counted once
         _save_checkpoint(epoch)  # global rank 0, atomic
 
+Stop with a checkpoint: when ddptui asks (:mod:`trainers.stopping`), the ranks agree on a step,
+finish it, rank 0 writes a checkpoint that records the epoch and the steps of it already done,
+and every rank ends cleanly. ``--resume`` of that checkpoint continues the same epoch where it
+stopped: same sampler order, the batches already done are skipped (read and dropped, so the
+order stays exactly the same).
+
 How batches reach the device (a DataLoader, or the dataset held on the GPU) is
 :mod:`trainers.batches`' business; the loop only iterates them. Every step is reported with
 ``ddptui.log`` and every evaluation with ``ddptui.log_eval``, exactly as a user's own script
@@ -41,6 +47,7 @@ from trainers.checkpoint import remove_stale_temps, save_atomic
 from trainers.datasets import DataSplits
 from trainers.distributed import DistContext, context_from_env
 from trainers.options import TrainConfig
+from trainers.stopping import StopVote, install_stop_handler
 
 
 class CheckpointError(RuntimeError):
@@ -71,12 +78,14 @@ class EvalResult:
     """Test samples seen over all ranks (the test set's size)."""
 
 
-def run(config: TrainConfig, task: Task) -> EvalResult:
-    """Train and evaluate ``task`` as this process's rank; returns the last evaluation.
+def run(config: TrainConfig, task: Task) -> EvalResult | None:
+    """Train and evaluate ``task`` as this process's rank; returns the last evaluation (None
+    when the run was stopped with a checkpoint before one).
 
     Reports ``ddptui.finished`` (with ``"ExcType: message"`` on failure, then re-raises) and
     destroys the process group on every way out.
     """
+    install_stop_handler()  # first: ddptui may ask to stop as soon as the rank has started
     try:
         ctx = context_from_env(config.init_method)
         device = resolve_device(config, ctx)
@@ -199,6 +208,8 @@ class Trainer:
         self.data = data
         self.scaler = torch.amp.GradScaler("cuda") if config.amp == "fp16" else None
         self.start_epoch = 1
+        #: Steps of ``start_epoch`` done before a stop (skipped when resuming).
+        self.skip_steps = 0
         if config.resume:
             self.start_epoch = self._load_checkpoint(model, config.resume) + 1
         # Wrapped after resuming on purpose: DDP's constructor is a collective, so no rank
@@ -208,9 +219,18 @@ class Trainer:
         shard = {"rank": ctx.rank, "world_size": ctx.world_size}
         self.train_batches = train_batches(data, feed, seed=config.seed, **shard)
         self.eval_batches = eval_batches(data, feed, **shard)
+        self.stop_vote = StopVote()  # a collective too: every rank builds it here
 
-    def train(self) -> EvalResult:
-        """Train the remaining epochs, evaluating (and checkpointing) after each."""
+    def train(self) -> EvalResult | None:
+        """Train the remaining epochs, evaluating (and checkpointing) after each; stop after
+        an agreed step, with a checkpoint, when ddptui asks."""
+        try:
+            return self._train()
+        finally:
+            self.stop_vote.close()
+
+    def _train(self) -> EvalResult | None:
+        result = None
         if self.start_epoch > self.config.epochs:  # resumed after the last epoch
             epoch = self.start_epoch - 1
             started = time.monotonic()
@@ -219,7 +239,13 @@ class Trainer:
             return result
         for epoch in range(self.start_epoch, self.config.epochs + 1):
             started = time.monotonic()
-            self._run_epoch(epoch)
+            done = self._run_epoch(epoch)
+            if done is not None:  # stopped after step ``done`` of this epoch
+                if self.config.checkpoint and self.ctx.is_main:
+                    self._save_checkpoint(epoch - 1, partial={"epoch": epoch, "steps": done})
+                if self.ctx.is_main:
+                    print(f"stopped in epoch {epoch} after step {done}: checkpoint written")
+                return result
             if self.scheduler is not None:
                 self.scheduler.step()
             result = self.evaluate(epoch)
@@ -228,13 +254,20 @@ class Trainer:
             self._print_epoch(epoch, result, time.monotonic() - started)
         return result
 
-    def _run_epoch(self, epoch: int) -> None:
+    def _run_epoch(self, epoch: int) -> int | None:
+        """One epoch (or its rest, after a stop); the step it stopped after, if it did."""
         self.model.train()
         self.train_batches.set_epoch(epoch)
-        for inputs, targets in self.train_batches:
+        skip, self.skip_steps = (self.skip_steps, 0) if epoch == self.start_epoch else (0, 0)
+        for index, (inputs, targets) in enumerate(self.train_batches, start=1):
+            if index <= skip:
+                continue  # done before the stop this run resumes from: same order, no step
             loss = self._run_batch(inputs, targets)
             # A 0-dim tensor, not loss.item(): reading it here would wait for the device.
             ddptui.log(epoch=epoch, loss=loss, samples=len(targets))
+            if self.stop_vote.agreed():
+                return index
+        return None
 
     def _run_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -257,8 +290,11 @@ class Trainer:
         ddptui.log_eval(epoch=epoch, accuracy=result.accuracy, loss=result.loss, count=result.count)
         return result
 
-    def _save_checkpoint(self, epoch: int) -> None:
-        """Write the checkpoint atomically (:func:`trainers.checkpoint.save_atomic`)."""
+    def _save_checkpoint(self, epoch: int, partial: dict[str, int] | None = None) -> None:
+        """Write the checkpoint atomically (:func:`trainers.checkpoint.save_atomic`).
+
+        ``epoch`` is the last complete epoch; ``partial`` (a stop) the epoch in progress and
+        its steps done."""
         state = {
             "model": self.model.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -267,6 +303,8 @@ class Trainer:
             "epoch": epoch,
             "config": asdict(self.config),
         }
+        if partial is not None:
+            state["partial"] = partial
         save_atomic(state, self.config.checkpoint)  # type: ignore[arg-type]
 
     def _load_checkpoint(self, model: nn.Module, path: str) -> int:
@@ -299,6 +337,9 @@ class Trainer:
                 f"cannot resume from {path}: it does not fit this model/optimizer "
                 f"(saved with {state['config'].get('model')!r}): {exc}"
             ) from exc
+        partial = state.get("partial")
+        if isinstance(partial, dict) and partial.get("epoch") == epoch + 1:
+            self.skip_steps = max(0, int(partial.get("steps", 0)))
         return epoch
 
     def _print_epoch(self, epoch: int, result: EvalResult, seconds: float) -> None:

@@ -250,6 +250,17 @@ class Launcher:
         self.result = self._result(self.process.wait())
         return self.result
 
+    def signal_ranks(self, pids: set[int], sig: int) -> bool:
+        """Send ``sig`` to the processes ``pids`` (the ranks, as they said) that are processes
+        of this run (checked by their environment); whether every one was signalled."""
+        if not self.running:
+            return False
+        found = self._run_processes()
+        targets = [found.get(pid) for pid in pids]
+        if not targets or any(ident is None for ident in targets):
+            return False
+        return all(ident.signal(sig) for ident in targets if ident is not None)
+
     # -- internals ----------------------------------------------------------------------------
     def _driver_running(self) -> bool:
         """The driver has not been reaped: its pid (and process group id) are still its own."""

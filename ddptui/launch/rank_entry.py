@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 
 from ddptui.argv import split_passthrough
-from ddptui.constants import PARENT_PID_ENV, THREADS_ENV
+from ddptui.constants import ATTEMPT_ENV, PARENT_PID_ENV, RESTART_COUNT_ENV, THREADS_ENV
 from ddptui.cpus import threads_per_rank
 from ddptui.instrument import install_rank
 from ddptui.rundir import RunDir
@@ -94,6 +94,10 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         os.close(fd)
         sys.stdout.reconfigure(line_buffering=True)
         sys.stderr.reconfigure(line_buffering=True)
+    if os.environ.get(ATTEMPT_ENV):
+        # torchrun sets its own restart count (0: ddptui starts a new torchrun per attempt);
+        # the script is told ddptui's attempt number under torchrun's name.
+        os.environ[RESTART_COUNT_ENV] = os.environ[ATTEMPT_ENV]
     threads = threads_per_rank(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ[THREADS_ENV] = str(threads)

@@ -83,6 +83,9 @@ class RunFrame:
     events_applied: int
     #: One summary per node, in node order; empty for a single-node run.
     nodes: tuple[NodeSummary, ...] = ()
+    #: ``attempt 2/3 (restarted after: rank 1 was killed by signal SIGKILL)`` once a run
+    #: with ``--max-restarts`` has restarted; empty otherwise.
+    attempt: str = ""
 
 
 def config_label(config: dict[str, Any]) -> str:
@@ -204,6 +207,23 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         rank_devices=devices,
         events_applied=state.events_applied,
         nodes=node_summaries(rows),
+        attempt=attempt_label(state),
+    )
+
+
+def attempt_label(state: RunState) -> str:
+    """The attempt and why each restart happened; empty for a run that never restarted."""
+    refused = f"not restarted: {state.restart_refused}" if state.restart_refused else ""
+    if len(state.attempts) < 2:
+        return refused
+    total = max(state.max_restarts, len(state.attempts) - 1) + 1
+    causes = "; ".join(
+        f"{record.attempt + 1}: {record.failure.describe()}"
+        for record in state.attempts
+        if record.failure is not None
+    )
+    return f"attempt {state.attempt + 1}/{total}" + (
+        f" (failed attempts {causes})" if causes else ""
     )
 
 
@@ -436,6 +456,8 @@ class ChartData:
     throughput: tuple[list[float], list[float]]
     #: Epochs planned (None when unknown), for the accuracy chart's x range.
     epochs: int | None = None
+    #: Steps (the loss chart's x) at which each restarted attempt began.
+    restarts: tuple[float, ...] = ()
 
 
 def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
@@ -475,6 +497,7 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
             max_points,
         ),
         epochs=state.epochs,
+        restarts=tuple(float(a.first_step) for a in state.attempts[1:]),
     )
 
 

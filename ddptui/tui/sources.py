@@ -107,6 +107,9 @@ class LiveSource(RunSource):
         self.started = threading.Event()
         self.done = threading.Event()
         self._stop = threading.Event()
+        self._gentle = threading.Event()  # asked: stop after the current step, checkpointed
+        #: The ranks were asked to stop with a checkpoint (and are doing it).
+        self.checkpoint_stop = False
         self._claim = threading.Lock()
         #: The thread that drives the session (and owns its socket), once one does.
         self.driver: threading.Thread | None = None
@@ -130,6 +133,14 @@ class LiveSource(RunSource):
         """Ask the driving thread to stop every worker (returns at once)."""
         self._stop.set()
 
+    def request_checkpoint_stop(self) -> None:
+        """Ask the driving thread to have a built-in trainer's ranks stop after the current
+        step with a checkpoint; where that cannot be done, or once it was asked already, it
+        stops every worker (returns at once)."""
+        if self._gentle.is_set():
+            self._stop.set()
+        self._gentle.set()
+
     def abandon(self) -> bool:
         """If no thread drives this source yet, make sure none ever will and mark it done
         (nothing was started, so there is nothing to stop or close). False when a thread
@@ -140,6 +151,13 @@ class LiveSource(RunSource):
             self._abandoned = True
         self.done.set()
         return True
+
+    def _stop_with_checkpoint(self) -> None:
+        ask = getattr(self.session, "stop_with_checkpoint", None)
+        if ask is not None and ask():
+            self.checkpoint_stop = True
+        else:
+            self._stop.set()
 
     def kill_workers(self) -> None:
         """Last resort, from any thread, when the driving thread is stuck: end the run's
@@ -164,7 +182,10 @@ class LiveSource(RunSource):
             self.session.start()
             self.started.set()
             while self.result is None:
-                if self._stop.is_set() or cancelled():
+                if self._gentle.is_set() and not self.checkpoint_stop:
+                    self._stop_with_checkpoint()
+                overdue = getattr(self.session, "stop_overdue", None)
+                if self._stop.is_set() or cancelled() or (overdue is not None and overdue()):
                     self.result = self.session.stop()
                     break
                 self.session.pump(PUMP_TIMEOUT_S)

@@ -23,6 +23,7 @@ from textual.widgets import Footer
 from textual.worker import get_current_worker
 
 from ddptui.launch import LaunchResult
+from ddptui.rundir import CHECKPOINT_FILE
 from ddptui.tui.model import RunFrame, chart_data, run_frame
 from ddptui.tui.node_system import NodeSystemLine, local_node, node_system_lines
 from ddptui.tui.sources import LiveSource, RunSource
@@ -187,6 +188,12 @@ class RunScreen(Screen):
                 return f"could not start: {source.error}"
             if source.running and source.stop_requested:
                 return "stopping every worker…"
+            if source.running and source.checkpoint_stop:
+                return "stopping after the current step with a checkpoint (s again: at once)…"
+            if not source.running and source.state.outcome == "stopped":
+                checkpoint = source.session.run_dir / CHECKPOINT_FILE
+                if source.checkpoint_stop or checkpoint.is_file():
+                    return f"to continue: ddptui --resume {source.session.run_dir}"
             if source.running and not source.started.is_set():
                 return "launching…"
             return ""
@@ -268,8 +275,14 @@ class RunScreen(Screen):
             self.notify("the run is not running", severity="warning")
             return
         assert isinstance(self.source, LiveSource)
-        self.source.request_stop()
+        self.source.request_checkpoint_stop()  # a second `s` (or no trainer): at once
         self.refresh_view()
+
+    def _stop_now(self) -> None:
+        if self.live_running:
+            assert isinstance(self.source, LiveSource)
+            self.source.request_stop()
+            self.refresh_view()
 
     def action_restart(self) -> None:
         if not self.live_running:
@@ -279,7 +292,7 @@ class RunScreen(Screen):
         def answer(yes: bool | None) -> None:
             if yes:
                 self._after_end = "restart"
-                self.action_stop_run()
+                self._stop_now()
 
         from ddptui.tui.screens.confirm import ConfirmScreen
 
@@ -300,7 +313,7 @@ class RunScreen(Screen):
         def answer(yes: bool | None) -> None:
             if yes:
                 self._after_end = "back"
-                self.action_stop_run()
+                self._stop_now()
 
         from ddptui.tui.screens.confirm import ConfirmScreen
 

@@ -70,12 +70,15 @@ class LossChart(_Chart):
         if self.per_rank:
             return (
                 "ranks",
+                data.restarts,
                 tuple((r, *_tail_signature(*xy)) for r, xy in data.loss_by_rank.items()),
             )
-        return ("mean", *_tail_signature(*data.mean_loss))
+        return ("mean", data.restarts, *_tail_signature(*data.mean_loss))
 
     def draw(self, data: ChartData) -> bool:
         plt = self.plt
+        for step in data.restarts:  # where each restarted attempt began
+            plt.vline(step, "red")
         if self.per_rank:
             drawn = False
             for rank, (xs, ys) in data.loss_by_rank.items():
@@ -94,7 +97,8 @@ class LossChart(_Chart):
         if not xs:
             return False
         plt.plot(xs, ys, marker="braille", color="cyan")
-        plt.title("loss per step (mean of ranks)")
+        restarts = f", {len(data.restarts)} restarts (red)" if data.restarts else ""
+        plt.title(f"loss per step (mean of ranks){restarts}")
         return True
 
 

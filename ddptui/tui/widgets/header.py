@@ -53,6 +53,8 @@ class RunHeader(Vertical):
             setup_label(config, (row.device for row in frame.rows)) + "  ",
             (f" {frame.status.upper()} ", STATUS_STYLE.get(frame.status, "bold")),
         )
+        if frame.attempt:
+            title.append(f"  {frame.attempt}", "bold magenta")
         if note:
             title.append(f"  {note}", "italic yellow")
         self._title.show_text(title)
