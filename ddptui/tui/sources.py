@@ -42,6 +42,12 @@ class RunSource:
         self.state = state
         self.run_dir = run_dir
         self._lock: Any = threading.RLock()
+        #: What the diagnosis found (one line each), for a replayed run from its summary.
+        self.recorded_diagnoses: list[str] = []
+
+    def diagnoses(self) -> list[str]:
+        """What the diagnosis found so far (stragglers, hangs, crash causes), one line each."""
+        return self.recorded_diagnoses
 
     def locked(self) -> contextlib.AbstractContextManager[Any]:
         """Hold while reading :attr:`state`."""
@@ -82,8 +88,12 @@ class ReplaySource(RunSource):
     @classmethod
     def load(cls, run_dir: Path, now: float | None = None) -> ReplaySource:
         run_dir = Path(run_dir)
-        config, state, _ = load_run(run_dir)
-        return cls(config, state, run_dir, now)
+        config, state, summary = load_run(run_dir)
+        source = cls(config, state, run_dir, now)
+        source.recorded_diagnoses = [
+            str(d.get("detail")) for d in summary.get("diagnoses") or () if isinstance(d, dict)
+        ]
+        return source
 
     def now(self) -> float:
         if self._now is not None:
@@ -117,6 +127,10 @@ class LiveSource(RunSource):
 
     def locked(self) -> contextlib.AbstractContextManager[Any]:
         return self.session.locked()
+
+    def diagnoses(self) -> list[str]:
+        diagnoser = getattr(self.session, "diagnoser", None)
+        return [d.detail for d in diagnoser.diagnoses] if diagnoser is not None else []
 
     def now(self) -> float:
         return self.session.clock()

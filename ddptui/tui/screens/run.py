@@ -31,6 +31,7 @@ from ddptui.tui.widgets.charts import AccuracyChart, LossChart, ThroughputChart
 from ddptui.tui.widgets.failure import FailurePanel
 from ddptui.tui.widgets.header import RunHeader
 from ddptui.tui.widgets.logs import RankLogs
+from ddptui.tui.widgets.phases import PhasePanel
 from ddptui.tui.widgets.ranks import HealthLine, RankTable
 from ddptui.tui.widgets.system import SystemPanel
 
@@ -97,6 +98,7 @@ class RunScreen(Screen):
         yield FailurePanel(id="failure")
         yield RankTable(id="ranks")
         yield HealthLine(id="health")
+        yield PhasePanel(id="phases")
         with Horizontal(id="run-body"):
             with Vertical(id="charts"):
                 yield LossChart(id="chart-loss")
@@ -120,6 +122,8 @@ class RunScreen(Screen):
         self._header = self.query_one(RunHeader)
         self._table = self.query_one(RankTable)
         self._health = self.query_one(HealthLine)
+        self._phases = self.query_one(PhasePanel)
+        self._phases.display = False
         self._failure = self.query_one(FailurePanel)
         self._logs = self.query_one(RankLogs)
         self._charts = (
@@ -174,6 +178,8 @@ class RunScreen(Screen):
         self._header.show(frame, source.config, self.note())
         self._table.show(frame)
         self._health.show(frame.problems)
+        with source.locked():
+            self._phases.show(source.state, source.diagnoses())
         self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes))
         self.app.feed.set_ranks(self.local_rank_devices(frame))
         self._logs.set_ranks(r.rank for r in frame.rows)

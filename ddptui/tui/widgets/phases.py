@@ -1,0 +1,87 @@
+"""Where each rank's step time goes: a stacked bar per rank, and what the diagnosis found.
+
+Drawn from ``RunState.phase_history`` (the median share of the step per phase over each
+rank's recent steps) and the run's diagnoses; hidden until a rank sends phases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from ddptui.constants import PHASES
+from ddptui.state import RunState
+from ddptui.tui.widgets.text import QuietStatic
+
+#: Colour of each built-in phase in the bars and the legend.
+PHASE_STYLES = {
+    "data": "yellow",
+    "forward": "green",
+    "backward": "blue",
+    "comm": "red",
+    "optimizer": "magenta",
+    "other": "bright_black",
+}
+#: Ranks drawn at most (the ones waiting least in communication first: the likely culprits).
+MAX_BARS = 8
+#: Diagnosis lines shown at most (the newest).
+MAX_DIAGNOSES = 3
+
+
+def phase_bars(state: RunState, width: int = 40, max_bars: int = MAX_BARS) -> Text:
+    """A legend line, then one stacked bar per rank (``width`` cells, one per 1/width of the
+    step), ranks that wait least in ``comm`` first; empty when no rank sent phases."""
+    history = state.phase_history
+    ranks = history.ranks()
+    if not ranks:
+        return Text()
+    shares = {rank: history.median_shares(rank) for rank in ranks}
+    shown = sorted(ranks, key=lambda r: (shares[r]["comm"], r))[:max_bars]
+    text = Text("phases  ")
+    for phase in PHASES:
+        text.append("█", style=PHASE_STYLES[phase])
+        text.append(f" {phase}  ")
+    text.append(f"(median share of the step, last {history.window} steps)", style="dim")
+    for rank in sorted(shown):
+        text.append(f"\nrank {rank:>3} ")
+        cells = 0
+        for phase in PHASES:
+            n = round(shares[rank][phase] * width)
+            n = min(n, width - cells)
+            text.append("█" * n, style=PHASE_STYLES[phase])
+            cells += n
+        text.append("·" * (width - cells), style="dim")
+        top = max(PHASES, key=lambda p: shares[rank][p])
+        text.append(f" {top} {shares[rank][top] * 100:.0f} %")
+    if len(ranks) > len(shown):
+        text.append(f"\n(+{len(ranks) - len(shown)} more ranks)", style="dim")
+    return text
+
+
+def diagnosis_text(details: Sequence[str], max_lines: int = MAX_DIAGNOSES) -> Text:
+    """The newest diagnoses, one line each."""
+    text = Text()
+    for i, detail in enumerate(list(details)[-max_lines:]):
+        if i:
+            text.append("\n")
+        text.append("◆ ", style="bold cyan")
+        text.append(detail)
+    return text
+
+
+class PhasePanel(QuietStatic):
+    """Stacked phase bars per rank and the latest diagnoses; hidden while there are none."""
+
+    def show(self, state: RunState, diagnoses: Sequence[str] = ()) -> None:
+        width = max(10, min(60, (self.content_region.width or 80) - 30))
+        bars = phase_bars(state, width)
+        found = diagnosis_text(diagnoses)
+        text = bars
+        if found.plain:
+            text = bars + Text("\n") + found if bars.plain else found
+        visible = bool(text.plain)
+        if self.display != visible:
+            self.display = visible
+        if visible:
+            self.show_text(text)
