@@ -78,6 +78,8 @@ class Status(Event, tag="status"):
     traceback: Annotated[str, msgspec.Meta(max_length=MAX_TRACEBACK_CHARS)] | None = None
     #: Events this rank's reporter had to drop (queue full or nobody listening).
     dropped: int | None = None
+    #: The node rank (torch's ``GROUP_RANK``) in a multi-node run; None on a single node.
+    node: int | None = None
 
 
 class Step(Event, tag="step"):
@@ -211,7 +213,7 @@ def implausible(event: AnyEvent, world_size: int | None = None) -> str | None:
         if event.count is not None and event.count < 0:
             return f"count {event.count}"
     elif kind is Status:
-        for name in ("pid", "local_rank", "epochs", "steps_per_epoch", "dropped"):
+        for name in ("pid", "local_rank", "epochs", "steps_per_epoch", "dropped", "node"):
             value = getattr(event, name)
             if value is not None and value < 0:
                 return f"{name} {value}"

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from ddptui import protocol
-from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
+from ddptui.constants import ENDPOINT_ENV, NNODES_ENV, RUN_ID_ENV
 
 #: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
 SEND_HWM = 1_000
@@ -160,6 +160,7 @@ class Reporter:
             host=socket.gethostname(),
             local_rank=int(os.environ.get("LOCAL_RANK", self.rank)),
             world_size=int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None,
+            node=_node_rank(),
             **self._announced,
         )
 
@@ -268,6 +269,16 @@ class Reporter:
         )
         self._epoch_samples = 0
         self._epoch_open = False
+
+
+def _node_rank() -> int | None:
+    """This rank's node (torch's ``GROUP_RANK``) in a multi-node run; None on one node."""
+    if NNODES_ENV not in os.environ:
+        return None
+    try:
+        return int(os.environ.get("GROUP_RANK", ""))
+    except ValueError:
+        return None
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from ddptui import protocol
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig
-from ddptui.launch import Launcher, LaunchResult
+from ddptui.launch import Launcher, LaunchResult, Rendezvous
 from ddptui.rundir import (
     EXIT_CODES,
     RunDir,
@@ -36,10 +36,14 @@ from ddptui.state import RankFailureInfo, RunState
 DRAIN_SECONDS = 0.5
 
 
-def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
+def make_launcher(
+    cfg: RunConfig, endpoint: str | None, rendezvous: Rendezvous | None = None
+) -> Launcher:
+    """The launcher of this machine's ranks (a multi-node run: node ``rendezvous.node_rank``'s
+    ``nproc_per_node`` ranks under torchrun's c10d rendezvous)."""
     return Launcher(
-        cfg.launcher,
-        cfg.world_size,
+        "torchrun" if rendezvous is not None else cfg.launcher,
+        cfg.nproc_per_node if rendezvous is not None else cfg.world_size,
         cfg.run_dir or ".",
         cfg.run_id,
         endpoint,
@@ -47,6 +51,7 @@ def make_launcher(cfg: RunConfig, endpoint: str | None) -> Launcher:
         script=cfg.script,
         args=cfg.trainer_argv(),
         env=cfg.rank_environment(),
+        rendezvous=rendezvous,
     )
 
 
@@ -81,6 +86,10 @@ class RunSession:
         self._exit_code: int | None = None
         self.stats = CollectorStats()
         self._lock = threading.RLock()  # the dashboard reads state from another thread
+        #: A multi-node run's node 0 side (keys, join service, CURVE inbox), or None.
+        self.host = None
+        #: The first failure another node reported (it tears this node down too).
+        self.remote_failure: RankFailureInfo | None = None
 
     @property
     def events_path(self) -> Path:
@@ -99,9 +108,35 @@ class RunSession:
             raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
         self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
         self.stats = self.collector.stats
-        self.launcher = make_launcher(self.cfg, self.collector.endpoint)
+        if self.cfg.multinode:
+            self.launcher = self._start_host()
+        else:
+            self.launcher = make_launcher(self.cfg, self.collector.endpoint)
         self.state.started_at = self.clock()
         self.launcher.start()
+
+    def _start_host(self) -> Launcher:
+        """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
+        ranks (slot 0) under c10d, or, under Slurm, srun starting one agent per node."""
+        from ddptui.cluster.host import NodeHost
+
+        assert self.collector is not None
+        try:
+            self.host = NodeHost(self.cfg)
+        except (OSError, Exception) as exc:  # zmq.ZMQError: the address cannot be bound
+            raise RunDirError(
+                f"cannot host the run's telemetry on {self.cfg.bind}: {exc}"
+            ) from None
+        self.host.inbox.stats = self.collector.stats  # one count of what arrived
+        if self.cfg.launcher == "slurm":
+            from ddptui.cluster.slurm import SrunLauncher
+
+            return SrunLauncher(self.cfg, self.host.token().encode())
+        assert self.cfg.rdzv_endpoint is not None
+        rendezvous = Rendezvous(
+            self.cfg.nnodes, 0, self.cfg.rdzv_endpoint, self.cfg.run_id, is_host=True
+        )
+        return make_launcher(self.cfg, self.collector.endpoint, rendezvous)
 
     def pump(self, timeout: float = 0.1) -> list[protocol.AnyEvent]:
         """Receive, persist and apply what has arrived (waiting up to ``timeout``)."""
@@ -109,9 +144,27 @@ class RunSession:
             time.sleep(timeout)
             return []
         events = self.collector.poll(timeout)
+        remote: list[protocol.AnyEvent] = []
+        if self.host is not None and self.host.inbox is not None:
+            remote = self.host.inbox.poll(0.0)
+            events += remote
         if events:
             self._record(events)
+        for event in remote:
+            if isinstance(event, protocol.Status) and event.state == "failed":
+                self._on_remote_failure(event)
         return events
+
+    def _on_remote_failure(self, event: protocol.Status) -> None:
+        """A rank on another node failed: name it, and tear this node down (c10d would too,
+        but only once a collective notices)."""
+        if self.remote_failure is not None:
+            return
+        self.remote_failure = RankFailureInfo(
+            rank=event.rank, error=event.error, traceback=event.traceback
+        )
+        if self.launcher is not None and self.result is None:
+            self._conclude(self.launcher.stop())
 
     def _record(self, events: list[protocol.AnyEvent]) -> None:
         if self._events_file is not None:
@@ -161,16 +214,21 @@ class RunSession:
             if not self.pump(0.05) and time.monotonic() > deadline - DRAIN_SECONDS / 2:
                 break
         failure = result.failure
+        remote = self.remote_failure is not None and not self._interrupted
+        if remote:
+            failure = self.remote_failure  # another node failed first; this one followed
         if self.fault is not None and failure is None:
             failure = RankFailureInfo(rank=None, error=self.fault)
         outcome = decide_outcome(
-            failed=self.fault is not None or not (result.ok or result.stopped),
-            stopped=result.stopped and self.fault is None,
+            failed=remote or self.fault is not None or not (result.ok or result.stopped),
+            stopped=result.stopped and self.fault is None and not remote,
             interrupted=self._interrupted,
         )
         with self._lock:
             self.state.set_outcome(outcome, failure, now=self.clock())
         self.result = result
+        if self.host is not None:
+            self.host.set_outcome(outcome, failure.describe() if failure else None)
 
     @property
     def outcome(self) -> str | None:
@@ -187,6 +245,9 @@ class RunSession:
         """Stop anything still running, release the socket and files, write summary.json."""
         if self.launcher is not None and self.result is None:
             self.stop(interrupted=True)
+        if self.host is not None:
+            self.host.close()
+            self.host = None
         if self.collector is not None:
             self.collector.close()
             self.collector = None

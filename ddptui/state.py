@@ -66,6 +66,8 @@ class RankView:
     state: str = "pending"  # pending | started | finished | failed | stopped
     pid: int | None = None
     host: str | None = None
+    #: The node rank (multi-node runs; None on a single node).
+    node: int | None = None
     local_rank: int | None = None
     device: str | None = None
     device_uuid: str | None = None
@@ -144,7 +146,16 @@ class RunState:
 
     def _on_status(self, view: RankView, ev: protocol.Status, now: float) -> None:
         view.state = ev.state
-        for name in ("pid", "host", "local_rank", "device", "device_uuid", "error", "traceback"):
+        for name in (
+            "pid",
+            "host",
+            "node",
+            "local_rank",
+            "device",
+            "device_uuid",
+            "error",
+            "traceback",
+        ):
             value = getattr(ev, name)
             if value is not None:
                 setattr(view, name, value)
