@@ -79,12 +79,14 @@ def outbound_address() -> str:
 def check_bind(text: Any) -> str:
     """An address of this machine to bind the telemetry and join sockets on."""
     value = str(text).strip()
+    if not value or "\x00" in value or any(ch.isspace() for ch in value):
+        raise ConfigError("bind", f"--bind {value[:60]!r} is not an address")
     try:
-        address = str(ipaddress.ip_address(value)) if value else ""
+        address = str(ipaddress.ip_address(value))
     except ValueError:
         try:
             address = resolve(value) if len(value) <= MAX_HOST_CHARS else ""
-        except (OSError, UnicodeError):
+        except (OSError, UnicodeError, ValueError):
             address = ""
     if not address:
         raise ConfigError("bind", f"--bind {value[:60]!r} is not an address of this machine")
