@@ -94,7 +94,7 @@ def test_cli_refuses_with_exit_2_before_anything_starts(tmp_path):
     assert "disagrees" in proc.stderr and not (tmp_path / "r").exists()
 
 
-# -- Slurm ------------------------------------------------------------------------------------------
+# -- Slurm -------------------------------------------------------------------------------------
 def test_tasks_per_node_expands_slurm_compressed_form():
     assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     assert tasks_per_node("4") == [4]
@@ -159,7 +159,7 @@ def test_print_sbatch_writes_a_script(tmp_path):
     assert "--print-sbatch" not in proc.stdout
 
 
-# -- the token --------------------------------------------------------------------------------------
+# -- the token ---------------------------------------------------------------------------------
 def test_token_round_trip_carries_no_server_secret():
     keys = RunKeys.generate()
     token = JoinToken("10.0.0.1:4000", keys.server_public, keys.client_secret)
