@@ -133,8 +133,15 @@ class RunSession:
 
             return SrunLauncher(self.cfg, self.host.token().encode())
         assert self.cfg.rdzv_endpoint is not None
+        from ddptui.cluster.addresses import route_address, split_endpoint
+
         rendezvous = Rendezvous(
-            self.cfg.nnodes, 0, self.cfg.rdzv_endpoint, self.cfg.run_id, is_host=True
+            self.cfg.nnodes,
+            0,
+            self.cfg.rdzv_endpoint,
+            self.cfg.run_id,
+            is_host=True,
+            local_addr=route_address(split_endpoint(self.cfg.rdzv_endpoint)[0]),
         )
         return make_launcher(self.cfg, self.collector.endpoint, rendezvous)
 

@@ -76,6 +76,19 @@ def outbound_address() -> str:
             return "127.0.0.1"
 
 
+def route_address(host: str) -> str:
+    """This machine's address on the way to ``host`` (what torchrun's agent advertises, so
+    every node reaches it there rather than at whatever the host name resolves to)."""
+    try:
+        target = resolve(host)
+        family = socket.AF_INET6 if ":" in target else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect((target, 9))  # a route lookup only: nothing is sent
+            return str(sock.getsockname()[0])
+    except OSError:
+        return outbound_address()
+
+
 def check_bind(text: Any) -> str:
     """An address of this machine to bind the telemetry and join sockets on."""
     value = str(text).strip()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ddptui import protocol
+from ddptui.cluster.addresses import route_address, split_endpoint
 from ddptui.cluster.join import LOST_AFTER_S, STATUS_EVERY_S, Channel
 from ddptui.collector import Collector
 from ddptui.config import RunConfig
@@ -59,7 +60,12 @@ class NodeAgent:
         collector = Collector(cfg.run_id, world_size=cfg.world_size)
         self.channel.open_telemetry(self.telemetry)
         rendezvous = Rendezvous(
-            cfg.nnodes, self.slot, cfg.rdzv_endpoint, cfg.run_id, is_host=self.is_host
+            cfg.nnodes,
+            self.slot,
+            cfg.rdzv_endpoint,
+            cfg.run_id,
+            is_host=self.is_host,
+            local_addr=route_address(split_endpoint(cfg.rdzv_endpoint)[0]),
         )
         launcher = make_launcher(cfg, collector.endpoint, rendezvous)
         say(

@@ -77,9 +77,13 @@ class Rendezvous:
     endpoint: str
     run_id: str
     is_host: bool
+    #: The address this node's agent advertises to the others (torchrun's --local-addr).
+    local_addr: str | None = None
 
     def driver_args(self) -> list[str]:
+        local = ["--local-addr", self.local_addr] if self.local_addr else []
         return [
+            *local,
             "--nnodes",
             str(self.nnodes),
             "--node-rank",

@@ -45,6 +45,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--rdzv-endpoint")
     parser.add_argument("--rdzv-id")
     parser.add_argument("--rdzv-host", choices=("0", "1"), default="0")
+    parser.add_argument("--local-addr")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--module")
     target.add_argument("--script")
@@ -117,6 +118,8 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
             "--rdzv-conf",
             f"is_host={'true' if opts.rdzv_host == '1' else 'false'}",
         ]
+        if opts.local_addr:
+            nodes += ["--local-addr", opts.local_addr]
     else:
         nodes = ["--standalone", "--nnodes", "1"]
     torchrun_args = torchrun.parse_args(
