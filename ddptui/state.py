@@ -121,9 +121,14 @@ class RunState:
         self.events_applied = 0
         #: Events for ranks outside ``range(world_size)``: ignored, never given a row.
         self.events_ignored = 0
+        #: The latest system sample of each other node of a multi-node run, by node slot.
+        self.nodes: dict[int, protocol.NodeSample] = {}
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
+        if type(event) is protocol.NodeSample:  # a node's system sample: no rank's event
+            self.nodes[event.node] = event
+            return
         view = self.ranks.get(event.rank)
         if view is None:  # not a rank of this run: no row, no effect
             self.events_ignored += 1

@@ -123,6 +123,9 @@ def test_two_nodes_over_c10d_report_every_rank_to_node_0(tmp_path):
     evals = [e for e in events if e["kind"] == "eval"]
     assert {e["rank"] for e in evals} == {0, 1}
     assert max(e["accuracy"] for e in evals) >= 0.9
+    samples = [e for e in events if e["kind"] == "node"]
+    assert samples and {e["node"] for e in samples} == {1}  # node 1's host load, GPUs
+    assert samples[0]["mem_total"] > 0 and samples[0]["host"]
     assert "node 1 finished" in node1.output
     assert not (tmp_path / "n1" / "events.jsonl").exists()  # node 1's events live on node 0
     assert processes_of_run(run_id) == []
@@ -156,23 +159,20 @@ def test_a_rank_killed_on_node_1_ends_both_nodes_naming_it(tmp_path):
 
 @pytest.mark.netns
 def test_node_1_in_its_own_network_namespace(tmp_path, netns_pair):
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": netns_pair.ns_if}
-    prefix = ["env", f"GLOO_SOCKET_IFNAME={netns_pair.ns_if}"]
-    os.environ["GLOO_SOCKET_IFNAME"] = netns_pair.host_if
+    """Telemetry (and the rendezvous, and gloo) cross a real veth pair, not loopback."""
+    prefix = netns_pair.exec_argv("env", f"GLOO_SOCKET_IFNAME={netns_pair.ns_if}")
+    os.environ["GLOO_SOCKET_IFNAME"] = netns_pair.host_if  # node 0 inherits it
+    script = ["--script", str(USER_SCRIPT), "--", "--steps", "10"]
     try:
-        with two_nodes(
-            tmp_path,
-            "--trainer",
-            "synthetic",
-            *SMALL,
-            bind=netns_pair.host_ip,
-            node1_prefix=netns_pair.exec_argv(*prefix),
-        ) as (node0, node1):
-            assert node0.wait(150) == 0, node0.output + node1.output
+        with two_nodes(tmp_path, *script, bind=netns_pair.host_ip, node1_prefix=prefix) as (
+            node0,
+            node1,
+        ):
+            assert node0.wait(110) == 0, node0.output + node1.output
             assert node1.wait(30) == 0, node1.output
     finally:
         os.environ.pop("GLOO_SOCKET_IFNAME", None)
-    del env
+    assert "ddptui join" in node0.output and netns_pair.host_ip in node0.output
     events = read_events(tmp_path / "n0")
     assert {e["rank"] for e in events if e["kind"] == "step"} == {0, 1}
     assert {e["node"] for e in events if e["kind"] == "status" and e["node"] is not None} == {0, 1}

@@ -274,3 +274,46 @@ def test_forged_events_never_reach_the_collector(host):
     token = host.token()
     _push(endpoint, (token.server_public, token.client_public, token.client_secret))
     assert len(_received(host)) == 5  # the run's own key is let in: the test can fail
+
+
+# -- node samples -------------------------------------------------------------------------------
+def test_node_sample_from_a_real_monitor_snapshot_is_valid_and_kept_by_node():
+    from ddptui.cluster.agent import node_sample
+    from ddptui.monitor import SystemMonitor
+    from ddptui.state import RunState
+
+    with SystemMonitor(pcie=False) as monitor:
+        sample = node_sample(monitor.sample(), "run-x", 3, "hostname", seq=0)
+    assert protocol.implausible(sample) is None
+    (back,) = protocol.decode_batch(protocol.encode_batch([sample]))
+    assert back == sample and protocol.from_json(protocol.to_json(sample)) == sample
+    state = RunState("run-x", 2)
+    state.apply(sample)
+    assert state.nodes[3].host == "hostname" and state.events_applied == 0
+    assert all(view.events == 0 for view in state.ranks.values())
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"cpu_percent": float("nan")},
+        {"cpu_percent": 1e400},
+        {"load1": -1.0},
+        {"gpus": [protocol.GpuSample(index=0, util=float("inf"))]},
+        {"gpus": [protocol.GpuSample(index=0, power=-5.0)]},
+    ],
+)
+def test_implausible_node_samples_are_rejected(changes):
+    sample = protocol.NodeSample(run="r", rank=0, t=1.0, seq=0, node=1, **changes)
+    assert protocol.implausible(sample) is not None
+
+
+def test_node_sample_schema_bounds_what_a_node_may_send():
+    too_many = [{"index": i} for i in range(protocol.MAX_NODE_GPUS + 1)]
+    raw = {"kind": "node", "v": 1, "run": "r", "rank": 0, "t": 1.0, "seq": 0, "node": 1}
+    import msgspec
+
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(msgspec.msgpack.encode([{**raw, "gpus": too_many}]))
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(msgspec.msgpack.encode([{**raw, "host": "h" * 500}]))

@@ -20,6 +20,50 @@ from ddptui.state import RankFailureInfo
 
 #: After the ranks end, keep relaying this long for events still in flight.
 DRAIN_S = 0.5
+#: How often the node's system (host load, GPUs) is sampled and sent to node 0.
+SAMPLE_EVERY_S = 2.0
+
+
+def _value(value: object) -> object:
+    """A monitor value, None where it is not available (``NA``)."""
+    from ddptui.monitor.snapshot import is_na
+
+    return None if is_na(value) else value
+
+
+def node_sample(snapshot, run_id: str, slot: int, host: str, seq: int) -> protocol.NodeSample:
+    """The bounded, wire-safe form of a monitor snapshot."""
+    gpus = [
+        protocol.GpuSample(
+            index=gpu.index,
+            name=str(_value(gpu.name))[:128] if _value(gpu.name) is not None else None,
+            util=_float(_value(gpu.utilization_gpu)),
+            mem_used=_value(gpu.memory_used),
+            mem_total=_value(gpu.memory_total),
+            temp=_value(gpu.temperature),
+            power=_float(_value(gpu.power_draw)),
+        )
+        for gpu in snapshot.gpus[: protocol.MAX_NODE_GPUS]
+    ]
+    load = _value(snapshot.host.load_average)
+    return protocol.NodeSample(
+        run=run_id,
+        rank=0,
+        t=snapshot.time,
+        seq=seq,
+        node=slot,
+        host=host[:128],
+        cpu_percent=_float(_value(snapshot.host.cpu_percent)),
+        load1=float(load[0]) if load is not None else None,
+        mem_used=snapshot.host.memory_used,
+        mem_total=snapshot.host.memory_total,
+        gpus=gpus,
+        gpu_reason=(snapshot.gpu.reason or None) and str(snapshot.gpu.reason)[:200],
+    )
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 class NodeAgent:
@@ -42,6 +86,9 @@ class NodeAgent:
         self.dropped = 0
         self.node0_outcome: str | None = None
         self.node0_failure: str | None = None
+        self._monitor = None
+        self._samples = 0
+        self._next_sample = 0.0
 
     def describe(self, failure: RankFailureInfo) -> str:
         """``node K (host H): rank R was killed by signal SIGKILL`` (the rank's global number)."""
@@ -89,6 +136,7 @@ class NodeAgent:
                     result = launcher.stop()
                 self._relay(collector, DRAIN_S)
                 collector.close()
+                self.close()
         if code is not None:
             return code
         if self.node0_outcome is not None and self.node0_outcome != "finished":
@@ -125,10 +173,36 @@ class NodeAgent:
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S
                 self.channel.ask_later({"op": "status", "v": 1, "node": self.slot})
+            if now >= self._next_sample:
+                self._next_sample = now + SAMPLE_EVERY_S
+                self._send_sample()
             if now - heard_at > LOST_AFTER_S:
                 self.node0_outcome = "failed"
                 self.node0_failure = f"node 0 has not answered for {LOST_AFTER_S:.0f} s"
                 return launcher.stop()
+
+    def _send_sample(self) -> None:
+        """This node's host load and GPUs, to node 0 (never fatal: it is only a view)."""
+        try:
+            if self._monitor is None:
+                from ddptui.monitor import SystemMonitor
+
+                self._monitor = SystemMonitor(pcie=False)
+            snapshot = self._monitor.sample()
+            sample = node_sample(snapshot, self.cfg.run_id, self.slot, self.host, self._samples)
+        except Exception:  # a monitor that cannot sample: the run goes on without it
+            return
+        self._samples += 1
+        if protocol.implausible(sample) is None:
+            self.channel.send([sample])
+
+    def close(self) -> None:
+        if self._monitor is not None:
+            try:
+                self._monitor.close()
+            except Exception:
+                pass
+            self._monitor = None
 
     def _relay(self, collector: Collector, timeout: float) -> None:
         deadline = time.monotonic() + timeout
