@@ -11,6 +11,7 @@ permission lost) the session stops every worker, keeps what was written and says
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import threading
 import time
@@ -34,6 +35,9 @@ from ddptui.state import RankFailureInfo, RunState
 
 #: After the launcher ends, keep reading this long for events still in flight.
 DRAIN_SECONDS = 0.5
+#: A multi-node run whose ranks here failed waits this long for another node's report of
+#: the rank that failed first.
+REMOTE_FAILURE_WAIT_S = 2.0
 
 
 def make_launcher(
@@ -90,6 +94,7 @@ class RunSession:
         self.host = None
         #: The first failure another node reported (it tears this node down too).
         self.remote_failure: RankFailureInfo | None = None
+        self._concluding = False
 
     @property
     def events_path(self) -> Path:
@@ -170,8 +175,19 @@ class RunSession:
         self.remote_failure = RankFailureInfo(
             rank=event.rank, error=event.error, traceback=event.traceback
         )
-        if self.launcher is not None and self.result is None:
+        if self.launcher is not None and self.result is None and not self._concluding:
             self._conclude(self.launcher.stop())
+
+    def _placed(self, failure: RankFailureInfo) -> RankFailureInfo:
+        """A multi-node run's failure of a rank here, naming its node and host."""
+        view = self.state.ranks.get(failure.rank) if failure.rank is not None else None
+        if view is None:
+            return failure
+        node = view.node if view.node is not None else "?"
+        where = f"node {node} (host {view.host or '?'})"
+        return dataclasses.replace(
+            failure, error=f"{where}: {failure.error}" if failure.error else where
+        )
 
     def _record(self, events: list[protocol.AnyEvent]) -> None:
         if self._events_file is not None:
@@ -216,14 +232,23 @@ class RunSession:
         return self.result
 
     def _conclude(self, result: LaunchResult, drain: bool = True) -> None:
+        self._concluding = True
         deadline = time.monotonic() + (DRAIN_SECONDS if drain else 0.0)
         while time.monotonic() < deadline and self.collector is not None:
             if not self.pump(0.05) and time.monotonic() > deadline - DRAIN_SECONDS / 2:
                 break
+        if drain and self.host is not None and result.failure is not None:
+            # This node's rank may only have followed a rank that died on another node (a
+            # collective lost its peer): give that node's report a moment to arrive.
+            deadline = time.monotonic() + REMOTE_FAILURE_WAIT_S
+            while self.remote_failure is None and time.monotonic() < deadline:
+                self.pump(0.05)
         failure = result.failure
         remote = self.remote_failure is not None and not self._interrupted
-        if remote:
+        if remote and (failure is None or failure.signal is None):  # a kill here is its own cause
             failure = self.remote_failure  # another node failed first; this one followed
+        elif self.host is not None and failure is not None:
+            failure = self._placed(failure)
         if self.fault is not None and failure is None:
             failure = RankFailureInfo(rank=None, error=self.fault)
         outcome = decide_outcome(
