@@ -17,6 +17,7 @@ from ddptui.cluster.join import Channel, config_from_node0
 from ddptui.cluster.slurm import sbatch_script, slurm_layout, srun_argv, tasks_per_node
 from ddptui.cluster.token import JoinToken, RunKeys, TokenError
 from ddptui.config import ConfigError, Machine, RunConfig, build_config
+from ddptui.state import RankFailureInfo
 
 CPU = Machine(0, "no GPU here", cpu_count=2)
 ALLOC = {
@@ -317,3 +318,41 @@ def test_node_sample_schema_bounds_what_a_node_may_send():
         protocol.decode_batch(msgspec.msgpack.encode([{**raw, "gpus": too_many}]))
     with pytest.raises(protocol.InvalidEvent):
         protocol.decode_batch(msgspec.msgpack.encode([{**raw, "host": "h" * 500}]))
+
+
+# -- node 0's verdict -----------------------------------------------------------------------------
+class _FakeHost:
+    def __init__(self):
+        self.outcome = None
+
+    def set_outcome(self, outcome, failure):
+        self.outcome = (outcome, failure)
+
+    def close(self, linger=0):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("local", "named"),
+    [
+        (RankFailureInfo(rank=0, signal="SIGKILL"), "rank 0 was killed by signal SIGKILL"),
+        (RankFailureInfo(rank=0, exit_code=1, error="gloo: Connection reset"), "rank 1 failed"),
+    ],
+)
+def test_a_failure_on_any_node_ends_the_run_failed_naming_the_first_cause(tmp_path, local, named):
+    """Node 0 stops its own ranks when another node reports a failure: the run is failed,
+    not stopped; a rank killed here is named, a rank that only lost its peer is not."""
+    from ddptui.launch import LaunchResult
+    from ddptui.session import RunSession
+
+    cfg = build(tmp_path, nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:5")
+    session = RunSession(cfg)
+    session.host = _FakeHost()
+    session.state.apply(
+        protocol.Status(run=cfg.run_id, rank=0, t=1.0, seq=0, state="started", host="h0", node=0)
+    )
+    session.remote_failure = RankFailureInfo(rank=1, error="node 1 (host h1): killed")
+    session._conclude(LaunchResult(1, failure=local, stopped=True), drain=False)
+    assert session.state.outcome == "failed" and session.exit_code == 1
+    assert named in session.state.failure.describe()
+    assert session.host.outcome[0] == "failed"
