@@ -213,7 +213,7 @@ def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSessio
         f"node 0 of {cfg.nnodes}: {cfg.nproc_per_node} rank(s) per node, rendezvous "
         f"{cfg.rdzv_endpoint}; on each of the other {cfg.nnodes - 1} node(s) run:"
     )
-    console.line(session.host.join_line())
+    console.line(session.join_line or "")
 
 
 def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:

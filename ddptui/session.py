@@ -97,6 +97,14 @@ class RunSession:
         self._concluding = False
 
     @property
+    def join_line(self) -> str | None:
+        """A multi-node run started by hand: the ``ddptui join …`` command every other node
+        runs (it holds the run's client secret: show it to the user, never log it)."""
+        if self.host is None or self.cfg.launcher == "slurm":
+            return None
+        return self.host.join_line()
+
+    @property
     def events_path(self) -> Path:
         return self.files.events
 
