@@ -131,14 +131,15 @@ def test_two_nodes_over_c10d_report_every_rank_to_node_0(tmp_path):
     assert processes_of_run(run_id) == []
 
 
-def test_a_rank_killed_on_node_1_ends_both_nodes_naming_it(tmp_path):
+@pytest.mark.parametrize("victim", [1, 0], ids=["rank-on-node-1", "rank-on-node-0"])
+def test_a_rank_killed_on_one_node_ends_both_nodes_naming_it(tmp_path, victim):
     script = ["--script", str(USER_SCRIPT), "--", "--steps", "100000", "--sleep", "0.05"]
     with two_nodes(tmp_path, *script) as (node0, node1):
         started = wait_until(
             lambda: [
                 e
                 for e in (read_events(tmp_path / "n0") if (tmp_path / "n0").exists() else [])
-                if e["kind"] == "status" and e["state"] == "started" and e["rank"] == 1
+                if e["kind"] == "status" and e["state"] == "started" and e["rank"] == victim
             ],
             90,
         )
@@ -149,11 +150,16 @@ def test_a_rank_killed_on_node_1_ends_both_nodes_naming_it(tmp_path):
         killed_at = time.monotonic()
         code0, code1 = node0.wait(30), node1.wait(30)
         took = time.monotonic() - killed_at
-        assert code0 != 0 and code1 != 0, node0.output + node1.output
+        assert code0 == 1 and code1 == 1, node0.output + node1.output
         assert took < 20, f"{took:.1f} s"
-        assert "FAILED: rank 1" in node0.output and "node 1" in node0.output, node0.output
-        assert "SIGKILL" in node0.output
-        assert "FAILED: node 1" in node1.output and "rank 1" in node1.output, node1.output
+        killed = f"rank {victim} was killed by signal SIGKILL"
+        host = os.uname().nodename
+        if victim == 1:  # node 0 names the rank, its node and host, and the signal
+            assert f"FAILED: rank 1 failed: node 1 (host {host}): {killed}" in node0.output
+            assert f"FAILED: node 1 (host {host}): {killed}" in node1.output
+        else:
+            assert f"FAILED: {killed}: node 0 (host " in node0.output, node0.output
+            assert "the run ended failed: rank 0 was killed by signal SIGKILL" in node1.output
         assert processes_of_run(run_id) == []
 
 

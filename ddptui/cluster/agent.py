@@ -139,6 +139,9 @@ class NodeAgent:
                 self.close()
         if code is not None:
             return code
+        failure = result.failure
+        if not result.ok and (failure is None or failure.signal is None):
+            self._await_verdict()  # a rank here may only have lost its peer elsewhere
         if self.node0_outcome is not None and self.node0_outcome != "finished":
             say(f"the run ended {self.node0_outcome}: {self.node0_failure or 'on another node'}")
             return EXIT_CODES.get(self.node0_outcome, 1)
@@ -180,6 +183,19 @@ class NodeAgent:
                 self.node0_outcome = "failed"
                 self.node0_failure = f"node 0 has not answered for {LOST_AFTER_S:.0f} s"
                 return launcher.stop()
+
+    def _await_verdict(self, seconds: float = 3.0) -> None:
+        """Ask node 0 how the run stands for up to ``seconds`` (until it has an outcome)."""
+        deadline = time.monotonic() + seconds
+        while self.node0_outcome is None and time.monotonic() < deadline:
+            self.channel.ask_later({"op": "status", "v": 1, "node": self.slot})
+            answer = self.channel.answer(give_up_after=1.0)
+            if answer is not None and isinstance(answer.get("outcome"), str):
+                self.node0_outcome = answer["outcome"][:32]
+                failure = answer.get("failure")
+                self.node0_failure = str(failure)[:500] if failure else None
+                return
+            time.sleep(0.05)
 
     def _send_sample(self) -> None:
         """This node's host load and GPUs, to node 0 (never fatal: it is only a view)."""
