@@ -242,6 +242,9 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
             while session.poll() is None:
                 events = session.pump(0.1)
                 now = time.monotonic()
+                if session.host is not None:
+                    for node in session.host.new_joins():
+                        console.line(f"node {node.slot} joined (host {node.host})")
                 console.on_events(session.state, events, now)
                 console.tick(session.state, now)
         except Interrupted as exc:

@@ -127,6 +127,7 @@ def test_two_nodes_over_c10d_report_every_rank_to_node_0(tmp_path):
     assert samples and {e["node"] for e in samples} == {1}  # node 1's host load, GPUs
     assert samples[0]["mem_total"] > 0 and samples[0]["host"]
     assert "node 1 finished" in node1.output
+    assert "node 1 joined (host " in node0.output
     assert not (tmp_path / "n1" / "events.jsonl").exists()  # node 1's events live on node 0
     assert processes_of_run(run_id) == []
 

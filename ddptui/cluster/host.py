@@ -99,6 +99,7 @@ class NodeHost:
         self._service: zmq.Socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._shown: set[int] = set()
         try:
             quiet = logging.getLogger("ddptui.zap")
             quiet.addHandler(logging.NullHandler())
@@ -201,6 +202,13 @@ class NodeHost:
         }
 
     # -- the session's side ----------------------------------------------------------------------
+    def new_joins(self) -> list[NodeInfo]:
+        """The nodes that joined since the last call (for the console and the dashboard)."""
+        with self.book.lock:
+            fresh = [info for slot, info in self.book.joined.items() if slot not in self._shown]
+            self._shown.update(info.slot for info in fresh)
+        return fresh
+
     def set_outcome(self, outcome: str, failure: str | None) -> None:
         with self.book.lock:
             self.book.outcome = outcome
