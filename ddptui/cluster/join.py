@@ -77,7 +77,7 @@ class Channel:
         if self._req is not None:
             self._req.close(linger=0)
         self._req = self._secure(self.context.socket(zmq.REQ))
-        self._req.connect(f"tcp://{_zmq_endpoint(self.token.endpoint)}")
+        self._req.connect(f"tcp://{self.token.endpoint}")  # HOST:PORT or [V6]:PORT
         self._pending_since = None
         return self._req
 
@@ -142,10 +142,6 @@ def _reply(data: bytes) -> dict | None:
     except msgspec.DecodeError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _zmq_endpoint(endpoint: str) -> str:
-    return endpoint  # HOST:PORT, with [V6] already bracketed
 
 
 def config_from_node0(data: Any, run_dir: str) -> RunConfig:
