@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ddptui.commands import USAGE_ERROR, CommandParser, UsageError, command_main, fail
 from ddptui.config import ConfigError, build_config
-from ddptui.constants import AMP_MODES, BACKEND_CHOICES, DEVICE_CHOICES, LAUNCHERS
+from ddptui.constants import AMP_MODES, BACKEND_CHOICES, DEVICE_CHOICES, JOB_LAUNCHERS
 
 __all__ = ["COMMANDS", "USAGE_ERROR", "main", "run_parser", "add_run_arguments"]
 
@@ -102,6 +102,12 @@ COMMANDS: dict[str, Command] = {
             "ddptui.export:run",
         ),
         Command(
+            "join",
+            "join a multi-node run as one more node",
+            "ddptui.cluster.join:add_arguments",
+            "ddptui.cluster.join:run",
+        ),
+        Command(
             "attach",
             "watch a run another ddptui is running",
             "ddptui.attach:add_arguments",
@@ -156,7 +162,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--launcher",
         metavar="NAME",
-        help=f"{' | '.join(LAUNCHERS)} (default spawn; torchrun for --script)",
+        help=f"{' | '.join(JOB_LAUNCHERS)} (default spawn; torchrun for --script and for "
+        "--nnodes 2+; slurm: inside an allocation, one node agent per node via srun)",
     )
     g.add_argument(
         "--device",
@@ -224,6 +231,24 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="after a rank fails, restart the whole group from the last checkpoint up to N "
         "times (default 0)",
     )
+    m = p.add_argument_group("multi-node (torchrun's c10d rendezvous; names follow torchrun)")
+    m.add_argument("--nnodes", metavar="N", help="nodes of the run (default 1)")
+    m.add_argument("--nproc-per-node", metavar="P", help="ranks per node (world size = N x P)")
+    m.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="rendezvous hosted by this node (default: this machine's outbound address)",
+    )
+    m.add_argument(
+        "--bind",
+        metavar="ADDRESS",
+        help="address the other nodes reach this one on (default: the rendezvous host)",
+    )
+    m.add_argument(
+        "--print-sbatch",
+        action="store_true",
+        help="with --launcher slurm: print a ready sbatch script for these options",
+    )
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -234,7 +259,9 @@ def run_parser() -> argparse.ArgumentParser:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    raw = {k: v for k, v in vars(args).items() if k not in ("no_ui", "start")}
+    if args.print_sbatch:
+        return _print_sbatch(args)
+    raw = {k: v for k, v in vars(args).items() if k not in ("no_ui", "start", "print_sbatch")}
     raw["script_args"] = tuple(getattr(args, "script_args", ()))
     try:
         raw = continue_run_dir(raw)
@@ -290,6 +317,27 @@ def continue_run_dir(raw: dict) -> dict:
         merged.pop("trainer", None)
     merged["resume"] = str(checkpoint)
     return merged
+
+
+def _print_sbatch(args: argparse.Namespace) -> int:
+    """``--launcher slurm --print-sbatch``: the sbatch script for the same options."""
+    if (args.launcher or "").strip().lower() != "slurm":
+        return fail("--print-sbatch goes with --launcher slurm")
+    from ddptui.cluster.slurm import sbatch_script
+    from ddptui.config import parse_int
+
+    nnodes = None if args.nnodes is None else parse_int("nnodes", args.nnodes, 1)
+    nproc = (
+        None if args.nproc_per_node is None else parse_int("nproc_per_node", args.nproc_per_node, 1)
+    )
+    argv: list[str] = []
+    for key, value in vars(args).items():
+        if key in ("no_ui", "start", "print_sbatch", "script_args") or value in (None, False):
+            continue
+        argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    extra = list(getattr(args, "script_args", ()))
+    print(sbatch_script(argv + (["--", *extra] if extra else []), nnodes, nproc), end="")
+    return 0
 
 
 # -- monitor ------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 On one node the socket is an ``ipc://`` (Unix domain) socket inside a directory that only
 this user can open (mode 0700, random name, removed at close): a process of another account
-cannot connect to it. ``transport="tcp"`` binds 127.0.0.1 (or ``host``) instead, for the
-multi-node work, where the network case needs its own authentication.
+cannot connect to it. ``transport="tcp"`` binds 127.0.0.1 (or ``host``) instead; a multi-node
+run binds the interface other nodes reach and gives ``curve_secret`` (the run's CURVE server
+key): then only peers the context's ZAP handler admits get a connection (``ddptui.cluster``).
 
 Nothing a sender does can stop the collector. Every message is size-capped and decoded
 against the schema; then each event is checked for plausibility (a rank outside the run's
@@ -137,6 +138,8 @@ class Collector:
         port: int = 0,
         max_batch: int = 10_000,
         receive_hwm: int = RECEIVE_HWM,
+        curve_secret: bytes | None = None,
+        context: zmq.Context | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}")
@@ -145,9 +148,16 @@ class Collector:
         self.max_batch = max_batch
         self.stats = CollectorStats()
         self.ipc_dir: Path | None = None
-        self._context = zmq.Context()
+        self._own_context = context is None
+        self._context = zmq.Context() if context is None else context
         self._socket = self._context.socket(zmq.PULL)
         try:
+            if curve_secret is not None:
+                if transport != "tcp":
+                    raise ValueError("CURVE is for the tcp transport")
+                self._socket.curve_server = True
+                self._socket.curve_secretkey = curve_secret
+                self._socket.zap_domain = b"ddptui"
             self._socket.setsockopt(zmq.LINGER, 0)
             self._socket.setsockopt(zmq.RCVHWM, receive_hwm)
             self._socket.setsockopt(zmq.MAXMSGSIZE, _SOCKET_MAX_BYTES)
@@ -202,7 +212,7 @@ class Collector:
     def close(self) -> None:
         if not self._socket.closed:
             self._socket.close(linger=0)
-        if not self._context.closed:
+        if self._own_context and not self._context.closed:
             self._context.term()
         if self.ipc_dir is not None:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)

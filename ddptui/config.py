@@ -35,7 +35,7 @@ from ddptui.constants import (
     DEFAULT_CPU_WORLD_SIZE,
     DEVICE_CHOICES,
     DEVICE_ENV,
-    LAUNCHERS,
+    JOB_LAUNCHERS,
     MAX_HANG_TIMEOUT_S,
     MAX_RANKS_PER_CORE,
     MAX_RESTARTS,
@@ -60,6 +60,8 @@ MAX_DEFAULT_WORKERS = 8
 #: POSIX limits of a file name (one path component) and a whole path, in bytes.
 NAME_MAX = 255
 PATH_MAX = 4096
+#: Nodes of one multi-node run.
+MAX_NODES = 4096
 #: A training script larger than this is refused without being read.
 MAX_SCRIPT_BYTES = 16 * 2**20
 
@@ -138,6 +140,20 @@ class RunConfig:
     on_hang: str = "stop"
     #: Zero-code instrumentation hooks in every rank (``--no-instrument`` turns them off).
     instrument: bool = True
+    #: Multi-node runs (torchrun's c10d rendezvous): nodes, the rendezvous HOST:PORT that
+    #: node 0 hosts, and the address the telemetry and join sockets bind on node 0.
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    bind: str | None = None
+
+    @property
+    def multinode(self) -> bool:
+        """Ranks on other nodes (or under Slurm): CURVE telemetry, ``ddptui join`` agents."""
+        return self.nnodes > 1 or self.launcher == "slurm"
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.world_size // max(1, self.nnodes)
 
     @property
     def target_label(self) -> str:
@@ -391,7 +407,21 @@ def _build(
     if _blank(launcher_raw):
         launcher = "torchrun" if is_script else "spawn"
     else:
-        launcher = attempt(parse_choice, "launcher", launcher_raw, LAUNCHERS) or "spawn"
+        launcher = attempt(parse_choice, "launcher", launcher_raw, JOB_LAUNCHERS) or "spawn"
+    nnodes = _optional(raw, "nnodes", lambda v: parse_int("nnodes", v, 1, MAX_NODES), attempt)
+    nproc = _optional(
+        raw,
+        "nproc_per_node",
+        lambda v: parse_int("nproc_per_node", v, 1, MAX_LOCAL_RANKS),
+        attempt,
+    )
+    if launcher == "slurm":
+        from ddptui.cluster.slurm import slurm_layout
+
+        environ = raw.get("environ")
+        layout = attempt(slurm_layout, os.environ if environ is None else environ, nnodes, nproc)
+        if layout is not None:
+            nnodes, nproc = layout
 
     # -- numbers
     world_size = _optional(raw, "world_size", lambda v: parse_int("world_size", v, 1), attempt)
@@ -421,11 +451,37 @@ def _build(
         _needs_cuda_ranks(checks, machine, resolved, "amp")
     if sync_bn:
         _needs_cuda_ranks(checks, machine, resolved, "sync_bn")
-    if world_size is None:
-        gpus = machine.cuda_devices
-        world_size = gpus if resolved == "cuda" and gpus > 0 else DEFAULT_CPU_WORLD_SIZE
+    if nnodes is None and nproc is None:  # one node, as ever
+        nnodes = 1
+        if world_size is None:
+            gpus = machine.cuda_devices
+            world_size = gpus if resolved == "cuda" and gpus > 0 else DEFAULT_CPU_WORLD_SIZE
+        else:
+            _check_world_size(checks, machine, resolved, world_size, oversubscribe)
     else:
-        _check_world_size(checks, machine, resolved, world_size, oversubscribe)
+        nnodes = nnodes or 1
+        if nproc is None:
+            gpus = machine.cuda_devices
+            nproc = gpus if resolved == "cuda" and gpus > 0 else DEFAULT_CPU_WORLD_SIZE
+        else:
+            _check_world_size(checks, machine, resolved, nproc, oversubscribe, per_node=True)
+        if world_size is not None and world_size != nnodes * nproc:
+            checks.fail(
+                "world_size",
+                f"--world-size {_num(world_size)} disagrees with --nnodes {nnodes} x "
+                f"--nproc-per-node {nproc} = {nnodes * nproc} ranks (leave --world-size out "
+                "of a multi-node run)",
+            )
+        world_size = nnodes * nproc
+    rdzv_endpoint, bind = _multinode_addresses(checks, raw, launcher, nnodes, is_script)
+    if nnodes > 1 and launcher == "spawn":
+        launcher = "torchrun"
+    if max_restarts and (nnodes > 1 or launcher == "slurm"):
+        checks.fail(
+            "max_restarts",
+            "--max-restarts restarts the ranks of one node; it does not work with --nnodes > 1 "
+            "or --launcher slurm yet",
+        )
     if workers is None:
         workers = default_workers(resolved, world_size, machine.cpu_count)
     elif is_script and not _blank(raw.get("workers")):
@@ -489,6 +545,9 @@ def _build(
         hang_timeout=hang_timeout,
         on_hang=on_hang,
         instrument=not bool(raw.get("no_instrument")),
+        nnodes=nnodes,
+        rdzv_endpoint=rdzv_endpoint,
+        bind=bind,
     )
     if deep and spec is not None and spec.arg_parser and script_args and not checks.failed:
         problem = _trainer_args_problem(spec, tuple(cfg.trainer_argv()))
@@ -626,10 +685,28 @@ def _needs_cuda_ranks(checks: _Checks, machine: Machine, resolved: str, field: s
 
 
 def _check_world_size(
-    checks: _Checks, machine: Machine, device: str, world_size: int, oversubscribe: bool
+    checks: _Checks,
+    machine: Machine,
+    device: str,
+    world_size: int,
+    oversubscribe: bool,
+    per_node: bool = False,
 ) -> None:
     """The one check of how many ranks fit on this machine: one GPU per CUDA rank; without
-    CUDA, at most 4 per usable core unless --oversubscribe; never more than 1024."""
+    CUDA, at most 4 per usable core unless --oversubscribe; never more than 1024.
+    ``per_node``: ``world_size`` is a multi-node run's ranks per node (each node is judged
+    like this one), and the messages name --nproc-per-node."""
+    if per_node:
+        errors: list[ConfigError] = []
+        _check_world_size(_Checks(errors), machine, device, world_size, oversubscribe)
+        for error in errors:
+            checks.fail(
+                "nproc_per_node",
+                str(error)
+                .replace("world size", "--nproc-per-node")
+                .replace("--world-size", "--nproc-per-node"),
+            )
+        return
     gpus, cores = machine.cuda_devices, machine.cpu_count
     if device == "cuda" and gpus > 0 and world_size > gpus:
         checks.fail(
@@ -651,6 +728,44 @@ def _check_world_size(
             f"world size {_num(world_size)} is more than the {MAX_LOCAL_RANKS} ranks ddptui "
             "starts on one machine, even with --oversubscribe",
         )
+
+
+# -- multi-node addresses ------------------------------------------------------------------------
+def _multinode_addresses(
+    checks: _Checks, raw: Mapping[str, Any], launcher: str, nnodes: int, is_script: bool
+) -> tuple[str | None, str | None]:
+    """(rendezvous HOST:PORT, bind address) of a multi-node run; (None, None) on one node."""
+    given_rdzv, given_bind = raw.get("rdzv_endpoint"), raw.get("bind")
+    if nnodes == 1 and launcher != "slurm":
+        for name, value in (("rdzv_endpoint", given_rdzv), ("bind", given_bind)):
+            if not _blank(value):
+                checks.fail(name, f"{_flag(name)} is for multi-node runs (--nnodes 2 or more)")
+        return None, None
+    if launcher == "spawn" and not _blank(raw.get("launcher")):
+        checks.fail(
+            "launcher",
+            "a multi-node run starts its ranks under torchrun's c10d rendezvous: use "
+            "--launcher torchrun (or slurm), or leave --launcher out",
+        )
+    from ddptui.cluster.addresses import (
+        check_bind,
+        check_endpoint,
+        default_endpoint,
+        outbound_address,
+    )
+
+    if _blank(given_rdzv):
+        rdzv = checks.attempt(default_endpoint, launcher, raw.get("environ"))
+    else:
+        rdzv = checks.attempt(check_endpoint, "rdzv_endpoint", given_rdzv)
+    bind = None
+    if not _blank(given_bind):
+        bind = checks.attempt(check_bind, given_bind)
+    elif launcher == "slurm":  # ddptui may run on a login host: its own outbound address
+        bind = checks.attempt(check_bind, outbound_address())
+    elif rdzv is not None:  # node 0 hosts the rendezvous: the same interface
+        bind = checks.attempt(check_bind, rdzv.rpartition(":")[0].strip("[]"))
+    return rdzv, bind
 
 
 # -- files ---------------------------------------------------------------------------------------

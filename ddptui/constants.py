@@ -68,3 +68,14 @@ RESUME_ENV = "DDPTUI_RESUME"
 #: script that installs a handler for it (see the README) can opt in; by default ddptui
 #: sends it only to the built-in trainers.
 STOP_SIGNAL = "SIGUSR2"
+
+# -- multi-node runs ---------------------------------------------------------------------------
+#: Nodes of a multi-node run (set for every rank of one; absent on a single node).
+NNODES_ENV = "DDPTUI_NNODES"
+#: ddptui's own number for the node a process belongs to (teardown tells nodes sharing one
+#: machine apart by it); the node rank in events is torch's ``GROUP_RANK``.
+NODE_SLOT_ENV = "DDPTUI_NODE_SLOT"
+#: ``ddptui join`` reads its token from here when none is given on its command line.
+JOIN_TOKEN_ENV = "DDPTUI_JOIN_TOKEN"
+#: Launchers of a whole job: the node launchers, or Slurm (srun starts one agent per node).
+JOB_LAUNCHERS = (*LAUNCHERS, "slurm")

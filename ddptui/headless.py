@@ -257,6 +257,21 @@ def signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSession) -> None:
+    """A multi-node run: where it waits, and the one line every other node runs."""
+    if cfg.launcher == "slurm":
+        console.line(
+            f"slurm: {cfg.nnodes} node(s) x {cfg.nproc_per_node} rank(s), one agent per node "
+            f"via srun; rendezvous {cfg.rdzv_endpoint}"
+        )
+        return
+    console.line(
+        f"node 0 of {cfg.nnodes}: {cfg.nproc_per_node} rank(s) per node, rendezvous "
+        f"{cfg.rdzv_endpoint}; on each of the other {cfg.nnodes - 1} node(s) run:"
+    )
+    console.line(session.join_line or "")
+
+
 def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
     """Run ``cfg`` to the end; the exit code of its outcome: 0 finished, 1 failed, 3 hung, 130
     after Ctrl-C, 143 after SIGTERM (``summary.json`` in the run directory says the same)."""
@@ -278,6 +293,8 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                 print(f"ddptui: error: {exc}", file=sys.stderr)
                 session.close()
                 return 2
+            if session.host is not None:
+                _announce_nodes(console, cfg, session)
             shown = 0
             asked = False
             while session.poll() is None:
@@ -298,6 +315,9 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                     break
                 events = session.pump(0.1)
                 now = time.monotonic()
+                if session.host is not None:
+                    for node in session.host.new_joins():
+                        console.line(f"node {node.slot} joined (host {node.host})")
                 console.on_events(session.state, events, now)
                 for diagnosis in session.take_diagnoses():
                     console.line(diagnosis_line(diagnosis))

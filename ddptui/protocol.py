@@ -92,6 +92,8 @@ class Status(Event, tag="status"):
     traceback: Annotated[str, msgspec.Meta(max_length=MAX_TRACEBACK_CHARS)] | None = None
     #: Events this rank's reporter had to drop (queue full or nobody listening).
     dropped: int | None = None
+    #: The node rank (torch's ``GROUP_RANK``) in a multi-node run; None on a single node.
+    node: int | None = None
 
 
 class Step(Event, tag="step"):
@@ -135,8 +137,40 @@ class LogLine(Event, tag="log"):
     line: Annotated[str, msgspec.Meta(max_length=4096)]
 
 
-AnyEvent = Status | Step | Eval | EpochEnd | LogLine
-KINDS = ("status", "step", "eval", "epoch", "log")
+#: Most GPUs one node sample may describe.
+MAX_NODE_GPUS = 64
+ShortText = Annotated[str, msgspec.Meta(max_length=128)]
+
+
+class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """One GPU of a node sample (None: the field is not available there)."""
+
+    index: NonNegInt
+    name: ShortText | None = None
+    util: float | None = None  # percent
+    mem_used: NonNegInt | None = None  # bytes
+    mem_total: NonNegInt | None = None  # bytes
+    temp: int | None = None  # degrees C
+    power: float | None = None  # watts
+
+
+class NodeSample(Event, tag="node"):
+    """A multi-node run's system sample of one node (host load, GPUs), sent by its ``ddptui
+    join`` agent. ``rank`` is unused (0); ``node`` is the agent's node slot."""
+
+    node: NonNegInt
+    host: ShortText | None = None
+    cpu_percent: float | None = None
+    load1: float | None = None
+    mem_used: NonNegInt | None = None
+    mem_total: NonNegInt | None = None
+    gpus: Annotated[list[GpuSample], msgspec.Meta(max_length=MAX_NODE_GPUS)] = []
+    #: Why there are no GPUs (no NVIDIA driver, say).
+    gpu_reason: Annotated[str, msgspec.Meta(max_length=200)] | None = None
+
+
+AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample
+KINDS = ("status", "step", "eval", "epoch", "log", "node")
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _batch_decoder = msgspec.msgpack.Decoder(
@@ -186,7 +220,7 @@ def _float_fields(cls: type) -> tuple[str, ...]:
 
 
 _FLOAT_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: _float_fields(cls) for cls in (Status, Step, Eval, EpochEnd, LogLine)
+    cls: _float_fields(cls) for cls in (Status, Step, Eval, EpochEnd, LogLine, NodeSample)
 }
 _KIND_FLOAT_FIELDS = {cls.__struct_config__.tag: f for cls, f in _FLOAT_FIELDS.items()}
 #: The float fields' values of an event, as a tuple (one getter per kind: to_json is hot).
@@ -250,7 +284,7 @@ def implausible(event: AnyEvent, world_size: int | None = None) -> str | None:
         if event.count is not None and event.count < 0:
             return f"count {event.count}"
     elif kind is Status:
-        for name in ("pid", "local_rank", "epochs", "steps_per_epoch", "dropped"):
+        for name in ("pid", "local_rank", "epochs", "steps_per_epoch", "dropped", "node"):
             value = getattr(event, name)
             if value is not None and value < 0:
                 return f"{name} {value}"
@@ -259,6 +293,24 @@ def implausible(event: AnyEvent, world_size: int | None = None) -> str | None:
         if event.local_rank is not None and event.world_size is not None:
             if event.local_rank >= event.world_size:
                 return f"local_rank {event.local_rank} outside world size {event.world_size}"
+    elif kind is NodeSample:
+        return _implausible_node(event)
+    return None
+
+
+def _implausible_node(event: NodeSample) -> str | None:
+    """A node sample's numbers must be finite and in range (they are drawn, not trusted)."""
+    if event.cpu_percent is not None and not 0.0 <= event.cpu_percent <= 100.0:
+        return f"cpu_percent {event.cpu_percent!r}"
+    if event.load1 is not None and not 0.0 <= event.load1 <= 1e6:
+        return f"load1 {event.load1!r}"
+    for gpu in event.gpus:
+        if gpu.util is not None and not 0.0 <= gpu.util <= 100.0:
+            return f"gpu {gpu.index} util {gpu.util!r}"
+        if gpu.power is not None and not 0.0 <= gpu.power <= 1e5:
+            return f"gpu {gpu.index} power {gpu.power!r}"
+        if gpu.temp is not None and not -100 <= gpu.temp <= 1000:
+            return f"gpu {gpu.index} temp {gpu.temp!r}"
     return None
 
 

@@ -44,7 +44,13 @@ import time
 from typing import Any
 
 from ddptui import pending, protocol
-from ddptui.constants import ATTEMPT_ENV, ENDPOINT_ENV, RESTART_COUNT_ENV, RUN_ID_ENV
+from ddptui.constants import (
+    ATTEMPT_ENV,
+    ENDPOINT_ENV,
+    NNODES_ENV,
+    RESTART_COUNT_ENV,
+    RUN_ID_ENV,
+)
 
 #: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
 SEND_HWM = 1_000
@@ -303,6 +309,7 @@ class Reporter:
             host=socket.gethostname(),
             local_rank=env_int("LOCAL_RANK", self.rank),
             world_size=env_int("WORLD_SIZE"),
+            node=_node_rank(),
             **self._announced,
         )
 
@@ -447,6 +454,16 @@ class Reporter:
         )
         self._epoch_samples = 0
         self._epoch_open = False
+
+
+def _node_rank() -> int | None:
+    """This rank's node (torch's ``GROUP_RANK``) in a multi-node run; None on one node."""
+    if NNODES_ENV not in os.environ:
+        return None
+    try:
+        return int(os.environ.get("GROUP_RANK", ""))
+    except ValueError:
+        return None
 
 
 # -- values: numbers now, CUDA tensors later -----------------------------------------------

@@ -25,7 +25,7 @@ from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig, check_restart_checkpoint
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
 from ddptui.diagnosis import Diagnoser, Diagnosis, diagnose_crash, diagnoses_for_summary, rank_ends
-from ddptui.launch import Launcher, LaunchResult
+from ddptui.launch import Launcher, LaunchResult, Rendezvous
 from ddptui.rundir import (
     EXIT_CODES,
     RunDir,
@@ -47,14 +47,23 @@ STACKS_TIMEOUT_S = 5.0
 #: the front ends fall back to tearing the run down.
 STOP_PATIENCE_S = 30.0
 
+#: A multi-node run whose ranks here failed waits this long for another node's report of
+#: the rank that failed first.
+REMOTE_FAILURE_WAIT_S = 2.0
+
 
 def make_launcher(
-    cfg: RunConfig, endpoint: str | None, attempt: int = 0, resume: str | None = None
+    cfg: RunConfig,
+    endpoint: str | None,
+    attempt: int = 0,
+    resume: str | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> Launcher:
-    """The launcher of attempt ``attempt`` (0 first). A restarted attempt's ranks are told
-    their attempt number (``DDPTUI_ATTEMPT`` and torchrun's ``TORCHELASTIC_RESTART_COUNT``)
-    and, when there is one, the checkpoint to resume from: a built-in trainer as
-    ``--resume``, a user script as ``DDPTUI_RESUME``."""
+    """The launcher of this machine's ranks for attempt ``attempt`` (0 first); a multi-node
+    run's node ``rendezvous.node_rank`` runs its ``nproc_per_node`` ranks under torchrun's c10d
+    rendezvous. A restarted attempt's ranks are told their attempt number (``DDPTUI_ATTEMPT``
+    and torchrun's ``TORCHELASTIC_RESTART_COUNT``) and, when there is one, the checkpoint to
+    resume from: a built-in trainer as ``--resume``, a user script as ``DDPTUI_RESUME``."""
     env = cfg.rank_environment()
     if attempt == 0 and cfg.script and cfg.resume:
         env[RESUME_ENV] = cfg.resume  # a script's --resume: the same convention
@@ -65,8 +74,8 @@ def make_launcher(
             if not cfg.script:
                 cfg = dataclasses.replace(cfg, resume=resume)
     return Launcher(
-        cfg.launcher,
-        cfg.world_size,
+        "torchrun" if rendezvous is not None else cfg.launcher,
+        cfg.nproc_per_node if rendezvous is not None else cfg.world_size,
         cfg.run_dir or ".",
         cfg.run_id,
         endpoint,
@@ -74,6 +83,7 @@ def make_launcher(
         script=cfg.script,
         args=cfg.trainer_argv(),
         env=env,
+        rendezvous=rendezvous,
     )
 
 
@@ -138,7 +148,6 @@ class RunSession:
         self._news: list[Diagnosis] = []
         self._next_diagnosis = 0.0
         self._hung = False
-        self._concluding = False
         self.state.max_restarts = cfg.max_restarts
         #: One line per restart (and per restart refused), for the front ends to show.
         self.restart_lines: list[str] = []
@@ -149,6 +158,19 @@ class RunSession:
         self._attempt_checkpoint: tuple | None = checkpoint_identity(cfg.resume)
         #: When a stop with a checkpoint was asked (clock time), or None.
         self.checkpoint_stop_at: float | None = None
+        #: A multi-node run's node 0 side (keys, join service, CURVE inbox), or None.
+        self.host = None
+        #: The first failure another node reported (it tears this node down too).
+        self.remote_failure: RankFailureInfo | None = None
+        self._concluding = False
+
+    @property
+    def join_line(self) -> str | None:
+        """A multi-node run started by hand: the ``ddptui join …`` command every other node
+        runs (it holds the run's client secret: show it to the user, never log it)."""
+        if self.host is None or self.cfg.launcher == "slurm":
+            return None
+        return self.host.join_line()
 
     @property
     def events_path(self) -> Path:
@@ -167,12 +189,45 @@ class RunSession:
             raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
         self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
         self.stats = self.collector.stats
-        self.launcher = make_launcher(self.cfg, self.collector.endpoint)
+        if self.cfg.multinode:
+            self.launcher = self._start_host()
+        else:
+            self.launcher = make_launcher(self.cfg, self.collector.endpoint)
         self.state.started_at = self.clock()
         self.state.begin_attempt(
             AttemptRecord(0, time.time(), resumed_from=self.cfg.resume or None)
         )
         self.launcher.start()
+
+    def _start_host(self) -> Launcher:
+        """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
+        ranks (slot 0) under c10d, or, under Slurm, srun starting one agent per node."""
+        from ddptui.cluster.host import NodeHost
+
+        assert self.collector is not None
+        try:
+            self.host = NodeHost(self.cfg)
+        except (OSError, Exception) as exc:  # zmq.ZMQError: the address cannot be bound
+            raise RunDirError(
+                f"cannot host the run's telemetry on {self.cfg.bind}: {exc}"
+            ) from None
+        self.host.inbox.stats = self.collector.stats  # one count of what arrived
+        if self.cfg.launcher == "slurm":
+            from ddptui.cluster.slurm import SrunLauncher
+
+            return SrunLauncher(self.cfg, self.host.token().encode())
+        assert self.cfg.rdzv_endpoint is not None
+        from ddptui.cluster.addresses import route_address, split_endpoint
+
+        rendezvous = Rendezvous(
+            self.cfg.nnodes,
+            0,
+            self.cfg.rdzv_endpoint,
+            self.cfg.run_id,
+            is_host=True,
+            local_addr=route_address(split_endpoint(self.cfg.rdzv_endpoint)[0]),
+        )
+        return make_launcher(self.cfg, self.collector.endpoint, rendezvous)
 
     def pump(self, timeout: float = 0.1) -> list[protocol.AnyEvent]:
         """Receive, persist and apply what has arrived (waiting up to ``timeout``)."""
@@ -180,8 +235,15 @@ class RunSession:
             time.sleep(timeout)
             return []
         events = self.collector.poll(timeout)
+        remote: list[protocol.AnyEvent] = []
+        if self.host is not None and self.host.inbox is not None:
+            remote = self.host.inbox.poll(0.0)
+            events += remote
         if events:
             self._record(events)
+        for event in remote:
+            if isinstance(event, protocol.Status) and event.state == "failed":
+                self._on_remote_failure(event)
         if self.result is None:
             self._diagnose()
         return events
@@ -240,6 +302,28 @@ class RunSession:
         for diagnosis in found:
             self.diagnoser.record(diagnosis)
         self._news += found
+
+    def _on_remote_failure(self, event: protocol.Status) -> None:
+        """A rank on another node failed: name it, and tear this node down (c10d would too,
+        but only once a collective notices)."""
+        if self.remote_failure is not None:
+            return
+        self.remote_failure = RankFailureInfo(
+            rank=event.rank, error=event.error, traceback=event.traceback
+        )
+        if self.launcher is not None and self.result is None and not self._concluding:
+            self._conclude(self.launcher.stop())
+
+    def _placed(self, failure: RankFailureInfo) -> RankFailureInfo:
+        """A multi-node run's failure of a rank here, naming its node and host."""
+        view = self.state.ranks.get(failure.rank) if failure.rank is not None else None
+        if view is None:
+            return failure
+        node = view.node if view.node is not None else "?"
+        where = f"node {node} (host {view.host or '?'})"
+        return dataclasses.replace(
+            failure, error=f"{where}: {failure.error}" if failure.error else where
+        )
 
     def _record(self, events: list[protocol.AnyEvent]) -> None:
         if self._events_file is not None:
@@ -407,13 +491,24 @@ class RunSession:
     def _conclude(self, result: LaunchResult, drain: bool = True, hung: bool = False) -> None:
         self._concluding = True  # no new diagnosis while draining the last events
         self._drain(DRAIN_SECONDS if drain else 0.0)
+        if drain and self.host is not None and result.failure is not None:
+            # This node's rank may only have followed a rank that died on another node (a
+            # collective lost its peer): give that node's report a moment to arrive.
+            deadline = time.monotonic() + REMOTE_FAILURE_WAIT_S
+            while self.remote_failure is None and time.monotonic() < deadline:
+                self.pump(0.05)
         failure = result.failure
+        remote = self.remote_failure is not None and not self._interrupted
+        if remote and (failure is None or failure.signal is None):  # a kill here is its own cause
+            failure = self.remote_failure  # another node failed first; this one followed
+        elif self.host is not None and failure is not None:
+            failure = self._placed(failure)
         if self.fault is not None and failure is None:
             failure = RankFailureInfo(rank=None, error=self.fault)
         asked = self.checkpoint_stop_at is not None and self.fault is None
         outcome = decide_outcome(
-            failed=self.fault is not None or not (result.ok or result.stopped),
-            stopped=(result.stopped or (asked and result.ok)) and self.fault is None,
+            failed=remote or self.fault is not None or not (result.ok or result.stopped),
+            stopped=(result.stopped or (asked and result.ok)) and self.fault is None and not remote,
             interrupted=self._interrupted,
             hung=hung,
         )
@@ -427,6 +522,8 @@ class RunSession:
                 self._diagnose_crash()
             self.state.end_attempt(outcome, self.state.failure)
         self.result = result
+        if self.host is not None:
+            self.host.set_outcome(outcome, failure.describe() if failure else None)
 
     @property
     def outcome(self) -> str | None:
@@ -444,6 +541,9 @@ class RunSession:
         """Stop anything still running, release the socket and files, write summary.json."""
         if self.launcher is not None and self.result is None:
             self.stop(interrupted=True)
+        if self.host is not None:
+            self.host.close()
+            self.host = None
         if self.collector is not None:
             self.collector.close()
             self.collector = None

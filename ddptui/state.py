@@ -141,6 +141,8 @@ class RunState:
         self.events_applied = 0
         #: Events for ranks outside ``range(world_size)``: ignored, never given a row.
         self.events_ignored = 0
+        #: The latest system sample of each other node of a multi-node run, by node slot.
+        self.nodes: dict[int, protocol.NodeSample] = {}
         #: Node rank -> that node's latest system sample (a monitor SystemSnapshot or its
         #: dict form), for nodes other than the dashboard's own; filled by whoever receives
         #: the other nodes' samples (the multi-node engine), read by the system panel.
@@ -189,6 +191,9 @@ class RunState:
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
+        if type(event) is protocol.NodeSample:  # a node's system sample: no rank's event
+            self.nodes[event.node] = event
+            return
         view = self.ranks.get(event.rank)
         if view is None:  # not a rank of this run: no row, no effect
             self.events_ignored += 1
@@ -216,7 +221,16 @@ class RunState:
 
     def _on_status(self, view: RankView, ev: protocol.Status, now: float) -> None:
         view.state = ev.state
-        for name in ("pid", "host", "local_rank", "device", "device_uuid", "error", "traceback"):
+        for name in (
+            "pid",
+            "host",
+            "node",
+            "local_rank",
+            "device",
+            "device_uuid",
+            "error",
+            "traceback",
+        ):
             value = getattr(ev, name)
             if value is not None:
                 setattr(view, name, value)

@@ -19,7 +19,7 @@ ENV_NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
         (["--no-ui", "--world-size", "abc"], "--world-size must be a whole number"),
         (["--no-ui", "--backend", "mpi"], "unknown backend 'mpi'"),
         (["--no-ui", "--amp", "int8"], "unknown amp 'int8'"),
-        (["--no-ui", "--launcher", "slurm"], "unknown launcher 'slurm'"),
+        (["--no-ui", "--launcher", "mpirun"], "unknown launcher 'mpirun'"),
         (["--no-ui", "--trainer", "nope"], "unknown trainer 'nope'"),
         (["--no-ui", "--backend", "nccl"], "backend nccl needs a CUDA GPU"),
         (["--no-ui", "--amp", "fp16"], "AMP fp16 needs a CUDA GPU"),

@@ -39,7 +39,7 @@ def test_script_defaults_to_torchrun_and_resolves_path(tmp_path):
         ({"world_size": "1.5"}, CPU, "world_size", "whole number"),
         ({"backend": "mpi"}, CPU, "backend", "unknown backend 'mpi'"),
         ({"amp": "fp8"}, CPU, "amp", "unknown amp 'fp8'"),
-        ({"launcher": "slurm"}, CPU, "launcher", "unknown launcher 'slurm'"),
+        ({"launcher": "mpirun"}, CPU, "launcher", "unknown launcher 'mpirun'"),
         ({"trainer": "gpt5"}, CPU, "trainer", "unknown trainer 'gpt5'"),
         ({"backend": "nccl"}, CPU, "backend", "backend nccl needs a CUDA GPU"),
         ({"amp": "fp16"}, CPU, "amp", "AMP fp16 needs a CUDA GPU"),

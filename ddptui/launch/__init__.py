@@ -30,7 +30,15 @@ from pathlib import Path
 
 import psutil
 
-from ddptui.constants import ENDPOINT_ENV, LAUNCHERS, PARENT_PID_ENV, RUN_DIR_ENV, RUN_ID_ENV
+from ddptui.constants import (
+    ENDPOINT_ENV,
+    LAUNCHERS,
+    NNODES_ENV,
+    NODE_SLOT_ENV,
+    PARENT_PID_ENV,
+    RUN_DIR_ENV,
+    RUN_ID_ENV,
+)
 from ddptui.rundir import RunDir
 from ddptui.state import RankFailureInfo
 
@@ -52,6 +60,37 @@ class LaunchResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.stopped and self.failure is None
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """This node's part of a multi-node run: torchrun's c10d rendezvous at ``endpoint``
+    (hosted by the node with ``is_host``), ``node_rank`` of ``nnodes`` (ddptui's slot; c10d
+    assigns the group ranks itself)."""
+
+    nnodes: int
+    node_rank: int
+    endpoint: str
+    run_id: str
+    is_host: bool
+    #: The address this node's agent advertises to the others (torchrun's --local-addr).
+    local_addr: str | None = None
+
+    def driver_args(self) -> list[str]:
+        local = ["--local-addr", self.local_addr] if self.local_addr else []
+        return [
+            *local,
+            "--nnodes",
+            str(self.nnodes),
+            "--node-rank",
+            str(self.node_rank),
+            "--rdzv-endpoint",
+            self.endpoint,
+            "--rdzv-id",
+            self.run_id,
+            "--rdzv-host",
+            "1" if self.is_host else "0",
+        ]
 
 
 @dataclass(frozen=True)
@@ -156,6 +195,7 @@ class Launcher:
         args: list[str] | tuple[str, ...] = (),
         grace: float = 3.0,
         env: Mapping[str, str] | None = None,
+        rendezvous: Rendezvous | None = None,
     ) -> None:
         if kind not in LAUNCHERS:
             raise ValueError(f"unknown launcher {kind!r}")
@@ -172,7 +212,9 @@ class Launcher:
         self.extra_env = dict(env or {})
         self.args = list(args)
         self.grace = grace
-        #: More environment for every process of the run (e.g. DDPTUI_NO_INSTRUMENT=1).
+        self.rendezvous = rendezvous
+        if rendezvous is not None and kind != "torchrun":
+            raise ValueError("a multi-node run starts its ranks under torchrun")
         self.process: subprocess.Popen[bytes] | None = None
         self.result: LaunchResult | None = None
         self._stopping = False
@@ -190,6 +232,8 @@ class Launcher:
             "--result",
             str(RunDir(self.run_dir).result),
         ]
+        if self.rendezvous is not None:
+            cmd += self.rendezvous.driver_args()
         cmd += ["--module", self.module] if self.module else ["--script", str(self.script)]
         return [*cmd, "--", *self.args]
 
@@ -204,7 +248,15 @@ class Launcher:
             env[ENDPOINT_ENV] = self.endpoint
         else:
             env.pop(ENDPOINT_ENV, None)
+        env.pop(NNODES_ENV, None)
+        env.pop(NODE_SLOT_ENV, None)
+        if self.rendezvous is not None:
+            env[NNODES_ENV] = str(self.rendezvous.nnodes)
+            env[NODE_SLOT_ENV] = str(self.rendezvous.node_rank)
         return env
+
+    def _node_slot(self) -> str | None:
+        return str(self.rendezvous.node_rank) if self.rendezvous is not None else None
 
     # -- the interface ----------------------------------------------------------------------
     def start(self) -> None:
@@ -296,7 +348,11 @@ class Launcher:
             if proc.pid in found or proc.pid in skip:
                 continue
             try:
-                if proc.environ().get(RUN_ID_ENV) != self.run_id:
+                environ = proc.environ()
+                # Nodes of one run may share a machine (tests): each tears down its own.
+                if environ.get(RUN_ID_ENV) != self.run_id:
+                    continue
+                if environ.get(NODE_SLOT_ENV) != self._node_slot():
                     continue
             except (psutil.Error, OSError):
                 continue

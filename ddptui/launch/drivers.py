@@ -39,6 +39,13 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--nprocs", type=int, required=True)
     parser.add_argument("--run-dir")
     parser.add_argument("--result")
+    # multi-node (torchrun's c10d rendezvous); absent: one node, --standalone
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--rdzv-endpoint")
+    parser.add_argument("--rdzv-id")
+    parser.add_argument("--rdzv-host", choices=("0", "1"), default="0")
+    parser.add_argument("--local-addr")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--module")
     target.add_argument("--script")
@@ -96,11 +103,28 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
     target = ["-m", "ddptui.launch.rank_entry"]
     target += ["--run-dir", opts.run_dir] if opts.run_dir else []
     target += ["--module", opts.module] if opts.module else ["--script", opts.script]
+    if opts.rdzv_endpoint:
+        nodes = [
+            "--nnodes",
+            str(opts.nnodes),
+            "--node-rank",
+            str(opts.node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            opts.rdzv_endpoint,
+            "--rdzv-id",
+            opts.rdzv_id or "ddptui",
+            "--rdzv-conf",
+            f"is_host={'true' if opts.rdzv_host == '1' else 'false'}",
+        ]
+        if opts.local_addr:
+            nodes += ["--local-addr", opts.local_addr]
+    else:
+        nodes = ["--standalone", "--nnodes", "1"]
     torchrun_args = torchrun.parse_args(
         [
-            "--standalone",
-            "--nnodes",
-            "1",
+            *nodes,
             "--nproc-per-node",
             str(opts.nprocs),
             "--max-restarts",

@@ -1,0 +1,227 @@
+"""``ddptui join TOKEN``: one node of a multi-node run.
+
+It asks node 0 (authenticated with the token's CURVE keys) for the run's configuration and a
+node slot, starts this node's ranks under torchrun (c10d rendezvous), relays their telemetry
+to node 0 over one CURVE channel, and follows the run: when node 0 says the run has ended
+(a rank failed elsewhere, the user stopped it), it tears its node down. It exits with the
+run's outcome (0 finished, 1 failed, 128+N after signal N); a token that is wrong, a node that
+comes late or twice, gets one line and exit 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from ddptui import protocol
+from ddptui.cluster.token import JoinToken, TokenError
+from ddptui.commands import fail
+from ddptui.config import ConfigError, RunConfig, check_script, parse_int, parse_path
+from ddptui.constants import JOIN_TOKEN_ENV
+
+DESCRIPTION = (
+    "Join a multi-node run as one more node: run the 'ddptui join …' line that the first "
+    "node printed."
+)
+#: How long to wait for node 0's answer to the join request.
+JOIN_TIMEOUT_S = 15.0
+#: How often the agent asks node 0 how the run stands.
+STATUS_EVERY_S = 1.0
+#: Node 0 unreachable this long (after it answered once): the run is over there.
+LOST_AFTER_S = 20.0
+MAX_REPLY_BYTES = 1024 * 1024
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "token", nargs="?", metavar="TOKEN", help=f"the join token (default: ${JOIN_TOKEN_ENV})"
+    )
+    p.add_argument("--node-rank", metavar="K", help="this node's slot (default: the next free)")
+    p.add_argument(
+        "--run-dir", metavar="DIR", help="this node's logs (default runs/<run-id>-node<K>)"
+    )
+    p.add_argument(
+        "--timeout", metavar="S", default=str(int(JOIN_TIMEOUT_S)), help="wait for node 0 (seconds)"
+    )
+    p.add_argument("--slurm", action="store_true", help=argparse.SUPPRESS)
+
+
+class Channel:
+    """The CURVE client sockets to node 0: REQ for join/status, PUSH for telemetry."""
+
+    def __init__(self, token: JoinToken) -> None:
+        self.token = token
+        self.context = zmq.Context()
+        self._req: zmq.Socket | None = None
+        self._pending_since: float | None = None
+        self.push: zmq.Socket | None = None
+
+    def _secure(self, sock: zmq.Socket) -> zmq.Socket:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        sock.curve_serverkey = self.token.server_public
+        sock.curve_publickey = self.token.client_public
+        sock.curve_secretkey = self.token.client_secret
+        return sock
+
+    def _new_req(self) -> zmq.Socket:
+        if self._req is not None:
+            self._req.close(linger=0)
+        self._req = self._secure(self.context.socket(zmq.REQ))
+        self._req.connect(f"tcp://{self.token.endpoint}")  # HOST:PORT or [V6]:PORT
+        self._pending_since = None
+        return self._req
+
+    def ask(self, request: dict[str, Any], timeout: float) -> dict | None:
+        """Send ``request`` and wait for the answer (None: no answer in time)."""
+        sock = self._new_req()
+        sock.send(msgspec.json.encode(request))
+        if not sock.poll(int(timeout * 1000)):
+            self._new_req()
+            return None
+        return _reply(sock.recv())
+
+    def ask_later(self, request: dict[str, Any]) -> None:
+        """Send ``request`` without waiting; :meth:`answer` picks the reply up."""
+        if self._pending_since is not None:
+            return
+        sock = self._req or self._new_req()
+        sock.send(msgspec.json.encode(request))
+        self._pending_since = time.monotonic()
+
+    def answer(self, give_up_after: float = 5.0) -> dict | None:
+        if self._req is None or self._pending_since is None:
+            return None
+        if self._req.poll(0):
+            self._pending_since = None
+            return _reply(self._req.recv())
+        if time.monotonic() - self._pending_since > give_up_after:
+            self._new_req()  # a REQ socket cannot send again before it has an answer
+        return None
+
+    def open_telemetry(self, endpoint: str) -> None:
+        push = self._secure(self.context.socket(zmq.PUSH))
+        push.setsockopt(zmq.SNDHWM, 1_000)
+        push.setsockopt(zmq.LINGER, 3_000)
+        push.connect(endpoint)
+        self.push = push
+
+    def send(self, events: list[protocol.AnyEvent]) -> int:
+        """Relay ``events`` (in batches the collector accepts); how many were dropped."""
+        dropped = 0
+        if self.push is None:
+            return len(events)
+        for start in range(0, len(events), protocol.MAX_BATCH_EVENTS):
+            batch = events[start : start + protocol.MAX_BATCH_EVENTS]
+            try:
+                self.push.send(protocol.encode_batch(batch), zmq.DONTWAIT)
+            except zmq.Again:
+                dropped += len(batch)
+        return dropped
+
+    def close(self) -> None:
+        if self._req is not None:
+            self._req.close(linger=0)
+        if self.push is not None:
+            self.push.close()  # LINGER: the last events get their chance
+        self.context.term()
+
+
+def _reply(data: bytes) -> dict | None:
+    try:
+        value = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def config_from_node0(data: Any, run_dir: str) -> RunConfig:
+    """The run's configuration as node 0 sent it, checked field by field (node 0 is
+    authenticated, but a mismatch of versions must not become a traceback)."""
+    if not isinstance(data, dict):
+        raise ConfigError("config", "node 0 sent no configuration")
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    values: dict[str, Any] = {}
+    defaults = RunConfig()
+    for name, value in data.items():
+        if name not in fields:
+            continue  # a newer node 0: fields this node does not know
+        default = getattr(defaults, name)
+        if name == "script_args":
+            if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+                raise ConfigError("config", "node 0 sent malformed script arguments")
+            value = tuple(value)
+        elif value is not None and default is not None and not isinstance(value, type(default)):
+            if not (isinstance(default, float) and isinstance(value, int)):
+                raise ConfigError("config", f"node 0 sent a malformed {name!r}")
+        values[name] = value
+    cfg = dataclasses.replace(defaults, **values)
+    if not cfg.run_id or not cfg.rdzv_endpoint or cfg.nnodes < 1 or cfg.world_size < cfg.nnodes:
+        raise ConfigError("config", "node 0 sent an incomplete multi-node configuration")
+    if cfg.script:
+        check_script(cfg.script)  # the same path on every node (a shared file system)
+    return dataclasses.replace(cfg, run_dir=run_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    text = args.token or os.environ.get(JOIN_TOKEN_ENV, "")
+    if not text:
+        return fail(f"give the join token (or set ${JOIN_TOKEN_ENV})")
+    try:
+        token = JoinToken.decode(text)
+        timeout = parse_int("timeout", args.timeout, 1, 3600)
+        node = None if args.node_rank is None else parse_int("node_rank", args.node_rank, 0)
+        if args.slurm:
+            node_id = os.environ.get("SLURM_NODEID", "")
+            if not node_id.isdigit():
+                return fail("join --slurm runs under srun (SLURM_NODEID is not set)")
+            node = int(node_id)
+    except (TokenError, ConfigError) as exc:
+        return fail(str(exc))
+    host = socket.gethostname()
+    channel = Channel(token)
+    try:
+        reply = channel.ask({"op": "join", "v": 1, "node": node, "host": host}, timeout)
+        if reply is None:
+            return fail(
+                f"node 0 at {token.endpoint} did not answer within {timeout} s: a wrong token "
+                "(from another run), the run has ended, or the address is not reachable"
+            )
+        if not reply.get("ok"):
+            return fail(f"node 0 refused this node: {str(reply.get('error'))[:300]}")
+        slot = reply.get("node")
+        telemetry = reply.get("telemetry")
+        if not isinstance(slot, int) or not isinstance(telemetry, str):
+            return fail("node 0 sent a malformed answer")
+        try:
+            run_id = str((reply.get("config") or {}).get("run_id", ""))
+            if (
+                not run_id
+                or len(run_id) > 128
+                or not all(c.isalnum() or c in "._-" for c in run_id)
+            ):
+                return fail("node 0 sent a malformed run id")
+            if args.slurm:  # node 0's run directory (a shared file system): one per node
+                run_dir = parse_path("run_dir", args.run_dir or "runs") / f"node{slot}"
+            elif args.run_dir:
+                run_dir = parse_path("run_dir", args.run_dir)
+            else:
+                run_dir = Path("runs") / f"{run_id}-node{slot}"
+            cfg = config_from_node0(reply.get("config"), str(run_dir.resolve()))
+        except ConfigError as exc:
+            return fail(str(exc))
+        from ddptui.cluster.agent import NodeAgent
+
+        agent = NodeAgent(cfg, slot, channel, telemetry, host, is_host=args.slurm and slot == 0)
+        return agent.run(sys.stdout)
+    finally:
+        channel.close()

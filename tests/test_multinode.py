@@ -1,0 +1,230 @@
+"""Real multi-node runs on one machine: node 0 (``ddptui --no-ui --nnodes 2``) and node 1
+started from the ``ddptui join`` line node 0 prints, over torchrun's c10d rendezvous; a rank
+killed on node 1; node 1 in its own network namespace; and real Slurm allocations."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from ddptui.net import free_port
+from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
+
+pytest_plugins = ["tests.infra"]
+pytestmark = pytest.mark.slow
+
+PY = [sys.executable, "-m", "ddptui.cli"]
+#: Small enough to be quick, large enough to learn (one node: 0.95 with these options).
+SMALL = ["--epochs", "1", "--", "--train-size", "2000", "--test-size", "500"]
+
+
+class Node:
+    """One ddptui process in a session of its own, its output collected by a thread."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def join_line(self, timeout: float = 60) -> str:
+        line = wait_until(
+            lambda: next((ln for ln in self.lines if ln.startswith("ddptui join ")), None),
+            timeout,
+        )
+        assert line, f"node 0 printed no join line:\n{self.output}"
+        return line
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session and group
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=10)
+
+
+def join_argv(line: str, *extra: str) -> list[str]:
+    words = shlex.split(line)
+    assert words[:2] == ["ddptui", "join"] and len(words) == 3
+    return [*PY, *words[1:], *extra]
+
+
+@contextmanager
+def two_nodes(tmp_path: Path, *options: str, bind: str = "127.0.0.1", node1_prefix=()):
+    """Node 0 and node 1 (1 rank each); every process of the run is gone afterwards."""
+    port = free_port(bind)
+    node0 = Node(
+        [*PY, "--no-ui", "--nnodes", "2", "--nproc-per-node", "1", "--device", "cpu"]
+        + ["--rdzv-endpoint", f"{bind}:{port}", "--run-dir", str(tmp_path / "n0"), *options]
+    )
+    nodes = [node0]
+    try:
+        line = node0.join_line()
+        node1 = Node([*node1_prefix, *join_argv(line, "--run-dir", str(tmp_path / "n1"))])
+        nodes.append(node1)
+        yield node0, node1
+    finally:
+        for node in nodes:
+            node.kill()
+        run_id = _run_id(tmp_path / "n0")
+        if run_id:
+            for proc in processes_of_run(run_id):
+                proc.kill()
+
+
+def _run_id(run_dir: Path) -> str | None:
+    try:
+        events = read_events(run_dir)
+    except OSError:
+        return None
+    return events[0]["run"] if events else None
+
+
+def test_two_nodes_over_c10d_report_every_rank_to_node_0(tmp_path):
+    with two_nodes(tmp_path, "--trainer", "synthetic", *SMALL) as (node0, node1):
+        assert node0.wait(150) == 0, node0.output
+        assert node1.wait(30) == 0, node1.output
+        events = read_events(tmp_path / "n0")
+        run_id = events[0]["run"]
+    started = {e["rank"]: e for e in events if e["kind"] == "status" and e["state"] == "started"}
+    assert {r: e["node"] for r, e in started.items()} == {0: 0, 1: 1}
+    assert {e["rank"] for e in events if e["kind"] == "step"} == {0, 1}
+    evals = [e for e in events if e["kind"] == "eval"]
+    assert {e["rank"] for e in evals} == {0, 1}
+    assert max(e["accuracy"] for e in evals) >= 0.9
+    samples = [e for e in events if e["kind"] == "node"]
+    assert samples and {e["node"] for e in samples} == {1}  # node 1's host load, GPUs
+    assert samples[0]["mem_total"] > 0 and samples[0]["host"]
+    assert "node 1 finished" in node1.output
+    assert "node 1 joined (host " in node0.output
+    assert not (tmp_path / "n1" / "events.jsonl").exists()  # node 1's events live on node 0
+    assert processes_of_run(run_id) == []
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["rank-on-node-1", "rank-on-node-0"])
+def test_a_rank_killed_on_one_node_ends_both_nodes_naming_it(tmp_path, victim):
+    script = ["--script", str(USER_SCRIPT), "--", "--steps", "100000", "--sleep", "0.05"]
+    with two_nodes(tmp_path, *script) as (node0, node1):
+        started = wait_until(
+            lambda: [
+                e
+                for e in (read_events(tmp_path / "n0") if (tmp_path / "n0").exists() else [])
+                if e["kind"] == "status" and e["state"] == "started" and e["rank"] == victim
+            ],
+            90,
+        )
+        assert started, node0.output + node1.output
+        run_id = started[0]["run"]
+        wait_until(lambda: any(e["kind"] == "step" for e in read_events(tmp_path / "n0")), 30)
+        os.kill(started[0]["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        code0, code1 = node0.wait(30), node1.wait(30)
+        took = time.monotonic() - killed_at
+        assert code0 == 1 and code1 == 1, node0.output + node1.output
+        assert took < 20, f"{took:.1f} s"
+        killed = f"rank {victim} was killed by signal SIGKILL"
+        host = os.uname().nodename
+        if victim == 1:  # node 0 names the rank, its node and host, and the signal
+            assert f"FAILED: rank 1 failed: node 1 (host {host}): {killed}" in node0.output
+            assert f"FAILED: node 1 (host {host}): {killed}" in node1.output
+        else:
+            assert f"FAILED: {killed}: node 0 (host " in node0.output, node0.output
+            assert "the run ended failed: rank 0 was killed by signal SIGKILL" in node1.output
+        assert processes_of_run(run_id) == []
+
+
+@pytest.mark.netns
+def test_node_1_in_its_own_network_namespace(tmp_path, netns_pair):
+    """Telemetry (and the rendezvous, and gloo) cross a real veth pair, not loopback."""
+    prefix = netns_pair.exec_argv("env", f"GLOO_SOCKET_IFNAME={netns_pair.ns_if}")
+    os.environ["GLOO_SOCKET_IFNAME"] = netns_pair.host_if  # node 0 inherits it
+    script = ["--script", str(USER_SCRIPT), "--", "--steps", "10"]
+    try:
+        with two_nodes(tmp_path, *script, bind=netns_pair.host_ip, node1_prefix=prefix) as (
+            node0,
+            node1,
+        ):
+            assert node0.wait(110) == 0, node0.output + node1.output
+            assert node1.wait(30) == 0, node1.output
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
+    assert "ddptui join" in node0.output and netns_pair.host_ip in node0.output
+    events = read_events(tmp_path / "n0")
+    assert {e["rank"] for e in events if e["kind"] == "step"} == {0, 1}
+    assert {e["node"] for e in events if e["kind"] == "status" and e["node"] is not None} == {0, 1}
+
+
+# -- real Slurm -----------------------------------------------------------------------------------
+def _slurm_run(cluster, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    argv = cluster.salloc(*PY, "--no-ui", "--launcher", "slurm", "--device", "cpu", *options)
+    return cluster.run(argv, timeout=150)
+
+
+@pytest.mark.slurm
+def test_slurm_allocation_runs_the_synthetic_trainer(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _slurm_run(slurm_cluster, tmp_path, "--run-dir", str(run_dir), *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = read_events(run_dir)
+    assert {e["rank"] for e in events if e["kind"] == "step"} == {0, 1}
+    assert max(e["accuracy"] for e in events if e["kind"] == "eval") >= 0.9
+    assert "slurm: 1 node(s) x 2 rank(s)" in proc.stdout
+    assert processes_of_run(events[0]["run"]) == []
+
+
+@pytest.mark.slurm
+def test_slurm_allocation_runs_a_script(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _slurm_run(
+        slurm_cluster,
+        tmp_path,
+        "--run-dir",
+        str(run_dir),
+        "--script",
+        str(USER_SCRIPT),
+        "--",
+        "--steps",
+        "10",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = read_events(run_dir)
+    assert {e["rank"] for e in events if e["kind"] == "step"} == {0, 1}
+    assert processes_of_run(events[0]["run"]) == []
+
+
+@pytest.mark.slurm
+def test_slurm_layout_that_cannot_work_is_refused(slurm_cluster, tmp_path):
+    proc = _slurm_run(slurm_cluster, tmp_path, "--nproc-per-node", "3")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "SLURM_TASKS_PER_NODE=2" in proc.stderr and "--nproc-per-node 3" in proc.stderr

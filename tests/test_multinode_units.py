@@ -1,0 +1,358 @@
+"""Multi-node pieces without real ranks: options, Slurm layouts, the join token, the join
+service's refusals, and the CURVE inbox refusing peers without the run's keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+from ddptui import protocol
+from ddptui.cluster.host import NodeHost
+from ddptui.cluster.join import Channel, config_from_node0
+from ddptui.cluster.slurm import sbatch_script, slurm_layout, srun_argv, tasks_per_node
+from ddptui.cluster.token import JoinToken, RunKeys, TokenError
+from ddptui.config import ConfigError, Machine, RunConfig, build_config
+from ddptui.state import RankFailureInfo
+
+CPU = Machine(0, "no GPU here", cpu_count=2)
+ALLOC = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_JOB_NUM_NODES": "1",
+    "SLURM_TASKS_PER_NODE": "2",
+    "SLURM_NTASKS": "2",
+    "SLURM_JOB_NODELIST": "localhost",
+}
+
+
+def build(tmp_path, **raw):
+    raw.setdefault("device", "cpu")
+    raw.setdefault("run_dir", str(tmp_path / "run"))
+    return build_config(raw, CPU, deep=False)
+
+
+def refused(tmp_path, **raw) -> str:
+    with pytest.raises(ConfigError) as info:
+        build(tmp_path, **raw)
+    return str(info.value)
+
+
+# -- options --------------------------------------------------------------------------------------
+def test_single_node_config_is_unchanged(tmp_path):
+    cfg = build(tmp_path, world_size=2)
+    assert (cfg.nnodes, cfg.world_size, cfg.rdzv_endpoint, cfg.bind) == (1, 2, None, None)
+    assert not cfg.multinode and cfg.launcher == "spawn"
+
+
+def test_nnodes_times_nproc_is_the_world_size(tmp_path):
+    cfg = build(tmp_path, nnodes=3, nproc_per_node=2, rdzv_endpoint="127.0.0.1:29999")
+    assert (cfg.nnodes, cfg.nproc_per_node, cfg.world_size) == (3, 2, 6)
+    assert cfg.launcher == "torchrun" and cfg.multinode
+    assert cfg.rdzv_endpoint == "127.0.0.1:29999" and cfg.bind == "127.0.0.1"
+
+
+def test_world_size_that_disagrees_is_refused(tmp_path):
+    message = refused(
+        tmp_path, nnodes=2, nproc_per_node=2, world_size=3, rdzv_endpoint="127.0.0.1:1"
+    )
+    assert "--world-size 3 disagrees with --nnodes 2 x --nproc-per-node 2 = 4" in message
+    build(tmp_path, nnodes=2, nproc_per_node=2, world_size=4, rdzv_endpoint="127.0.0.1:1")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"nnodes": 2, "launcher": "spawn"}, "torchrun's c10d rendezvous"),
+        ({"rdzv_endpoint": "127.0.0.1:5"}, "--rdzv-endpoint is for multi-node runs"),
+        ({"bind": "127.0.0.1"}, "--bind is for multi-node runs"),
+        ({"nnodes": 2, "rdzv_endpoint": "127.0.0.1"}, "HOST:PORT"),
+        ({"nnodes": 2, "rdzv_endpoint": "127.0.0.1:99999"}, "port from 1 to 65535"),
+        ({"nnodes": 2, "rdzv_endpoint": "a b:1"}, "HOST:PORT"),
+        ({"nnodes": 2, "rdzv_endpoint": "127.0.0.1:5", "bind": "192.0.2.7"}, "not an address"),
+        ({"nnodes": 2, "rdzv_endpoint": "127.0.0.1:5", "bind": "0.0.0.0\x00"}, "--bind"),
+        ({"nnodes": 0}, "--nnodes must be at least 1"),
+        ({"nnodes": "1e400"}, "--nnodes must be a whole number"),
+        ({"nnodes": 2, "nproc_per_node": 9, "rdzv_endpoint": "127.0.0.1:5"}, "--nproc-per-node"),
+    ],
+)
+def test_bad_multinode_options_are_refused(tmp_path, raw, expected):
+    assert expected in refused(tmp_path, **raw)
+
+
+def test_cli_refuses_with_exit_2_before_anything_starts(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "--no-ui", "--device", "cpu", "--nnodes", "2"]
+        + ["--nproc-per-node", "1", "--world-size", "3", "--run-dir", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "disagrees" in proc.stderr and not (tmp_path / "r").exists()
+
+
+# -- Slurm -------------------------------------------------------------------------------------
+def test_tasks_per_node_expands_slurm_compressed_form():
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("4") == [4]
+    for bad in ("", "x", "2(x)", "2(x999999999)"):
+        with pytest.raises(ValueError):
+            tasks_per_node(bad)
+
+
+def test_slurm_layout_from_the_allocation():
+    assert slurm_layout(ALLOC, None, None) == (1, 2)
+    assert slurm_layout(ALLOC, None, 1) == (1, 1)
+    four = {**ALLOC, "SLURM_JOB_NUM_NODES": "4", "SLURM_TASKS_PER_NODE": "8(x4)"}
+    assert slurm_layout(four, 4, None) == (4, 8)
+
+
+@pytest.mark.parametrize(
+    ("env", "nnodes", "nproc", "names"),
+    [
+        ({}, None, None, ["SLURM_JOB_ID", "SLURM_JOB_NUM_NODES"]),
+        (ALLOC, None, 3, ["--nproc-per-node 3", "SLURM_TASKS_PER_NODE=2"]),
+        (
+            {**ALLOC, "SLURM_JOB_NUM_NODES": "2", "SLURM_TASKS_PER_NODE": "2,1"},
+            None,
+            None,
+            ["disagree", "SLURM_TASKS_PER_NODE=2,1"],
+        ),
+        (ALLOC, 2, None, ["--nnodes 2", "SLURM_JOB_NUM_NODES=1"]),
+        ({**ALLOC, "SLURM_TASKS_PER_NODE": "2(x2)"}, None, None, ["SLURM_JOB_NUM_NODES=1"]),
+        ({**ALLOC, "SLURM_STEP_NUM_TASKS": "1"}, None, None, ["srun step"]),
+    ],
+)
+def test_slurm_layout_that_cannot_work_names_the_variables(env, nnodes, nproc, names):
+    with pytest.raises(ConfigError) as info:
+        slurm_layout(env, nnodes, nproc)
+    for name in names:
+        assert name in str(info.value)
+
+
+def test_slurm_config_and_srun_start_one_agent_per_node(tmp_path):
+    cfg = build(tmp_path, launcher="slurm", environ=ALLOC)
+    assert (cfg.launcher, cfg.nnodes, cfg.world_size, cfg.multinode) == ("slurm", 1, 2, True)
+    assert cfg.rdzv_endpoint.startswith("localhost:")
+    argv = srun_argv(4, "/r/nodes")
+    assert "--ntasks=4" in argv and "--ntasks-per-node=1" in argv
+    assert argv[-5:] == ["join", "--slurm", "--run-dir", "/r/nodes"][-5:] or "join" in argv
+    assert not any(a.startswith("ddp1.") for a in argv)  # the token travels in the env
+
+
+def test_print_sbatch_writes_a_script(tmp_path):
+    text = sbatch_script(["--launcher", "slurm", "--epochs", "1"], 2, 4)
+    assert text.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in text
+    assert "#SBATCH --ntasks-per-node=4" in text and "--launcher slurm --epochs 1" in text
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "--launcher", "slurm", "--print-sbatch"]
+        + ["--nnodes", "2", "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --nodes=2" in proc.stdout and "--launcher slurm" in proc.stdout
+    assert "--print-sbatch" not in proc.stdout
+
+
+# -- the token ---------------------------------------------------------------------------------
+def test_token_round_trip_carries_no_server_secret():
+    keys = RunKeys.generate()
+    token = JoinToken("10.0.0.1:4000", keys.server_public, keys.client_secret)
+    text = token.encode()
+    assert JoinToken.decode(text) == token
+    assert keys.server_secret.decode() not in text and keys.server_secret.decode() not in repr(keys)
+    assert token.client_public == keys.client_public
+
+
+@pytest.mark.parametrize(
+    "text", ["", "hello", "ddp1.", "ddp1.!!!", "ddp1." + "A" * 2000, "ddp1.eyJlIjoxfQ"]
+)
+def test_damaged_tokens_are_one_line_errors(text):
+    with pytest.raises(TokenError):
+        JoinToken.decode(text)
+
+
+# -- node 0's join service and inbox ------------------------------------------------------------
+@pytest.fixture
+def host(tmp_path):
+    cfg = RunConfig(
+        run_id="run-x",
+        world_size=4,
+        nnodes=2,
+        rdzv_endpoint="127.0.0.1:29999",
+        bind="127.0.0.1",
+        launcher="torchrun",
+        run_dir=str(tmp_path),
+    )
+    node_host = NodeHost(cfg)
+    yield node_host
+    node_host.close(linger=0)
+
+
+def join(token: JoinToken, node=None, timeout=5.0):
+    channel = Channel(token)
+    try:
+        return channel.ask({"op": "join", "v": 1, "node": node, "host": "h"}, timeout)
+    finally:
+        channel.close()
+
+
+def test_join_gives_config_then_refuses_twice_and_late(host, tmp_path):
+    reply = join(host.token())
+    assert reply["ok"] and reply["node"] == 1 and reply["telemetry"].startswith("tcp://")
+    cfg = config_from_node0(reply["config"], str(tmp_path / "n1"))
+    assert (cfg.run_id, cfg.nnodes, cfg.world_size) == ("run-x", 2, 4)
+    assert cfg.run_dir == str(tmp_path / "n1")
+    twice = join(host.token(), node=1)
+    assert not twice["ok"] and "joined already" in twice["error"]
+    late = join(host.token())
+    assert not late["ok"] and "too late" in late["error"]
+    host.set_outcome("failed", "rank 1 failed")
+    ended = join(host.token(), node=1)
+    assert not ended["ok"] and "has ended" in ended["error"]
+
+
+def test_wrong_token_gets_no_answer_and_the_run_is_not_disturbed(host):
+    other = RunKeys.generate()
+    wrong = dataclasses.replace(host.token(), client_secret=other.client_secret)
+    assert join(wrong, timeout=1.0) is None
+    assert host.book.joined == {}
+    assert join(host.token())["ok"]
+
+
+def test_join_command_with_a_wrong_token_exits_2_in_one_line(host):
+    other = RunKeys.generate()
+    wrong = dataclasses.replace(host.token(), client_secret=other.client_secret).encode()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "join", wrong, "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "did not answer" in proc.stderr and host.book.joined == {}
+
+
+def _event(run="run-x", rank=0):
+    return protocol.Step(run=run, rank=rank, t=time.time(), seq=0, step=1, loss=0.5, samples=8)
+
+
+def _push(endpoint: str, keys: tuple[bytes, bytes, bytes] | None) -> None:
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 500)
+    if keys is not None:
+        server_public, client_public, client_secret = keys
+        sock.curve_serverkey = server_public
+        sock.curve_publickey = client_public
+        sock.curve_secretkey = client_secret
+    sock.connect(endpoint)
+    for _ in range(5):
+        sock.send(protocol.encode_batch([_event()]))
+    sock.close()
+    context.term()
+
+
+def _received(host, seconds=1.5):
+    events, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        events += host.inbox.poll(0.1)
+    return events
+
+
+def test_forged_events_never_reach_the_collector(host):
+    endpoint = host.telemetry_endpoint
+    _push(endpoint, None)  # plain TCP, no CURVE at all
+    stranger = RunKeys.generate()
+    _push(endpoint, (host.keys.server_public, stranger.client_public, stranger.client_secret))
+    assert _received(host) == []
+    token = host.token()
+    _push(endpoint, (token.server_public, token.client_public, token.client_secret))
+    assert len(_received(host)) == 5  # the run's own key is let in: the test can fail
+
+
+# -- node samples -------------------------------------------------------------------------------
+def test_node_sample_from_a_real_monitor_snapshot_is_valid_and_kept_by_node():
+    from ddptui.cluster.agent import node_sample
+    from ddptui.monitor import SystemMonitor
+    from ddptui.state import RunState
+
+    with SystemMonitor(pcie=False) as monitor:
+        sample = node_sample(monitor.sample(), "run-x", 3, "hostname", seq=0)
+    assert protocol.implausible(sample) is None
+    (back,) = protocol.decode_batch(protocol.encode_batch([sample]))
+    assert back == sample and protocol.from_json(protocol.to_json(sample)) == sample
+    state = RunState("run-x", 2)
+    state.apply(sample)
+    assert state.nodes[3].host == "hostname" and state.events_applied == 0
+    assert all(view.events == 0 for view in state.ranks.values())
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"cpu_percent": float("nan")},
+        {"cpu_percent": 1e400},
+        {"load1": -1.0},
+        {"gpus": [protocol.GpuSample(index=0, util=float("inf"))]},
+        {"gpus": [protocol.GpuSample(index=0, power=-5.0)]},
+    ],
+)
+def test_implausible_node_samples_are_rejected(changes):
+    sample = protocol.NodeSample(run="r", rank=0, t=1.0, seq=0, node=1, **changes)
+    assert protocol.implausible(sample) is not None
+
+
+def test_node_sample_schema_bounds_what_a_node_may_send():
+    too_many = [{"index": i} for i in range(protocol.MAX_NODE_GPUS + 1)]
+    raw = {"kind": "node", "v": 1, "run": "r", "rank": 0, "t": 1.0, "seq": 0, "node": 1}
+    import msgspec
+
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(msgspec.msgpack.encode([{**raw, "gpus": too_many}]))
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(msgspec.msgpack.encode([{**raw, "host": "h" * 500}]))
+
+
+# -- node 0's verdict -----------------------------------------------------------------------------
+class _FakeHost:
+    def __init__(self):
+        self.outcome = None
+
+    def set_outcome(self, outcome, failure):
+        self.outcome = (outcome, failure)
+
+    def close(self, linger=0):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("local", "named"),
+    [
+        (RankFailureInfo(rank=0, signal="SIGKILL"), "rank 0 was killed by signal SIGKILL"),
+        (RankFailureInfo(rank=0, exit_code=1, error="gloo: Connection reset"), "rank 1 failed"),
+    ],
+)
+def test_a_failure_on_any_node_ends_the_run_failed_naming_the_first_cause(tmp_path, local, named):
+    """Node 0 stops its own ranks when another node reports a failure: the run is failed,
+    not stopped; a rank killed here is named, a rank that only lost its peer is not."""
+    from ddptui.launch import LaunchResult
+    from ddptui.session import RunSession
+
+    cfg = build(tmp_path, nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:5")
+    session = RunSession(cfg)
+    session.host = _FakeHost()
+    session.state.apply(
+        protocol.Status(run=cfg.run_id, rank=0, t=1.0, seq=0, state="started", host="h0", node=0)
+    )
+    session.remote_failure = RankFailureInfo(rank=1, error="node 1 (host h1): killed")
+    session._conclude(LaunchResult(1, failure=local, stopped=True), drain=False)
+    assert session.state.outcome == "failed" and session.exit_code == 1
+    assert named in session.state.failure.describe()
+    assert session.host.outcome[0] == "failed"
