@@ -141,11 +141,9 @@ class RunState:
         self.events_applied = 0
         #: Events for ranks outside ``range(world_size)``: ignored, never given a row.
         self.events_ignored = 0
-        #: The latest system sample of each other node of a multi-node run, by node slot.
-        self.nodes: dict[int, protocol.NodeSample] = {}
-        #: Node rank -> that node's latest system sample (a monitor SystemSnapshot or its
-        #: dict form), for nodes other than the dashboard's own; filled by whoever receives
-        #: the other nodes' samples (the multi-node engine), read by the system panel.
+        #: Node -> that node's latest system sample, for nodes other than the dashboard's
+        #: own: a ``NodeSample`` event from its ``ddptui join`` agent (or a monitor snapshot /
+        #: its dict form), read by the system panel.
         self.node_samples: dict[int, object] = {}
         #: Recent phase breakdowns per rank, for the straggler diagnosis.
         self.phase_history = PhaseHistory()
@@ -192,7 +190,7 @@ class RunState:
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
         if type(event) is protocol.NodeSample:  # a node's system sample: no rank's event
-            self.nodes[event.node] = event
+            self.node_samples[event.node] = event
             return
         view = self.ranks.get(event.rank)
         if view is None:  # not a rank of this run: no row, no effect
@@ -224,7 +222,6 @@ class RunState:
         for name in (
             "pid",
             "host",
-            "node",
             "local_rank",
             "device",
             "device_uuid",
@@ -234,7 +231,8 @@ class RunState:
             value = getattr(ev, name)
             if value is not None:
                 setattr(view, name, value)
-        # ``node`` is newer than the Status event of older runs: read it only when present.
+        # ``node`` is newer than the Status event of older runs: read it only when present,
+        # and only when it is a plausible node rank.
         node = getattr(ev, "node", None)
         if isinstance(node, int) and not isinstance(node, bool) and 0 <= node < 1_000_000:
             view.node = node

@@ -290,7 +290,7 @@ def test_node_sample_from_a_real_monitor_snapshot_is_valid_and_kept_by_node():
     assert back == sample and protocol.from_json(protocol.to_json(sample)) == sample
     state = RunState("run-x", 2)
     state.apply(sample)
-    assert state.nodes[3].host == "hostname" and state.events_applied == 0
+    assert state.node_samples[3].host == "hostname" and state.events_applied == 0
     assert all(view.events == 0 for view in state.ranks.values())
 
 

@@ -216,3 +216,28 @@ def test_long_host_names_are_cut_so_the_state_stays_in_view():
     hosts = {line.cells[3] for line in lines}
     assert "gpu-node-017.clus…" in hosts and all(len(h) <= 18 for h in hosts)
     assert run_frame(state, now).nodes[1].host == "gpu-node-017.cluster.example.com"
+
+
+def test_a_join_agents_node_sample_shows_in_the_system_lines():
+    from ddptui import protocol
+    from ddptui.tui.node_system import node_system_lines
+
+    state = RunState("r", 2)
+    gpu = protocol.GpuSample(index=0, util=85.0, mem_used=30 * 2**30, mem_total=80 * 2**30, temp=61)
+    state.apply(
+        protocol.NodeSample(
+            run="r",
+            rank=0,
+            t=100.0,
+            seq=0,
+            node=1,
+            host="b",
+            cpu_percent=45.0,
+            mem_used=20 * 2**30,
+            mem_total=64 * 2**30,
+            gpus=[gpu],
+        )
+    )
+    (line,) = node_system_lines([(1, "b")], state.node_samples, now=103.0)
+    assert line.sampled and line.host_load == "cpu 45%  ram 20/64G"
+    assert line.gpus == ("GPU0 85% 30/80G 61°C",) and line.age == "3s ago"

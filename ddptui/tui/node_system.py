@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ddptui import protocol
 from ddptui.formatting import fmt_duration
 
 #: A node with at most this many GPUs gets a line per GPU; more are summarised on one line.
@@ -120,6 +121,31 @@ def gpu_lines(sample: object) -> tuple[str, ...]:
     return (text,)
 
 
+def _from_node_event(sample: protocol.NodeSample) -> dict:
+    """A ``ddptui join`` agent's NodeSample event in the snapshot's dict form."""
+    return {
+        "time": sample.t,
+        "host": {
+            "cpu_percent": sample.cpu_percent,
+            "memory_used": sample.mem_used,
+            "memory_total": sample.mem_total,
+        },
+        "gpu": {
+            "reason": sample.gpu_reason,
+            "devices": [
+                {
+                    "index": g.index,
+                    "utilization_gpu": g.util,
+                    "memory_used": g.mem_used,
+                    "memory_total": g.mem_total,
+                    "temperature": g.temp,
+                }
+                for g in sample.gpus
+            ],
+        },
+    }
+
+
 def node_system_lines(
     nodes: Sequence[tuple[int | str | None, str]],
     samples: Mapping[int | str | None, object],
@@ -130,6 +156,8 @@ def node_system_lines(
     out = []
     for node, host in nodes:
         sample = samples.get(node)
+        if isinstance(sample, protocol.NodeSample):
+            sample = _from_node_event(sample)
         if sample is None:
             out.append(NodeSystemLine(node, host, False, "no sample yet", ()))
             continue
