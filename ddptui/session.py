@@ -57,6 +57,7 @@ def make_launcher(
     endpoint: str | None,
     attempt: int = 0,
     resume: str | None = None,
+    *,
     rendezvous: Rendezvous | None = None,
 ) -> Launcher:
     """The launcher of this machine's ranks for attempt ``attempt`` (0 first); a multi-node
@@ -227,7 +228,7 @@ class RunSession:
             is_host=True,
             local_addr=route_address(split_endpoint(self.cfg.rdzv_endpoint)[0]),
         )
-        return make_launcher(self.cfg, self.collector.endpoint, rendezvous)
+        return make_launcher(self.cfg, self.collector.endpoint, rendezvous=rendezvous)
 
     def pump(self, timeout: float = 0.1) -> list[protocol.AnyEvent]:
         """Receive, persist and apply what has arrived (waiting up to ``timeout``)."""

@@ -114,7 +114,7 @@ class NodeAgent:
             is_host=self.is_host,
             local_addr=route_address(split_endpoint(cfg.rdzv_endpoint)[0]),
         )
-        launcher = make_launcher(cfg, collector.endpoint, rendezvous)
+        launcher = make_launcher(cfg, collector.endpoint, rendezvous=rendezvous)
         say(
             f"node {self.slot} of run {cfg.run_id}: {cfg.nproc_per_node} rank(s) of "
             f"{cfg.world_size} under torchrun (c10d {cfg.rdzv_endpoint}) -> {cfg.run_dir}"
