@@ -219,18 +219,29 @@ def _events(run_dir):
     return events
 
 
-TRAIN = ["--epochs", "6", "--seed", "3", "--", "--train-size", "800", "--test-size", "300"]
+TRAIN = ["--epochs", "6", "--seed", "3", "--", "--train-size", "1600", "--test-size", "300"]
 
 
 def _kill_rank_1_after_epoch_2(run_dir):
-    """SIGKILL rank 1 once rank 0 has printed epoch 2 (after writing its checkpoint)."""
+    """SIGKILL rank 1 once rank 0 has printed epoch 2 (after writing its checkpoint).
+
+    Rank 1's pid is read first, so that the kill follows the epoch line at once: an epoch
+    of this small run takes a fraction of a second on an idle machine."""
+
+    def rank_1_pid():
+        return next(
+            (
+                e["pid"]
+                for e in _events(run_dir)
+                if e["kind"] == "status" and e["rank"] == 1 and e["state"] == "started" and e["pid"]
+            ),
+            None,
+        )
+
+    pid = wait_until(rank_1_pid, 90, 0.02)
+    assert pid, "rank 1 never started"
     log = RunDir(run_dir).rank_log(0)
-    assert wait_until(lambda: log.exists() and "epoch 2/6" in log.read_text(), 90, 0.02)
-    pid = next(
-        e["pid"]
-        for e in _events(run_dir)
-        if e["kind"] == "status" and e["rank"] == 1 and e["state"] == "started" and e["pid"]
-    )
+    assert wait_until(lambda: log.exists() and "epoch 2/6" in log.read_text(), 90, 0.005)
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
     return killed_at
