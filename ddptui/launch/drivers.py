@@ -1,8 +1,9 @@
 """The launcher-side child process: ``python -m ddptui.launch.drivers spawn|torchrun …``.
 
-It runs in its own session, starts the ranks with torch.multiprocessing (mp.spawn's
-``start_processes``) or torch.distributed.run (torchrun), and on a rank failure writes the
-first failing rank, its exit code and signal name to ``--result`` (JSON) before exiting 1.
+It runs in its own session, starts the ranks as mp.spawn does (the standard library's spawn
+context: the driver never imports torch) or with torch.distributed.run (torchrun), and on a
+rank failure writes the first failing rank, its exit code and signal name to ``--result``
+(JSON) before exiting 1.
 
 It dies with ddptui, and its ranks die with it (see ``rank_entry.die_with_parent``).
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import time
 
 from ddptui.argv import split_passthrough
 from ddptui.constants import LAUNCHERS
@@ -54,7 +57,11 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
-    import torch.multiprocessing as mp
+    """mp.spawn's model with the standard library's spawn context: one fresh interpreter per
+    rank, the first rank to fail ends the others. The driver itself never imports torch
+    (seconds of CPU per run that only the ranks need)."""
+    import multiprocessing
+    from multiprocessing.connection import wait
 
     port = free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -63,37 +70,62 @@ def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
         args = [*args, "--init-method", f"tcp://127.0.0.1:{port}"]
     from ddptui.launch.rank_entry import spawn_worker
 
-    context = mp.start_processes(
-        spawn_worker,
-        args=(opts.nprocs, opts.module, opts.script, args, opts.run_dir),
-        nprocs=opts.nprocs,
-        join=False,
-        start_method="spawn",
-    )
+    context = multiprocessing.get_context("spawn")
+    ranks = [
+        context.Process(
+            target=spawn_worker,
+            args=(rank, opts.nprocs, opts.module, opts.script, args, opts.run_dir),
+            name=f"rank-{rank}",
+        )
+        for rank in range(opts.nprocs)
+    ]
+    failed: int | None = None
     try:
-        while not context.join(timeout=0.2, grace_period=2.0):
-            pass
-    except mp.ProcessExitedException as exc:
-        write_result(
-            opts.result,
-            rank=exc.error_index,
-            exit_code=exc.exit_code,
-            signal=exc.signal_name,
-            pid=exc.error_pid,
-        )
-        return 1
-    except mp.ProcessRaisedException as exc:
-        last = str(exc).strip().splitlines()[-1:] or [""]
-        write_result(
-            opts.result,
-            rank=exc.error_index,
-            exit_code=1,
-            signal=None,
-            pid=exc.error_pid,
-            error=last[0],
-        )
-        return 1
-    return 0
+        for process in ranks:
+            process.start()
+        running = list(ranks)
+        while running and failed is None:
+            wait([p.sentinel for p in running], timeout=1.0)
+            for process in list(running):
+                if process.exitcode is None:
+                    continue
+                running.remove(process)
+                if process.exitcode != 0 and failed is None:
+                    failed = ranks.index(process)
+    finally:
+        _end_ranks(ranks, grace=2.0)
+    if failed is None:
+        return 0
+    code = ranks[failed].exitcode or 1
+    write_result(
+        opts.result,
+        rank=failed,
+        exit_code=code,
+        signal=_signal_name(-code) if code < 0 else None,
+        pid=ranks[failed].pid,
+    )
+    return 1
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _end_ranks(ranks: list, grace: float) -> None:
+    """SIGTERM every rank still running, SIGKILL the ones still there after ``grace``."""
+    alive = [p for p in ranks if p.pid is not None and p.exitcode is None]
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + grace
+    for process in alive:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in alive:
+        if process.exitcode is None:
+            process.kill()
+            process.join(5.0)
 
 
 def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:

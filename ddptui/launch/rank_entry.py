@@ -191,8 +191,8 @@ def spawn_worker(
     try:
         code = run_target(module, script, args)
     except BaseException:
-        traceback.print_exc()  # into rank-N.log; mp.spawn only passes it to its parent
-        raise
+        traceback.print_exc()  # into rank-N.log
+        sys.exit(1)  # the exit code tells the driver; the traceback is printed once
     if code:
         sys.exit(code)
     if module:
