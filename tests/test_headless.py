@@ -46,6 +46,17 @@ def test_default_demo_run_reaches_accuracy(default_run):
     assert processes_of_run(events[0]["run"]) == []
 
 
+def test_finished_run_writes_its_summary(default_run):
+    proc, run_dir = default_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    evals = [e for e in read_events(run_dir) if e["kind"] == "eval"]
+    assert summary["outcome"] == "finished" and summary["exit_code"] == 0
+    assert summary["final_accuracy"] == evals[-1]["accuracy"]
+    ranks = [(r["rank"], r["state"]) for r in summary["ranks"]]
+    assert ranks == [(0, "finished"), (1, "finished")]
+    assert summary["failure"] is None
+
+
 def test_events_are_a_public_jsonl_format(default_run):
     _, run_dir = default_run
     events = read_events(run_dir)

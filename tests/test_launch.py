@@ -34,7 +34,8 @@ def run_to_end(session, timeout=90.0):
     return session.result
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+# spawn ranks of a user script: test_outcomes.py, test_orphans.py, test_diagnosis_runs.py
+@pytest.mark.parametrize("launcher", ["torchrun"])
 def test_user_script_delivers_events_from_every_rank(tmp_path, launcher):
     session = session_for(tmp_path, launcher=launcher, world_size="2", script_args=("--steps", "6"))
     result = run_to_end(session)

@@ -58,11 +58,16 @@ def is_rank(proc):
     return "rank_entry" in cmdline or "spawn_main" in cmdline
 
 
-@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
 @pytest.mark.parametrize(
-    "sig",
-    [signal.SIGKILL, signal.SIGTERM, signal.SIGINT],  # SIGINT: ddptui's own teardown
-    ids=["SIGKILL", "SIGTERM", "SIGINT"],
+    "sig, launcher",
+    [
+        (signal.SIGKILL, "spawn"),
+        (signal.SIGKILL, "torchrun"),
+        (signal.SIGTERM, "spawn"),
+        (signal.SIGTERM, "torchrun"),
+        (signal.SIGINT, "torchrun"),  # ddptui's own teardown, like SIGTERM but exit 130
+    ],
+    ids=["SIGKILL-spawn", "SIGKILL-torchrun", "SIGTERM-spawn", "SIGTERM-torchrun", "SIGINT"],
 )
 def test_ddptui_signalled_while_ranks_start_leaves_no_process(tmp_path, launcher, sig):
     run_dir = tmp_path / "run"
