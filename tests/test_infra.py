@@ -15,6 +15,7 @@ PRINT_SLURM_IDS = (
 
 
 @pytest.mark.slurm
+@pytest.mark.xdist_group("slurm")  # one 2-CPU cluster: its jobs one at a time
 def test_srun_in_an_allocation_starts_tasks_with_procid_0_and_1(slurm_cluster):
     argv = slurm_cluster.salloc("srun", sys.executable, "-c", PRINT_SLURM_IDS, ntasks=2)
     proc = slurm_cluster.run(argv, timeout=90)

@@ -194,6 +194,7 @@ def _slurm_run(cluster, tmp_path: Path, *options: str) -> subprocess.CompletedPr
 
 
 @pytest.mark.slurm
+@pytest.mark.xdist_group("slurm")  # one 2-CPU cluster: its jobs one at a time
 def test_slurm_allocation_runs_the_synthetic_trainer(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
     proc = _slurm_run(slurm_cluster, tmp_path, "--run-dir", str(run_dir), *SMALL)
@@ -206,6 +207,7 @@ def test_slurm_allocation_runs_the_synthetic_trainer(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.xdist_group("slurm")  # one 2-CPU cluster: its jobs one at a time
 def test_slurm_allocation_runs_a_script(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
     proc = _slurm_run(
@@ -226,6 +228,7 @@ def test_slurm_allocation_runs_a_script(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.xdist_group("slurm")  # one 2-CPU cluster: its jobs one at a time
 def test_slurm_layout_that_cannot_work_is_refused(slurm_cluster, tmp_path):
     proc = _slurm_run(slurm_cluster, tmp_path, "--nproc-per-node", "3")
     assert proc.returncode == 2, proc.stdout + proc.stderr

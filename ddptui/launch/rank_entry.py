@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import atexit
 import ctypes
+import gc
 import importlib
+import io
 import os
 import runpy
 import signal
@@ -157,17 +159,25 @@ def run_target(module: str | None, script: str | None, args: list[str]) -> int:
 
 
 def exit_after_success(code: int) -> None:
-    """End a built-in trainer's rank that has finished its work, skipping native teardown.
+    """End a rank whose trainer or script has finished its work, skipping native teardown.
 
-    At interpreter exit a native thread (gloo, OpenMP) still joinable can abort the process
-    ("terminate called without an active exception", SIGABRT) after the rank reported
-    ``finished``, turning a good run into a failed one. Python's exit handlers still run (the
-    reporter flushes its last events); then the process ends without native destructors.
-    Only for the built-in trainers: a user's script keeps the ordinary exit.
+    At interpreter exit a native thread (gloo, c10d's store, OpenMP) still joinable can abort
+    the process ("terminate called without an active exception", SIGABRT) after the rank
+    reported ``finished``, turning a good run into a failed one; it was seen with user scripts
+    under torchrun's c10d rendezvous too. Python's exit handlers still run (the reporter
+    flushes its last events, a script's own ``atexit`` functions run), every file object still
+    open is flushed, then the process ends without native destructors.
     """
+    atexit._run_exitfuncs()
+    for obj in gc.get_objects():  # what interpreter shutdown would have flushed
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except Exception:  # a broken pipe, a file closed under us: nothing to keep
+                pass
     sys.stdout.flush()
     sys.stderr.flush()
-    atexit._run_exitfuncs()
     os._exit(code)
 
 
@@ -195,8 +205,7 @@ def spawn_worker(
         sys.exit(1)  # the exit code tells the driver; the traceback is printed once
     if code:
         sys.exit(code)
-    if module:
-        exit_after_success(0)
+    exit_after_success(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     prepare_rank(opts.run_dir, rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     code = run_target(opts.module, opts.script, rest)  # an exception is printed on its way out
-    if opts.module and code == 0:
+    if code == 0:
         exit_after_success(0)
     return code
 
