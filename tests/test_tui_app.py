@@ -384,3 +384,20 @@ async def test_standalone_monitor_labels_rank_processes_of_any_run(monkeypatch):
     assert rows["1001"] == "rank 0 · run other-run"
     assert rows["1002"] == "other" and rows["4242"] == "other"
     assert asked and set(asked[-1]) == {1001, 1002, 4242}
+
+
+async def test_a_multi_node_run_shows_the_join_line_while_it_runs(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("f5")
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        screen = app.screen
+        join = screen.query_one("#join-line")
+        assert not join.display  # a single-node run has no join line
+        app.sessions[0].join_line = "ddptui join ddp1.token"
+        await _wait(pilot, lambda: join.display)
+        assert "ddptui join ddp1.token" in str(join.content)
+        await pilot.press("s")
+        await _wait(pilot, lambda: screen.source.done.is_set())
+        await _wait(pilot, lambda: not join.display)  # the run is over: nothing to join

@@ -34,6 +34,7 @@ from ddptui.tui.widgets.logs import RankLogs
 from ddptui.tui.widgets.phases import PhasePanel
 from ddptui.tui.widgets.ranks import HealthLine, RankTable
 from ddptui.tui.widgets.system import SystemPanel
+from ddptui.tui.widgets.text import QuietStatic
 
 
 class RunScreen(Screen):
@@ -95,6 +96,7 @@ class RunScreen(Screen):
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield RunHeader(id="run-header")
+        yield QuietStatic(id="join-line")
         yield FailurePanel(id="failure")
         yield RankTable(id="ranks")
         yield HealthLine(id="health")
@@ -125,6 +127,8 @@ class RunScreen(Screen):
         self._phases = self.query_one(PhasePanel)
         self._phases.display = False
         self._failure = self.query_one(FailurePanel)
+        self._join = self.query_one("#join-line", QuietStatic)
+        self._join.display = False
         self._logs = self.query_one(RankLogs)
         self._charts = (
             self.query_one(LossChart),
@@ -178,6 +182,7 @@ class RunScreen(Screen):
         self._header.show(frame, source.config, self.note())
         self._table.show(frame)
         self._health.show(frame.problems)
+        self._show_join_line()
         with source.locked():
             self._phases.show(source.state, source.diagnoses())
         self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes))
@@ -185,6 +190,17 @@ class RunScreen(Screen):
         self._logs.set_ranks(r.rank for r in frame.rows)
         if self.on_frame_drawn is not None:
             self.call_after_refresh(self.on_frame_drawn, frame)
+
+    def _show_join_line(self) -> None:
+        """A multi-node run started here: the command every other node runs, while it runs."""
+        source = self.source
+        line = None
+        if isinstance(source, LiveSource) and source.running:
+            line = getattr(source.session, "join_line", None)
+        if self._join.display != bool(line):
+            self._join.display = bool(line)
+        if line:
+            self._join.show_text(f"on every other node run:\n{line}")
 
     def note(self) -> str:
         """What the header says beside the state: replay, starting…, stopping…, an error."""
