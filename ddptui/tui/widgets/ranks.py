@@ -15,22 +15,18 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ddptui.tui.model import RankRow, RunFrame, TableLine, table_columns, table_lines
+from ddptui.tui.model import (
+    RANK_COLUMNS,
+    RankRow,
+    RunFrame,
+    TableLine,
+    table_columns,
+    table_lines,
+)
 from ddptui.tui.widgets.text import QuietStatic
 
 #: The rank columns (single-node runs); multi-node runs add "node" in front.
-COLUMNS = (
-    "rank",
-    "pid",
-    "host",
-    "device",
-    "epoch/step",
-    "loss",
-    "samples/s",
-    "step time",
-    "last seen",
-    "state",
-)
+COLUMNS = RANK_COLUMNS
 _RIGHT = {"rank", "pid", "loss", "samples/s", "step time", "last seen"}
 _GAP = "  "
 
