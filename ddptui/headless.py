@@ -19,6 +19,7 @@ from ddptui.config import RunConfig, resume_command
 from ddptui.constants import PHASES
 from ddptui.diagnosis import Diagnosis
 from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.launch.signals import signals_deferred
 from ddptui.rundir import RunDirError, rank_log_name
 from ddptui.session import RunSession
 from ddptui.state import RunState
@@ -243,18 +244,6 @@ def signals_interrupt() -> Iterator[SignalGuard]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back while processes are being started, so no signal can land
-    between starting a process and remembering it; a held signal is delivered on exit."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSession) -> None:

@@ -26,6 +26,7 @@ from ddptui.config import RunConfig, check_restart_checkpoint
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
 from ddptui.diagnosis import Diagnoser, Diagnosis, diagnose_crash, diagnoses_for_summary, rank_ends
 from ddptui.launch import Launcher, LaunchResult, Rendezvous
+from ddptui.launch.signals import signals_deferred
 from ddptui.rundir import (
     EXIT_CODES,
     RunDir,
@@ -416,12 +417,8 @@ class RunSession:
                 AttemptRecord(number, time.time(), resumed_from=resume, resumed_from_epoch=epoch)
             )
         self.launcher = make_launcher(self.cfg, self.collector.endpoint, number, resume)
-        held = {signal.SIGINT, signal.SIGTERM}
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)  # no signal between start and
-        try:  # remembering the process
+        with signals_deferred():  # no signal between start and remembering the process
             self.launcher.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return True
 
     def _resume_point(self) -> tuple[str | None, int | None]:
