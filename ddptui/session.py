@@ -146,6 +146,7 @@ class RunSession:
         self.on_hang = getattr(cfg, "on_hang", "stop")
         #: Every rank's Python stack (rank -> text), captured when the run hung.
         self.stacks: dict[int, str] = {}
+        self._beat_steps: dict[int, int] = {}  # rank -> steps at its last beat
         self.probe = None
         self._news: list[Diagnosis] = []
         self._next_diagnosis = 0.0
@@ -327,10 +328,21 @@ class RunSession:
             failure, error=f"{where}: {failure.error}" if failure.error else where
         )
 
+    def _kept(self, event: protocol.AnyEvent) -> bool:
+        """Whether ``event`` goes into events.jsonl: all but the heartbeats of a rank that
+        stepped since its previous beat (those say nothing the steps do not; the beats of a
+        rank preparing, evaluating or standing still are kept for replay)."""
+        if type(event) is not protocol.Beat:
+            return True
+        previous = self._beat_steps.get(event.rank)
+        self._beat_steps[event.rank] = event.steps
+        return previous is None or previous == event.steps
+
     def _record(self, events: list[protocol.AnyEvent]) -> None:
         if self._events_file is not None:
             try:
-                self._events_file.write(b"".join(protocol.to_json(e) + b"\n" for e in events))
+                lines = (protocol.to_json(e) + b"\n" for e in events if self._kept(e))
+                self._events_file.write(b"".join(lines))
                 self._events_file.flush()
             except OSError as exc:
                 self._fail_run_dir(exc)
@@ -553,6 +565,18 @@ class RunSession:
             self._events_file = None
         if self.launcher is not None and self.summary is None:
             self._write_summary()
+        self._remove_empty_stack_files()
+
+    def _remove_empty_stack_files(self) -> None:
+        """Every rank opens its ``stacks-rank-N.txt`` at start (faulthandler needs the file
+        then); one that no dump was written to says nothing and goes."""
+        for rank in self.state.ranks:
+            path = self.files.stacks(rank)
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_size == 0:
+                    path.unlink()
+            except OSError:
+                continue
 
     def _write_summary(self) -> None:
         state = self.state

@@ -33,7 +33,13 @@ import traceback
 from pathlib import Path
 
 from ddptui.argv import split_passthrough
-from ddptui.constants import ATTEMPT_ENV, PARENT_PID_ENV, RESTART_COUNT_ENV, THREADS_ENV
+from ddptui.constants import (
+    ATTEMPT_ENV,
+    ENDPOINT_ENV,
+    PARENT_PID_ENV,
+    RESTART_COUNT_ENV,
+    THREADS_ENV,
+)
 from ddptui.cpus import threads_per_rank
 from ddptui.instrument import install_rank
 from ddptui.rundir import RunDir
@@ -96,6 +102,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         os.close(fd)
         sys.stdout.reconfigure(line_buffering=True)
         sys.stderr.reconfigure(line_buffering=True)
+    announce()  # before anything slow: the rank is seen (pid, host) from its first second
     if os.environ.get(ATTEMPT_ENV):
         # torchrun sets its own restart count (0: ddptui starts a new torchrun per attempt);
         # the script is told ddptui's attempt number under torchrun's name.
@@ -108,6 +115,22 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
 
         torch.set_num_threads(threads)
     install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
+
+
+def announce() -> None:
+    """Tell ddptui this rank is alive (pid, host, local rank) and start its heartbeat, before
+    the script's own code (and torch) loads; a no-op when nobody listens."""
+    if not os.environ.get(ENDPOINT_ENV):
+        return
+    try:
+        from ddptui import heartbeat
+        from ddptui.reporter import get_reporter
+
+        reporter = get_reporter()
+        reporter.started(guess_device=False)
+        heartbeat.start(reporter)
+    except Exception:  # pragma: no cover - telemetry never stops a rank from running
+        pass
 
 
 def report_failure(error: str, trace: str | None) -> None:
