@@ -553,9 +553,29 @@ def diagnose_crash(
     else:
         everyone = sorted(ends, key=lambda e: (e.t is None, e.t or 0.0, e.rank))
         cause = everyone[0]
-    out = [_cause_diagnosis(cause, memory, rss, t)]
+    first = _cause_diagnosis(cause, memory, rss, t)
+    line = _error_line(cause)
+    # A rank that failed with an error of its own (not one a lost peer produces) is its own
+    # failure, never a consequence: the same bug hitting two ranks is two failures.
+    own = [e for e in primaries if e is not cause]
+    same = [e for e in own if not e.killed and not cause.killed and _error_line(e) == line]
+    if same:
+        ranks = [cause.rank, *(e.rank for e in same)]
+        names = ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+        first = Diagnosis(
+            cause.rank, "crash", f"ranks {names} failed with the same error: {line}", t
+        )
+    out = [first]
+    for end in own:
+        detail = (
+            f"rank {end.rank} failed in its own code with the same error as rank {cause.rank} "
+            f"(not a consequence): {line}"
+            if end in same
+            else f"rank {end.rank} also failed on its own (not a consequence): {_error_line(end)}"
+        )
+        out.append(Diagnosis(end.rank, "crash", detail, t))
     for end in ends:
-        if end is cause:
+        if end is cause or end in own:
             continue
         out.append(
             Diagnosis(

@@ -603,3 +603,24 @@ def test_clean_phases(given, cleaned):
     if cleaned:  # what is left always passes the wire's validation
         event = protocol.Step(step=1, phases=cleaned, **BASE)
         protocol.decode_batch(protocol.encode_batch([event]))
+
+
+def test_the_same_error_raised_by_two_ranks_is_two_failures_not_a_consequence():
+    boom = "RuntimeError: injected failure"
+    ends = [RankEnd(0, t=1.0, error=boom), RankEnd(1, t=1.2, error=boom)]
+    first, second = diagnose_crash(ends, launcher_rank=0)
+    assert (first.rank, first.cause) == (0, "crash")
+    assert first.detail == f"ranks 0 and 1 failed with the same error: {boom}"
+    assert (second.rank, second.cause) == (1, "crash")
+    assert "not a consequence" in second.detail and "consequence of" not in second.detail
+
+
+def test_only_a_lost_peer_error_is_a_consequence_and_another_own_error_is_its_own():
+    ends = [
+        RankEnd(0, t=1.0, error="ValueError: bad batch"),
+        RankEnd(1, t=1.1, error="KeyError: 'x'"),
+        RankEnd(2, t=1.3, error=RESET),
+    ]
+    out = diagnose_crash(ends, launcher_rank=0)
+    assert [(d.rank, d.cause) for d in out] == [(0, "crash"), (1, "crash"), (2, "consequence")]
+    assert out[1].detail == "rank 1 also failed on its own (not a consequence): KeyError: 'x'"

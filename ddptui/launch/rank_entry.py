@@ -193,7 +193,9 @@ def exit_after_success(code: int) -> None:
     """
     atexit._run_exitfuncs()
     for obj in gc.get_objects():  # what interpreter shutdown would have flushed
-        if isinstance(obj, io.IOBase):
+        # type(), not isinstance(): isinstance reads ``__class__``, which some objects compute
+        # (torch's deprecated ``reduce_op`` warns when touched)
+        if issubclass(type(obj), io.IOBase):
             try:
                 if not obj.closed:
                     obj.flush()
