@@ -21,8 +21,8 @@ from ddptui.diagnosis import (
     find_straggler,
     hang_limit,
     prepare_limit,
-    stuck_ranks,
     rank_ends,
+    stuck_ranks,
 )
 from ddptui.state import RankFailureInfo, RunState
 
