@@ -172,7 +172,8 @@ def _straggler(
     def typical(phase: str) -> float:
         return statistics.median(shares[r][phase] for r in others)
 
-    excess = {p: mine[p] - typical(p) for p in PHASES if p != "comm"}
+    # comm is where victims wait; an evaluation pass is no part of the step's own work
+    excess = {p: mine[p] - typical(p) for p in PHASES if p not in ("comm", "eval")}
     compute_phases = ("forward", "backward", "optimizer", "other")
     compute_excess = sum(excess[p] for p in compute_phases)
     victims = f"the other ranks wait {_pct(victims_wait)} of their step in communication"
