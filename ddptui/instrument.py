@@ -403,6 +403,8 @@ class Instrument:
             self._attach_scaler,
             self._attach_sampler,
             self._attach_collectives,
+            self._attach_spawn,
+            self._attach_process_group,
         ]
         for attach in steps:
             try:
@@ -507,6 +509,50 @@ class Instrument:
             self._patch(c10d, name, wrapper)
             if dist.__dict__.get(name) is original:
                 self._patch(dist, name, wrapper)
+
+    def _attach_spawn(self, torch: Any) -> None:
+        """Workers the script spawns with ``torch.multiprocessing`` are instrumented too, and
+        this process, which only waits for them from then on, goes quiet (ddptui.spawned)."""
+        import torch.multiprocessing as tmp
+
+        spawn_module = sys.modules["torch.multiprocessing.spawn"]
+        original = spawn_module.start_processes
+
+        @functools.wraps(original)
+        def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            from ddptui import spawned
+
+            target = spawned.wrap_target(fn)
+            if target is not fn:
+                spawned.became_spawner()
+            return original(target, *args, **kwargs)
+
+        self._patch(spawn_module, "start_processes", start_processes)
+        if tmp.__dict__.get("start_processes") is original:
+            self._patch(tmp, "start_processes", start_processes)
+
+    def _attach_process_group(self, torch: Any) -> None:
+        """Learn this process's rank from the process group it creates (a worker the script
+        spawned knows it only then; so does a script that passes its own rank)."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        original = c10d.init_process_group
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                from ddptui import spawned
+
+                spawned.on_process_group(dist.get_rank(), dist.get_world_size())
+            except Exception:  # telemetry never changes how a rank runs
+                pass
+            return result
+
+        self._patch(c10d, "init_process_group", init_process_group)
+        if dist.__dict__.get("init_process_group") is original:
+            self._patch(dist, "init_process_group", init_process_group)
 
     def _collective_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         inst = self
