@@ -30,7 +30,7 @@ async def test_bench_screen_runs_the_matrix_and_charts_it(tmp_path):
         sessions.append(FakeSession(cfg, world=cfg.world_size))
         return sessions[-1]
 
-    opts = _opts(tmp_path, "--steps", "20")
+    opts = _opts(tmp_path, "--steps", "40")  # enough steps for an interval
     app = BenchApp(opts, session_factory=factory, sampler_factory=FakeSampler)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = app.screen
@@ -40,8 +40,8 @@ async def test_bench_screen_runs_the_matrix_and_charts_it(tmp_path):
         assert screen.code == 0 and len(sessions) == 2
         shown = screen.table_rows(screen.runner.rows())
         assert [c[1] for c in shown] == ["measured", "measured", "skipped", "skipped"]
-        assert shown[0][:3] == ("x1 spawn gloo amp off", "measured", "800")
-        assert shown[1][:5] == ("x2 spawn gloo amp off *", "measured", "1,600", "100%", "1.0s")
+        assert shown[0][:3] == ("x1 spawn gloo amp off", "measured", "800 ±0%")
+        assert shown[1][:5] == ("x2 spawn gloo amp off *", "measured", "1,600 ±0%", "100%", "1.0s")
         assert shown[2][6].startswith("AMP fp16 needs a CUDA GPU")
         assert screen.now_line().startswith("bench done — results in")
         assert screen.query_one(SamplesChart).plt is not None
