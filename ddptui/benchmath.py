@@ -13,6 +13,14 @@ A rank's steady-state samples/s is the samples of its counted steps divided by t
 step times (a ratio of totals, not a mean of per-step rates, so one slow step weighs as much
 as the time it took). A run's samples/s is the sum over its ranks: every rank trains on its own
 samples at the same time.
+
+How sure a figure is. Every samples/s comes with an interval (:class:`Spread`): over repeated
+runs, a distribution-free interval for their median (:func:`median_interval`); for one run,
+the same interval for the median of its rates in consecutive windows of its counted steps
+(:func:`run_interval`), so a run that a neighbour slowed for a while shows it. A figure whose
+interval reaches further than ``STABLE_SPREAD`` from it is unstable, and
+:func:`efficiency_verdict` computes no efficiency from it, nor one above what the machine can
+give; it says why instead.
 """
 
 from __future__ import annotations
