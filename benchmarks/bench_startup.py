@@ -34,9 +34,12 @@ from pathlib import Path
 
 import psutil
 
+from ddptui import benchmath
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "startup_ddp.py"
 WORLD = 2
+GOAL = 1.05
 RUN_TIMEOUT_S = 180.0
 #: Phases of launch -> first step, from the rank's own timestamps (rank 0's).
 PHASES = (
@@ -76,9 +79,10 @@ def run_arm(arm: str, steps: int, workdir: Path) -> dict:
         cmd += ["--nproc-per-node", str(WORLD), str(SCRIPT)]
     env = {**os.environ, "STARTUP_OUT": str(out), "STARTUP_STEPS": str(steps)}
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for nproc > 1; same for both
+    log = open(workdir / "console.txt", "wb")  # noqa: SIM115 - closed below
     launch = time.time()
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     # Process creation times (from /proc: boot time + ticks) are off the wall clock by up to a
     # second; the launched process's own creation time, taken the same way, is the zero for
@@ -87,17 +91,36 @@ def run_arm(arm: str, steps: int, workdir: Path) -> dict:
         created = psutil.Process(proc.pid).create_time()
     except psutil.Error:
         created = None
+    # CPU the launched process spends itself (its children not counted): for ddptui, the
+    # dashboard-less front end (collector, monitor, console) that shares the cores with the
+    # ranks; for plain, torchrun's agent. Sampled until it exits.
+    own_cpu = 0.0
+    deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        watched = psutil.Process(proc.pid)
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                times = watched.cpu_times()
+                own_cpu = times.user + times.system
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
+    except psutil.Error:
+        pass
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # this run's own session: nothing else
         proc.wait()
         raise SystemExit(f"bench_startup: {arm} did not finish in {RUN_TIMEOUT_S:.0f} s") from None
+    finally:
+        log.close()
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     if proc.returncode != 0 or len(ranks) != WORLD:
-        tail = output.decode(errors="replace")[-2000:]
+        tail = (workdir / "console.txt").read_text(errors="replace")[-2000:]
         raise SystemExit(f"bench_startup: {arm} exited {proc.returncode}:\n{tail}")
-    return {"launch": launch, "created": created, "end": time.time(), "ranks": ranks}
+    end = time.time()
+    return {"launch": launch, "created": created, "end": end, "ranks": ranks, "cpu": own_cpu}
 
 
 def figures(record: dict) -> dict:
@@ -108,6 +131,7 @@ def figures(record: dict) -> dict:
         "first step (s)": min(r["first_step"] for r in ranks) - launch,
         "peak RSS/rank (MiB)": max(r["maxrss_kib"] for r in ranks) / 1024,
         "launch -> exit (s)": record["end"] - launch,
+        "launcher process CPU (s)": record["cpu"],
     }
     chain = rank0["ancestors"]
     agent = next(
@@ -204,6 +228,7 @@ def main() -> None:
         "(a loaded machine: read the ratios, not the seconds)"
     )
     keys = ["first step (s)", "peak RSS/rank (MiB)", "launch -> exit (s)"]
+    keys += ["launcher process CPU (s)"]
     keys += [name for name, _, _ in PHASES]
     width = max(len(k) for k in keys)
     print(f"{'median (range)':{width}}  " + "  ".join(f"{arm:>24}" for arm in arms))
@@ -212,10 +237,24 @@ def main() -> None:
         print(f"{key:{width}}  " + "  ".join(f"{c:>24}" for c in cells))
     print()
     for key in ("first step (s)", "peak RSS/rank (MiB)"):
-        plain = statistics.median(r[key] for r in results["plain"])
         for arm in arms[1:]:
-            ours = statistics.median(r[key] for r in results[arm])
-            print(f"{key}: {arm} / plain = {ours / plain:.3f} (goal <= 1.05)")
+            # Paired by round (the arms of a round ran back to back, under the same load).
+            ratios = [
+                ours[key] / plain[key]
+                for ours, plain in zip(results[arm], results["plain"], strict=True)
+            ]
+            around = benchmath.median_interval(ratios)
+            if around.high <= GOAL:
+                verdict = "within the goal"
+            elif around.low > GOAL:
+                verdict = "over the goal"
+            else:
+                verdict = "not resolved on this machine (the interval spans the goal)"
+            print(
+                f"{key}: {arm} / plain = {around.median:.3f} per round, interval "
+                f"{around.low:.3f}–{around.high:.3f} over {around.count} rounds "
+                f"(goal <= {GOAL}): {verdict}"
+            )
     for arm in arms:
         mods = results[arm][-1]["modules"]
         held = ", ".join(k for k, v in mods.items() if v is True) or "none"
