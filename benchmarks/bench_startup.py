@@ -191,6 +191,41 @@ def import_cost() -> dict:
     return result
 
 
+#: Peak RSS of a fresh interpreter after each of these (the synthetic trainer: its modules,
+#: data and model, as its rank builds them before training).
+IMPORTS = (
+    ("python alone", "pass"),
+    ("import torch", "import torch"),
+    ("import torch, torchvision", "import torch, torchvision"),
+    (
+        "synthetic trainer rank (modules, data, model)",
+        "import ddptui.launch.rank_entry\n"
+        "from trainers import synthetic\n"
+        "from trainers.options import parse_config\n"
+        "config = parse_config(synthetic.build_arg_parser(), ['--epochs', '1'])\n"
+        "data = synthetic.build_data(config, None, None)\n"
+        "synthetic.build_model(config, data.num_classes)",
+    ),
+)
+
+
+def import_rss() -> list[tuple[str, float, float]]:
+    """(what, peak RSS MiB, seconds) of a fresh interpreter doing each of ``IMPORTS``."""
+    out = []
+    for name, code in IMPORTS:
+        probe = (
+            "import resource, time\nt0 = time.perf_counter()\n" + code + "\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+            "time.perf_counter() - t0)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        )
+        kib, seconds = done.stdout.split()[-2:]
+        out.append((name, int(kib) / 1024, float(seconds)))
+    return out
+
+
 def median_range(values: list[float]) -> str:
     med = statistics.median(values)
     return f"{med:7.2f} ({min(values):.2f}–{max(values):.2f})"
@@ -273,6 +308,9 @@ def main() -> None:
         "largest of its imports (cumulative ms): "
         + ", ".join(f"{name} {us / 1000:.0f}" for us, name in cost["top"])
     )
+    print("\nin a fresh interpreter (peak RSS, and the time of the code after start-up):")
+    for name, mib, seconds in import_rss():
+        print(f"  {name:46} {mib:6.0f} MiB  {seconds:5.2f} s")
 
 
 if __name__ == "__main__":
