@@ -279,7 +279,9 @@ def main() -> None:
                 for ours, plain in zip(results[arm], results["plain"], strict=True)
             ]
             around = benchmath.median_interval(ratios)
-            if around.high <= GOAL:
+            if around.source == benchmath.FROM_NOTHING:
+                verdict = "one round: no interval, run more rounds"
+            elif around.high <= GOAL:
                 verdict = "within the goal"
             elif around.low > GOAL:
                 verdict = "over the goal"
