@@ -77,3 +77,17 @@ async def test_quitting_stops_the_run_in_progress_and_keeps_results(tmp_path):
     assert len(sessions) == 1 and sessions[0].calls == ["start", "stop-interrupted", "close"]
     rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
     assert [r["status"] for r in rows] == ["interrupted", "not run", "skipped", "skipped"]
+
+
+def test_the_dashboard_marks_unstable_figures_and_says_why_there_is_no_efficiency(tmp_path):
+    from tests.test_bench_stability import _measured, _noisy, _tight
+
+    screen = BenchScreen(_opts(tmp_path, "--steps", "100"))
+    one, two = screen.runner.results[:2]
+    one.runs.append(_measured(_noisy(seed=3), ranks=1))
+    two.runs.append(_measured(_tight(), ranks=2))
+    rows = screen.runner.rows()
+    shown = screen.table_rows(rows)
+    assert shown[0][2].endswith("unstable") and "unstable" not in shown[1][2]
+    assert shown[1][3].startswith("-- (x1 unstable (±")
+    assert [r.stable for r in rows[:2]] == [False, True]
