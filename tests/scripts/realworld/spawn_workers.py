@@ -74,7 +74,8 @@ def main_worker(gpu, world_size, args):
             last_loss = loss.item()
             if i % args.print_freq == 0:
                 print(
-                    f"[{gpu}] Epoch: [{epoch}][{i}/{len(loader)}] Loss {losses.val:.4f} ({losses.avg:.4f})",
+                    f"[{gpu}] Epoch: [{epoch}][{i}/{len(loader)}] "
+                    f"Loss {losses.val:.4f} ({losses.avg:.4f})",
                     flush=True,
                 )
     report(dist.get_rank(), dist.get_world_size(), steps, last_loss, epoch_steps)
