@@ -11,6 +11,7 @@ for ddptui's tests; no ddptui import.
 import argparse
 import os
 import shutil
+import statistics
 import time
 
 import torch
@@ -48,7 +49,7 @@ parser.add_argument("-j", "--workers", default=0, type=int)
 parser.add_argument("--epochs", default=2, type=int)
 parser.add_argument("--start-epoch", default=0, type=int)
 parser.add_argument("-b", "--batch-size", default=8, type=int, help="total over all ranks")
-parser.add_argument("--lr", "--learning-rate", default=0.05, type=float, dest="lr")
+parser.add_argument("--lr", "--learning-rate", default=0.01, type=float, dest="lr")
 parser.add_argument("--momentum", default=0.9, type=float)
 parser.add_argument("--wd", "--weight-decay", default=1e-4, type=float, dest="weight_decay")
 parser.add_argument("-p", "--print-freq", default=4, type=int)
@@ -116,6 +117,7 @@ class Record:
 
     def __init__(self):
         self.steps, self.last_loss, self.last_reduced_loss, self.epoch_steps = 0, None, None, {}
+        self.sync_s = []  # per step: the barrier and the metric all-reduces, as timed here
 
 
 def train(loader, model, criterion, optimizer, epoch, args, record):
@@ -136,6 +138,7 @@ def train(loader, model, criterion, optimizer, epoch, args, record):
         output = model(images)
         loss = criterion(output, target)
         acc1, acc5 = accuracy(output, target, topk=(1, 5))
+        sync_started = time.perf_counter()
         dist.barrier()
         reduced_loss = reduce_mean(loss, args.world_size)
         reduced_acc1 = reduce_mean(acc1, args.world_size)
@@ -143,6 +146,7 @@ def train(loader, model, criterion, optimizer, epoch, args, record):
         losses.update(reduced_loss.item(), images.size(0))
         top1.update(reduced_acc1.item(), images.size(0))
         top5.update(reduced_acc5.item(), images.size(0))
+        record.sync_s.append(time.perf_counter() - sync_started)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -245,6 +249,7 @@ def main():
         record.last_loss,
         record.epoch_steps,
         last_reduced_loss=record.last_reduced_loss,
+        median_sync_s=statistics.median(record.sync_s[2:]),
     )
     dist.destroy_process_group()
 
