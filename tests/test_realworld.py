@@ -170,8 +170,10 @@ def run(realworld, run_name) -> RunResult:
     return realworld.result(run_name)
 
 
-def ddptui_losses(run: RunResult) -> dict[int, float]:
-    return {rank: run.steps(rank)[-1]["loss"] for rank in run.facts}
+def ddptui_losses(run: RunResult) -> dict[int, float | None]:
+    """The loss of each rank's last step as ddptui recorded it (None: no step recorded)."""
+    last = {rank: run.steps(rank)[-1:] for rank in run.facts}
+    return {rank: steps[0]["loss"] if steps else None for rank, steps in last.items()}
 
 
 # -- every healthy script ----------------------------------------------------------------------
