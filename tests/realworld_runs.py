@@ -64,12 +64,12 @@ class RunResult:
     """What one run left: ddptui's exit code and output, the run directory's record, the
     script's own facts per rank, and the processes that outlived it (killed since)."""
 
-    spec: RunSpec
+    spec: RunSpec = field(repr=False)
     run_dir: Path
     work: Path
     returncode: int | None
-    stdout: str
-    stderr: str
+    stdout: str = field(repr=False)
+    stderr: str = field(repr=False)
     wall_s: float
     leftovers: list[int] = field(default_factory=list)
 
@@ -95,7 +95,8 @@ class RunResult:
             f"\n--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
             for p in sorted(self.run_dir.glob("rank-*.log"))
         )
-        return f"exit {self.returncode}\n{self.stdout[-3000:]}\n{self.stderr[-2000:]}{logs}"
+        head = f"{self.spec.name}: exit {self.returncode} after {self.wall_s:.0f} s"
+        return f"{head}\n{self.stdout[-3000:]}\n{self.stderr[-2000:]}{logs}"
 
 
 def parse_facts(run_dir: Path) -> dict[int, dict]:
