@@ -871,6 +871,11 @@ class Instrument:
             old_fields, _ = self._pending.popleft()
             self._deliver(old_fields, None)
         self._pending.append((fields, read))
+        if type(read) is dict and self.steps_sent and not self.explicit:
+            # Only the first step waits for the next one (a script that calls ddptui.log
+            # itself does so right after it); later ones go at once, so a rank that stalls
+            # after a step has reported it.
+            self._send_ready()
 
     def _send_ready(self) -> None:
         """Send (or, in explicit mode, keep for the next explicit log) the finished steps
