@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from ddptui.commands import command_main, fail
+from ddptui.commands import command_main, fail, no_terminal
 from ddptui.formatting import fmt_duration
 
 
@@ -42,18 +42,19 @@ def list_live(root: Path, out: TextIO) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ddptui.rundir import RunDir, RunDirError, read_config
+    from ddptui.rundir import RunDirError, read_config, require_events
 
     out = out or sys.stdout
     if args.run_dir is None:
         return list_live(Path(args.runs_root), out)
     run_dir = Path(args.run_dir)
-    if not RunDir(run_dir).events.is_file():
-        return fail(f"not a run directory (no events.jsonl): {run_dir}")
     try:
+        require_events(run_dir)
         read_config(run_dir)
     except RunDirError as exc:
         return fail(str(exc))
+    if no_terminal("attach runs in a terminal"):
+        return fail(no_terminal("attach runs in a terminal"))
     try:
         from ddptui.tui.screens.attach import run_attach
     except ImportError as exc:

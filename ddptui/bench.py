@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ddptui import benchmath
-from ddptui.commands import UsageError, command_main, fail
+from ddptui.commands import UsageError, command_main, fail, no_terminal
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
 from ddptui.formatting import fmt_duration
 
@@ -817,6 +817,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         return fail(str(exc))
     if not args.no_ui:
+        if no_terminal():
+            return fail(no_terminal())
         try:
             from ddptui.tui.screens.bench import run_bench_dashboard
         except ImportError as exc:

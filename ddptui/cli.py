@@ -18,7 +18,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddptui.commands import USAGE_ERROR, CommandParser, UsageError, command_main, fail
+from ddptui.commands import (
+    USAGE_ERROR,
+    CommandParser,
+    UsageError,
+    command_main,
+    fail,
+    no_terminal,
+    tolerant_output,
+)
 from ddptui.config import ConfigError, build_config
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, DEVICE_CHOICES, JOB_LAUNCHERS
 
@@ -119,6 +127,7 @@ COMMANDS: dict[str, Command] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    tolerant_output()
     word = argv[0] if argv else ""
     try:
         if word in COMMANDS:
@@ -381,6 +390,8 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 def _dashboard(mode: str, **kwargs) -> int:
+    if no_terminal():
+        return fail(no_terminal())
     try:
         from ddptui.tui.app import run_dashboard
     except ImportError as exc:

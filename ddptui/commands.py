@@ -33,6 +33,33 @@ def fail(message: str, code: int = USAGE_ERROR) -> int:
     return code
 
 
+def tolerant_output() -> None:
+    """Let stdout and stderr replace what their encoding cannot hold (``PYTHONIOENCODING=ascii``
+    and an em dash) instead of raising in the middle of a line."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):  # closed or detached: nothing to print to anyway
+                pass
+
+
+def no_terminal(hint: str = "use --no-ui") -> str | None:
+    """Why the dashboard cannot run here (stdin or stdout is not a terminal), or None.
+
+    Textual would otherwise write escape codes into a pipe or a file and wait for keys
+    that never come."""
+    for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)):
+        try:
+            tty = stream is not None and stream.isatty()
+        except (AttributeError, ValueError, OSError):
+            tty = False
+        if not tty:
+            return f"the dashboard needs a terminal ({name} is not one); {hint}"
+    return None
+
+
 def command_main(
     prog: str,
     description: str,

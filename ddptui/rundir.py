@@ -105,6 +105,20 @@ class RunDir:
             return False
 
 
+def require_events(run_dir: str | os.PathLike[str]) -> None:
+    """Raise :class:`RunDirError` (one line) unless ``run_dir`` holds a regular events.jsonl."""
+    path = RunDir(run_dir).events
+    try:
+        with safeio.open_regular(path):
+            pass
+    except (FileNotFoundError, NotADirectoryError):
+        raise RunDirError(
+            f"not a run directory (no events.jsonl): {safeio.shown(run_dir)}"
+        ) from None
+    except OSError as exc:
+        raise RunDirError(f"cannot read {safeio.shown(path)}: {exc.strerror or exc}") from None
+
+
 def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
     """Write ``data`` as JSON to ``path`` through a temp file and ``os.replace``: a reader
     sees the old file or the new one, never half of one."""
