@@ -14,6 +14,9 @@ from typing import TextIO
 from ddptui.commands import command_main, fail, no_terminal
 from ddptui.formatting import fmt_duration
 
+#: Unreadable run directories named one by one in the listing (the rest are counted).
+MAX_NOTES = 10
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = "Open the live dashboard on a run another ddptui process is running."
@@ -28,7 +31,12 @@ def main(argv: list[str] | None = None) -> int:
 def list_live(root: Path, out: TextIO) -> int:
     from ddptui.liveruns import live_runs
 
-    entries = live_runs(root)
+    skipped: list[str] = []
+    entries = live_runs(root, skipped)
+    for note in skipped[:MAX_NOTES]:
+        out.write(f"skipped: {note}\n")
+    if len(skipped) > MAX_NOTES:
+        out.write(f"skipped {len(skipped) - MAX_NOTES} more unreadable run directories\n")
     if not entries:
         out.write(f"no live runs under {root}/\n")
         return 0
