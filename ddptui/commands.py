@@ -13,6 +13,8 @@ from ddptui.argv import split_passthrough
 
 #: Exit code of a usage error (bad option or value), before anything starts.
 USAGE_ERROR = 2
+#: Longest error line printed.
+MAX_MESSAGE = 600
 
 
 class UsageError(Exception):
@@ -29,6 +31,8 @@ class CommandParser(argparse.ArgumentParser):
 def fail(message: str, code: int = USAGE_ERROR) -> int:
     """Print ``ddptui: error: MESSAGE`` (one line) on stderr; return ``code``."""
     text = " ".join(str(message).split())
+    if len(text) > MAX_MESSAGE:  # a safety net: every echoed value is clipped where it is shown
+        text = text[: MAX_MESSAGE - 1] + "…"
     print(f"ddptui: error: {text}", file=sys.stderr)
     return code
 
