@@ -235,3 +235,79 @@ def why(exc: OSError) -> str:
     """An OSError as one short line: its reason and, when it names one, its file (clipped)."""
     reason = exc.strerror or str(exc) or type(exc).__name__
     return f"{shown(exc.filename)}: {reason}" if exc.filename else reason
+
+
+# -- appending whole lines --------------------------------------------------------------------
+class LineAppender:
+    """An append-only file that holds only whole lines: a write that fails part way (ENOSPC,
+    EIO) is cut back off the file before the error is raised, so every line parses.
+
+    Also tells when its file was deleted under it (:meth:`deleted`): writes into an unlinked
+    file succeed and land nowhere.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        self._fd: int | None = os.open(self.path, flags, 0o644)
+        try:
+            st = os.fstat(self._fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeFile(self.path, f"{_kind(st.st_mode)}, not a regular file")
+            self.size = st.st_size
+            self._identity = (st.st_dev, st.st_ino)
+            self._cut_torn_tail()
+        except BaseException:
+            os.close(self._fd)
+            self._fd = None
+            raise
+
+    def _cut_torn_tail(self) -> None:
+        """A file left by a crash may end mid-line: cut it back to its last newline."""
+        if self.size == 0 or self._fd is None:
+            return
+        with open(self.path, "rb") as f:
+            start = max(0, self.size - 1024 * 1024)
+            f.seek(start)
+            tail = f.read()
+        if tail.endswith(b"\n"):
+            return
+        newline = tail.rfind(b"\n")
+        keep = start + newline + 1 if newline >= 0 else (0 if start == 0 else self.size)
+        if keep != self.size:
+            os.ftruncate(self._fd, keep)
+            self.size = keep
+
+    def append(self, data: bytes) -> None:
+        """Append ``data`` (whole lines) entirely, or leave the file as it was and raise."""
+        if self._fd is None:
+            raise ValueError("append to a closed LineAppender")
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(view):
+                written += os.write(self._fd, view[written:])
+        except OSError:
+            if written:
+                with contextlib.suppress(OSError):  # the error being raised says enough
+                    os.ftruncate(self._fd, self.size)
+            raise
+        self.size += written
+
+    def deleted(self) -> bool:
+        """Whether the file is no longer where it was opened (unlinked, or its directory
+        removed or replaced)."""
+        if self._fd is None:
+            return False
+        try:
+            if os.fstat(self._fd).st_nlink == 0:
+                return True
+            st = os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self._identity
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
