@@ -241,13 +241,22 @@ def summarize(
         "epochs": state.epochs,
         "duration_s": _finite(duration_s),
         "samples": state.samples_total,
-        "events": dict(events or {}),
+        "events": _events_doc(state, events),
         "ranks": ranks,
         "failure": failure_doc,
         "attempts": attempts,
         "restarts": max(0, len(attempts) - 1),
         "restart_refused": getattr(state, "restart_refused", None),
     }
+
+
+def _events_doc(state, events: dict[str, int] | None) -> dict:
+    """summary.json's ``events``: the counts given, and any implausible seq jump by name."""
+    doc: dict = dict(events or {})
+    jumps = getattr(state, "seq_jumps", [])
+    if jumps:
+        doc["seq_jumps"] = [{"rank": r, "from": a, "to": b} for r, a, b in jumps[:100]]
+    return doc
 
 
 def _attempt_doc(record) -> dict:

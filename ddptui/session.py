@@ -25,7 +25,7 @@ from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig, check_restart_checkpoint
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
 from ddptui.diagnosis import Diagnoser, Diagnosis, diagnose_crash, diagnoses_for_summary, rank_ends
-from ddptui.launch import Launcher, LaunchResult, Rendezvous
+from ddptui.launch import Launcher, LaunchResult, Rendezvous, tail_lines
 from ddptui.rundir import (
     EXIT_CODES,
     RunDir,
@@ -341,6 +341,26 @@ class RunSession:
             for event in events:
                 self.state.apply(event, now)
 
+    def _rank_cause(self, failure: RankFailureInfo | None) -> RankFailureInfo | None:
+        """A failure the launcher reports without a rank (its driver died too, say on a
+        read-only run directory) when a rank reported its own error first: that rank's
+        error, traceback and log are the cause to show, not the driver's traceback."""
+        if failure is None or failure.rank is not None or failure.signal is not None:
+            return failure
+        if self.fault is not None:
+            return failure
+        with self._lock:
+            failed = [v for _, v in sorted(self.state.ranks.items()) if v.state == "failed"]
+        first = next((v for v in failed if v.error), None)
+        if first is None:
+            return failure
+        return RankFailureInfo(
+            rank=first.rank,
+            error=first.error,
+            traceback=getattr(first, "traceback", None),
+            stderr_tail=tuple(tail_lines(self.files.rank_log(first.rank))),
+        )
+
     def _check_run_dir(self) -> bool:
         """Whether the run directory is still there; when it was deleted (or replaced) under
         the live run, fail the run saying which files are gone. True while it is there."""
@@ -528,6 +548,7 @@ class RunSession:
             failure = self._placed(failure)
         if self.fault is not None and failure is None:
             failure = RankFailureInfo(rank=None, error=self.fault)
+        failure = self._rank_cause(failure)
         asked = self.checkpoint_stop_at is not None and self.fault is None
         outcome = decide_outcome(
             failed=remote or self.fault is not None or not (result.ok or result.stopped),
