@@ -734,12 +734,13 @@ def write_results(bench_dir: Path, rows: Sequence[Row], about: Sequence[str]) ->
 
     try:
         bench_dir.mkdir(parents=True, exist_ok=True)
-        (bench_dir / CSV_FILE).write_text(csv_text(rows), encoding="utf-8")
-        (bench_dir / MD_FILE).write_text(
-            markdown_text(rows, "ddptui bench", about), encoding="utf-8"
-        )
+        csv_doc, md_doc = csv_text(rows), markdown_text(rows, "ddptui bench", about)
+        safeio.write_output(bench_dir / CSV_FILE, lambda f: f.write(csv_doc))
+        safeio.write_output(bench_dir / MD_FILE, lambda f: f.write(md_doc))
     except OSError as exc:
-        raise RunDirError(f"cannot write {bench_dir}: {exc.strerror or exc}") from None
+        raise RunDirError(
+            f"cannot write {safeio.shown(bench_dir)}: {exc.strerror or exc}"
+        ) from None
 
 
 # -- running the matrix ----------------------------------------------------------------------
