@@ -217,7 +217,7 @@ def write_output(path: str | os.PathLike[str], write: Callable[[IO[str]], T]) ->
         raise UnsafeFile(path, f"{_kind(st.st_mode)}: not a file an output can replace")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_TRUNC, 0o644)
+        fd = _create_exclusive(tmp)
         with open(fd, "w", encoding="utf-8", newline="") as f:
             result = write(f)
         if st is not None:  # keep the replaced file's permissions
@@ -229,6 +229,17 @@ def write_output(path: str | os.PathLike[str], write: Callable[[IO[str]], T]) ->
             os.unlink(tmp)
         raise
     return result
+
+
+def _create_exclusive(tmp: Path) -> int:
+    """A new temp file (never through a symlink planted at its name); one left by an earlier
+    process with the same pid is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        os.unlink(tmp)  # the name itself (a symlink is removed, not followed)
+        return os.open(tmp, flags, 0o644)
 
 
 def why(exc: OSError) -> str:
@@ -248,12 +259,19 @@ class LineAppender:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self._fd: int | None = os.open(self.path, flags, 0o644)
+        # Non-blocking open: a FIFO in its place is refused at once instead of waiting.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self._fd: int | None = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+                raise UnsafeFile(self.path, "a FIFO, not a regular file") from None
+            raise
         try:
             st = os.fstat(self._fd)
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafeFile(self.path, f"{_kind(st.st_mode)}, not a regular file")
+            os.set_blocking(self._fd, True)
             self.size = st.st_size
             self._identity = (st.st_dev, st.st_ino)
             self._cut_torn_tail()

@@ -328,3 +328,17 @@ def test_the_appender_notices_its_file_deleted(tmp_path):
     (run / "events.jsonl").write_bytes(b"")
     assert appender.deleted()
     appender.close()
+
+
+def test_a_fifo_as_the_events_file_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "events.jsonl")
+    with pytest.raises(OSError, match="a FIFO, not a regular file"):
+        safeio.LineAppender(tmp_path / "events.jsonl")
+
+
+def test_a_stale_temp_file_or_planted_symlink_is_not_written_through(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / f".out.csv.{os.getpid()}.tmp").symlink_to(victim)
+    _write(tmp_path / "out.csv")
+    assert victim.read_text() == "keep" and (tmp_path / "out.csv").read_text() == "a,b\n"
