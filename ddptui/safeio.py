@@ -183,13 +183,21 @@ def protected_reason(path: str | os.PathLike[str]) -> str | None:
     directory, or names one (the directory holds ``config.json`` or ``events.jsonl``)."""
     from ddptui.rundir import CONFIG_FILE, EVENTS_FILE, is_run_file_name
 
-    target = Path(os.path.realpath(path))
+    target = _real(path)
     parent = target.parent
     if not (is_file(parent / EVENTS_FILE) or is_file(parent / CONFIG_FILE)):
         return None
     if is_run_file_name(target.name) or os.path.lexists(target):
         return f"it is a file of the run directory {shown(parent)}"
     return None
+
+
+def _real(path: str | os.PathLike[str]) -> Path:
+    """``path`` with every symlink resolved (what a write would reach)."""
+    try:
+        return Path(os.path.realpath(path))
+    except ValueError as exc:  # an embedded NUL byte
+        raise UnsafeFile(path, f"bad path ({exc})") from None
 
 
 def write_output(path: str | os.PathLike[str], write: Callable[[IO[str]], T]) -> T:
@@ -208,7 +216,7 @@ def write_output(path: str | os.PathLike[str], write: Callable[[IO[str]], T]) ->
     reason = protected_reason(path)
     if reason:
         raise UnsafeFile(path, f"refusing to overwrite: {reason}", errno.EEXIST)
-    target = Path(os.path.realpath(path))
+    target = _real(path)
     st = path_state(target)
     if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
         with open(target, "w", encoding="utf-8", newline="") as stream:
