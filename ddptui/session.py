@@ -375,9 +375,13 @@ class RunSession:
         self._fail_run_dir(
             None,
             f"run directory {self.run_dir} was deleted while the run was live "
-            f"({', '.join(gone) + ' gone' if gone else 'events.jsonl replaced'}; "
-            "the run was stopped)",
+            f"({', '.join(gone) + ' gone' if gone else 'events.jsonl replaced'})",
         )
+        if self.result is not None and self.state.outcome in ("finished", "stopped"):  # at the end
+            with self._lock:
+                self.state.set_outcome(
+                    "failed", RankFailureInfo(rank=None, error=self.fault), now=self.clock()
+                )
         return False
 
     def _fail_run_dir(self, exc: OSError | None, fault: str | None = None) -> None:

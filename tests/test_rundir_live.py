@@ -128,3 +128,20 @@ def test_the_summary_of_a_run_names_a_seq_jump(tmp_path):
     doc = json.loads(json.dumps(summarize(session.state, "finished")))
     assert doc["events"]["seq_jumps"] == [{"rank": 0, "from": 1, "to": 1_000_000}]
     assert session.state.dropped == 1
+
+
+def test_a_run_directory_deleted_after_the_last_event_still_fails_the_run(tmp_path):
+    from ddptui import safeio
+    from ddptui.launch import LaunchResult
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    session = RunSession(_cfg(run_dir))
+    session._events_file = safeio.LineAppender(RunDir(run_dir).events)
+    session.result = LaunchResult(0)
+    session.state.set_outcome("finished")
+    shutil.rmtree(run_dir)
+    session.close()
+    assert session.outcome == "failed" and session.exit_code == 1
+    assert "was deleted while the run was live (config.json, events.jsonl gone)" in session.fault
+    assert not run_dir.exists()
