@@ -149,8 +149,10 @@ class Reporter:
                 sock.connect(endpoint)
             except zmq.ZMQError as exc:
                 # A bad DDPTUI_ENDPOINT disables telemetry; training goes on.
+                shown = endpoint if len(endpoint) <= 80 else f"{endpoint[:77]}..."
+                why = str(exc).partition(" (addr=")[0][:120]  # zmq repeats the whole address
                 print(
-                    f"ddptui: telemetry off: cannot use DDPTUI_ENDPOINT {endpoint[:200]!r} ({exc})",
+                    f"ddptui: telemetry off: cannot use DDPTUI_ENDPOINT {shown!r} ({why})",
                     file=sys.stderr,
                 )
                 sock.close(linger=0)
