@@ -180,6 +180,7 @@ class Reporter:
         cls: type[protocol.Event],
         urgent: bool = True,
         read: pending.Read | None = None,
+        counted: bool = True,
         **fields: Any,
     ) -> None:
         """Queue one event; send the batch when ``urgent``, full, or due.
@@ -190,8 +191,13 @@ class Reporter:
         if self._socket is None or self._muted:
             return
         with self._lock:
-            seq = self._seq
-            self._seq += 1  # a dropped event still takes its number: the gap shows the drop
+            if counted:
+                seq = self._seq
+                self._seq += 1  # a dropped event still takes its number: the gap shows the drop
+            else:
+                # a heartbeat repeats the last number: beats are not data, a lost one is no
+                # drop, and events.jsonl may leave them out without making a gap
+                seq = max(0, self._seq - 1)
             event = cls(
                 run=self.run_id,
                 rank=self.rank,
@@ -455,6 +461,7 @@ class Reporter:
                 continue
         self._send(
             protocol.Beat,
+            counted=False,
             frame=frame[: protocol.MAX_FRAME_CHARS] if frame else None,
             waiting=waiting[:128] if waiting else None,
             digest=digest[:32] if digest else None,
