@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddptui.commands import USAGE_ERROR, CommandParser, UsageError, command_main, fail
-from ddptui.config import ConfigError, build_config
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, DEVICE_CHOICES, JOB_LAUNCHERS
+from ddptui.run.config import ConfigError, build_config
 
 __all__ = ["COMMANDS", "USAGE_ERROR", "main", "run_parser", "add_run_arguments"]
 
@@ -88,30 +88,33 @@ COMMANDS: dict[str, Command] = {
         Command(
             "bench",
             "measure a matrix of configurations",
-            "ddptui.bench:add_arguments",
-            "ddptui.bench:run",
+            "ddptui.runs.bench:add_arguments",
+            "ddptui.runs.bench:run",
             passthrough=True,
         ),
         Command(
-            "compare", "runs side by side", "ddptui.compare:add_arguments", "ddptui.compare:run"
+            "compare",
+            "runs side by side",
+            "ddptui.runs.compare:add_arguments",
+            "ddptui.runs.compare:run",
         ),
         Command(
             "export",
             "a run's events as CSV/TensorBoard",
-            "ddptui.export:add_arguments",
-            "ddptui.export:run",
+            "ddptui.runs.export:add_arguments",
+            "ddptui.runs.export:run",
         ),
         Command(
             "join",
             "join a multi-node run as one more node",
-            "ddptui.cluster.join:add_arguments",
-            "ddptui.cluster.join:run",
+            "ddptui.join.command:add_arguments",
+            "ddptui.join.command:run",
         ),
         Command(
             "attach",
             "watch a run another ddptui is running",
-            "ddptui.attach:add_arguments",
-            "ddptui.attach:run",
+            "ddptui.runs.attach:add_arguments",
+            "ddptui.runs.attach:run",
         ),
     )
 }
@@ -140,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # -- run ------------------------------------------------------------------------------------------
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    from ddptui.registry import DEFAULT_TRAINER, registry
+    from ddptui.run.registry import DEFAULT_TRAINER, registry
 
     specs = registry().specs
     models = "; ".join(
@@ -289,7 +292,7 @@ def continue_run_dir(raw: dict) -> dict:
     Raises ConfigError (one line)."""
     from pathlib import Path
 
-    from ddptui.rundir import RunDir, RunDirError, read_config
+    from ddptui.run.rundir import RunDir, RunDirError, read_config
 
     resume = raw.get("resume")
     try:
@@ -323,8 +326,8 @@ def _print_sbatch(args: argparse.Namespace) -> int:
     """``--launcher slurm --print-sbatch``: the sbatch script for the same options."""
     if (args.launcher or "").strip().lower() != "slurm":
         return fail("--print-sbatch goes with --launcher slurm")
-    from ddptui.cluster.slurm import sbatch_script
-    from ddptui.config import parse_int
+    from ddptui.run.cluster.slurm import sbatch_script
+    from ddptui.run.config import parse_int
 
     nnodes = None if args.nnodes is None else parse_int("nnodes", args.nnodes, 1)
     nproc = (
@@ -357,8 +360,8 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
 
 def replay_command(args: argparse.Namespace) -> int:
     """Open a finished or crashed run."""
-    from ddptui.config import parse_path
-    from ddptui.rundir import RunDir, RunDirError, read_config
+    from ddptui.run.config import parse_path
+    from ddptui.run.rundir import RunDir, RunDirError, read_config
 
     try:
         run_dir = parse_path("run_dir", args.run_dir, label="RUN_DIR")
@@ -372,7 +375,7 @@ def replay_command(args: argparse.Namespace) -> int:
     try:
         read_config(run_dir)
         if args.no_ui:
-            from ddptui.replay import print_replay
+            from ddptui.runs.replay import print_replay
 
             return print_replay(run_dir)
     except RunDirError as exc:

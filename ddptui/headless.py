@@ -15,13 +15,13 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from ddptui import protocol
-from ddptui.config import RunConfig, resume_command
 from ddptui.constants import PHASES
-from ddptui.diagnosis import Diagnosis
 from ddptui.formatting import fmt_duration, fmt_num
-from ddptui.rundir import RunDirError, rank_log_name
-from ddptui.session import RunSession
-from ddptui.state import RunState
+from ddptui.run.config import RunConfig, resume_command
+from ddptui.run.diagnosis import Diagnosis
+from ddptui.run.rundir import RunDirError, rank_log_name
+from ddptui.run.session import RunSession
+from ddptui.run.state import RunState
 
 PRINT_EVERY_S = 5.0
 BAR_EVERY_S = 0.5

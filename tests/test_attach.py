@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from ddptui import attach, liveruns
 from ddptui.constants import RUN_ID_ENV
+from ddptui.runs import attach
+from ddptui.runs import live as liveruns
 from ddptui.tui import follow
 from ddptui.tui.follow import FollowSource
 from tests.data_fixtures.record import RUNS

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ddptui import bench, benchmath
-from ddptui.benchmath import StepPoint
-from ddptui.config import Machine
-from ddptui.state import RunState
+from ddptui.run.config import Machine
+from ddptui.run.state import RunState
+from ddptui.runs import bench, benchmath
+from ddptui.runs.benchmath import StepPoint
 
 NO_CUDA = Machine(0, "no CUDA here (test)", 8)
 TWO_GPUS = Machine(2, "", 32)

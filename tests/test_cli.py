@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddptui import cli
-from ddptui.config import Machine
+from ddptui.run.config import Machine
 
 ENV_NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
@@ -201,9 +201,9 @@ def test_help_still_works(argv, expected, capsys):
 def test_headless_path_never_imports_textual():
     code = (
         "import sys\n"
-        "import ddptui.cli, ddptui.headless, ddptui.session, ddptui.replay\n"
+        "import ddptui.cli, ddptui.headless, ddptui.run.session, ddptui.runs.replay\n"
         "import ddptui.monitor.cli\n"
-        "from ddptui.config import build_config, Machine\n"
+        "from ddptui.run.config import build_config, Machine\n"
         "build_config({}, Machine(0, 'none', 2))\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'textual_plotext')"
         " or m.startswith('ddptui.tui'))\n"

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from ddptui import protocol
-from ddptui.diagnosis import (
+from ddptui.run.diagnosis import (
     Diagnoser,
     Diagnosis,
     MemoryState,
@@ -23,7 +23,7 @@ from ddptui.diagnosis import (
     hung_ranks,
     rank_ends,
 )
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.run.state import RankFailureInfo, RunState
 
 STACKS = Path(__file__).parent / "data" / "stacks"
 

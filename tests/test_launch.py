@@ -9,10 +9,10 @@ import time
 import pytest
 
 from ddptui import protocol
-from ddptui.config import Machine, build_config
-from ddptui.launch import Launcher, wait_for
-from ddptui.rundir import load_run
-from ddptui.session import RunSession
+from ddptui.run.config import Machine, build_config
+from ddptui.run.launcher import Launcher, wait_for
+from ddptui.run.rundir import load_run
+from ddptui.run.session import RunSession
 from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import sys
 import psutil
 import pytest
 
-from ddptui.launch import Launcher
+from ddptui.run.launcher import Launcher
 from tests.helpers import USER_SCRIPT, processes_of_run, wait_until
 
 pytestmark = pytest.mark.slow

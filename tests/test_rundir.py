@@ -6,7 +6,7 @@ import pytest
 
 from ddptui import protocol
 from ddptui.cli import main
-from ddptui.rundir import (
+from ddptui.run.rundir import (
     EXIT_CODES,
     RunDir,
     RunDirError,
@@ -18,7 +18,7 @@ from ddptui.rundir import (
     write_json_atomic,
     write_summary,
 )
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.run.state import RankFailureInfo, RunState
 
 
 @pytest.mark.parametrize(

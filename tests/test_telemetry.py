@@ -10,9 +10,9 @@ import pytest
 import zmq
 
 from ddptui import protocol
-from ddptui.collector import Collector
-from ddptui.reporter import Reporter
-from ddptui.state import RunState
+from ddptui.rank.reporter import Reporter
+from ddptui.run.collector import Collector
+from ddptui.run.state import RunState
 
 
 def drain(collector, want, timeout=10.0):

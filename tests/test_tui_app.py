@@ -9,7 +9,7 @@ import threading
 import pytest
 from textual.widgets import Button, DataTable, Input, Log, Select
 
-from ddptui.config import Machine, build_config, check_options
+from ddptui.run.config import Machine, build_config, check_options
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen

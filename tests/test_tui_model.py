@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddptui import protocol
-from ddptui.state import RunState
+from ddptui.run.state import RunState
 from ddptui.tui.app import restart_config
 from ddptui.tui.machine import recent_runs
 from ddptui.tui.model import (

@@ -21,9 +21,9 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
-from ddptui.config import RunConfig, new_run_id
 from ddptui.monitor.pcie import pcie_interval
-from ddptui.session import RunSession
+from ddptui.run.config import RunConfig, new_run_id
+from ddptui.run.session import RunSession
 from ddptui.tui.machine import HostInfo, detect_host
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.screens.launch import LaunchScreen

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddptui.config import Machine
-from ddptui.rundir import RunDir, RunDirError, load_run, read_config, read_summary
+from ddptui.run.config import Machine
+from ddptui.run.rundir import RunDir, RunDirError, load_run, read_config, read_summary
 from ddptui.tui.model import config_label
 
 #: Recent runs listed on the launch screen.

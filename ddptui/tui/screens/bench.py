@@ -2,7 +2,7 @@
 overall progress, the run in progress, and a bar chart of samples/s per configuration.
 
 The bench runs on a worker thread, one run at a time, exactly as headless (the same
-:class:`~ddptui.bench.BenchRunner`); quitting stops the run in progress and keeps what was
+:class:`~ddptui.runs.bench.BenchRunner`); quitting stops the run in progress and keeps what was
 measured (bench.csv and bench.md are written either way).
 """
 
@@ -22,7 +22,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, Static
 from textual_plotext import PlotextPlot
 
-from ddptui.bench import (
+from ddptui.formatting import fmt_duration
+from ddptui.runs.bench import (
     BenchOptions,
     BenchRunner,
     Cancelled,
@@ -31,7 +32,6 @@ from ddptui.bench import (
     table_cells,
     write_results,
 )
-from ddptui.formatting import fmt_duration
 
 STATUS_STYLE = {
     "measured": "green",

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ddptui import protocol
-from ddptui.diagnosis import PhaseHistory
+from ddptui.run.diagnosis import PhaseHistory
 
 #: Points kept per series (loss, throughput, step time) per rank.
 SERIES_LENGTH = 2_000

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_events(run_dir: Path) -> Iterator[protocol.AnyEvent]:
     """The run's events (its own run id only). Raises RunDirError for a bad directory."""
-    from ddptui.rundir import RunDir, RunDirError, iter_events, read_config
+    from ddptui.run.rundir import RunDir, RunDirError, iter_events, read_config
 
     if not RunDir(run_dir).events.is_file():
         raise RunDirError(f"not a run directory (no events.jsonl): {run_dir}")
@@ -235,7 +235,7 @@ def export_tensorboard(run_dir: Path, target: str) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ddptui.rundir import RunDirError
+    from ddptui.run.rundir import RunDirError
 
     run_dir = Path(args.run_dir)
     try:

@@ -21,12 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddptui import protocol
-from ddptui.collector import Collector, CollectorStats
-from ddptui.config import RunConfig, check_restart_checkpoint
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
-from ddptui.diagnosis import Diagnoser, Diagnosis, diagnose_crash, diagnoses_for_summary, rank_ends
-from ddptui.launch import Launcher, LaunchResult, Rendezvous
-from ddptui.rundir import (
+from ddptui.run.collector import Collector, CollectorStats
+from ddptui.run.config import RunConfig, check_restart_checkpoint
+from ddptui.run.diagnosis import (
+    Diagnoser,
+    Diagnosis,
+    diagnose_crash,
+    diagnoses_for_summary,
+    rank_ends,
+)
+from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
+from ddptui.run.rundir import (
     EXIT_CODES,
     RunDir,
     RunDirError,
@@ -35,7 +41,7 @@ from ddptui.rundir import (
     write_json_atomic,
     write_summary,
 )
-from ddptui.state import AttemptRecord, RankFailureInfo, RunState
+from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
 
 #: After the launcher ends, keep reading this long for events still in flight.
 DRAIN_SECONDS = 0.5
@@ -139,7 +145,7 @@ class RunSession:
         self._exit_code: int | None = None
         self.stats = CollectorStats()
         self._lock = threading.RLock()  # the dashboard reads state from another thread
-        #: Stragglers, hangs and crash causes, found as the run goes (see ddptui.diagnosis).
+        #: Stragglers, hangs and crash causes, found as the run goes (see ddptui.run.diagnosis).
         self.diagnoser = Diagnoser(hang_timeout=getattr(cfg, "hang_timeout", None))
         #: What to do when the run hangs: ``stop`` it (exit code 3) or ``keep`` it running.
         self.on_hang = getattr(cfg, "on_hang", "stop")
@@ -203,7 +209,7 @@ class RunSession:
     def _start_host(self) -> Launcher:
         """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
         ranks (slot 0) under c10d, or, under Slurm, srun starting one agent per node."""
-        from ddptui.cluster.host import NodeHost
+        from ddptui.run.cluster.host import NodeHost
 
         assert self.collector is not None
         try:
@@ -214,11 +220,11 @@ class RunSession:
             ) from None
         self.host.inbox.stats = self.collector.stats  # one count of what arrived
         if self.cfg.launcher == "slurm":
-            from ddptui.cluster.slurm import SrunLauncher
+            from ddptui.run.cluster.slurm import SrunLauncher
 
             return SrunLauncher(self.cfg, self.host.token().encode())
         assert self.cfg.rdzv_endpoint is not None
-        from ddptui.cluster.addresses import route_address, split_endpoint
+        from ddptui.run.cluster.addresses import route_address, split_endpoint
 
         rendezvous = Rendezvous(
             self.cfg.nnodes,
@@ -262,7 +268,7 @@ class RunSession:
             return
         self._next_diagnosis = now + DIAGNOSE_EVERY_S
         if self.probe is None:
-            from ddptui.probe import RankProbe
+            from ddptui.run.probe import RankProbe
 
             self.probe = RankProbe()
         with self._lock:
@@ -276,7 +282,7 @@ class RunSession:
 
     def _on_hang(self, now: float) -> None:
         """Capture every rank's stack, name the culprit, then stop the run (or keep it)."""
-        from ddptui.stacks import capture_stacks
+        from ddptui.rank.stacks import capture_stacks
 
         self._hung = True
         with self._lock:

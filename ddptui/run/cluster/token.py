@@ -84,7 +84,7 @@ class JoinToken:
             raise TokenError("the join token is damaged (copy the whole 'ddptui join' line)")
         if len(server) != _Z85_KEY_CHARS or len(client) != _Z85_KEY_CHARS:
             raise TokenError("the join token holds no valid keys (copy the whole line)")
-        from ddptui.cluster.addresses import split_endpoint
+        from ddptui.run.cluster.addresses import split_endpoint
 
         try:
             split_endpoint(endpoint)

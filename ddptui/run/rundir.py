@@ -151,8 +151,8 @@ def summarize(
     events: dict[str, int] | None = None,
     duration_s: float | None = None,
 ) -> dict:
-    """The ``summary.json`` document for a run: ``state`` is its :class:`~ddptui.state.RunState`
-    (read only), ``failure`` a :class:`~ddptui.state.RankFailureInfo` or None."""
+    """The ``summary.json`` document for a run: ``state`` is its :class:`~ddptui.run.state.RunState`
+    (read only), ``failure`` a :class:`~ddptui.run.state.RankFailureInfo` or None."""
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}")
     last = state.last_eval
@@ -214,7 +214,7 @@ def summarize(
 
 
 def _attempt_doc(record) -> dict:
-    """One entry of summary.json's ``attempts`` (a :class:`~ddptui.state.AttemptRecord`)."""
+    """One entry of summary.json's ``attempts`` (a :class:`~ddptui.run.state.AttemptRecord`)."""
     from datetime import UTC, datetime
 
     started = _finite(record.started_at)
@@ -242,7 +242,7 @@ def _restore_attempts(state, summary: dict, config: dict) -> None:
     """summary.json's ``attempts`` back onto a replayed state (malformed entries skipped)."""
     from datetime import datetime
 
-    from ddptui.state import AttemptRecord, RankFailureInfo
+    from ddptui.run.state import AttemptRecord, RankFailureInfo
 
     restarts = config.get("max_restarts")
     if isinstance(restarts, int) and not isinstance(restarts, bool) and 0 <= restarts <= 1000:
@@ -384,8 +384,8 @@ def load_run(run_dir: str | os.PathLike[str]):
     events and the launcher's record (runs from before summary.json, or a ddptui that was
     killed). ``state`` carries the outcome and failure. Raises :class:`RunDirError`.
     """
-    from ddptui.launch import read_failure, tail_lines
-    from ddptui.state import RankFailureInfo, RunState
+    from ddptui.run.launcher import read_failure, tail_lines
+    from ddptui.run.state import RankFailureInfo, RunState
 
     run_dir = Path(run_dir)
     config = read_config(run_dir)

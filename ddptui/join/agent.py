@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import TextIO
 
 from ddptui import protocol
-from ddptui.cluster.addresses import route_address, split_endpoint
-from ddptui.cluster.join import LOST_AFTER_S, STATUS_EVERY_S, Channel
-from ddptui.collector import Collector
-from ddptui.config import RunConfig
 from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
-from ddptui.launch import Launcher, LaunchResult, Rendezvous
-from ddptui.rundir import EXIT_CODES, write_json_atomic
-from ddptui.session import make_launcher
-from ddptui.state import RankFailureInfo
+from ddptui.join.command import LOST_AFTER_S, STATUS_EVERY_S, Channel
+from ddptui.run.cluster.addresses import route_address, split_endpoint
+from ddptui.run.collector import Collector
+from ddptui.run.config import RunConfig
+from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
+from ddptui.run.rundir import EXIT_CODES, write_json_atomic
+from ddptui.run.session import make_launcher
+from ddptui.run.state import RankFailureInfo
 
 #: After the ranks end, keep relaying this long for events still in flight.
 DRAIN_S = 0.5

@@ -42,9 +42,9 @@ from ddptui.constants import (
     NO_INSTRUMENT_ENV,
     ON_HANG,
 )
-from ddptui.cpus import usable_cpus
-from ddptui.registry import DEFAULT_TRAINER, Registry, TrainerSpec, registry
-from ddptui.rundir import RunDir
+from ddptui.rank.cpus import usable_cpus
+from ddptui.run.registry import DEFAULT_TRAINER, Registry, TrainerSpec, registry
+from ddptui.run.rundir import RunDir
 
 # -- limits (a value beyond these is a typo or an attack, not a run) -----------------------------
 #: Ranks ddptui starts on one machine, even with ``--oversubscribe``.
@@ -416,7 +416,7 @@ def _build(
         attempt,
     )
     if launcher == "slurm":
-        from ddptui.cluster.slurm import slurm_layout
+        from ddptui.run.cluster.slurm import slurm_layout
 
         environ = raw.get("environ")
         layout = attempt(slurm_layout, os.environ if environ is None else environ, nnodes, nproc)
@@ -747,7 +747,7 @@ def _multinode_addresses(
             "a multi-node run starts its ranks under torchrun's c10d rendezvous: use "
             "--launcher torchrun (or slurm), or leave --launcher out",
         )
-    from ddptui.cluster.addresses import (
+    from ddptui.run.cluster.addresses import (
         check_bind,
         check_endpoint,
         default_endpoint,

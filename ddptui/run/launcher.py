@@ -1,6 +1,6 @@
 """One launcher interface for both launchers: start, poll, stop.
 
-The ranks run under a driver child process (``ddptui.launch.drivers``) in its own session:
+The ranks run under a driver child process (``ddptui.run.drivers``) in its own session:
 mp.spawn or torchrun. Teardown — on stop, Ctrl-C, or a rank's failure — sends SIGTERM to
 every process of the run, then SIGKILL after a grace period. "Every process" is the driver's
 process tree plus anything whose environment carries this run's ``DDPTUI_RUN_ID`` (torchrun
@@ -39,8 +39,8 @@ from ddptui.constants import (
     RUN_DIR_ENV,
     RUN_ID_ENV,
 )
-from ddptui.rundir import RunDir
-from ddptui.state import RankFailureInfo
+from ddptui.run.rundir import RunDir
+from ddptui.run.state import RankFailureInfo
 
 STDERR_TAIL_LINES = 15
 #: How long teardown keeps looking for processes of the run after SIGKILL.
@@ -223,7 +223,7 @@ class Launcher:
         cmd = [
             sys.executable,
             "-m",
-            "ddptui.launch.drivers",
+            "ddptui.run.drivers",
             self.kind,
             "--nprocs",
             str(self.world_size),

@@ -151,7 +151,7 @@ def install_rank(run_dir: str | None, rank: int) -> None:
     """What the rank entry calls before the target runs: the stack dump for hang diagnosis
     (always, when there is a run directory) and the instrumentation (when :func:`wanted`)."""
     if run_dir:
-        from ddptui.stacks import register_stack_dump
+        from ddptui.rank.stacks import register_stack_dump
 
         register_stack_dump(run_dir, rank)
     install()
@@ -233,7 +233,7 @@ class CudaStepRead:
     """One step's CUDA events (and loss copies), read once the device has passed them.
 
     Follows the ``query()`` / ``values()`` / ``keys()`` shape of the reporter's pending reads
-    (``ddptui.pending.Read``), so it can ride in the reporter's own pending queue: ``values()``
+    (``ddptui.rank.pending.Read``), so it can ride in the reporter's own pending queue: ``values()``
     gives ``("phases", {...})`` and ``("loss", float | None)``.
     """
 
@@ -737,7 +737,7 @@ class Instrument:
             return
         get_reporter = self._get_reporter
         if get_reporter is None:
-            from ddptui import reporter as reporter_module
+            from ddptui.rank import reporter as reporter_module
 
             get_reporter = self._get_reporter = reporter_module.get_reporter
         reporter = get_reporter()

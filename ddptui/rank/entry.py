@@ -2,7 +2,7 @@
 parent, CPU threads per rank, then the target (a built-in trainer module or the user's script).
 
 Used as the mp.spawn worker function (:func:`spawn_worker`) and as torchrun's module
-(``python -m ddptui.launch.rank_entry``), so both launchers start ranks identically.
+(``python -m ddptui.rank.entry``), so both launchers start ranks identically.
 
 It runs the target, so it is the one place that knows how a rank ended: an uncaught exception
 or a non-zero exit is reported to ddptui as ``failed`` with the error and the traceback (torch's
@@ -32,11 +32,11 @@ import time
 import traceback
 from pathlib import Path
 
-from ddptui.argv import split_passthrough
 from ddptui.constants import ATTEMPT_ENV, PARENT_PID_ENV, RESTART_COUNT_ENV, THREADS_ENV
-from ddptui.cpus import threads_per_rank
-from ddptui.instrument import install_rank
-from ddptui.rundir import RunDir
+from ddptui.rank.argv import split_passthrough
+from ddptui.rank.cpus import threads_per_rank
+from ddptui.rank.instrument import install_rank
+from ddptui.run.rundir import RunDir
 
 _PR_SET_PDEATHSIG = 1
 #: How often the watchdog looks whether the parent is still there.
@@ -113,7 +113,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
 def report_failure(error: str, trace: str | None) -> None:
     """Tell ddptui that this rank failed (once; a no-op when nobody listens)."""
     try:
-        from ddptui.reporter import get_reporter
+        from ddptui.rank.reporter import get_reporter
 
         get_reporter().finished(error=error, traceback=trace)
     except Exception:  # pragma: no cover - telemetry never changes how a rank ends
@@ -209,7 +209,7 @@ def spawn_worker(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """torchrun entry: ``python -m ddptui.launch.rank_entry (--module M | --script S) -- …``."""
+    """torchrun entry: ``python -m ddptui.rank.entry (--module M | --script S) -- …``."""
     die_with_parent()  # before anything slow: the agent may already be going
     parser = argparse.ArgumentParser(prog="ddptui-rank")
     parser.add_argument("--run-dir")

@@ -23,10 +23,10 @@ hold is, with nobody listening), ``log`` drops its step without building an even
 
 **Values may be tensors.** Loss, accuracy, count and every extra metric may be a Python or
 numpy number or a one-element torch tensor. CPU tensors are read at once. CUDA tensors are
-read lazily (:mod:`ddptui.pending`): the call queues a copy to pinned host memory and a CUDA
+read lazily (:mod:`ddptui.rank.pending`): the call queues a copy to pinned host memory and a CUDA
 event, and the event waits here until the copy has landed, checked at later calls and at
 :meth:`Reporter.flush`; close waits for the device (at most
-:data:`ddptui.pending.DRAIN_TIMEOUT_S`). Step number, step time and samples/s are taken at
+:data:`ddptui.rank.pending.DRAIN_TIMEOUT_S`). Step number, step time and samples/s are taken at
 the call; only the values arrive later. Per-rank order is kept: an event waiting for its
 values holds back the events made after it, and every event keeps the ``seq`` and ``t`` of
 its call, so ``seq`` increases along ``events.jsonl`` for each rank. At most
@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Any
 
-from ddptui import pending, protocol
+from ddptui import protocol
 from ddptui.constants import (
     ATTEMPT_ENV,
     ENDPOINT_ENV,
@@ -51,6 +51,7 @@ from ddptui.constants import (
     RESTART_COUNT_ENV,
     RUN_ID_ENV,
 )
+from ddptui.rank import pending
 
 #: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
 SEND_HWM = 1_000

@@ -13,9 +13,9 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from ddptui.config import ConfigError, RunConfig
 from ddptui.constants import ENDPOINT_ENV, JOIN_TOKEN_ENV
-from ddptui.launch import Launcher
+from ddptui.run.config import ConfigError, RunConfig
+from ddptui.run.launcher import Launcher
 
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 

@@ -1,6 +1,6 @@
 """Why a run is slow, stuck or dead: pure rules over what ddptui knows. No I/O, no clocks.
 
-Next to :class:`~ddptui.state.RunState` so that headless, dashboard and replay agree. Every
+Next to :class:`~ddptui.run.state.RunState` so that headless, dashboard and replay agree. Every
 finding is a :class:`Diagnosis` ``(rank, cause, detail, t)`` with numbers as evidence; ``t``
 is seconds since the run started.
 
@@ -303,7 +303,7 @@ def main_thread(threads: list[list[Frame]]) -> list[Frame]:
     for frames in threads:
         bottom = frames[-1]
         if bottom.func == "<module>" or bottom.file.endswith(
-            ("ddptui/launch/rank_entry.py", "multiprocessing/spawn.py")
+            ("ddptui/rank/entry.py", "multiprocessing/spawn.py")
         ):
             return frames
     return threads[-1] if threads else []

@@ -1,4 +1,4 @@
-"""The launcher-side child process: ``python -m ddptui.launch.drivers spawn|torchrun …``.
+"""The launcher-side child process: ``python -m ddptui.run.drivers spawn|torchrun …``.
 
 It runs in its own session, starts the ranks as mp.spawn does (the standard library's spawn
 context: the driver never imports torch) or with torch.distributed.run (torchrun), and on a
@@ -16,12 +16,12 @@ import signal
 import sys
 import time
 
-from ddptui.argv import split_passthrough
 from ddptui.constants import LAUNCHERS
-from ddptui.cpus import threads_per_rank
-from ddptui.launch.rank_entry import die_with_parent
-from ddptui.net import free_port
-from ddptui.rundir import write_json_atomic
+from ddptui.rank.argv import split_passthrough
+from ddptui.rank.cpus import threads_per_rank
+from ddptui.rank.entry import die_with_parent
+from ddptui.rank.net import free_port
+from ddptui.run.rundir import write_json_atomic
 
 if __name__ in ("__main__", "__mp_main__"):
     # First thing after these light imports, before torch: in the driver (its parent is
@@ -68,7 +68,7 @@ def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
     os.environ["OMP_NUM_THREADS"] = str(threads_per_rank(opts.nprocs))
     if opts.module and "--init-method" not in args:
         args = [*args, "--init-method", f"tcp://127.0.0.1:{port}"]
-    from ddptui.launch.rank_entry import spawn_worker
+    from ddptui.rank.entry import spawn_worker
 
     context = multiprocessing.get_context("spawn")
     ranks = [
@@ -132,7 +132,7 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    target = ["-m", "ddptui.launch.rank_entry"]
+    target = ["-m", "ddptui.rank.entry"]
     target += ["--run-dir", opts.run_dir] if opts.run_dir else []
     target += ["--module", opts.module] if opts.module else ["--script", opts.script]
     if opts.rdzv_endpoint:

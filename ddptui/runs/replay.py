@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ddptui.formatting import fmt_duration, fmt_num
-from ddptui.rundir import load_run
+from ddptui.run.rundir import load_run
 
 
 def print_replay(run_dir: Path, out: TextIO | None = None) -> int:

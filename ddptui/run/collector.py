@@ -4,7 +4,7 @@ On one node the socket is an ``ipc://`` (Unix domain) socket inside a directory 
 this user can open (mode 0700, random name, removed at close): a process of another account
 cannot connect to it. ``transport="tcp"`` binds 127.0.0.1 (or ``host``) instead; a multi-node
 run binds the interface other nodes reach and gives ``curve_secret`` (the run's CURVE server
-key): then only peers the context's ZAP handler admits get a connection (``ddptui.cluster``).
+key): then only peers the context's ZAP handler admits get a connection (``ddptui.run.cluster``).
 
 Nothing a sender does can stop the collector. Every message is size-capped and decoded
 against the schema; then each event is checked for plausibility (a rank outside the run's

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from ddptui.diagnosis import MemoryState
+from ddptui.run.diagnosis import MemoryState
 
 #: Seconds of CPU samples averaged per rank, and of host memory samples kept.
 WINDOW_S = 20.0

@@ -3,7 +3,7 @@
 Runs a matrix of configurations one at a time with the normal engine (:class:`RunSession`),
 each in its own run directory under the bench directory, and measures:
 
-- steady-state samples/s, warm-up excluded (the rule is in :mod:`ddptui.benchmath`);
+- steady-state samples/s, warm-up excluded (the rule is in :mod:`ddptui.runs.benchmath`);
 - scaling efficiency against world size 1 with the same other options;
 - time to first step (launch to the first step event);
 - peak resident memory per rank (the rank's process tree, sampled with psutil) and, where
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ddptui import benchmath
 from ddptui.commands import UsageError, command_main, fail
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
 from ddptui.formatting import fmt_duration
+from ddptui.runs import benchmath
 
 #: The single-process ``torch.nn.DataParallel`` baseline (not a launcher of ranks).
 DP = "dp"
@@ -163,7 +163,7 @@ def _split(text: str | None) -> list[str]:
 
 
 def _choices(name: str, text: str | None, allowed: Sequence[str]) -> list[str | None]:
-    from ddptui.config import parse_choice
+    from ddptui.run.config import parse_choice
 
     values = _split(text)
     if text is not None and not values:
@@ -199,7 +199,7 @@ def dp_skip_reason(machine: Any) -> str | None:
 def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
     """Validate the command line and expand the matrix. Bad values raise ConfigError or
     UsageError (exit 2, nothing started); configurations that cannot run here are skipped."""
-    from ddptui.config import ConfigError, Machine, build_config, parse_int
+    from ddptui.run.config import ConfigError, Machine, build_config, parse_int
 
     repeat = parse_int("repeat", args.repeat, 1)
     if repeat > MAX_REPEAT:
@@ -352,7 +352,7 @@ def figures_from_run(
 ) -> tuple[float | None, int]:
     """Steady-state samples/s from a run directory's step events (steps up to ``steps``), and
     the fewest steps any rank logged."""
-    from ddptui.rundir import iter_events
+    from ddptui.run.rundir import iter_events
 
     by_rank = benchmath.group_steps(benchmath.step_points(iter_events(run_dir, run_id)), steps)
     fewest = min((len(v) for v in by_rank.values()), default=0)
@@ -383,7 +383,7 @@ def measure(
     from contextlib import nullcontext
 
     from ddptui.monitor import RankInfo, Sampler
-    from ddptui.session import RunSession
+    from ddptui.run.session import RunSession
 
     session = (session_factory or RunSession)(cfg)
     tracker = PeakTracker()
@@ -688,7 +688,7 @@ def markdown_text(rows: Sequence[Row], heading: str, about: Sequence[str]) -> st
 
 
 def about_lines(opts: BenchOptions) -> list[str]:
-    from ddptui.cpus import usable_cpus
+    from ddptui.rank.cpus import usable_cpus
 
     length = f"{opts.steps} steps" if opts.steps is not None else f"{opts.epochs} epochs"
     repeat = "1 run" if opts.repeat == 1 else f"median of {opts.repeat} runs (range in brackets)"
@@ -710,7 +710,7 @@ def _hostname() -> str:
 
 
 def write_results(bench_dir: Path, rows: Sequence[Row], about: Sequence[str]) -> None:
-    from ddptui.rundir import RunDirError
+    from ddptui.run.rundir import RunDirError
 
     try:
         bench_dir.mkdir(parents=True, exist_ok=True)
@@ -807,9 +807,9 @@ def held_signals(guard: Any) -> Iterator[None]:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``ddptui bench``: exit 0 when every runnable configuration was measured, 1 when one
     failed, 2 for bad options, 128 + signal when interrupted (results so far are written)."""
-    from ddptui.config import ConfigError
     from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
-    from ddptui.rundir import RunDirError
+    from ddptui.run.config import ConfigError
+    from ddptui.run.rundir import RunDirError
 
     out = out or sys.stdout
     try:

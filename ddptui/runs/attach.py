@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def list_live(root: Path, out: TextIO) -> int:
-    from ddptui.liveruns import live_runs
+    from ddptui.runs.live import live_runs
 
     entries = live_runs(root)
     if not entries:
@@ -42,7 +42,7 @@ def list_live(root: Path, out: TextIO) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ddptui.rundir import RunDir, RunDirError, read_config
+    from ddptui.run.rundir import RunDir, RunDirError, read_config
 
     out = out or sys.stdout
     if args.run_dir is None:

@@ -19,10 +19,10 @@ import msgspec
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from ddptui.cluster.addresses import join_endpoint
-from ddptui.cluster.token import JoinToken, RunKeys
-from ddptui.collector import Collector
-from ddptui.config import RunConfig
+from ddptui.run.cluster.addresses import join_endpoint
+from ddptui.run.cluster.token import JoinToken, RunKeys
+from ddptui.run.collector import Collector
+from ddptui.run.config import RunConfig
 
 ZAP_DOMAIN = "ddptui"
 #: Largest join request read (bytes); libzmq drops a peer that sends more.

@@ -23,10 +23,10 @@ import msgspec
 import zmq
 
 from ddptui import protocol
-from ddptui.cluster.token import JoinToken, TokenError
 from ddptui.commands import fail
-from ddptui.config import ConfigError, RunConfig, check_script, parse_int, parse_path
 from ddptui.constants import JOIN_TOKEN_ENV
+from ddptui.run.cluster.token import JoinToken, TokenError
+from ddptui.run.config import ConfigError, RunConfig, check_script, parse_int, parse_path
 
 DESCRIPTION = (
     "Join a multi-node run as one more node: run the 'ddptui join …' line that the first "
@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
             cfg = config_from_node0(reply.get("config"), str(run_dir.resolve()))
         except ConfigError as exc:
             return fail(str(exc))
-        from ddptui.cluster.agent import NodeAgent
+        from ddptui.join.agent import NodeAgent
 
         agent = NodeAgent(cfg, slot, channel, telemetry, host, is_host=args.slurm and slot == 0)
         return agent.run(sys.stdout)

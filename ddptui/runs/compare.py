@@ -2,8 +2,8 @@
 
 For each run: the options that differ between the runs (from ``config.json``), how it ended,
 final and best accuracy, time, steady-state samples/s (the bench's rule,
-:mod:`ddptui.benchmath`), and its failure or restarts (from ``summary.json``, or derived once
-for a run that has none, through :func:`ddptui.rundir.load_run`). ``--no-ui`` prints the table;
+:mod:`ddptui.runs.benchmath`), and its failure or restarts (from ``summary.json``, or derived once
+for a run that has none, through :func:`ddptui.run.rundir.load_run`). ``--no-ui`` prints the table;
 the dashboard overlays the runs' loss and accuracy curves. Headless: never imports Textual.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ddptui import benchmath
 from ddptui.commands import command_main, fail
 from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.runs import benchmath
 
 #: Most runs one comparison holds.
 MAX_RUNS = 16
@@ -90,7 +90,7 @@ class RunFacts:
 
 def load_facts(run_dir: str | Path) -> RunFacts:
     """Read one run (raises RunDirError with a one-line message)."""
-    from ddptui.rundir import RunDir, RunDirError, iter_events, load_run
+    from ddptui.run.rundir import RunDir, RunDirError, iter_events, load_run
 
     path = Path(run_dir)
     if not RunDir(path).events.is_file():
@@ -201,7 +201,7 @@ def load_all(run_dirs: list[str]) -> list[RunFacts]:
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from ddptui.commands import UsageError
-    from ddptui.rundir import RunDirError
+    from ddptui.run.rundir import RunDirError
 
     try:
         runs = load_all(list(args.run_dirs))

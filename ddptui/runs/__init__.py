@@ -1,0 +1,1 @@
+"""Runs as data: benchmarks, comparisons, exports, replays, live runs to attach to."""
