@@ -292,7 +292,8 @@ def continue_run_dir(raw: dict) -> dict:
     Raises ConfigError (one line)."""
     from pathlib import Path
 
-    from ddptui.run.rundir import RunDir, RunDirError, read_config
+    from ddptui.run.rundir import RunDirError, read_config
+    from ddptui.runfiles import RunDir
 
     resume = raw.get("resume")
     try:
@@ -361,7 +362,8 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
 def replay_command(args: argparse.Namespace) -> int:
     """Open a finished or crashed run."""
     from ddptui.run.config import parse_path
-    from ddptui.run.rundir import RunDir, RunDirError, read_config
+    from ddptui.run.rundir import RunDirError, read_config
+    from ddptui.runfiles import RunDir
 
     try:
         run_dir = parse_path("run_dir", args.run_dir, label="RUN_DIR")

@@ -19,9 +19,10 @@ from ddptui.constants import PHASES
 from ddptui.formatting import fmt_duration, fmt_num
 from ddptui.run.config import RunConfig, resume_command
 from ddptui.run.diagnosis import Diagnosis
-from ddptui.run.rundir import RunDirError, rank_log_name
+from ddptui.run.rundir import RunDirError
 from ddptui.run.session import RunSession
 from ddptui.run.state import RunState
+from ddptui.runfiles import rank_log_name
 
 PRINT_EVERY_S = 5.0
 BAR_EVERY_S = 0.5

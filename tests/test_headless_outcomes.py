@@ -8,8 +8,8 @@ import time
 import pytest
 
 from ddptui.run.config import build_config
-from ddptui.run.rundir import RunDir
 from ddptui.run.session import RunSession
+from ddptui.runfiles import RunDir
 from tests.helpers import processes_of_run, read_events
 
 pytestmark = pytest.mark.slow

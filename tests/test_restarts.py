@@ -20,9 +20,10 @@ from ddptui import protocol
 from ddptui.rank.reporter import attempt_from_env
 from ddptui.run.config import ConfigError, build_config, check_restart_checkpoint
 from ddptui.run.launcher import LaunchResult
-from ddptui.run.rundir import RunDir, summarize
+from ddptui.run.rundir import summarize
 from ddptui.run.session import RunSession, failure_key
 from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
+from ddptui.runfiles import RunDir
 from tests.helpers import ROOT, processes_of_run, read_events, wait_until
 
 
@@ -381,7 +382,7 @@ def test_resume_command_repeats_the_options(tmp_path):
 
 def test_resume_run_dir_takes_the_saved_options(tmp_path):
     from ddptui.cli import continue_run_dir
-    from ddptui.run.rundir import write_json_atomic
+    from ddptui.runfiles import write_json_atomic
 
     saved = _cfg(tmp_path, epochs="4", script_args=("--train-size", "800"))
     RunDir(saved.run_dir).path.mkdir(parents=True)
@@ -460,7 +461,8 @@ def test_the_header_names_the_attempt_and_the_loss_chart_marks_it():
 
 
 def test_a_replayed_run_shows_its_attempts(tmp_path):
-    from ddptui.run.rundir import load_run, write_json_atomic, write_summary
+    from ddptui.run.rundir import load_run, write_summary
+    from ddptui.runfiles import write_json_atomic
 
     cfg = _cfg(tmp_path)
     RunDir(cfg.run_dir).path.mkdir(parents=True)

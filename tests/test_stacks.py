@@ -10,7 +10,7 @@ import pytest
 from ddptui.constants import RUN_ID_ENV
 from ddptui.rank.stacks import capture_stacks
 from ddptui.run.diagnosis import classify_stack
-from ddptui.run.rundir import RunDir
+from ddptui.runfiles import RunDir
 
 CHILD = """
 import sys, time

@@ -14,9 +14,10 @@ from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.collector import Collector
 from ddptui.run.config import RunConfig
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
-from ddptui.run.rundir import EXIT_CODES, write_json_atomic
+from ddptui.run.rundir import EXIT_CODES
 from ddptui.run.session import make_launcher
 from ddptui.run.state import RankFailureInfo
+from ddptui.runfiles import write_json_atomic
 
 #: After the ranks end, keep relaying this long for events still in flight.
 DRAIN_S = 0.5

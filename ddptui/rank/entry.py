@@ -36,7 +36,7 @@ from ddptui.constants import ATTEMPT_ENV, PARENT_PID_ENV, RESTART_COUNT_ENV, THR
 from ddptui.rank.argv import split_passthrough
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.instrument import install_rank
-from ddptui.run.rundir import RunDir
+from ddptui.runfiles import RunDir
 
 _PR_SET_PDEATHSIG = 1
 #: How often the watchdog looks whether the parent is still there.

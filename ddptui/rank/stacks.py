@@ -15,7 +15,7 @@ import signal
 import time
 from pathlib import Path
 
-from ddptui.run.rundir import RunDir
+from ddptui.runfiles import RunDir
 
 #: The signal a rank dumps its stacks on. SIGUSR2 rather than SIGUSR1, which job schedulers
 #: (Slurm ``--signal``) and training frameworks often claim for checkpoint-and-requeue.

@@ -44,7 +44,7 @@ from ddptui.constants import (
 )
 from ddptui.rank.cpus import usable_cpus
 from ddptui.run.registry import DEFAULT_TRAINER, Registry, TrainerSpec, registry
-from ddptui.run.rundir import RunDir
+from ddptui.runfiles import RunDir
 
 # -- limits (a value beyond these is a typo or an attack, not a run) -----------------------------
 #: Ranks ddptui starts on one machine, even with ``--oversubscribe``.

@@ -21,7 +21,7 @@ from ddptui.rank.argv import split_passthrough
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.entry import die_with_parent
 from ddptui.rank.net import free_port
-from ddptui.run.rundir import write_json_atomic
+from ddptui.runfiles import write_json_atomic
 
 if __name__ in ("__main__", "__mp_main__"):
     # First thing after these light imports, before torch: in the driver (its parent is

@@ -17,13 +17,11 @@ If ddptui itself dies, the driver and the ranks follow it (``rank_entry.die_with
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +37,10 @@ from ddptui.constants import (
     RUN_DIR_ENV,
     RUN_ID_ENV,
 )
-from ddptui.run.rundir import RunDir
+from ddptui.run.rundir import read_failure, tail_lines
 from ddptui.run.state import RankFailureInfo
+from ddptui.runfiles import RunDir
 
-STDERR_TAIL_LINES = 15
 #: How long teardown keeps looking for processes of the run after SIGKILL.
 KILL_SWEEP_S = 5.0
 _SWEEP_INTERVAL_S = 0.1
@@ -147,37 +145,6 @@ class ProcessIdentity:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
-
-
-def tail_lines(path: Path, n: int = STDERR_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
-    """Last ``n`` lines of a text file (reads at most ``max_bytes`` from its end)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return []
-    lines = data.decode("utf-8", "replace").splitlines()
-    return list(deque((ln for ln in lines if ln.strip()), maxlen=n))
-
-
-def read_failure(run_dir: Path) -> RankFailureInfo | None:
-    """The first failing rank as the driver recorded it in the run directory, with the tail
-    of that rank's log; None when the driver recorded no rank failure."""
-    try:
-        info = json.loads(RunDir(run_dir).result.read_text())
-    except (OSError, ValueError):
-        return None
-    rank = info.get("rank")
-    return RankFailureInfo(
-        rank=rank,
-        exit_code=info.get("exit_code"),
-        signal=info.get("signal"),
-        error=info.get("error"),
-        stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(rank))) if rank is not None else (),
-    )
 
 
 class Launcher:

@@ -1,99 +1,54 @@
-"""The run directory: its file names, and reading and writing them.
-
-The one module that knows what a run directory holds::
-
-    config.json           the validated run options
-    events.jsonl          every event received, one JSON object per line
-    summary.json          how the run ended (written at the end of every run)
-    rank-N.log            rank N's stdout and stderr
-    launcher.log          the launcher's own output
-    launcher-result.json  the first failing rank, as the launcher driver saw it
-    checkpoint.pt         global rank 0's checkpoint after every epoch
-    stacks-rank-N.txt     rank N's Python stacks, dumped on ddptui's signal (hang diagnosis)
-
-Stdlib only (the launcher driver and the ranks import it).
+"""Reading and writing a run directory: how a run ended (``summary.json``), its saved
+options, its events, the launcher's failure record and log tails, and a whole run loaded back
+into a :class:`~ddptui.run.state.RunState`. The file names are :mod:`ddptui.runfiles`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import deque
+from datetime import UTC, datetime
 from pathlib import Path
 
-EVENTS_FILE = "events.jsonl"
-CONFIG_FILE = "config.json"
-SUMMARY_FILE = "summary.json"
-LAUNCHER_LOG = "launcher.log"
-RESULT_FILE = "launcher-result.json"
-CHECKPOINT_FILE = "checkpoint.pt"
+from ddptui import protocol
+from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
+from ddptui.runfiles import RunDir, write_json_atomic
+
+# -- the launcher's failure record and log tails ------------------------------------------
+#: Lines of a failing rank's log shown with its failure.
+STDERR_TAIL_LINES = 15
 
 
-def rank_log_name(rank: int | None) -> str:
-    """``rank-N.log`` for a rank; ``launcher.log`` when no rank is known."""
-    return LAUNCHER_LOG if rank is None else f"rank-{rank}.log"
-
-
-def stacks_name(rank: int) -> str:
-    """``stacks-rank-N.txt``: where rank N dumps its Python stacks when ddptui asks."""
-    return f"stacks-rank-{rank}.txt"
-
-
-class RunDir:
-    """Paths of one run directory (nothing is created until something is written)."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-
-    def __repr__(self) -> str:
-        return f"RunDir({str(self.path)!r})"
-
-    @property
-    def events(self) -> Path:
-        return self.path / EVENTS_FILE
-
-    @property
-    def config(self) -> Path:
-        return self.path / CONFIG_FILE
-
-    @property
-    def summary(self) -> Path:
-        return self.path / SUMMARY_FILE
-
-    @property
-    def launcher_log(self) -> Path:
-        return self.path / LAUNCHER_LOG
-
-    @property
-    def result(self) -> Path:
-        return self.path / RESULT_FILE
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.path / CHECKPOINT_FILE
-
-    def rank_log(self, rank: int | None) -> Path:
-        return self.path / rank_log_name(rank)
-
-    def stacks(self, rank: int) -> Path:
-        return self.path / stacks_name(rank)
-
-    def holds_run(self) -> bool:
-        """Whether a run was started here (its events file exists)."""
-        return self.events.exists()
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
-    """Write ``data`` as JSON to ``path`` through a temp file and ``os.replace``: a reader
-    sees the old file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def tail_lines(path: Path, n: int = STDERR_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
+    """Last ``n`` lines of a text file (reads at most ``max_bytes`` from its end)."""
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return list(deque((ln for ln in lines if ln.strip()), maxlen=n))
+
+
+def read_failure(run_dir: Path) -> RankFailureInfo | None:
+    """The first failing rank as the driver recorded it in the run directory, with the tail
+    of that rank's log; None when the driver recorded no rank failure."""
+    try:
+        info = json.loads(RunDir(run_dir).result.read_text())
+    except (OSError, ValueError):
+        return None
+    rank = info.get("rank")
+    return RankFailureInfo(
+        rank=rank,
+        exit_code=info.get("exit_code"),
+        signal=info.get("signal"),
+        error=info.get("error"),
+        stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(rank))) if rank is not None else (),
+    )
 
 
 # -- how a run ended -------------------------------------------------------------------------
@@ -215,8 +170,6 @@ def summarize(
 
 def _attempt_doc(record) -> dict:
     """One entry of summary.json's ``attempts`` (a :class:`~ddptui.run.state.AttemptRecord`)."""
-    from datetime import UTC, datetime
-
     started = _finite(record.started_at)
     failure = record.failure
     return {
@@ -240,9 +193,6 @@ def _attempt_doc(record) -> dict:
 
 def _restore_attempts(state, summary: dict, config: dict) -> None:
     """summary.json's ``attempts`` back onto a replayed state (malformed entries skipped)."""
-    from datetime import datetime
-
-    from ddptui.run.state import AttemptRecord, RankFailureInfo
 
     restarts = config.get("max_restarts")
     if isinstance(restarts, int) and not isinstance(restarts, bool) and 0 <= restarts <= 1000:
@@ -358,8 +308,6 @@ _SHOWN_WITHOUT_EVENTS = 1024
 def iter_events(run_dir: str | os.PathLike[str], run_id: str | None = None):
     """Events of a run directory's ``events.jsonl`` (only run ``run_id``'s, when given); lines
     that do not parse are skipped (a crash may leave the last line half-written)."""
-    from ddptui import protocol
-
     try:
         f = open(RunDir(run_dir).events, "rb")
     except FileNotFoundError:
@@ -384,8 +332,6 @@ def load_run(run_dir: str | os.PathLike[str]):
     events and the launcher's record (runs from before summary.json, or a ddptui that was
     killed). ``state`` carries the outcome and failure. Raises :class:`RunDirError`.
     """
-    from ddptui.run.launcher import read_failure, tail_lines
-    from ddptui.run.state import RankFailureInfo, RunState
 
     run_dir = Path(run_dir)
     config = read_config(run_dir)

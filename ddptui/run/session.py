@@ -32,16 +32,9 @@ from ddptui.run.diagnosis import (
     rank_ends,
 )
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
-from ddptui.run.rundir import (
-    EXIT_CODES,
-    RunDir,
-    RunDirError,
-    decide_outcome,
-    summarize,
-    write_json_atomic,
-    write_summary,
-)
+from ddptui.run.rundir import EXIT_CODES, RunDirError, decide_outcome, summarize, write_summary
 from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
+from ddptui.runfiles import RunDir, write_json_atomic
 
 #: After the launcher ends, keep reading this long for events still in flight.
 DRAIN_SECONDS = 0.5

@@ -42,7 +42,8 @@ def list_live(root: Path, out: TextIO) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ddptui.run.rundir import RunDir, RunDirError, read_config
+    from ddptui.run.rundir import RunDirError, read_config
+    from ddptui.runfiles import RunDir
 
     out = out or sys.stdout
     if args.run_dir is None:

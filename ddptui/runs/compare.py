@@ -90,7 +90,8 @@ class RunFacts:
 
 def load_facts(run_dir: str | Path) -> RunFacts:
     """Read one run (raises RunDirError with a one-line message)."""
-    from ddptui.run.rundir import RunDir, RunDirError, iter_events, load_run
+    from ddptui.run.rundir import RunDirError, iter_events, load_run
+    from ddptui.runfiles import RunDir
 
     path = Path(run_dir)
     if not RunDir(path).events.is_file():

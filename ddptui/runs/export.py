@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_events(run_dir: Path) -> Iterator[protocol.AnyEvent]:
     """The run's events (its own run id only). Raises RunDirError for a bad directory."""
-    from ddptui.run.rundir import RunDir, RunDirError, iter_events, read_config
+    from ddptui.run.rundir import RunDirError, iter_events, read_config
+    from ddptui.runfiles import RunDir
 
     if not RunDir(run_dir).events.is_file():
         raise RunDirError(f"not a run directory (no events.jsonl): {run_dir}")

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 
 from ddptui.constants import RUN_ID_ENV
-from ddptui.run.rundir import RunDir, RunDirError, read_config
+from ddptui.run.rundir import RunDirError, read_config
+from ddptui.runfiles import RunDir
 
 #: Run directories are looked for this many levels below the root (a bench nests its runs).
 SCAN_DEPTH = 2

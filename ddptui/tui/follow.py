@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddptui import protocol
-from ddptui.run.rundir import RunDir, load_run, read_config
+from ddptui.run.rundir import load_run, read_config
 from ddptui.run.state import RunState
+from ddptui.runfiles import RunDir
 from ddptui.runs.live import run_is_alive
 from ddptui.tui.sources import RunSource
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddptui.run.config import Machine
-from ddptui.run.rundir import RunDir, RunDirError, load_run, read_config, read_summary
+from ddptui.run.rundir import RunDirError, load_run, read_config, read_summary
+from ddptui.runfiles import RunDir
 from ddptui.tui.model import config_label
 
 #: Recent runs listed on the launch screen.

@@ -22,9 +22,10 @@ from typing import Any
 
 from ddptui.run.config import RunConfig
 from ddptui.run.launcher import LaunchResult
-from ddptui.run.rundir import RunDir, load_run
+from ddptui.run.rundir import load_run
 from ddptui.run.session import RunSession
 from ddptui.run.state import RunState
+from ddptui.runfiles import RunDir
 
 #: How long one pump waits for events; also how quickly a stop request is noticed.
 PUMP_TIMEOUT_S = 0.1

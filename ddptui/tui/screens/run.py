@@ -23,7 +23,7 @@ from textual.widgets import Footer
 from textual.worker import get_current_worker
 
 from ddptui.run.launcher import LaunchResult
-from ddptui.run.rundir import CHECKPOINT_FILE
+from ddptui.runfiles import CHECKPOINT_FILE
 from ddptui.tui.model import RunFrame, chart_data, run_frame
 from ddptui.tui.node_system import NodeSystemLine, local_node, node_system_lines
 from ddptui.tui.sources import LiveSource, RunSource
