@@ -186,7 +186,8 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
 
 def child(args: argparse.Namespace) -> None:
     """The dashboard process (in a pty)."""
-    from ddptui.run.config import Machine, RunConfig
+    from ddptui.run.machine import Machine
+    from ddptui.run.options import RunConfig
     from ddptui.tui.app import DdpTuiApp, Deps
     from ddptui.tui.machine import HostInfo
     from ddptui.tui.screens.run import RunScreen

@@ -185,7 +185,8 @@ def make_session_class():
 
 def child(args: argparse.Namespace) -> None:
     """The dashboard process (in a pty), or the ingest-only process (``--ingest-only``)."""
-    from ddptui.run.config import Machine, RunConfig
+    from ddptui.run.machine import Machine
+    from ddptui.run.options import RunConfig
     from ddptui.tui.machine import HostInfo
 
     FeedSession = make_session_class()

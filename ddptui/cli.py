@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from ddptui.commands import USAGE_ERROR, CommandParser, UsageError, command_main, fail
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, DEVICE_CHOICES, JOB_LAUNCHERS
-from ddptui.run.config import ConfigError, build_config
+from ddptui.run.config import build_config
+from ddptui.run.options import ConfigError
 
 __all__ = ["COMMANDS", "USAGE_ERROR", "main", "run_parser", "add_run_arguments"]
 
@@ -328,7 +329,7 @@ def _print_sbatch(args: argparse.Namespace) -> int:
     if (args.launcher or "").strip().lower() != "slurm":
         return fail("--print-sbatch goes with --launcher slurm")
     from ddptui.run.cluster.slurm import sbatch_script
-    from ddptui.run.config import parse_int
+    from ddptui.run.options import parse_int
 
     nnodes = None if args.nnodes is None else parse_int("nnodes", args.nnodes, 1)
     nproc = (
@@ -361,7 +362,7 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
 
 def replay_command(args: argparse.Namespace) -> int:
     """Open a finished or crashed run."""
-    from ddptui.run.config import parse_path
+    from ddptui.run.options import parse_path
     from ddptui.run.rundir import RunDirError, read_config
     from ddptui.runfiles import RunDir
 

@@ -17,8 +17,8 @@ from typing import TextIO
 from ddptui import protocol
 from ddptui.constants import PHASES
 from ddptui.formatting import fmt_duration, fmt_num
-from ddptui.run.config import RunConfig, resume_command
 from ddptui.run.diagnosis import Diagnosis
+from ddptui.run.options import RunConfig, resume_command
 from ddptui.run.rundir import RunDirError
 from ddptui.run.session import RunSession
 from ddptui.run.state import RunState

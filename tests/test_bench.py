@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptui.run.config import Machine
+from ddptui.run.machine import Machine
 from ddptui.run.state import RunState
 from ddptui.runs import bench, benchmath
 from ddptui.runs.benchmath import StepPoint

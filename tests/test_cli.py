@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddptui import cli
-from ddptui.run.config import Machine
+from ddptui.run.machine import Machine
 
 ENV_NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 

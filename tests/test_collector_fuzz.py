@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from ddptui import protocol
-from ddptui.run.config import Machine, build_config
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
 from ddptui.run.session import RunSession
 from tests.helpers import ROOT, processes_of_run
 

@@ -5,8 +5,9 @@ import pytest
 
 from ddptui import cli
 from ddptui.constants import NO_INSTRUMENT_ENV
-from ddptui.run.config import Machine, build_config
+from ddptui.run.config import build_config
 from ddptui.run.diagnosis import MemoryState
+from ddptui.run.machine import Machine
 from ddptui.run.probe import RankProbe, read_cgroup_memory
 from ddptui.run.rundir import EXIT_CODES, decide_outcome
 from ddptui.run.session import RunSession, make_launcher

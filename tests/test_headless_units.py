@@ -4,7 +4,8 @@ import io
 
 from ddptui import protocol
 from ddptui.headless import HeadlessConsole, gpu_preflight, progress_line
-from ddptui.run.config import Machine, build_config
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
 from ddptui.run.state import RunState
 from tests.fake_nvml import FakeGpu, FakeNvml, GiB
 

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from ddptui import protocol
-from ddptui.run.config import Machine, build_config
+from ddptui.run.config import build_config
 from ddptui.run.launcher import Launcher, wait_for
+from ddptui.run.machine import Machine
 from ddptui.run.rundir import load_run
 from ddptui.run.session import RunSession
 from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until

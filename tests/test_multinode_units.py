@@ -16,7 +16,9 @@ from ddptui.join.command import Channel, config_from_node0
 from ddptui.run.cluster.host import NodeHost
 from ddptui.run.cluster.slurm import sbatch_script, slurm_layout, srun_argv, tasks_per_node
 from ddptui.run.cluster.token import JoinToken, RunKeys, TokenError
-from ddptui.run.config import ConfigError, Machine, RunConfig, build_config
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
+from ddptui.run.options import ConfigError, RunConfig
 from ddptui.run.state import RankFailureInfo
 
 CPU = Machine(0, "no GPU here", cpu_count=2)

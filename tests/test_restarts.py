@@ -18,8 +18,10 @@ import pytest
 
 from ddptui import protocol
 from ddptui.rank.reporter import attempt_from_env
-from ddptui.run.config import ConfigError, build_config, check_restart_checkpoint
+from ddptui.run.check_files import check_restart_checkpoint
+from ddptui.run.config import build_config
 from ddptui.run.launcher import LaunchResult
+from ddptui.run.options import ConfigError
 from ddptui.run.rundir import summarize
 from ddptui.run.session import RunSession, failure_key
 from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
@@ -371,7 +373,7 @@ def test_first_ctrl_c_stops_with_a_checkpoint_and_the_run_resumes_from_it(tmp_pa
 
 
 def test_resume_command_repeats_the_options(tmp_path):
-    from ddptui.run.config import resume_command
+    from ddptui.run.options import resume_command
 
     cfg = _cfg(tmp_path, epochs="4", lr="0.5", script_args=("--train-size", "8 00"))
     line = resume_command(cfg)

@@ -11,7 +11,9 @@ import textwrap
 import pytest
 
 from ddptui import cli
-from ddptui.run.config import ConfigError, Machine, build_config
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
+from ddptui.run.options import ConfigError
 from ddptui.run.registry import TrainerSpec, registry
 from tests.helpers import ROOT
 

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from textual.widgets import Input, Select
 
-from ddptui.run.config import Machine
+from ddptui.run.machine import Machine
 from ddptui.tui.app import Deps, create_app
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.screens.confirm import ConfirmScreen

@@ -12,8 +12,8 @@ from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
 from ddptui.join.command import LOST_AFTER_S, STATUS_EVERY_S, Channel
 from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.collector import Collector
-from ddptui.run.config import RunConfig
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
+from ddptui.run.options import RunConfig
 from ddptui.run.rundir import EXIT_CODES
 from ddptui.run.session import make_launcher
 from ddptui.run.state import RankFailureInfo

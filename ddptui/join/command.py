@@ -25,8 +25,9 @@ import zmq
 from ddptui import protocol
 from ddptui.commands import fail
 from ddptui.constants import JOIN_TOKEN_ENV
+from ddptui.run.check_target import check_script
 from ddptui.run.cluster.token import JoinToken, TokenError
-from ddptui.run.config import ConfigError, RunConfig, check_script, parse_int, parse_path
+from ddptui.run.options import ConfigError, RunConfig, parse_int, parse_path
 
 DESCRIPTION = (
     "Join a multi-node run as one more node: run the 'ddptui join …' line that the first "

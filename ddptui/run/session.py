@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ddptui import protocol
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
+from ddptui.run.check_files import check_restart_checkpoint
 from ddptui.run.collector import Collector, CollectorStats
-from ddptui.run.config import RunConfig, check_restart_checkpoint
 from ddptui.run.diagnosis import (
     Diagnoser,
     Diagnosis,
@@ -32,6 +32,7 @@ from ddptui.run.diagnosis import (
     rank_ends,
 )
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
+from ddptui.run.options import RunConfig
 from ddptui.run.rundir import EXIT_CODES, RunDirError, decide_outcome, summarize, write_summary
 from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
 from ddptui.runfiles import RunDir, write_json_atomic

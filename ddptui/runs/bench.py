@@ -163,7 +163,7 @@ def _split(text: str | None) -> list[str]:
 
 
 def _choices(name: str, text: str | None, allowed: Sequence[str]) -> list[str | None]:
-    from ddptui.run.config import parse_choice
+    from ddptui.run.options import parse_choice
 
     values = _split(text)
     if text is not None and not values:
@@ -199,7 +199,9 @@ def dp_skip_reason(machine: Any) -> str | None:
 def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
     """Validate the command line and expand the matrix. Bad values raise ConfigError or
     UsageError (exit 2, nothing started); configurations that cannot run here are skipped."""
-    from ddptui.run.config import ConfigError, Machine, build_config, parse_int
+    from ddptui.run.config import build_config
+    from ddptui.run.machine import Machine
+    from ddptui.run.options import ConfigError, parse_int
 
     repeat = parse_int("repeat", args.repeat, 1)
     if repeat > MAX_REPEAT:
@@ -808,7 +810,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``ddptui bench``: exit 0 when every runnable configuration was measured, 1 when one
     failed, 2 for bad options, 128 + signal when interrupted (results so far are written)."""
     from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
-    from ddptui.run.config import ConfigError
+    from ddptui.run.options import ConfigError
     from ddptui.run.rundir import RunDirError
 
     out = out or sys.stdout

@@ -22,7 +22,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from ddptui.monitor.pcie import pcie_interval
-from ddptui.run.config import RunConfig, new_run_id
+from ddptui.run.options import RunConfig, new_run_id
 from ddptui.run.session import RunSession
 from ddptui.tui.machine import HostInfo, detect_host
 from ddptui.tui.screens.confirm import ConfirmScreen

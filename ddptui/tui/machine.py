@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddptui.run.config import Machine
+from ddptui.run.machine import Machine
 from ddptui.run.rundir import RunDirError, load_run, read_config, read_summary
 from ddptui.runfiles import RunDir
 from ddptui.tui.model import config_label

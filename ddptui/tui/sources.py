@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddptui.run.config import RunConfig
 from ddptui.run.launcher import LaunchResult
+from ddptui.run.options import RunConfig
 from ddptui.run.rundir import load_run
 from ddptui.run.session import RunSession
 from ddptui.run.state import RunState

@@ -16,7 +16,7 @@ from ddptui.monitor import (
     ProcessSnapshot,
     SystemSnapshot,
 )
-from ddptui.run.config import Machine
+from ddptui.run.machine import Machine
 from ddptui.tui.app import Deps, create_app
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.sources import ReplaySource

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddptui.rank.net import free_port
-from ddptui.run.config import ConfigError
+from ddptui.run.cluster.slurm import first_node
+from ddptui.run.options import ConfigError
 
 #: torchrun's own default rendezvous port, used when the rendezvous host is another machine.
 DEFAULT_RDZV_PORT = 29400
@@ -116,8 +117,6 @@ def default_endpoint(launcher: str, environ: Mapping[str, str] | None = None) ->
     """The rendezvous endpoint when none is given: this machine's outbound address and a free
     port; under Slurm, the allocation's first node."""
     if launcher == "slurm":
-        from ddptui.run.cluster.slurm import first_node
-
         env = os.environ if environ is None else environ
         host = first_node(env)
         try:

@@ -22,7 +22,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from ddptui.run.cluster.addresses import join_endpoint
 from ddptui.run.cluster.token import JoinToken, RunKeys
 from ddptui.run.collector import Collector
-from ddptui.run.config import RunConfig
+from ddptui.run.options import RunConfig
 
 ZAP_DOMAIN = "ddptui"
 #: Largest join request read (bytes); libzmq drops a peer that sends more.

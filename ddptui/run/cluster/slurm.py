@@ -14,8 +14,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from ddptui.constants import ENDPOINT_ENV, JOIN_TOKEN_ENV
-from ddptui.run.config import ConfigError, RunConfig
 from ddptui.run.launcher import Launcher
+from ddptui.run.options import ConfigError, RunConfig
 
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 

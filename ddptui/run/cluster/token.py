@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import zmq
 
+from ddptui.run.cluster.addresses import split_endpoint
+
 TOKEN_PREFIX = "ddp1."
 MAX_TOKEN_CHARS = 1024
 _Z85_KEY_CHARS = 40
@@ -84,8 +86,6 @@ class JoinToken:
             raise TokenError("the join token is damaged (copy the whole 'ddptui join' line)")
         if len(server) != _Z85_KEY_CHARS or len(client) != _Z85_KEY_CHARS:
             raise TokenError("the join token holds no valid keys (copy the whole line)")
-        from ddptui.run.cluster.addresses import split_endpoint
-
         try:
             split_endpoint(endpoint)
             zmq.curve_public(client.encode())

@@ -27,8 +27,9 @@ from ddptui.constants import (
     LAUNCHERS,
 )
 from ddptui.monitor.units import format_bytes
-from ddptui.run.config import ConfigError, RunConfig, build_config, default_workers
+from ddptui.run.config import build_config
 from ddptui.run.config import check_options as check_run_options
+from ddptui.run.options import ConfigError, RunConfig, default_workers
 from ddptui.run.registry import DEFAULT_TRAINER, trainer_names
 from ddptui.tui.machine import HostInfo, RecentRun, recent_runs
 
