@@ -10,8 +10,6 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TextIO
 
 from ddptui import protocol
@@ -21,6 +19,7 @@ from ddptui.run.diagnosis import Diagnosis
 from ddptui.run.options import RunConfig, resume_command
 from ddptui.run.rundir import RunDirError
 from ddptui.run.session import RunSession
+from ddptui.run.signals import Interrupted, signals_deferred, signals_interrupt
 from ddptui.run.state import RunState
 from ddptui.runfiles import rank_log_name
 
@@ -202,60 +201,6 @@ def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
 
     with SystemMonitor(nvml_module, pcie=False) as monitor:
         return preflight(monitor.sample())
-
-
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached ddptui: stop the run, exit 128 + the signal's number."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class SignalGuard:
-    """While :attr:`armed`, SIGINT and SIGTERM raise :class:`Interrupted` (main thread only);
-    disarmed, they are remembered and ignored (the run is already being torn down)."""
-
-    def __init__(self) -> None:
-        self.armed = True
-        self.received: list[int] = []
-        #: Whether the first SIGINT may ask for a stop with a checkpoint instead.
-        self.gentle = False
-        #: The first SIGINT arrived while :attr:`gentle`: the loop should ask for that stop.
-        self.gentle_asked = False
-
-    def handler(self, signum: int, frame: object) -> None:
-        self.received.append(signum)
-        if self.armed and self.gentle and signum == signal.SIGINT and not self.gentle_asked:
-            self.gentle_asked = True  # the next Ctrl-C tears the run down as before
-            return
-        if self.armed:
-            self.armed = False  # a second Ctrl-C during teardown must not cut it short
-            raise Interrupted(signum)
-
-
-@contextmanager
-def signals_interrupt() -> Iterator[SignalGuard]:
-    """Install a :class:`SignalGuard` for SIGINT and SIGTERM for the duration."""
-    guard = SignalGuard()
-    previous = {sig: signal.signal(sig, guard.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield guard
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back while processes are being started, so no signal can land
-    between starting a process and remembering it; a held signal is delivered on exit."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSession) -> None:

@@ -401,7 +401,7 @@ def test_resume_run_dir_takes_the_saved_options(tmp_path):
 
 
 def test_first_ctrl_c_asks_gently_and_the_second_tears_down():
-    from ddptui.headless import Interrupted, SignalGuard
+    from ddptui.run.signals import Interrupted, SignalGuard
 
     guard = SignalGuard()
     guard.gentle = True

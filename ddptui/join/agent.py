@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TextIO
 
 from ddptui import protocol
-from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
 from ddptui.join.command import LOST_AFTER_S, STATUS_EVERY_S, Channel
 from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.collector import Collector
@@ -16,6 +15,7 @@ from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
 from ddptui.run.options import RunConfig
 from ddptui.run.rundir import EXIT_CODES
 from ddptui.run.session import make_launcher
+from ddptui.run.signals import Interrupted, signals_deferred, signals_interrupt
 from ddptui.run.state import RankFailureInfo
 from ddptui.runfiles import write_json_atomic
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 from ddptui.commands import command_main, fail
 from ddptui.formatting import fmt_duration
+from ddptui.run.rundir import RunDirError, read_config
+from ddptui.runfiles import RunDir
+from ddptui.runs.live import live_runs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,8 +30,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def list_live(root: Path, out: TextIO) -> int:
-    from ddptui.runs.live import live_runs
-
     entries = live_runs(root)
     if not entries:
         out.write(f"no live runs under {root}/\n")
@@ -41,10 +43,13 @@ def list_live(root: Path, out: TextIO) -> int:
     return 0
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ddptui.run.rundir import RunDirError, read_config
-    from ddptui.runfiles import RunDir
-
+def run(
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    dashboard: Callable[[Path], int] | None = None,
+) -> int:
+    """``ddptui attach``: the live runs listed on ``out`` without RUN_DIR; with it, the run
+    checked and then watched in ``dashboard`` (the front end's attach screen)."""
     out = out or sys.stdout
     if args.run_dir is None:
         return list_live(Path(args.runs_root), out)
@@ -55,12 +60,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         read_config(run_dir)
     except RunDirError as exc:
         return fail(str(exc))
+    if dashboard is None:
+        return fail("ddptui attach needs the dashboard")
     try:
-        from ddptui.tui.screens.attach import run_attach
-    except ImportError as exc:
-        return fail(f"the dashboard is not available ({exc})")
-    try:
-        return run_attach(run_dir)
+        return dashboard(run_dir)
     except RunDirError as exc:
         return fail(str(exc))
 

@@ -21,21 +21,23 @@ Headless: never imports Textual.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import io
 import math
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from ddptui.commands import UsageError, command_main, fail
+from ddptui.commands import UsageError
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
-from ddptui.formatting import fmt_duration
+from ddptui.monitor import RankInfo, Sampler, is_na, join_ranks
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
+from ddptui.run.options import ConfigError, parse_choice, parse_int
+from ddptui.run.rundir import iter_events
+from ddptui.run.session import RunSession
 from ddptui.runs import benchmath
 
 #: The single-process ``torch.nn.DataParallel`` baseline (not a launcher of ranks).
@@ -47,35 +49,8 @@ MAX_REPEAT = 100
 MAX_CONFIGURATIONS = 256
 #: Seconds between memory samples of the ranks.
 SAMPLE_INTERVAL_S = 0.25
-#: Seconds between progress lines (when not on a terminal).
-PROGRESS_EVERY_S = 5.0
 CSV_FILE = "bench.csv"
 MD_FILE = "bench.md"
-MiB = 1024 * 1024
-
-CSV_COLUMNS = (
-    "configuration",
-    "world_size",
-    "launcher",
-    "backend",
-    "amp",
-    "status",
-    "reason",
-    "repeats",
-    "samples_per_s",
-    "samples_per_s_min",
-    "samples_per_s_max",
-    "spread_pct",
-    "efficiency",
-    "time_to_first_step_s",
-    "peak_rss_mib_per_rank",
-    "peak_rss_mib_max",
-    "peak_gpu_mib_per_rank",
-    "final_accuracy",
-    "steps_per_rank",
-    "fastest",
-    "run_dirs",
-)
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -110,10 +85,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="model for cifar10/imagefolder")
     g.add_argument("--data-dir", help="dataset directory")
     g.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm")
-
-
-def main(argv: list[str] | None = None) -> int:
-    return command_main("ddptui bench", __doc__ or "", add_arguments, run, argv, passthrough=True)
 
 
 # -- planning the matrix ----------------------------------------------------------------------
@@ -163,8 +134,6 @@ def _split(text: str | None) -> list[str]:
 
 
 def _choices(name: str, text: str | None, allowed: Sequence[str]) -> list[str | None]:
-    from ddptui.run.options import parse_choice
-
     values = _split(text)
     if text is not None and not values:
         raise UsageError(f"--{name} needs at least one value")
@@ -199,10 +168,6 @@ def dp_skip_reason(machine: Any) -> str | None:
 def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
     """Validate the command line and expand the matrix. Bad values raise ConfigError or
     UsageError (exit 2, nothing started); configurations that cannot run here are skipped."""
-    from ddptui.run.config import build_config
-    from ddptui.run.machine import Machine
-    from ddptui.run.options import ConfigError, parse_int
-
     repeat = parse_int("repeat", args.repeat, 1)
     if repeat > MAX_REPEAT:
         raise UsageError(f"--repeat must be at most {MAX_REPEAT}, got {repeat}")
@@ -314,8 +279,6 @@ class PeakTracker:
         self._ranks = dict(ranks)
 
     def take(self, snapshot: Any) -> None:
-        from ddptui.monitor import is_na, join_ranks
-
         ranks = self._ranks
         if not ranks:
             return
@@ -354,8 +317,6 @@ def figures_from_run(
 ) -> tuple[float | None, int]:
     """Steady-state samples/s from a run directory's step events (steps up to ``steps``), and
     the fewest steps any rank logged."""
-    from ddptui.run.rundir import iter_events
-
     by_rank = benchmath.group_steps(benchmath.step_points(iter_events(run_dir, run_id)), steps)
     fewest = min((len(v) for v in by_rank.values()), default=0)
     return benchmath.run_rate(by_rank), fewest
@@ -382,11 +343,6 @@ def measure(
 
     ``starting`` and ``tearing_down`` are context managers around the start and the teardown
     (the console holds signals back there, so none cuts either short)."""
-    from contextlib import nullcontext
-
-    from ddptui.monitor import RankInfo, Sampler
-    from ddptui.run.session import RunSession
-
     session = (session_factory or RunSession)(cfg)
     tracker = PeakTracker()
     sampler = (
@@ -545,183 +501,6 @@ def build_rows(results: Sequence[ConfigResult]) -> list[Row]:
 
 
 # -- output ----------------------------------------------------------------------------------
-def _mib(values: dict[int, int]) -> str:
-    if not values:
-        return "--"
-    low, high = min(values.values()) / MiB, max(values.values()) / MiB
-    return f"{high:,.0f} MiB" if round(low) == round(high) else f"{low:,.0f}–{high:,.0f} MiB"
-
-
-def _rate(spread: benchmath.Spread | None) -> str:
-    if spread is None:
-        return "--"
-    text = f"{spread.median:,.0f}"
-    if spread.count > 1:
-        text += f" ({spread.low:,.0f}–{spread.high:,.0f})"
-    return text
-
-
-def _pct(value: float | None) -> str:
-    return "--" if value is None else f"{value:.0%}"
-
-
-def _acc(value: float | None) -> str:
-    return "--" if value is None else f"{value:.4f}"
-
-
-def _secs(value: float | None) -> str:
-    return "--" if value is None else f"{value:.1f}s"
-
-
-TABLE_HEADERS = (
-    "configuration",
-    "samples/s",
-    "efficiency",
-    "first step",
-    "peak RSS/rank",
-    "GPU mem/rank",
-    "accuracy",
-)
-
-
-def table_cells(row: Row) -> tuple[str, ...]:
-    return (
-        row.planned.label + (" *" if row.fastest else ""),
-        _rate(row.rate),
-        _pct(row.efficiency),
-        _secs(row.time_to_first_step),
-        _mib(row.rss),
-        _mib(row.gpu),
-        _acc(row.accuracy),
-    )
-
-
-def format_table(rows: Sequence[Row]) -> list[str]:
-    """The console table: measured configurations, then the others with why."""
-    shown = [r for r in rows if r.status == "measured"]
-    lines: list[str] = []
-    if shown:
-        cells = [TABLE_HEADERS, *(table_cells(r) for r in shown)]
-        widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE_HEADERS))]
-        for n, line in enumerate(cells):
-            parts = [line[0].ljust(widths[0])]
-            parts += [c.rjust(w) for c, w in zip(line[1:], widths[1:], strict=True)]
-            lines.append("  ".join(parts).rstrip())
-            if n == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        lines.append("* fastest")
-    else:
-        lines.append("no configuration was measured")
-    notes = [r for r in shown if r.reason]
-    if notes:
-        lines.append("notes:")
-        lines += [f"  {r.planned.label}: {r.reason}" for r in notes]
-    others = [r for r in rows if r.status != "measured"]
-    if others:
-        lines.append("not measured:")
-        lines += [f"  {r.planned.label}: {r.status}: {r.reason}" for r in others]
-    return lines
-
-
-def csv_text(rows: Sequence[Row]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-
-    def num(value: float | None, digits: int = 3) -> str:
-        return "" if value is None else f"{value:.{digits}f}"
-
-    for r in rows:
-        p = r.planned
-        rate = r.rate
-        writer.writerow(
-            (
-                p.label,
-                "" if p.world_size is None else p.world_size,
-                p.launcher,
-                p.backend,
-                p.amp,
-                r.status,
-                r.reason,
-                rate.count if rate else 0,
-                num(rate.median if rate else None, 1),
-                num(rate.low if rate else None, 1),
-                num(rate.high if rate else None, 1),
-                num(100 * rate.relative if rate else None, 1),
-                num(r.efficiency),
-                num(r.time_to_first_step),
-                " ".join(f"{r.rss[k] / MiB:.0f}" for k in sorted(r.rss)),
-                num(max(r.rss.values()) / MiB if r.rss else None, 0),
-                " ".join(f"{r.gpu[k] / MiB:.0f}" for k in sorted(r.gpu)),
-                num(r.accuracy, 4),
-                "" if r.steps is None else r.steps,
-                "yes" if r.fastest else "",
-                ";".join(str(d) for d in r.run_dirs),
-            )
-        )
-    return buf.getvalue()
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_text(rows: Sequence[Row], heading: str, about: Sequence[str]) -> str:
-    lines = [f"# {heading}", "", *about, ""]
-    measured = [r for r in rows if r.status == "measured"]
-    if measured:
-        lines.append("| " + " | ".join(TABLE_HEADERS) + " |")
-        lines.append("|" + "|".join(["---"] + ["---:"] * (len(TABLE_HEADERS) - 1)) + "|")
-        for r in measured:
-            cells = [_md_escape(c) for c in table_cells(dataclasses.replace(r, fastest=False))]
-            if r.fastest:
-                cells = [f"**{c}**" if c != "--" else c for c in cells]
-                cells[0] += " \\*"
-            lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "\\* fastest", ""]
-    others = [r for r in rows if r.status != "measured"]
-    if others:
-        lines.append("Not measured:")
-        lines.append("")
-        for r in others:
-            lines.append(f"- {_md_escape(r.planned.label)}: {r.status}: {_md_escape(r.reason)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def about_lines(opts: BenchOptions) -> list[str]:
-    from ddptui.rank.cpus import usable_cpus
-
-    length = f"{opts.steps} steps" if opts.steps is not None else f"{opts.epochs} epochs"
-    repeat = "1 run" if opts.repeat == 1 else f"median of {opts.repeat} runs (range in brackets)"
-    return [
-        f"{opts.target}, {length} per configuration, {repeat}, on {usable_cpus()} CPU cores "
-        f"and {opts.devices or 'no GPU'} of {_hostname()}.",
-        f"samples/s: steady state, all ranks together; each rank's first "
-        f"max({benchmath.MIN_WARMUP_STEPS}, {benchmath.WARMUP_FRACTION:.0%}) steps and the "
-        "first step of each later epoch excluded. efficiency: samples/s / (world size x "
-        "samples/s at world size 1, same other options). first step: launch to the first "
-        "step. Memory: peak per rank (its process tree).",
-    ]
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
-
-
-def write_results(bench_dir: Path, rows: Sequence[Row], about: Sequence[str]) -> None:
-    from ddptui.run.rundir import RunDirError
-
-    try:
-        bench_dir.mkdir(parents=True, exist_ok=True)
-        (bench_dir / CSV_FILE).write_text(csv_text(rows), encoding="utf-8")
-        (bench_dir / MD_FILE).write_text(
-            markdown_text(rows, "ddptui bench", about), encoding="utf-8"
-        )
-    except OSError as exc:
-        raise RunDirError(f"cannot write {bench_dir}: {exc.strerror or exc}") from None
 
 
 # -- running the matrix ----------------------------------------------------------------------
@@ -752,126 +531,3 @@ class BenchRunner:
 
     def rows(self) -> list[Row]:
         return build_rows(self.results)
-
-
-def _describe(m: Measurement) -> str:
-    if not m.ok:
-        return m.problem or "not measured"
-    parts = [f"{m.samples_per_s:,.0f} samples/s", f"first step {_secs(m.time_to_first_step)}"]
-    if m.accuracy is not None:
-        parts.append(f"accuracy {m.accuracy:.4f}")
-    if m.note:
-        parts.append(m.note)
-    return ", ".join(parts)
-
-
-class ProgressPrinter:
-    """A progress line now and then while a configuration runs."""
-
-    def __init__(self, out: TextIO, label: str, steps: int | None) -> None:
-        self.out = out
-        self.label = label
-        self.steps = steps
-        self.last = time.monotonic()
-
-    def __call__(self, state: Any) -> None:
-        now = time.monotonic()
-        if now - self.last < PROGRESS_EVERY_S:
-            return
-        self.last = now
-        views = list(state.ranks.values())
-        step = min((v.step for v in views), default=0)
-        goal = f"/{self.steps}" if self.steps is not None else ""
-        self.out.write(
-            f"    step {step}{goal}, {state.global_samples_per_s():,.0f} samples/s, "
-            f"{fmt_duration(state.elapsed(now))}\n"
-        )
-        self.out.flush()
-
-
-@contextmanager
-def held_signals(guard: Any) -> Iterator[None]:
-    """While tearing a run down, a signal is remembered, not raised; once the teardown is
-    done it interrupts the bench (the rest of the matrix is not run)."""
-    from ddptui.headless import Interrupted
-
-    was, before = guard.armed, len(guard.received)
-    guard.armed = False
-    try:
-        yield
-    finally:
-        guard.armed = was
-    if was and len(guard.received) > before:
-        guard.armed = False
-        raise Interrupted(guard.received[-1])
-
-
-def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """``ddptui bench``: exit 0 when every runnable configuration was measured, 1 when one
-    failed, 2 for bad options, 128 + signal when interrupted (results so far are written)."""
-    from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
-    from ddptui.run.options import ConfigError
-    from ddptui.run.rundir import RunDirError
-
-    out = out or sys.stdout
-    try:
-        opts = plan_bench(args)
-    except (ConfigError, UsageError) as exc:
-        return fail(str(exc))
-    if not args.no_ui:
-        try:
-            from ddptui.tui.screens.bench import run_bench_dashboard
-        except ImportError as exc:
-            return fail(f"the dashboard is not available ({exc}); use --no-ui")
-        return run_bench_dashboard(opts)
-    runner = BenchRunner(opts, starting=signals_deferred)
-    todo = runner.runnable
-    total = len(todo) * opts.repeat
-    out.write(
-        f"ddptui bench: {len(opts.plan)} configurations ({len(todo)} to run, "
-        f"{len(opts.plan) - len(todo)} skipped) -> {opts.bench_dir}\n"
-    )
-    for res in runner.results:
-        if res.planned.skip:
-            out.write(f"  skip {res.planned.label}: {res.planned.skip}\n")
-    out.flush()
-    code = 0
-    n = 0
-    with signals_interrupt() as guard:
-        runner.measure_kwargs["tearing_down"] = lambda: held_signals(guard)
-        try:
-            for repeat in range(opts.repeat):
-                for res in todo:
-                    n += 1
-                    label = res.planned.label
-                    out.write(f"[{n}/{total}] {label}: running…\n")
-                    out.flush()
-                    runner.measure_kwargs["on_progress"] = ProgressPrinter(out, label, opts.steps)
-                    m = runner.run_config(res, repeat)
-                    out.write(f"[{n}/{total}] {label}: {_describe(m)}\n")
-                    out.flush()
-        except Interrupted as exc:
-            guard.armed = False
-            out.write(f"interrupted ({exc}): every run was stopped\n")
-            code = 128 + exc.signum
-        except RunDirError as exc:
-            fail(str(exc))
-            code = 1
-        finally:
-            guard.armed = False
-    rows = runner.rows()
-    if code == 0 and any(r.status in ("failed", "interrupted") for r in rows):
-        code = 1
-    out.write("\n" + "\n".join(format_table(rows)) + "\n")
-    try:
-        write_results(opts.bench_dir, rows, about_lines(opts))
-    except RunDirError as exc:
-        fail(str(exc))
-        return code or 1
-    out.write(f"results: {opts.bench_dir / CSV_FILE}, {opts.bench_dir / MD_FILE}\n")
-    out.flush()
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ddptui.commands import command_main, fail
+from ddptui.commands import UsageError, command_main, fail
 from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.run.rundir import RunDirError, iter_events, load_run
+from ddptui.runfiles import RunDir
 from ddptui.runs import benchmath
 
 #: Most runs one comparison holds.
@@ -90,9 +93,6 @@ class RunFacts:
 
 def load_facts(run_dir: str | Path) -> RunFacts:
     """Read one run (raises RunDirError with a one-line message)."""
-    from ddptui.run.rundir import RunDirError, iter_events, load_run
-    from ddptui.runfiles import RunDir
-
     path = Path(run_dir)
     if not RunDir(path).events.is_file():
         raise RunDirError(f"not a run directory (no events.jsonl): {path}")
@@ -188,8 +188,6 @@ def format_comparison(runs: list[RunFacts]) -> list[str]:
 
 
 def load_all(run_dirs: list[str]) -> list[RunFacts]:
-    from ddptui.commands import UsageError
-
     if len(run_dirs) < 2:
         raise UsageError("compare needs at least two run directories")
     if len(run_dirs) > MAX_RUNS:
@@ -200,23 +198,22 @@ def load_all(run_dirs: list[str]) -> list[RunFacts]:
     return runs
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ddptui.commands import UsageError
-    from ddptui.run.rundir import RunDirError
-
+def run(
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    dashboard: Callable[[list[RunFacts]], int] | None = None,
+) -> int:
+    """``ddptui compare``: the runs side by side, in ``dashboard`` (the front end's compare
+    screen) unless ``--no-ui`` or none is given, else as a table on ``out``."""
     try:
         runs = load_all(list(args.run_dirs))
     except (RunDirError, UsageError) as exc:
         return fail(str(exc))
-    if args.no_ui:
-        out = out or sys.stdout
-        out.write("\n".join(format_comparison(runs)) + "\n")
-        return 0
-    try:
-        from ddptui.tui.screens.compare import run_compare
-    except ImportError as exc:
-        return fail(f"the dashboard is not available ({exc}); use --no-ui")
-    return run_compare(runs)
+    if dashboard is not None and not args.no_ui:
+        return dashboard(runs)
+    out = out or sys.stdout
+    out.write("\n".join(format_comparison(runs)) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ from typing import Any, TextIO
 
 from ddptui import protocol
 from ddptui.commands import UsageError, command_main, fail
+from ddptui.run.rundir import RunDirError, iter_events, read_config
+from ddptui.runfiles import RunDir
 
 CSV_COLUMNS = (
     "kind",
@@ -64,9 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_events(run_dir: Path) -> Iterator[protocol.AnyEvent]:
     """The run's events (its own run id only). Raises RunDirError for a bad directory."""
-    from ddptui.run.rundir import RunDirError, iter_events, read_config
-    from ddptui.runfiles import RunDir
-
     if not RunDir(run_dir).events.is_file():
         raise RunDirError(f"not a run directory (no events.jsonl): {run_dir}")
     config = read_config(run_dir)
@@ -236,8 +235,6 @@ def export_tensorboard(run_dir: Path, target: str) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ddptui.run.rundir import RunDirError
-
     run_dir = Path(args.run_dir)
     try:
         if args.csv is not None:

@@ -23,15 +23,8 @@ from textual.widgets import Footer, ProgressBar, Static
 from textual_plotext import PlotextPlot
 
 from ddptui.formatting import fmt_duration
-from ddptui.runs.bench import (
-    BenchOptions,
-    BenchRunner,
-    Cancelled,
-    Row,
-    about_lines,
-    table_cells,
-    write_results,
-)
+from ddptui.runs.bench import BenchOptions, BenchRunner, Cancelled, Row
+from ddptui.runs.bench_report import about_lines, table_cells, write_results
 
 STATUS_STYLE = {
     "measured": "green",
