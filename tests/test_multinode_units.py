@@ -12,7 +12,8 @@ import pytest
 import zmq
 
 from ddptui import protocol
-from ddptui.join.command import Channel, config_from_node0
+from ddptui.join.channel import Channel
+from ddptui.join.command import config_from_node0
 from ddptui.run.cluster.host import NodeHost
 from ddptui.run.cluster.slurm import sbatch_script, slurm_layout, srun_argv, tasks_per_node
 from ddptui.run.cluster.token import JoinToken, RunKeys, TokenError

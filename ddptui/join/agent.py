@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import TextIO
 
 from ddptui import protocol
-from ddptui.join.command import LOST_AFTER_S, STATUS_EVERY_S, Channel
+from ddptui.join.channel import LOST_AFTER_S, STATUS_EVERY_S, Channel
+from ddptui.monitor import SystemMonitor
+from ddptui.monitor.snapshot import is_na
 from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.collector import Collector
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
@@ -27,8 +29,6 @@ SAMPLE_EVERY_S = 2.0
 
 def _value(value: object) -> object:
     """A monitor value, None where it is not available (``NA``)."""
-    from ddptui.monitor.snapshot import is_na
-
     return None if is_na(value) else value
 
 
@@ -202,8 +202,6 @@ class NodeAgent:
         """This node's host load and GPUs, to node 0 (never fatal: it is only a view)."""
         try:
             if self._monitor is None:
-                from ddptui.monitor import SystemMonitor
-
                 self._monitor = SystemMonitor(pcie=False)
             snapshot = self._monitor.sample()
             sample = node_sample(snapshot, self.cfg.run_id, self.slot, self.host, self._samples)
