@@ -35,6 +35,7 @@ def _reporter() -> Any:
     """This process's reporter (importing the reporter module on first use only)."""
     global _get_reporter
     if _get_reporter is None:
+        # on first use: `import ddptui` stays free of msgspec, sockets and the protocol
         from ddptui.rank.reporter import get_reporter
 
         _get_reporter = get_reporter

@@ -113,6 +113,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
 def report_failure(error: str, trace: str | None) -> None:
     """Tell ddptui that this rank failed (once; a no-op when nobody listens)."""
     try:
+        # only a failing rank needs it here: the entry stays light (msgspec, the protocol)
         from ddptui.rank.reporter import get_reporter
 
         get_reporter().finished(error=error, traceback=trace)

@@ -75,7 +75,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import ddptui
 from ddptui.constants import ENDPOINT_ENV, NO_INSTRUMENT_ENV, PHASES
+from ddptui.rank.stacks import register_stack_dump
 
 #: Steps with every gradient hook armed before keeping only the last parameter's.
 LEARN_STEPS = 2
@@ -123,8 +125,6 @@ def install(environ: dict[str, str] | None = None, force: bool = False) -> Instr
         return None
     inst = Instrument()
     _instrument = inst
-    import ddptui
-
     ddptui._instrument = inst
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "Tensor"):
@@ -138,8 +138,6 @@ def uninstall() -> None:
     """Remove every hook and patch (tests, benchmarks)."""
     global _instrument
     inst, _instrument = _instrument, None
-    import ddptui
-
     ddptui._instrument = None
     for finder in [f for f in sys.meta_path if isinstance(f, _TorchImportWatcher)]:
         sys.meta_path.remove(finder)
@@ -151,8 +149,6 @@ def install_rank(run_dir: str | None, rank: int) -> None:
     """What the rank entry calls before the target runs: the stack dump for hang diagnosis
     (always, when there is a run directory) and the instrumentation (when :func:`wanted`)."""
     if run_dir:
-        from ddptui.rank.stacks import register_stack_dump
-
         register_stack_dump(run_dir, rank)
     install()
 
@@ -737,6 +733,7 @@ class Instrument:
             return
         get_reporter = self._get_reporter
         if get_reporter is None:
+            # first report: keeps the rank light until then (msgspec, the protocol)
             from ddptui.rank import reporter as reporter_module
 
             get_reporter = self._get_reporter = reporter_module.get_reporter

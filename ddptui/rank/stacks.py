@@ -15,6 +15,7 @@ import signal
 import time
 from pathlib import Path
 
+from ddptui.constants import RUN_ID_ENV
 from ddptui.runfiles import RunDir
 
 #: The signal a rank dumps its stacks on. SIGUSR2 rather than SIGUSR1, which job schedulers
@@ -63,8 +64,6 @@ def _belongs(pid: int, run_id: str | None) -> bool:
     if run_id is None:
         return True
     import psutil
-
-    from ddptui.constants import RUN_ID_ENV
 
     try:
         return psutil.Process(pid).environ().get(RUN_ID_ENV) == run_id

@@ -19,7 +19,7 @@ import time
 from ddptui.constants import LAUNCHERS
 from ddptui.rank.argv import split_passthrough
 from ddptui.rank.cpus import threads_per_rank
-from ddptui.rank.entry import die_with_parent
+from ddptui.rank.entry import die_with_parent, spawn_worker
 from ddptui.rank.net import free_port
 from ddptui.runfiles import write_json_atomic
 
@@ -68,8 +68,6 @@ def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
     os.environ["OMP_NUM_THREADS"] = str(threads_per_rank(opts.nprocs))
     if opts.module and "--init-method" not in args:
         args = [*args, "--init-method", f"tcp://127.0.0.1:{port}"]
-    from ddptui.rank.entry import spawn_worker
-
     context = multiprocessing.get_context("spawn")
     ranks = [
         context.Process(

@@ -22,7 +22,11 @@ from pathlib import Path
 
 from ddptui import protocol
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
+from ddptui.rank.stacks import capture_stacks
 from ddptui.run.check_files import check_restart_checkpoint
+from ddptui.run.cluster.addresses import route_address, split_endpoint
+from ddptui.run.cluster.host import NodeHost
+from ddptui.run.cluster.slurm import SrunLauncher
 from ddptui.run.collector import Collector, CollectorStats
 from ddptui.run.diagnosis import (
     Diagnoser,
@@ -33,6 +37,7 @@ from ddptui.run.diagnosis import (
 )
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
 from ddptui.run.options import RunConfig
+from ddptui.run.probe import RankProbe
 from ddptui.run.rundir import EXIT_CODES, RunDirError, decide_outcome, summarize, write_summary
 from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
 from ddptui.runfiles import RunDir, write_json_atomic
@@ -203,8 +208,6 @@ class RunSession:
     def _start_host(self) -> Launcher:
         """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
         ranks (slot 0) under c10d, or, under Slurm, srun starting one agent per node."""
-        from ddptui.run.cluster.host import NodeHost
-
         assert self.collector is not None
         try:
             self.host = NodeHost(self.cfg)
@@ -214,12 +217,8 @@ class RunSession:
             ) from None
         self.host.inbox.stats = self.collector.stats  # one count of what arrived
         if self.cfg.launcher == "slurm":
-            from ddptui.run.cluster.slurm import SrunLauncher
-
             return SrunLauncher(self.cfg, self.host.token().encode())
         assert self.cfg.rdzv_endpoint is not None
-        from ddptui.run.cluster.addresses import route_address, split_endpoint
-
         rendezvous = Rendezvous(
             self.cfg.nnodes,
             0,
@@ -262,8 +261,6 @@ class RunSession:
             return
         self._next_diagnosis = now + DIAGNOSE_EVERY_S
         if self.probe is None:
-            from ddptui.run.probe import RankProbe
-
             self.probe = RankProbe()
         with self._lock:
             pids = {r: v.pid for r, v in self.state.ranks.items() if v.pid and v.state == "started"}
@@ -276,8 +273,6 @@ class RunSession:
 
     def _on_hang(self, now: float) -> None:
         """Capture every rank's stack, name the culprit, then stop the run (or keep it)."""
-        from ddptui.rank.stacks import capture_stacks
-
         self._hung = True
         with self._lock:
             pids = {r: v.pid for r, v in self.state.ranks.items() if v.pid}
