@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from ddptui.rank.argv import split_passthrough
+from ddptui.argv import split_passthrough
 
 #: Exit code of a usage error (bad option or value), before anything starts.
 USAGE_ERROR = 2

@@ -32,8 +32,8 @@ import time
 import traceback
 from pathlib import Path
 
+from ddptui.argv import split_passthrough
 from ddptui.constants import ATTEMPT_ENV, PARENT_PID_ENV, RESTART_COUNT_ENV, THREADS_ENV
-from ddptui.rank.argv import split_passthrough
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.instrument import install_rank
 from ddptui.runfiles import RunDir

@@ -16,8 +16,8 @@ import signal
 import sys
 import time
 
+from ddptui.argv import split_passthrough
 from ddptui.constants import LAUNCHERS
-from ddptui.rank.argv import split_passthrough
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.entry import die_with_parent, spawn_worker
 from ddptui.rank.net import free_port
