@@ -13,7 +13,8 @@ each in its own run directory under the bench directory, and measures:
 With ``--steps N`` each run is stopped from outside once every rank has logged N steps (so it
 works for any user script too); such a run ends ``stopped``, as expected. Configurations that
 cannot run here (nccl or fp16 without CUDA, a world size over the machine's limits) are listed
-as skipped with the reason, never attempted. Results go to ``bench.csv`` and ``bench.md``.
+as skipped with the reason, never attempted. Results go to ``bench.csv`` and ``bench.md``
+(written by :mod:`ddptui.runs.bench_report`, which also prints them).
 
 Headless: never imports Textual.
 """

@@ -3,7 +3,8 @@
 or through Slurm's ``srun``. ddptui adds configuration, authenticated telemetry and teardown;
 torchrun's elastic agent does the launching and the rendezvous.
 
-Modules: :mod:`.addresses` (endpoints, the address other nodes reach), :mod:`.token` (keys and
-the join token), :mod:`.host` (node 0's join service and CURVE inbox), :mod:`.join` (the
-``ddptui join`` agent), :mod:`.slurm` (allocation layout, srun, sbatch).
+Node 0's side, used by the session and the option checks: :mod:`.addresses` (endpoints, the
+address other nodes reach), :mod:`.token` (keys and the join token), :mod:`.host` (node 0's
+join service and CURVE inbox), :mod:`.slurm` (allocation layout, srun, sbatch). The other
+nodes' side, the ``ddptui join`` command and its agent, is the front end :mod:`ddptui.join`.
 """
