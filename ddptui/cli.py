@@ -421,7 +421,7 @@ def _compare_dashboard(runs: list[RunFacts]) -> int:
 
 def _attach_dashboard(run_dir: Path) -> int:
     try:
-        from ddptui.tui.screens.attach import run_attach  # Textual, only now
+        from ddptui.tui.attach_app import run_attach  # Textual, only now
     except ImportError as exc:
         return _not_available(exc, "")
     return run_attach(run_dir)
