@@ -150,6 +150,7 @@ def test_real_process_prints_no_traceback(tmp_path):
         (["replay", "x" * 300], "cannot open run directory"),
     ],
 )
+@pytest.mark.slow
 def test_real_process_refusals_start_nothing(argv, message, tmp_path):
     (tmp_path / "garbage.pt").write_bytes(b"\x00garbage" * 100)
     before = _files(tmp_path)

@@ -384,6 +384,7 @@ def test_wanted_only_under_ddptui_and_not_switched_off(env, wanted):
     assert instrument.wanted(env) is wanted
 
 
+@pytest.mark.slow
 def test_install_waits_for_the_script_to_import_torch(tmp_path):
     code = """
 import sys
