@@ -3,9 +3,7 @@ and SyncBatchNorm on CUDA ranks, and how many ranks fit on this machine."""
 
 from __future__ import annotations
 
-from ddptui.constants import (
-    MAX_RANKS_PER_CORE,
-)
+from ddptui.constants import MAX_RANKS_PER_CORE
 from ddptui.run.machine import Machine
 from ddptui.run.options import (
     MAX_LOCAL_RANKS,

@@ -38,8 +38,6 @@ from ddptui.runs.bench import (
 
 #: Seconds between progress lines (when not on a terminal).
 PROGRESS_EVERY_S = 5.0
-
-
 MiB = 1024 * 1024
 
 
