@@ -92,7 +92,9 @@ def test_stop_tears_down_torchrun_workers_in_their_own_sessions(tmp_path):
         # torchrun puts each worker in a new session: wait until both exist.
         def workers():
             found = [
-                p for p in processes_of_run("stop-test") if "rank_entry" in " ".join(p.cmdline())
+                p
+                for p in processes_of_run("stop-test")
+                if "ddptui.rank.entry" in " ".join(p.cmdline())
             ]
             return found if len(found) == 2 else None
 

@@ -5,7 +5,7 @@ context: the driver never imports torch) or with torch.distributed.run (torchrun
 rank failure writes the first failing rank, its exit code and signal name to ``--result``
 (JSON) before exiting 1.
 
-It dies with ddptui, and its ranks die with it (see ``rank_entry.die_with_parent``).
+It dies with ddptui, and its ranks die with it (see ``ddptui.rank.entry.die_with_parent``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ kept, and it is signalled only while it is unreaped (its pid cannot have been re
 other process is signalled only after checking it is still the process that was found (pid and
 create time, through a pidfd where the kernel has them).
 
-If ddptui itself dies, the driver and the ranks follow it (``rank_entry.die_with_parent``).
+If ddptui itself dies, the driver and the ranks follow it (``ddptui.rank.entry.die_with_parent``).
 """
 
 from __future__ import annotations
