@@ -29,9 +29,9 @@ import time
 import zmq
 
 import ddptui
-from ddptui import reporter
-from ddptui.collector import Collector
 from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
+from ddptui.rank import reporter
+from ddptui.run.collector import Collector
 
 RUN_ID = "bench"
 

@@ -11,7 +11,7 @@ exits 0.
    optimizer, batch, bf16, channels_last, no augmentation). Goal >= 0.8.
 2. logging: ResNet-50, bf16, batch 128 of 224x224 images on the GPU, with the README's
    ``ddptui.log(loss=loss, samples=n)`` every step and a live collector
-   (:class:`ddptui.collector.Collector` drained by a thread of this process), against the same
+   (:class:`ddptui.run.collector.Collector` drained by a thread of this process), against the same
    loop without ddptui. Goal >= 0.99. For reference, also ``loss=loss.item()`` every step.
 3. nvml: one real NVML snapshot in ms per GPU (:class:`ddptui.monitor.nvml.GpuSource`), without
    and with the PCIe throughput counters, and a whole :class:`ddptui.monitor.SystemMonitor`
@@ -80,7 +80,7 @@ def world_of_one(device: torch.device) -> Iterator[None]:
     """A process group of size one (nccl on CUDA) on a free local port, destroyed on leaving."""
     import torch.distributed as dist
 
-    from ddptui.net import free_port
+    from ddptui.rank.net import free_port
 
     init = f"tcp://127.0.0.1:{free_port()}"
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -224,9 +224,9 @@ def bench_logging(
     device: torch.device, blocks: int, batch: int = 128, steps: int = 20, image: int = 224
 ) -> None:
     import ddptui
-    from ddptui import reporter
-    from ddptui.collector import Collector
     from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
+    from ddptui.rank import reporter
+    from ddptui.run.collector import Collector
     from trainers.loop import autocast
     from trainers.models import resnet
 

@@ -31,10 +31,10 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from ddptui import instrument, reporter  # noqa: E402
-from ddptui.collector import Collector  # noqa: E402
 from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV  # noqa: E402
-from ddptui.net import free_port  # noqa: E402
+from ddptui.rank import instrument, reporter  # noqa: E402
+from ddptui.rank.net import free_port  # noqa: E402
+from ddptui.run.collector import Collector  # noqa: E402
 from trainers.models import SmallCNN  # noqa: E402
 
 

@@ -113,9 +113,9 @@ def send(
 
 # -- the dashboard side ----------------------------------------------------------------------------
 def make_session_class(args: argparse.Namespace, sent_dir: Path):
-    from ddptui.collector import Collector
-    from ddptui.launch import LaunchResult
-    from ddptui.session import RunSession
+    from ddptui.run.collector import Collector
+    from ddptui.run.launcher import LaunchResult
+    from ddptui.run.session import RunSession
 
     world = args.nodes * args.per_node
 
@@ -186,7 +186,8 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
 
 def child(args: argparse.Namespace) -> None:
     """The dashboard process (in a pty)."""
-    from ddptui.config import Machine, RunConfig
+    from ddptui.run.machine import Machine
+    from ddptui.run.options import RunConfig
     from ddptui.tui.app import DdpTuiApp, Deps
     from ddptui.tui.machine import HostInfo
     from ddptui.tui.screens.run import RunScreen

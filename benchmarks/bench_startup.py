@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 
-from ddptui import benchmath
+from ddptui.runs import benchmath
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "startup_ddp.py"
@@ -51,7 +51,7 @@ PHASES = (
     ("group -> first step", "group_ready", "first_step"),
 )
 #: What the rank side of ddptui imports (the rank entry, the reporter, the hooks).
-RANK_SIDE = ("ddptui.launch.rank_entry", "ddptui.reporter", "ddptui.instrument")
+RANK_SIDE = ("ddptui.rank.entry", "ddptui.rank.reporter", "ddptui.rank.instrument")
 HEAVY = ("torchvision", "textual", "rich", "psutil", "msgspec", "zmq", "numpy", "yaml")
 
 
@@ -199,7 +199,7 @@ IMPORTS = (
     ("import torch, torchvision", "import torch, torchvision"),
     (
         "synthetic trainer rank (modules, data, model)",
-        "import ddptui.launch.rank_entry\n"
+        "import ddptui.rank.entry\n"
         "from trainers import synthetic\n"
         "from trainers.options import parse_config\n"
         "config = parse_config(synthetic.build_arg_parser(), ['--epochs', '1'])\n"

@@ -21,9 +21,10 @@ import time
 import zmq
 
 import ddptui
-from ddptui import protocol, reporter
-from ddptui.collector import Collector
+from ddptui import protocol
 from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
+from ddptui.rank import reporter
+from ddptui.run.collector import Collector
 
 
 def per_call_us(n: int = 50_000) -> float:

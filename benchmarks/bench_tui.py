@@ -117,9 +117,9 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) ->
 
 # -- the dashboard side ------------------------------------------------------------------------
 def make_session_class():
-    from ddptui.collector import Collector
-    from ddptui.launch import LaunchResult
-    from ddptui.session import RunSession
+    from ddptui.run.collector import Collector
+    from ddptui.run.launcher import LaunchResult
+    from ddptui.run.session import RunSession
 
     class FeedLauncher:
         """Launcher stand-in: runs the feeder instead of the ranks."""
@@ -185,7 +185,8 @@ def make_session_class():
 
 def child(args: argparse.Namespace) -> None:
     """The dashboard process (in a pty), or the ingest-only process (``--ingest-only``)."""
-    from ddptui.config import Machine, RunConfig
+    from ddptui.run.machine import Machine
+    from ddptui.run.options import RunConfig
     from ddptui.tui.machine import HostInfo
 
     FeedSession = make_session_class()

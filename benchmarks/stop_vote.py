@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddptui.net import free_port
+from ddptui.rank.net import free_port
 from trainers.stopping import StopVote
 
 

@@ -28,20 +28,21 @@ from typing import Any
 __all__ = ["log", "log_eval", "started", "finished", "phase"]
 __version__ = "0.1.0"
 
-_get_reporter: Callable[[], Any] | None = None  # ddptui.reporter.get_reporter, once imported
+_get_reporter: Callable[[], Any] | None = None  # ddptui.rank.reporter.get_reporter, once imported
 
 
 def _reporter() -> Any:
     """This process's reporter (importing the reporter module on first use only)."""
     global _get_reporter
     if _get_reporter is None:
-        from ddptui.reporter import get_reporter
+        # on first use: `import ddptui` stays free of msgspec, sockets and the protocol
+        from ddptui.rank.reporter import get_reporter
 
         _get_reporter = get_reporter
     return _get_reporter()
 
 
-#: The zero-code instrumentation of this rank (``ddptui.instrument``), when installed.
+#: The zero-code instrumentation of this rank (``ddptui.rank.instrument``), when installed.
 _instrument: Any = None
 
 

@@ -17,6 +17,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ddptui.commands import (
     USAGE_ERROR,
@@ -27,8 +28,19 @@ from ddptui.commands import (
     no_terminal,
     tolerant_output,
 )
-from ddptui.config import ConfigError, build_config
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, DEVICE_CHOICES, JOB_LAUNCHERS
+from ddptui.headless import run_headless
+from ddptui.monitor import cli as monitor_cli
+from ddptui.run.cluster.slurm import sbatch_script
+from ddptui.run.config import build_config, check_options
+from ddptui.run.options import ConfigError, parse_int, parse_path
+from ddptui.run.registry import DEFAULT_TRAINER, registry
+from ddptui.run.rundir import RunDirError, read_config
+from ddptui.runfiles import RunDir
+from ddptui.runs import attach, bench_report, compare
+from ddptui.runs.bench import BenchOptions
+from ddptui.runs.compare import RunFacts
+from ddptui.runs.replay import print_replay
 
 __all__ = ["COMMANDS", "USAGE_ERROR", "main", "run_parser", "add_run_arguments"]
 
@@ -96,30 +108,33 @@ COMMANDS: dict[str, Command] = {
         Command(
             "bench",
             "measure a matrix of configurations",
-            "ddptui.bench:add_arguments",
-            "ddptui.bench:run",
+            "ddptui.runs.bench:add_arguments",
+            "ddptui.cli:bench_command",
             passthrough=True,
         ),
         Command(
-            "compare", "runs side by side", "ddptui.compare:add_arguments", "ddptui.compare:run"
+            "compare",
+            "runs side by side",
+            "ddptui.runs.compare:add_arguments",
+            "ddptui.cli:compare_command",
         ),
         Command(
             "export",
             "a run's events as CSV/TensorBoard",
-            "ddptui.export:add_arguments",
-            "ddptui.export:run",
+            "ddptui.runs.export:add_arguments",
+            "ddptui.runs.export:run",
         ),
         Command(
             "join",
             "join a multi-node run as one more node",
-            "ddptui.cluster.join:add_arguments",
-            "ddptui.cluster.join:run",
+            "ddptui.join.command:add_arguments",
+            "ddptui.join.command:run",
         ),
         Command(
             "attach",
             "watch a run another ddptui is running",
-            "ddptui.attach:add_arguments",
-            "ddptui.attach:run",
+            "ddptui.runs.attach:add_arguments",
+            "ddptui.cli:attach_command",
         ),
     )
 }
@@ -149,8 +164,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # -- run ------------------------------------------------------------------------------------------
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    from ddptui.registry import DEFAULT_TRAINER, registry
-
     specs = registry().specs
     models = "; ".join(
         f"{name}: {' | '.join(spec.models)}" for name, spec in specs.items() if len(spec.models) > 1
@@ -304,8 +317,6 @@ def run_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     if args.no_ui:
-        from ddptui.headless import run_headless
-
         return run_headless(cfg)
     return _dashboard("run", cfg=cfg, raw=raw, start=args.start)
 
@@ -322,10 +333,6 @@ def continue_run_dir(raw: dict) -> dict:
     """``--resume RUN_DIR``: the run's options from its config.json (options given on this
     command line win) and its checkpoint; a new run directory. Other raws pass unchanged.
     Raises ConfigError (one line)."""
-    from pathlib import Path
-
-    from ddptui.rundir import RunDir, RunDirError, read_config
-
     resume = raw.get("resume")
     try:
         if not resume or not Path(str(resume)).is_dir():
@@ -370,9 +377,6 @@ def _print_sbatch(args: argparse.Namespace) -> int:
     """``--launcher slurm --print-sbatch``: the sbatch script for the same options."""
     if (args.launcher or "").strip().lower() != "slurm":
         return fail("--print-sbatch goes with --launcher slurm")
-    from ddptui.cluster.slurm import sbatch_script
-    from ddptui.config import check_options, parse_int
-
     # The same checks as a run, but only of values that do not depend on the allocation the
     # job will get (its nodes, GPUs and Slurm environment are not here yet).
     raw = {k: v for k, v in vars(args).items() if k not in _ALLOCATION_OPTIONS}
@@ -398,9 +402,7 @@ def _print_sbatch(args: argparse.Namespace) -> int:
 # -- monitor ------------------------------------------------------------------------------------
 def monitor_command(args: argparse.Namespace) -> int:
     if args.no_ui or args.json:
-        from ddptui.monitor.cli import run
-
-        return run(args)
+        return monitor_cli.run(args)
     return _dashboard("monitor", interval=args.interval, pcie=args.pcie)
 
 
@@ -412,9 +414,6 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
 
 def replay_command(args: argparse.Namespace) -> int:
     """Open a finished or crashed run."""
-    from ddptui.config import parse_path
-    from ddptui.rundir import RunDir, RunDirError, read_config
-
     try:
         run_dir = parse_path("run_dir", args.run_dir, label="RUN_DIR")
         ok = RunDir(run_dir).holds_run()
@@ -427,22 +426,62 @@ def replay_command(args: argparse.Namespace) -> int:
     try:
         read_config(run_dir)
         if args.no_ui:
-            from ddptui.replay import print_replay
-
             return print_replay(run_dir)
     except RunDirError as exc:
         return fail(str(exc))
     return _dashboard("replay", run_dir=run_dir)
 
 
+# -- bench, compare, attach: the runs package does the work, the dashboard is opened here ------
+def bench_command(args: argparse.Namespace) -> int:
+    return bench_report.run(args, dashboard=_bench_dashboard)
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    return compare.run(args, dashboard=_compare_dashboard)
+
+
+def attach_command(args: argparse.Namespace) -> int:
+    return attach.run(args, dashboard=_attach_dashboard)
+
+
+# -- the dashboard: Textual is imported only here, so no --no-ui path ever loads it ------------
+def _not_available(exc: ImportError, hint: str = "; use --no-ui") -> int:
+    return fail(f"the dashboard is not available ({exc}){hint}")
+
+
 def _dashboard(mode: str, **kwargs) -> int:
     if no_terminal():
         return fail(no_terminal())
     try:
-        from ddptui.tui.app import run_dashboard
+        from ddptui.tui.app import run_dashboard  # Textual, only when a dashboard opens
     except ImportError as exc:
-        return fail(f"the dashboard is not available ({exc}); use --no-ui")
+        return _not_available(exc)
     return run_dashboard(mode, **kwargs)
+
+
+def _bench_dashboard(opts: BenchOptions) -> int:
+    try:
+        from ddptui.tui.screens.bench import run_bench_dashboard  # Textual, only now
+    except ImportError as exc:
+        return _not_available(exc)
+    return run_bench_dashboard(opts)
+
+
+def _compare_dashboard(runs: list[RunFacts]) -> int:
+    try:
+        from ddptui.tui.screens.compare import run_compare  # Textual, only now
+    except ImportError as exc:
+        return _not_available(exc)
+    return run_compare(runs)
+
+
+def _attach_dashboard(run_dir: Path) -> int:
+    try:
+        from ddptui.tui.attach_app import run_attach  # Textual, only now
+    except ImportError as exc:
+        return _not_available(exc, "")
+    return run_attach(run_dir)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,19 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TextIO
 
 from ddptui import protocol
-from ddptui.config import RunConfig, resume_command
 from ddptui.constants import PHASES
-from ddptui.diagnosis import Diagnosis
 from ddptui.formatting import fmt_duration, fmt_num
-from ddptui.launch.signals import signals_deferred
-from ddptui.rundir import RunDirError, rank_log_name
-from ddptui.session import RunSession
-from ddptui.state import RunState
+from ddptui.monitor import SystemMonitor, preflight
+from ddptui.run.diagnosis import Diagnosis
+from ddptui.run.options import RunConfig, resume_command
+from ddptui.run.rundir import RunDirError
+from ddptui.run.session import RunSession
+from ddptui.run.signals import Interrupted, signals_deferred, signals_interrupt
+from ddptui.run.state import RunState
+from ddptui.runfiles import rank_log_name
 
 PRINT_EVERY_S = 5.0
 BAR_EVERY_S = 0.5
@@ -228,52 +228,8 @@ def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
     """Before an nccl run: GPUs that another job's processes already hold."""
     if cfg.backend != "nccl":
         return []
-    from ddptui.monitor import SystemMonitor, preflight
-
     with SystemMonitor(nvml_module, pcie=False) as monitor:
         return preflight(monitor.sample())
-
-
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached ddptui: stop the run, exit 128 + the signal's number."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class SignalGuard:
-    """While :attr:`armed`, SIGINT and SIGTERM raise :class:`Interrupted` (main thread only);
-    disarmed, they are remembered and ignored (the run is already being torn down)."""
-
-    def __init__(self) -> None:
-        self.armed = True
-        self.received: list[int] = []
-        #: Whether the first SIGINT may ask for a stop with a checkpoint instead.
-        self.gentle = False
-        #: The first SIGINT arrived while :attr:`gentle`: the loop should ask for that stop.
-        self.gentle_asked = False
-
-    def handler(self, signum: int, frame: object) -> None:
-        self.received.append(signum)
-        if self.armed and self.gentle and signum == signal.SIGINT and not self.gentle_asked:
-            self.gentle_asked = True  # the next Ctrl-C tears the run down as before
-            return
-        if self.armed:
-            self.armed = False  # a second Ctrl-C during teardown must not cut it short
-            raise Interrupted(signum)
-
-
-@contextmanager
-def signals_interrupt() -> Iterator[SignalGuard]:
-    """Install a :class:`SignalGuard` for SIGINT and SIGTERM for the duration."""
-    guard = SignalGuard()
-    previous = {sig: signal.signal(sig, guard.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield guard
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSession) -> None:

@@ -351,7 +351,7 @@ def _implausible_node(event: NodeSample) -> str | None:
     return None
 
 
-#: Largest world a run may grow to when a script spawns its own ranks (ddptui.spawned).
+#: Largest world a run may grow to when a script spawns its own ranks (ddptui.rank.spawned).
 MAX_GROWN_WORLD = 1024
 
 

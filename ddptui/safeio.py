@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from ddptui.runfiles import CONFIG_FILE, EVENTS_FILE, is_run_file_name
+
 #: Deepest JSON nesting accepted (ddptui writes at most 4 levels; users' metrics a few more).
 MAX_JSON_DEPTH = 64
 #: Longest path text echoed in a message.
@@ -181,8 +183,6 @@ def read_lines(f: IO[bytes], max_line: int) -> Iterator[bytes]:
 def protected_reason(path: str | os.PathLike[str]) -> str | None:
     """Why ``path`` must not be written by an output (None when it may): it is a file of a run
     directory, or names one (the directory holds ``config.json`` or ``events.jsonl``)."""
-    from ddptui.rundir import CONFIG_FILE, EVENTS_FILE, is_run_file_name
-
     target = _real(path)
     parent = target.parent
     if not (is_file(parent / EVENTS_FILE) or is_file(parent / CONFIG_FILE)):

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from ddptui import attach, liveruns
 from ddptui.constants import RUN_ID_ENV
+from ddptui.runs import attach
+from ddptui.runs import live as liveruns
 from ddptui.tui import follow
 from ddptui.tui.follow import FollowSource
 from tests.data_fixtures.record import RUNS
@@ -154,7 +155,8 @@ def test_broken_config_is_one_line(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_attach_sees_a_headless_run_advance_and_end(tmp_path):
-    from ddptui.tui.screens.attach import AttachApp, AttachScreen
+    from ddptui.tui.attach_app import AttachApp
+    from ddptui.tui.screens.attach import AttachScreen
     from tests.tui_fixtures.fakes import fake_deps, no_gpu_snapshots
 
     run_dir = tmp_path / "runs" / "bg"

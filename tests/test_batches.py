@@ -311,7 +311,7 @@ def test_default_workers_share_the_cores_on_cuda_only(monkeypatch):
     monkeypatch.setenv("DDPTUI_THREADS", "1")
     assert default_workers(torch.device("cuda", 0), 8) == 1
     monkeypatch.delenv("DDPTUI_THREADS")
-    monkeypatch.setattr("ddptui.cpus.usable_cpus", lambda: 16)
+    monkeypatch.setattr("ddptui.rank.cpus.usable_cpus", lambda: 16)
     assert default_workers(torch.device("cuda", 0), 4) == 3
     feed = choose_feed(
         DataSplits(indexed(4).train, indexed(4).test, 4),

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ddptui import bench, benchmath
-from ddptui.benchmath import StepPoint
-from ddptui.config import Machine
-from ddptui.state import RunState
+from ddptui.run.machine import Machine
+from ddptui.run.state import RunState
+from ddptui.runs import bench, bench_report, benchmath
+from ddptui.runs.benchmath import StepPoint
 
 NO_CUDA = Machine(0, "no CUDA here (test)", 8)
 TWO_GPUS = Machine(2, "", 32)
@@ -115,7 +115,7 @@ def _planned(ws, amp="off", backend="gloo", launcher="spawn", skip=None):
 
 def _m(rate, ttfs=2.0, rss=(100, 110), outcome="stopped", problem=None, accuracy=None, pm=0.02):
     """A run measured at ``rate`` samples/s, its own interval ±``pm`` (None: no interval)."""
-    mib = bench.MiB
+    mib = bench_report.MiB
     interval = None
     if rate is not None and pm is not None:
         interval = benchmath.Spread(rate, rate * (1 - pm), rate * (1 + pm), 8, "steps")
@@ -161,7 +161,7 @@ def test_rows_efficiency_against_the_same_options_at_world_size_one():
 
 
 def test_table_marks_the_fastest_and_explains_the_rest():
-    lines = bench.format_table(bench.build_rows(_results()))
+    lines = bench_report.format_table(bench.build_rows(_results()))
     table = "\n".join(lines)
     assert lines[0].split()[:2] == ["configuration", "samples/s"]
     measured = [ln for ln in lines if ln.startswith("x") and "spawn" in ln]
@@ -175,10 +175,10 @@ def test_table_marks_the_fastest_and_explains_the_rest():
 
 
 def test_csv_has_one_row_per_configuration():
-    text = bench.csv_text(bench.build_rows(_results()))
+    text = bench_report.csv_text(bench.build_rows(_results()))
     rows = list(csv.DictReader(text.splitlines()))
     assert len(rows) == 6
-    assert tuple(rows[0]) == bench.CSV_COLUMNS
+    assert tuple(rows[0]) == bench_report.CSV_COLUMNS
     two = next(r for r in rows if r["configuration"] == "x2 spawn gloo amp off")
     assert (two["samples_per_s"], two["efficiency"], two["time_to_first_step_s"]) == (
         "1500.0",
@@ -254,7 +254,7 @@ def test_plan_with_gpus_defaults_and_dp(tmp_path):
 )
 def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert bench.main(argv) == 2
+    assert bench_report.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("ddptui: error: ")
     assert message in err
@@ -263,7 +263,7 @@ def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch)
 
 def test_an_existing_bench_is_not_overwritten(tmp_path, capsys):
     (tmp_path / "bench.csv").write_text("x")
-    assert bench.main(["--bench-dir", str(tmp_path)]) == 2
+    assert bench_report.main(["--bench-dir", str(tmp_path)]) == 2
     assert "already holds a bench" in capsys.readouterr().err
 
 
@@ -432,7 +432,7 @@ def test_bench_on_cpu_measures_four_configurations_and_skips_the_rest(
     monkeypatch.chdir(tmp_path)
     argv = ["--no-ui", "--world-size", "1,2", "--amp", "off,bf16,fp16"]
     argv += ["--backend", "gloo,nccl", "--steps", "60", "--bench-dir", "b"]
-    code = bench.main(argv)
+    code = bench_report.main(argv)
     out = capsys.readouterr().out
     assert code == 0, out
     table = out[out.index("configuration") :]
@@ -466,11 +466,11 @@ def test_bench_on_cpu_measures_four_configurations_and_skips_the_rest(
 
 
 def test_run_reports_usage_errors_itself_when_wired_into_another_parser(capsys):
-    assert bench.run(_args(["--no-ui", "--repeat", "1000"])) == 2
+    assert bench_report.run(_args(["--no-ui", "--repeat", "1000"])) == 2
     assert capsys.readouterr().err == "ddptui: error: --repeat must be at most 100, got 1000\n"
 
 
 def test_markdown_marks_the_fastest_and_lists_the_rest():
-    text = bench.markdown_text(bench.build_rows(_results()), "ddptui bench", ["about"])
+    text = bench_report.markdown_text(bench.build_rows(_results()), "ddptui bench", ["about"])
     assert "| **x2 spawn gloo amp off** \\* | **1,500 ±2%** | **75%** |" in text
     assert "- x1 spawn nccl amp off: skipped: backend nccl needs a CUDA GPU" in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import time
 
-from ddptui import bench
+from ddptui.runs import bench
 from ddptui.tui.screens.bench import BenchApp, BenchScreen, SamplesChart
 from tests.test_bench import NO_CUDA, FakeSampler, FakeSession, _args
 

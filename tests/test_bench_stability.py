@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from ddptui import bench, benchmath
-from ddptui.benchmath import Spread, StepPoint
+from ddptui.runs import bench, benchmath
+from ddptui.runs.benchmath import Spread, StepPoint
 
 
 def _steps(times, ranks=2, samples=8):

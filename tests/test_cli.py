@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddptui import cli
-from ddptui.config import Machine
+from ddptui.run.machine import Machine
 
 ENV_NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
@@ -150,6 +150,7 @@ def test_real_process_prints_no_traceback(tmp_path):
         (["replay", "x" * 300], "cannot open run directory"),
     ],
 )
+@pytest.mark.slow
 def test_real_process_refusals_start_nothing(argv, message, tmp_path):
     (tmp_path / "garbage.pt").write_bytes(b"\x00garbage" * 100)
     before = _files(tmp_path)
@@ -199,11 +200,13 @@ def test_help_still_works(argv, expected, capsys):
 
 
 def test_headless_path_never_imports_textual():
+    """The runtime half of the import-linter contract (pyproject.toml): headless, runs, run and
+    monitor never import Textual, statically; cli imports it only inside the functions that
+    open a dashboard, so importing cli and building a config must load none of it."""
     code = (
         "import sys\n"
-        "import ddptui.cli, ddptui.headless, ddptui.session, ddptui.replay\n"
-        "import ddptui.monitor.cli\n"
-        "from ddptui.config import build_config, Machine\n"
+        "import ddptui.cli\n"
+        "from ddptui.run.config import build_config, Machine\n"
         "build_config({}, Machine(0, 'none', 2))\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'textual_plotext')"
         " or m.startswith('ddptui.tui'))\n"

@@ -9,8 +9,8 @@ import psutil
 import zmq
 
 from ddptui import protocol
-from ddptui.collector import MAX_IPC_PATH, Collector
-from ddptui.state import RunState
+from ddptui.run.collector import MAX_IPC_PATH, Collector
+from ddptui.run.state import RunState
 
 
 def push_all(endpoint, messages):
@@ -108,7 +108,7 @@ def test_two_hundred_thousand_bogus_ranks_cost_no_memory():
 
 
 def test_socket_directories_of_killed_collectors_are_removed_at_the_next_start(tmp_path):
-    from ddptui import collector as module
+    from ddptui.run import collector as module
 
     base = tmp_path / "base"
     base.mkdir()
@@ -135,7 +135,7 @@ def test_socket_directories_of_killed_collectors_are_removed_at_the_next_start(t
 
 
 def test_a_directory_with_a_live_listener_is_kept(tmp_path):
-    from ddptui import collector as module
+    from ddptui.run import collector as module
 
     base = tmp_path / "base"
     base.mkdir()

@@ -9,8 +9,9 @@ import psutil
 import pytest
 
 from ddptui import protocol
-from ddptui.config import Machine, build_config
-from ddptui.session import RunSession
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
+from ddptui.run.session import RunSession
 from tests.helpers import ROOT, processes_of_run
 
 pytestmark = pytest.mark.slow

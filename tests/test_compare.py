@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from ddptui import compare
+from ddptui.runs import compare
 from tests.data_fixtures.record import RUNS
 from tests.tui_fixtures.fakes import FAILED_RUN
 

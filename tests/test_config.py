@@ -1,6 +1,8 @@
 import pytest
 
-from ddptui.config import ConfigError, Machine, build_config, check_options
+from ddptui.run.config import build_config, check_options
+from ddptui.run.machine import Machine
+from ddptui.run.options import ConfigError
 
 CPU = Machine(cuda_devices=0, cuda_reason="no CUDA device visible", cpu_count=2)
 TWO_GPUS = Machine(cuda_devices=2, cuda_reason="", cpu_count=16)

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from ddptui import protocol
-from ddptui.diagnosis import (
+from ddptui.run.diagnosis import (
     Diagnoser,
     Diagnosis,
     MemoryState,
@@ -24,7 +24,7 @@ from ddptui.diagnosis import (
     rank_ends,
     stuck_ranks,
 )
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.run.state import RankFailureInfo, RunState
 
 STACKS = Path(__file__).parent / "data" / "stacks"
 

@@ -4,13 +4,14 @@ the probe's cgroup reading: no processes started."""
 import pytest
 
 from ddptui import cli
-from ddptui.config import Machine, build_config
 from ddptui.constants import NO_INSTRUMENT_ENV
-from ddptui.diagnosis import MemoryState
-from ddptui.probe import RankProbe, read_cgroup_memory
-from ddptui.rundir import EXIT_CODES, decide_outcome
-from ddptui.session import RunSession, make_launcher
-from ddptui.state import RunState
+from ddptui.run.config import build_config
+from ddptui.run.diagnosis import MemoryState
+from ddptui.run.machine import Machine
+from ddptui.run.probe import RankProbe, read_cgroup_memory
+from ddptui.run.rundir import EXIT_CODES, decide_outcome
+from ddptui.run.session import RunSession, make_launcher
+from ddptui.run.state import RunState
 
 CPU = Machine(0, "no GPU", 2)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ddptui.constants import PHASES
-from ddptui.diagnosis import classify_stack, find_straggler
-from ddptui.rundir import iter_events
-from ddptui.state import RunState
+from ddptui.run.diagnosis import classify_stack, find_straggler
+from ddptui.run.rundir import iter_events
+from ddptui.run.state import RunState
 from tests.helpers import ROOT, processes_of_run, read_events
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from ddptui import export
+from ddptui.runs import export
 from tests.data_fixtures.record import RUNS
 from tests.tui_fixtures.fakes import FAILED_RUN
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ddptui import cli, export
-from ddptui.rundir import RunDir
-from ddptui.state import MAX_SEQ_GAP, RunState
+from ddptui import cli
+from ddptui.run.state import MAX_SEQ_GAP, RunState
+from ddptui.runfiles import RunDir
+from ddptui.runs import export
 from tests.data_fixtures.record import RUNS
 from tests.test_safeio import small_tmpfs
 from tests.tui_fixtures.fakes import FAILED_RUN
@@ -248,7 +249,7 @@ def test_a_forged_seq_jump_is_one_gap_and_named(tmp_path, capsys):
     forged["seq"] = 1_000_000
     with open(RunDir(run).events, "a") as f:
         f.write(json.dumps(forged) + "\n")
-    from ddptui.rundir import load_run
+    from ddptui.run.rundir import load_run
 
     _, state, summary = load_run(run)
     assert state.dropped <= 1

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from ddptui.config import build_config
-from ddptui.rundir import RunDir
-from ddptui.session import RunSession
+from ddptui.run.config import build_config
+from ddptui.run.session import RunSession
+from ddptui.runfiles import RunDir
 from tests.helpers import processes_of_run, read_events
 
 pytestmark = pytest.mark.slow

@@ -3,9 +3,10 @@
 import io
 
 from ddptui import protocol
-from ddptui.config import Machine, build_config
 from ddptui.headless import HeadlessConsole, eval_summary, gpu_preflight, progress_line
-from ddptui.state import RunState
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
+from ddptui.run.state import RunState
 from tests.fake_nvml import FakeGpu, FakeNvml, GiB
 
 
@@ -91,7 +92,7 @@ def test_terminal_gets_a_redrawn_progress_bar_and_pipes_get_lines():
 def test_replay_reads_only_the_events_of_the_run_its_config_names(tmp_path):
     import json
 
-    from ddptui.rundir import load_run
+    from ddptui.run.rundir import load_run
 
     (tmp_path / "config.json").write_text(json.dumps({"run_id": "a", "world_size": 1}))
     lines = [

@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import ddptui
-from ddptui import instrument, reporter
 from ddptui.constants import ENDPOINT_ENV, NO_INSTRUMENT_ENV, PHASES
-from ddptui.net import free_port
+from ddptui.rank import instrument, reporter
+from ddptui.rank.net import free_port
 
 
 class FakeClock:
@@ -418,10 +418,11 @@ def test_wanted_only_under_ddptui_and_not_switched_off(env, wanted):
     assert instrument.wanted(env) is wanted
 
 
+@pytest.mark.slow
 def test_install_waits_for_the_script_to_import_torch(tmp_path):
     code = """
 import sys
-from ddptui import instrument
+from ddptui.rank import instrument
 inst = instrument.install(force=True)
 assert "torch" not in sys.modules, "installing must not import torch"
 import json  # any other import passes through

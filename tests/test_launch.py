@@ -9,10 +9,11 @@ import time
 import pytest
 
 from ddptui import protocol
-from ddptui.config import Machine, build_config
-from ddptui.launch import Launcher, wait_for
-from ddptui.rundir import load_run
-from ddptui.session import RunSession
+from ddptui.run.config import build_config
+from ddptui.run.launcher import Launcher, wait_for
+from ddptui.run.machine import Machine
+from ddptui.run.rundir import load_run
+from ddptui.run.session import RunSession
 from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
 
 pytestmark = pytest.mark.slow
@@ -91,7 +92,9 @@ def test_stop_tears_down_torchrun_workers_in_their_own_sessions(tmp_path):
         # torchrun puts each worker in a new session: wait until both exist.
         def workers():
             found = [
-                p for p in processes_of_run("stop-test") if "rank_entry" in " ".join(p.cmdline())
+                p
+                for p in processes_of_run("stop-test")
+                if "ddptui.rank.entry" in " ".join(p.cmdline())
             ]
             return found if len(found) == 2 else None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from textual.widgets import Button, Checkbox, Input, Select
 
-from ddptui.config import Machine
+from ddptui.run.machine import Machine
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen
 from tests.tui_fixtures.fakes import GPU_HOST, NO_CUDA_HOST, fake_deps, primed_app

@@ -71,7 +71,7 @@ def test_torch_rank_joins_its_gpu_by_uuid(real_nvml):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
-    from ddptui.reporter import cuda_uuid
+    from ddptui.rank.reporter import cuda_uuid
 
     device = torch.cuda.device_count() - 1  # not necessarily NVML's index of the same GPU
     block = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=f"cuda:{device}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptui.net import free_port
+from ddptui.rank.net import free_port
 from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
 
 pytest_plugins = ["tests.infra"]

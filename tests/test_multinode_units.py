@@ -12,12 +12,15 @@ import pytest
 import zmq
 
 from ddptui import protocol
-from ddptui.cluster.host import NodeHost
-from ddptui.cluster.join import Channel, config_from_node0
-from ddptui.cluster.slurm import sbatch_script, slurm_layout, srun_argv, tasks_per_node
-from ddptui.cluster.token import JoinToken, RunKeys, TokenError
-from ddptui.config import ConfigError, Machine, RunConfig, build_config
-from ddptui.state import RankFailureInfo
+from ddptui.join.channel import Channel
+from ddptui.join.command import config_from_node0
+from ddptui.run.cluster.host import NodeHost
+from ddptui.run.cluster.slurm import sbatch_script, slurm_layout, srun_argv, tasks_per_node
+from ddptui.run.cluster.token import JoinToken, RunKeys, TokenError
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
+from ddptui.run.options import ConfigError, RunConfig
+from ddptui.run.state import RankFailureInfo
 
 CPU = Machine(0, "no GPU here", cpu_count=2)
 ALLOC = {
@@ -279,9 +282,9 @@ def test_forged_events_never_reach_the_collector(host):
 
 # -- node samples -------------------------------------------------------------------------------
 def test_node_sample_from_a_real_monitor_snapshot_is_valid_and_kept_by_node():
-    from ddptui.cluster.agent import node_sample
+    from ddptui.join.agent import node_sample
     from ddptui.monitor import SystemMonitor
-    from ddptui.state import RunState
+    from ddptui.run.state import RunState
 
     with SystemMonitor(pcie=False) as monitor:
         sample = node_sample(monitor.sample(), "run-x", 3, "hostname", seq=0)
@@ -342,8 +345,8 @@ class _FakeHost:
 def test_a_failure_on_any_node_ends_the_run_failed_naming_the_first_cause(tmp_path, local, named):
     """Node 0 stops its own ranks when another node reports a failure: the run is failed,
     not stopped; a rank killed here is named, a rank that only lost its peer is not."""
-    from ddptui.launch import LaunchResult
-    from ddptui.session import RunSession
+    from ddptui.run.launcher import LaunchResult
+    from ddptui.run.session import RunSession
 
     cfg = build(tmp_path, nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:5")
     session = RunSession(cfg)

@@ -9,7 +9,7 @@ import sys
 import psutil
 import pytest
 
-from ddptui.launch import Launcher
+from ddptui.run.launcher import Launcher
 from tests.helpers import USER_SCRIPT, processes_of_run, wait_until
 
 pytestmark = pytest.mark.slow
@@ -50,12 +50,12 @@ def kill_run(run_id):
 
 def is_rank(proc):
     """A rank process, however far it has got (an mp.spawn child is a multiprocessing
-    child until it runs the rank; a torchrun worker runs rank_entry from the start)."""
+    child until it runs the rank; a torchrun worker runs ddptui.rank.entry from the start)."""
     try:
         cmdline = " ".join(proc.cmdline())
     except psutil.Error:
         return False
-    return "rank_entry" in cmdline or "spawn_main" in cmdline
+    return "ddptui.rank.entry" in cmdline or "spawn_main" in cmdline
 
 
 @pytest.mark.parametrize(

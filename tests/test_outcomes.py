@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from ddptui.collector import Collector
-from ddptui.launch import Launcher
+from ddptui.run.collector import Collector
+from ddptui.run.launcher import Launcher
 from tests.helpers import ROOT, processes_of_run
 
 pytestmark = pytest.mark.slow
@@ -107,7 +107,7 @@ def test_the_rank_entry_reports_how_the_script_ended(tmp_path, how):
             "RANK": "1",
             "LOCAL_WORLD_SIZE": "2",
         }
-        cmd = [sys.executable, "-m", "ddptui.launch.rank_entry", "--script", str(script)]
+        cmd = [sys.executable, "-m", "ddptui.rank.entry", "--script", str(script)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         events = []
         deadline = time.monotonic() + 10

@@ -54,7 +54,7 @@ def test_the_exit_flush_touches_no_deprecated_torch_object():
     code = (
         "import torch.distributed, warnings\n"
         "warnings.simplefilter('error')\n"
-        "from ddptui.launch.rank_entry import exit_after_success\n"
+        "from ddptui.rank.entry import exit_after_success\n"
         "exit_after_success(0)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

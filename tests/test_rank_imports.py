@@ -10,7 +10,7 @@ import sys
 
 RANK = """
 import json, sys
-import ddptui.launch.rank_entry
+import ddptui.rank.entry
 from trainers import synthetic
 from trainers.options import parse_config
 config = parse_config(synthetic.build_arg_parser(), ["--epochs", "1"])

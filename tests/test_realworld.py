@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptui.net import free_port
+from ddptui.rank.net import free_port
 from tests.realworld_runs import RunPool, RunResult, RunSpec
 from tests.trainer_data import write_imagefolder, write_mnist
 

@@ -20,10 +20,11 @@ import warnings
 import pytest
 import zmq
 
-from ddptui import pending, protocol
-from ddptui.collector import Collector
-from ddptui.reporter import HOLD_EVENTS, Reporter
-from ddptui.state import RunState
+from ddptui import protocol
+from ddptui.rank import pending
+from ddptui.rank.reporter import HOLD_EVENTS, Reporter
+from ddptui.run.collector import Collector
+from ddptui.run.state import RunState
 
 
 def drain(collector, want, timeout=10.0):
@@ -520,7 +521,7 @@ def test_a_cuda_loss_is_logged_without_waiting_and_arrives_with_its_value(collec
 # -- one reporter per process ----------------------------------------------------------------
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_makes_its_own_reporter(monkeypatch):
-    from ddptui import reporter
+    from ddptui.rank import reporter
 
     monkeypatch.delenv("DDPTUI_ENDPOINT", raising=False)
     reporter.reset_reporter()

@@ -17,12 +17,15 @@ import time
 import pytest
 
 from ddptui import protocol
-from ddptui.config import ConfigError, build_config, check_restart_checkpoint
-from ddptui.launch import LaunchResult
-from ddptui.reporter import attempt_from_env
-from ddptui.rundir import RunDir, summarize
-from ddptui.session import RunSession, failure_key
-from ddptui.state import AttemptRecord, RankFailureInfo, RunState
+from ddptui.rank.reporter import attempt_from_env
+from ddptui.run.check_files import check_restart_checkpoint
+from ddptui.run.config import build_config
+from ddptui.run.launcher import LaunchResult
+from ddptui.run.options import ConfigError
+from ddptui.run.rundir import summarize
+from ddptui.run.session import RunSession, failure_key
+from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
+from ddptui.runfiles import RunDir
 from tests.helpers import ROOT, processes_of_run, read_events, wait_until
 
 
@@ -170,7 +173,7 @@ def test_the_same_failure_twice_from_the_same_checkpoint_is_not_restarted(tmp_pa
     session = _failed_session(tmp_path, None)  # no checkpoint: both attempts from scratch
     started = []
     monkeypatch.setattr(
-        "ddptui.session.Launcher.start", lambda self: started.append(self.extra_env)
+        "ddptui.run.session.Launcher.start", lambda self: started.append(self.extra_env)
     )
     failure = RankFailureInfo(rank=1, exit_code=3, error="boom")
     assert session._restart(LaunchResult(1, failure=failure)) is True
@@ -370,7 +373,7 @@ def test_first_ctrl_c_stops_with_a_checkpoint_and_the_run_resumes_from_it(tmp_pa
 
 
 def test_resume_command_repeats_the_options(tmp_path):
-    from ddptui.config import resume_command
+    from ddptui.run.options import resume_command
 
     cfg = _cfg(tmp_path, epochs="4", lr="0.5", script_args=("--train-size", "8 00"))
     line = resume_command(cfg)
@@ -381,7 +384,7 @@ def test_resume_command_repeats_the_options(tmp_path):
 
 def test_resume_run_dir_takes_the_saved_options(tmp_path):
     from ddptui.cli import continue_run_dir
-    from ddptui.rundir import write_json_atomic
+    from ddptui.runfiles import write_json_atomic
 
     saved = _cfg(tmp_path, epochs="4", script_args=("--train-size", "800"))
     RunDir(saved.run_dir).path.mkdir(parents=True)
@@ -398,7 +401,7 @@ def test_resume_run_dir_takes_the_saved_options(tmp_path):
 
 
 def test_first_ctrl_c_asks_gently_and_the_second_tears_down():
-    from ddptui.headless import Interrupted, SignalGuard
+    from ddptui.run.signals import Interrupted, SignalGuard
 
     guard = SignalGuard()
     guard.gentle = True
@@ -460,7 +463,8 @@ def test_the_header_names_the_attempt_and_the_loss_chart_marks_it():
 
 
 def test_a_replayed_run_shows_its_attempts(tmp_path):
-    from ddptui.rundir import load_run, write_json_atomic, write_summary
+    from ddptui.run.rundir import load_run, write_summary
+    from ddptui.runfiles import write_json_atomic
 
     cfg = _cfg(tmp_path)
     RunDir(cfg.run_dir).path.mkdir(parents=True)

@@ -6,19 +6,18 @@ import pytest
 
 from ddptui import protocol
 from ddptui.cli import main
-from ddptui.rundir import (
+from ddptui.run.rundir import (
     EXIT_CODES,
-    RunDir,
     RunDirError,
     decide_outcome,
     load_run,
     read_config,
     read_summary,
     summarize,
-    write_json_atomic,
     write_summary,
 )
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.run.state import RankFailureInfo, RunState
+from ddptui.runfiles import RunDir, write_json_atomic
 
 
 @pytest.mark.parametrize(

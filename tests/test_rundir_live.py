@@ -12,10 +12,10 @@ import time
 import pytest
 
 from ddptui import protocol
-from ddptui.config import build_config
-from ddptui.rundir import RunDir
-from ddptui.session import RunSession
-from ddptui.state import RankFailureInfo
+from ddptui.run.config import build_config
+from ddptui.run.session import RunSession
+from ddptui.run.state import RankFailureInfo
+from ddptui.runfiles import RunDir
 from tests.helpers import processes_of_run
 from tests.test_safeio import small_tmpfs
 
@@ -118,7 +118,7 @@ def test_a_ranks_own_error_is_the_cause_not_the_drivers_exit(tmp_path):
 
 
 def test_the_summary_of_a_run_names_a_seq_jump(tmp_path):
-    from ddptui.rundir import summarize
+    from ddptui.run.rundir import summarize
 
     session = RunSession(_cfg(tmp_path / "run"))
     for seq in (0, 1, 1_000_000):
@@ -132,7 +132,7 @@ def test_the_summary_of_a_run_names_a_seq_jump(tmp_path):
 
 def test_a_run_directory_deleted_after_the_last_event_still_fails_the_run(tmp_path):
     from ddptui import safeio
-    from ddptui.launch import LaunchResult
+    from ddptui.run.launcher import LaunchResult
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -18,14 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddptui import protocol, safeio
-from ddptui.rundir import (
-    RunDir,
-    RunDirError,
-    iter_events,
-    load_run,
-    read_config,
-    read_summary,
-)
+from ddptui.run.rundir import RunDirError, iter_events, load_run, read_config, read_summary
+from ddptui.runfiles import RunDir
 from tests.data_fixtures.record import RUNS
 
 RUN = RUNS / "amp-off"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ddptui.launch.signals import signals_deferred
+from ddptui.run.signals import signals_deferred
 from tests.helpers import ROOT, processes_of_run
 
 PROBE = ROOT / "tests" / "scripts" / "signal_probe.py"

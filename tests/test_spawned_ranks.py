@@ -5,9 +5,9 @@ spawner goes quiet."""
 import pytest
 
 from ddptui import protocol
-from ddptui.collector import Collector
-from ddptui.reporter import Reporter
-from ddptui.state import RunState
+from ddptui.rank.reporter import Reporter
+from ddptui.run.collector import Collector
+from ddptui.run.state import RunState
 
 
 def started(rank, world_size, state="started", run="r"):

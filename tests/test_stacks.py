@@ -8,13 +8,13 @@ import time
 import pytest
 
 from ddptui.constants import RUN_ID_ENV
-from ddptui.diagnosis import classify_stack
-from ddptui.rundir import RunDir
-from ddptui.stacks import capture_stacks
+from ddptui.rank.stacks import capture_stacks
+from ddptui.run.diagnosis import classify_stack
+from ddptui.runfiles import RunDir
 
 CHILD = """
 import sys, time
-from ddptui.stacks import register_stack_dump
+from ddptui.rank.stacks import register_stack_dump
 register_stack_dump(sys.argv[1], int(sys.argv[2]))
 
 def waiting_for_godot():

@@ -1,7 +1,7 @@
 import pytest
 
 from ddptui import protocol
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.run.state import RankFailureInfo, RunState
 
 
 def ev(cls, rank=0, seq=0, t=0.0, **fields):

@@ -7,7 +7,7 @@ import sys
 import psutil
 import pytest
 
-from ddptui.launch import Launcher, ProcessIdentity
+from ddptui.run.launcher import Launcher, ProcessIdentity
 from tests.helpers import USER_SCRIPT
 
 

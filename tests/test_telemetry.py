@@ -10,9 +10,9 @@ import pytest
 import zmq
 
 from ddptui import protocol
-from ddptui.collector import Collector
-from ddptui.reporter import Reporter
-from ddptui.state import RunState
+from ddptui.rank.reporter import Reporter
+from ddptui.run.collector import Collector
+from ddptui.run.state import RunState
 
 
 def drain(collector, want, timeout=10.0):
@@ -95,9 +95,11 @@ def test_each_epoch_ends_exactly_once(collector):
             rep.log(epoch=epoch, loss=1.0, samples=4)
             rep.log_eval(epoch=epoch, accuracy=0.5)
         rep.finished()
-        events = drain(collector, 11)
+        # started, 4 steps, 2 evals, 2 epoch ends, finished: waiting for more took the timeout
+        events = drain(collector, 10)
     finally:
         rep.close()
+    assert len(events) == 10
     ends = [(e.epoch, e.samples) for e in events if type(e).__name__ == "EpochEnd"]
     assert ends == [(1, 8), (2, 8)]
 

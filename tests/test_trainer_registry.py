@@ -11,8 +11,10 @@ import textwrap
 import pytest
 
 from ddptui import cli
-from ddptui.config import ConfigError, Machine, build_config
-from ddptui.registry import TrainerSpec, registry
+from ddptui.run.config import build_config
+from ddptui.run.machine import Machine
+from ddptui.run.options import ConfigError
+from ddptui.run.registry import TrainerSpec, registry
 from tests.helpers import ROOT
 
 CPU = Machine(0, "none", cpu_count=2)
@@ -29,7 +31,7 @@ def _fake_distribution(root, name="tinytrainer", entry_points=None):
 
 USER_PACKAGE = {
     "tinytrainer_specs.py": """
-        from ddptui.registry import TrainerSpec
+        from ddptui.run.registry import TrainerSpec
 
         TINY = TrainerSpec(name="tiny", module="tinytrainer_train", models=("mlp", "cnn"))
         NOT_A_SPEC = 42
@@ -68,9 +70,9 @@ def user_trainer(tmp_path, monkeypatch):
 def test_core_modules_do_not_import_trainers_or_torch():
     code = textwrap.dedent("""
         import sys
-        import ddptui.config, ddptui.cli, ddptui.registry
+        import ddptui.run.config, ddptui.cli, ddptui.run.registry
         before = sorted(m for m in sys.modules if m.split(".")[0] in ("trainers", "torch"))
-        from ddptui.config import build_config
+        from ddptui.run.config import build_config
         cfg = build_config({"device": "cpu", "run_dir": "/tmp/ddptui-registry-test-unused"})
         after = sorted(m for m in sys.modules if m.split(".")[0] == "torch")
         print(before, after, cfg.trainer_module)

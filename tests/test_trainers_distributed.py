@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV, THREADS_ENV
-from ddptui.net import free_port
+from ddptui.rank.net import free_port
 from tests.helpers import processes_of_run
 from tests.trainer_data import (
     bn_model,
@@ -145,7 +145,7 @@ def test_dataloader_workers_under_both_launchers(trainer, launcher, tmp_path):
     env.pop(ENDPOINT_ENV, None)
     argv = ["--device", "cpu", "--backend", "gloo", "--epochs", "1", "--lr", "0.01"]
     argv += ["--data-dir", str(tmp_path / "data"), "--workers", "2", *extra]
-    command = [sys.executable, "-m", "ddptui.launch.drivers", launcher, "--nprocs", "2"]
+    command = [sys.executable, "-m", "ddptui.run.drivers", launcher, "--nprocs", "2"]
     command += ["--run-dir", str(run_dir), "--module", f"trainers.{trainer}", "--", *argv]
     driver = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT

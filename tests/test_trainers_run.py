@@ -97,6 +97,7 @@ def _spy_on_layout(monkeypatch) -> list[tuple[bool, bool]]:
     return seen
 
 
+@pytest.mark.slow
 def test_cifar10_main_reads_pickle_batches(tmp_path, monkeypatch, capsys):
     write_cifar10(tmp_path, per_batch=2, test=5)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
@@ -126,6 +127,7 @@ def test_cifar10_checks_md5_by_default(tmp_path):
     assert str(tmp_path) in str(caught.value) and "--no-verify" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_imagefolder_main_reads_pngs(tmp_path, capsys):
     write_imagefolder(tmp_path, train=2, val=1)
     # 6 training images in batches of 3: ResNet's BatchNorm cannot train on a batch of
@@ -187,6 +189,7 @@ def _record_training(monkeypatch) -> tuple[list[float], list[dict]]:
     return losses, evals
 
 
+@pytest.mark.slow
 def test_bf16_on_cpu_trains(monkeypatch):
     argv = [*CPU, "--epochs", "2", "--train-size", "512", "--test-size", "101"]
     losses, evals = _record_training(monkeypatch)
@@ -202,6 +205,7 @@ def test_bf16_on_cpu_trains(monkeypatch):
     assert losses != bf16  # autocast was on: float32 takes other steps
 
 
+@pytest.mark.slow
 def test_data_on_device_on_cpu_trains_exactly_like_the_dataloader(tmp_path):
     """Same sampler order, same normalisation, no augmentation: identical weights."""
     saved = {}
@@ -214,6 +218,7 @@ def test_data_on_device_on_cpu_trains_exactly_like_the_dataloader(tmp_path):
         assert torch.equal(saved["on"][name], tensor), name
 
 
+@pytest.mark.slow
 def test_cifar10_data_on_device_augments_and_trains(tmp_path, monkeypatch, capsys):
     write_cifar10(tmp_path, per_batch=4, test=6)
     losses, evals = _record_training(monkeypatch)
@@ -257,6 +262,7 @@ def _spy_on_epochs(monkeypatch) -> list[tuple[int, dict, dict]]:
     return seen
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_checkpoint(tmp_path, monkeypatch, capsys):
     checkpoint = tmp_path / "ckpt" / "model.pt"
     assert synthetic.main([*TINY, "--checkpoint", str(checkpoint)]) == 0
@@ -290,6 +296,7 @@ def test_resume_after_the_last_epoch_only_evaluates(tmp_path, monkeypatch, capsy
     assert again.split()[:6] == first.split()[:6]  # same weights, same loss and accuracy
 
 
+@pytest.mark.slow
 def test_failed_save_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     checkpoint = tmp_path / "model.pt"
     synthetic.main([*TINY, "--checkpoint", str(checkpoint)])

@@ -9,7 +9,8 @@ import threading
 import pytest
 from textual.widgets import Button, DataTable, Input, Log, Select
 
-from ddptui.config import Machine, build_config, check_options
+from ddptui.run.config import build_config, check_options
+from ddptui.run.machine import Machine
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddptui import protocol
-from ddptui.state import RunState
+from ddptui.run.state import RunState
 from ddptui.tui.app import restart_config
 from ddptui.tui.machine import recent_runs
 from ddptui.tui.model import (
@@ -204,7 +204,7 @@ def test_replayed_script_run_header_is_honest():
 
 def test_rank_table_counts_steps_within_the_epoch_and_shows_preparing():
     from ddptui import protocol
-    from ddptui.state import RunState
+    from ddptui.run.state import RunState
     from ddptui.tui.model import run_frame
 
     state = RunState("r", 2)

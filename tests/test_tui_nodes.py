@@ -8,7 +8,7 @@ import math
 import pytest
 
 from ddptui.monitor.snapshot import to_dict
-from ddptui.state import RunState
+from ddptui.run.state import RunState
 from ddptui.tui.model import (
     NODE_COLUMNS,
     RANK_COLUMNS,

@@ -1,6 +1,6 @@
 """The phase bars and the diagnosis lines of the run screen."""
 
-from ddptui.state import RunState
+from ddptui.run.state import RunState
 from ddptui.tui.widgets.phases import PhasePanel, diagnosis_text, phase_bars
 from tests.tui_fixtures.fakes import FINISHED_RUN, primed_app, replay
 

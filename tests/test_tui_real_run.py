@@ -10,7 +10,7 @@ import psutil
 import pytest
 from textual.widgets import Input, Select
 
-from ddptui.config import Machine
+from ddptui.run.machine import Machine
 from ddptui.tui.app import Deps, create_app
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.screens.confirm import ConfirmScreen
@@ -59,7 +59,7 @@ def _leftovers(run_id: str) -> list[psutil.Process]:
     mine = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and "ddptui.launch" in " ".join(
+            if proc.status() != psutil.STATUS_ZOMBIE and "ddptui.run.launcher" in " ".join(
                 proc.cmdline()
             ):
                 mine.append(proc)

@@ -3,7 +3,7 @@ the run ends ``stopped`` and the header shows how to continue it."""
 
 from __future__ import annotations
 
-from ddptui.launch import LaunchResult
+from ddptui.run.launcher import LaunchResult
 from ddptui.tui.screens.run import RunScreen
 from ddptui.tui.sources import LiveSource
 from tests.tui_fixtures.fakes import RUNS, FakeSession, fake_deps, primed_app

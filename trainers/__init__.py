@@ -9,7 +9,7 @@ ddptui finds them through the ``ddptui.trainers`` entry points, which name the s
 This package module stays free of torch imports.
 """
 
-from ddptui.registry import DEFAULT_TRAINER
+from ddptui.run.registry import DEFAULT_TRAINER
 from trainers.specs import BUILTIN
 
 TRAINERS: dict[str, str] = {spec.name: spec.module for spec in BUILTIN}

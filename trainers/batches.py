@@ -38,7 +38,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ddptui.cpus import threads_per_rank
+from ddptui.rank.cpus import threads_per_rank
 from trainers.datasets import DataSplits, InMemory
 from trainers.distributed import shard_indices
 from trainers.options import DATA_ON_DEVICE_CHOICES
@@ -136,7 +136,7 @@ def default_workers(device: torch.device, local_world_size: int) -> int:
     """DataLoader workers when ``--workers`` is not given.
 
     0 on CPU: the rank's own threads already use its cores. On CUDA this rank's fair share of
-    the usable cores (:func:`ddptui.cpus.threads_per_rank`), less one for the rank itself.
+    the usable cores (:func:`ddptui.rank.cpus.threads_per_rank`), less one for the rank itself.
     """
     if device.type != "cuda":
         return 0

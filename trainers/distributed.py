@@ -16,7 +16,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from ddptui.net import free_port
+from ddptui.rank.net import free_port
 
 T = TypeVar("T")
 

@@ -40,8 +40,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 import ddptui
-from ddptui.cpus import threads_per_rank
-from ddptui.reporter import cuda_uuid
+from ddptui.rank.cpus import threads_per_rank
+from ddptui.rank.reporter import cuda_uuid
 from trainers.batches import Feed, choose_feed, eval_batches, train_batches
 from trainers.checkpoint import remove_stale_temps, save_atomic
 from trainers.datasets import DataSplits

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from ddptui.registry import TrainerSpec
+from ddptui.run.registry import TrainerSpec
 from trainers.data_files import missing_data_message
 
 #: torchvision ResNets the cifar10 and imagefolder trainers build.

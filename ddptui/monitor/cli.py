@@ -16,6 +16,7 @@ from datetime import datetime
 from types import ModuleType
 from typing import IO, Any
 
+from ddptui.commands import command_main
 from ddptui.monitor.pcie import pcie_interval
 from ddptui.monitor.sampler import DEFAULT_INTERVAL, MIN_INTERVAL, validate_interval
 from ddptui.monitor.snapshot import NA, GpuSnapshot, SystemSnapshot, to_dict
@@ -249,8 +250,6 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ddptui.monitor.cli``: always on the console (this module never loads the
     dashboard); a bad argument is one ``ddptui: error:`` line and exit code 2."""
-    from ddptui.commands import command_main
-
     return command_main("ddptui monitor", DESCRIPTION, add_arguments, run, argv)
 
 

@@ -21,10 +21,10 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
-from ddptui.config import RunConfig, new_run_id
 from ddptui.monitor.pcie import pcie_interval
-from ddptui.rundir import EXIT_CODES
-from ddptui.session import RunSession
+from ddptui.run.options import RunConfig, new_run_id
+from ddptui.run.rundir import EXIT_CODES
+from ddptui.run.session import RunSession
 from ddptui.tui.machine import HostInfo, detect_host
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.screens.launch import LaunchScreen

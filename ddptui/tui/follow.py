@@ -19,9 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddptui import protocol, safeio
-from ddptui.liveruns import run_is_alive
-from ddptui.rundir import RunDir, load_run, read_config
-from ddptui.state import RunState
+from ddptui.run.rundir import load_run, read_config
+from ddptui.run.state import RunState
+from ddptui.runfiles import RunDir
+from ddptui.runs.live import run_is_alive
 from ddptui.tui.sources import RunSource
 
 #: Seconds between reads of events.jsonl.

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddptui.config import Machine
-from ddptui.rundir import RunDir, RunDirError, load_run, read_config, read_summary
+from ddptui.monitor import GpuSource
+from ddptui.run.machine import Machine
+from ddptui.run.rundir import RunDirError, load_run, read_config, read_summary
+from ddptui.runfiles import RunDir
 from ddptui.tui.model import config_label
 
 #: Recent runs listed on the launch screen.
@@ -31,8 +33,6 @@ class HostInfo:
 def detect_host() -> HostInfo:
     """The real machine (slow: imports torch, starts NVML)."""
     import psutil
-
-    from ddptui.monitor import GpuSource
 
     machine = Machine.detect()
     with GpuSource() as gpus:

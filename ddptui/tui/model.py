@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddptui.formatting import fmt_duration, fmt_num
-from ddptui.state import RankFailureInfo, RankView, RunState
+from ddptui.run.state import RankFailureInfo, RankView, RunState
 
 #: Most points drawn per chart line (more would not fit a terminal's width anyway).
 MAX_POINTS = 240

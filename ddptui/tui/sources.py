@@ -20,11 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddptui.config import RunConfig
-from ddptui.launch import LaunchResult
-from ddptui.rundir import RunDir, load_run
-from ddptui.session import RunSession
-from ddptui.state import RunState
+from ddptui.run.launcher import LaunchResult
+from ddptui.run.options import RunConfig
+from ddptui.run.rundir import load_run
+from ddptui.run.session import RunSession
+from ddptui.run.state import RunState
+from ddptui.runfiles import RunDir
 
 #: How long one pump waits for events; also how quickly a stop request is noticed.
 PUMP_TIMEOUT_S = 0.1

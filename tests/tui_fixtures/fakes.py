@@ -7,7 +7,6 @@ import dataclasses
 import math
 from pathlib import Path
 
-from ddptui.config import Machine
 from ddptui.monitor import (
     NA,
     GpuProcess,
@@ -17,6 +16,7 @@ from ddptui.monitor import (
     ProcessSnapshot,
     SystemSnapshot,
 )
+from ddptui.run.machine import Machine
 from ddptui.tui.app import Deps, create_app
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.sources import ReplaySource
@@ -215,8 +215,8 @@ def replay(run_dir: Path, now_offset: float = 0.0, live: bool | None = None) -> 
     still going, instead of as the interrupted run its files say it is now.
     """
     if live if live is not None else Path(run_dir) == MID_RUN:
-        from ddptui.rundir import iter_events, read_config
-        from ddptui.state import RunState
+        from ddptui.run.rundir import iter_events, read_config
+        from ddptui.run.state import RunState
 
         config = read_config(run_dir)
         state = RunState(config["run_id"], config["world_size"], epochs=config.get("epochs"))
@@ -239,8 +239,8 @@ class FakeSession:
         import threading
         import time
 
-        from ddptui.rundir import iter_events
-        from ddptui.state import RunState
+        from ddptui.run.rundir import iter_events
+        from ddptui.run.state import RunState
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -279,7 +279,7 @@ class FakeSession:
         return batch
 
     def poll(self):
-        from ddptui.launch import LaunchResult
+        from ddptui.run.launcher import LaunchResult
 
         self._record("poll", listed=False)
         if self.result is None and not self._events and not self._hold:
@@ -289,7 +289,7 @@ class FakeSession:
         return self.result
 
     def stop(self):
-        from ddptui.launch import LaunchResult
+        from ddptui.run.launcher import LaunchResult
 
         self._record("stop")
         if self.result is None:

@@ -4,7 +4,7 @@ multi-node engine's ``started`` Status events will (the ``node`` field)."""
 from __future__ import annotations
 
 from ddptui import protocol
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.run.state import RankFailureInfo, RunState
 from ddptui.tui.sources import ReplaySource
 
 

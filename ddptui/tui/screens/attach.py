@@ -7,12 +7,8 @@ When the run ends the header says how, and a notification says it once.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ddptui.tui.app import DdpTuiApp, Deps
 from ddptui.tui.follow import FollowSource
 from ddptui.tui.screens.run import RunScreen
-from ddptui.tui.sources import RunSource
 
 OWNER_ONLY = (
     "this run belongs to another ddptui process: {what} it there (Ctrl-C in its terminal stops it)"
@@ -58,30 +54,3 @@ class AttachScreen(RunScreen):
 
     def action_back(self) -> None:
         self.notify("attached to a run: there is no launch form here (q quits; the run goes on)")
-
-
-class AttachApp(DdpTuiApp):
-    """The dashboard opened on one followed run; quitting leaves the run running."""
-
-    TITLE = "ddptui attach"
-
-    def __init__(self, source: FollowSource, *, deps: Deps | None = None, **kwargs) -> None:
-        super().__init__("replay", deps=deps, replay_source=source, **kwargs)
-
-    def show_run(self, source: RunSource) -> None:
-        assert isinstance(source, FollowSource)
-        self._enter(
-            "attach",
-            AttachScreen(source, self.deps.refresh_hz, self.deps.chart_hz, self.deps.panel_hz),
-        )
-
-
-def run_attach(run_dir: Path) -> int:
-    """Open the dashboard on ``run_dir`` until quit. Raises RunDirError for a bad directory."""
-    source = FollowSource(run_dir)
-    app = AttachApp(source)
-    try:
-        app.run()
-    finally:
-        source.close()
-    return 0

@@ -2,7 +2,7 @@
 overall progress, the run in progress, and a bar chart of samples/s per configuration.
 
 The bench runs on a worker thread, one run at a time, exactly as headless (the same
-:class:`~ddptui.bench.BenchRunner`); quitting stops the run in progress and keeps what was
+:class:`~ddptui.runs.bench.BenchRunner`); quitting stops the run in progress and keeps what was
 measured (bench.csv and bench.md are written either way).
 """
 
@@ -22,16 +22,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, Static
 from textual_plotext import PlotextPlot
 
-from ddptui.bench import (
-    BenchOptions,
-    BenchRunner,
-    Cancelled,
-    Row,
-    about_lines,
-    table_cells,
-    write_results,
-)
 from ddptui.formatting import fmt_duration
+from ddptui.runs.bench import BenchOptions, BenchRunner, Cancelled, Row
+from ddptui.runs.bench_report import about_lines, table_cells, write_results
 
 STATUS_STYLE = {
     "measured": "green",

@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from ddptui.compare import RunFacts, comparison_rows
+from ddptui.runs.compare import RunFacts, comparison_rows
 from ddptui.tui.model import chart_data
 from ddptui.tui.widgets.charts import RANK_COLORS
 

@@ -1,5 +1,5 @@
 """The launch screen: every run option in a form, checked as you type with the CLI's own
-rules (:func:`ddptui.config.check_options`), the machine it will run on, and recent runs.
+rules (:func:`ddptui.run.config.check_options`), the machine it will run on, and recent runs.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Select, Static
 
-from ddptui.config import ConfigError, RunConfig, build_config, default_workers
-from ddptui.config import check_options as check_run_options
 from ddptui.constants import (
     AMP_MODES,
     BACKEND_CHOICES,
@@ -29,7 +27,10 @@ from ddptui.constants import (
     LAUNCHERS,
 )
 from ddptui.monitor.units import format_bytes
-from ddptui.registry import DEFAULT_TRAINER, trainer_names
+from ddptui.run.config import build_config
+from ddptui.run.config import check_options as check_run_options
+from ddptui.run.options import ConfigError, RunConfig, default_workers
+from ddptui.run.registry import DEFAULT_TRAINER, trainer_names
 from ddptui.tui.machine import HostInfo, RecentRun, recent_runs
 
 #: The trainer choice that means "my own script".

@@ -22,10 +22,11 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
-from ddptui.launch import LaunchResult
-from ddptui.rundir import CHECKPOINT_FILE
+from ddptui.run.launcher import LaunchResult
+from ddptui.runfiles import CHECKPOINT_FILE
 from ddptui.tui.model import RunFrame, chart_data, run_frame
 from ddptui.tui.node_system import NodeSystemLine, local_node, node_system_lines
+from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.sources import LiveSource, RunSource
 from ddptui.tui.widgets.charts import AccuracyChart, LossChart, ThroughputChart
 from ddptui.tui.widgets.failure import FailurePanel
@@ -316,8 +317,6 @@ class RunScreen(Screen):
                 self._after_end = "restart"
                 self._stop_now()
 
-        from ddptui.tui.screens.confirm import ConfirmScreen
-
         self.app.push_screen(
             ConfirmScreen(
                 "The run is still going. Stop every worker and start it again "
@@ -336,8 +335,6 @@ class RunScreen(Screen):
             if yes:
                 self._after_end = "back"
                 self._stop_now()
-
-        from ddptui.tui.screens.confirm import ConfirmScreen
 
         self.app.push_screen(
             ConfirmScreen(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ddptui.rundir import rank_log_name
-from ddptui.state import RankFailureInfo
+from ddptui.run.state import RankFailureInfo
+from ddptui.runfiles import rank_log_name
 from ddptui.tui.model import RankRow
 from ddptui.tui.widgets.text import QuietStatic
 

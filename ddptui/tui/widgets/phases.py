@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from ddptui.constants import PHASES
-from ddptui.state import RunState
+from ddptui.run.state import RunState
 from ddptui.tui.widgets.text import QuietStatic
 
 #: Colour of each built-in phase in the bars and the legend.

@@ -20,6 +20,7 @@ from ddptui.tui.model import (
     RankRow,
     RunFrame,
     TableLine,
+    node_summaries,
     table_columns,
     table_lines,
 )
@@ -175,8 +176,6 @@ class RankTable(ScrollView, can_focus=True):
 
 
 def _rows_frame(rows: tuple[RankRow, ...]) -> RunFrame:
-    from ddptui.tui.model import node_summaries
-
     return RunFrame(
         status="",
         elapsed="",

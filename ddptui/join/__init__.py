@@ -1,0 +1,1 @@
+"""``ddptui join``: the front end one more node of a multi-node run runs."""

@@ -1,0 +1,257 @@
+"""What every rank runs first, under either launcher: output to ``rank-N.log``, die with the
+parent, CPU threads per rank, then the target (a built-in trainer module or the user's script).
+
+Used as the mp.spawn worker function (:func:`spawn_worker`) and as torchrun's module
+(``python -m ddptui.rank.entry``), so both launchers start ranks identically.
+
+It runs the target, so it is the one place that knows how a rank ended: an uncaught exception
+or a non-zero exit is reported to ddptui as ``failed`` with the error and the traceback (torch's
+spawn wrapper turns an exception into ``sys.exit(1)``, which an exit handler alone would take
+for success).
+
+No orphans: a rank (and the driver) must not outlive the process that started it, whatever
+killed that one. :func:`die_with_parent` asks the kernel for a signal when the parent dies,
+then checks the parent is still the one it was started by (it may have died before the
+request), and starts a watchdog thread that ends the process if a handler ignores the signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import gc
+import importlib
+import io
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from ddptui.argv import split_passthrough
+from ddptui.constants import (
+    ATTEMPT_ENV,
+    ENDPOINT_ENV,
+    PARENT_PID_ENV,
+    RESTART_COUNT_ENV,
+    THREADS_ENV,
+)
+from ddptui.rank.cpus import threads_per_rank
+from ddptui.rank.instrument import install_rank
+from ddptui.runfiles import RunDir
+
+_PR_SET_PDEATHSIG = 1
+#: How often the watchdog looks whether the parent is still there.
+WATCH_INTERVAL_S = 0.5
+#: After signalling itself, how long the watchdog waits before it ends the process outright.
+WATCH_GRACE_S = 2.0
+_following_in: int | None = None  # the pid of the process that called die_with_parent
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """End this process (``sig``, then exit) when its parent dies. Call it first thing.
+
+    ``DDPTUI_PARENT_PID`` names the parent this process was started by; when the parent is
+    already gone (it died before the kernel request was made) the process exits at once.
+    Then the variable is set to this process's pid, for the processes it starts, and a
+    watchdog thread follows the parent. Without the variable (run by hand) only the kernel
+    request is made. Once per process.
+    """
+    global _following_in
+    me = os.getpid()
+    if _following_in == me:
+        return
+    _following_in = me
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    parent = os.getppid()
+    if expected.isdigit() and int(expected) != parent:
+        os._exit(128 + int(sig))  # orphaned before the request: the signal will never come
+    os.environ[PARENT_PID_ENV] = str(me)
+    if expected.isdigit():
+        threading.Thread(
+            target=_watch_parent, args=(parent, sig), name="ddptui-parent-watch", daemon=True
+        ).start()
+
+
+def _watch_parent(parent: int, sig: int) -> None:
+    """Backstop for the parent-death signal (a handler may catch it and carry on)."""
+    while os.getppid() == parent:
+        time.sleep(WATCH_INTERVAL_S)
+    os.kill(os.getpid(), sig)
+    time.sleep(WATCH_GRACE_S)
+    os._exit(128 + int(sig))
+
+
+def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
+    die_with_parent()  # a no-op when the spawn start-up hook has done it already
+    if run_dir:
+        log = RunDir(run_dir).rank_log(rank)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
+    announce()  # before anything slow: the rank is seen (pid, host) from its first second
+    if os.environ.get(ATTEMPT_ENV):
+        # torchrun sets its own restart count (0: ddptui starts a new torchrun per attempt);
+        # the script is told ddptui's attempt number under torchrun's name.
+        os.environ[RESTART_COUNT_ENV] = os.environ[ATTEMPT_ENV]
+    threads = threads_per_rank(local_world_size)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ[THREADS_ENV] = str(threads)
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
+
+
+def announce() -> None:
+    """Tell ddptui this rank is alive (pid, host, local rank) and start its heartbeat, before
+    the script's own code (and torch) loads; a no-op when nobody listens."""
+    if not os.environ.get(ENDPOINT_ENV):
+        return
+    try:
+        from ddptui.rank import heartbeat
+        from ddptui.rank.reporter import get_reporter
+
+        reporter = get_reporter()
+        reporter.started(guess_device=False)
+        heartbeat.start(reporter)
+    except Exception:  # pragma: no cover - telemetry never stops a rank from running
+        pass
+
+
+def report_failure(error: str, trace: str | None) -> None:
+    """Tell ddptui that this rank failed (once; a no-op when nobody listens)."""
+    try:
+        # only a failing rank needs it here: the entry stays light (msgspec, the protocol)
+        from ddptui.rank.reporter import get_reporter
+
+        get_reporter().finished(error=error, traceback=trace)
+    except Exception:  # pragma: no cover - telemetry never changes how a rank ends
+        pass
+
+
+def _exit_code(code: object) -> int:
+    """The process exit code of ``return code`` / ``sys.exit(code)``, as Python computes it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run_target(module: str | None, script: str | None, args: list[str]) -> int:
+    """Run a trainer module's ``main(args)`` or a script as ``__main__``; return its exit code.
+
+    A non-zero exit and an uncaught exception are reported as this rank's failure (error and
+    traceback); the exception propagates."""
+    try:
+        if module:
+            code = _exit_code(importlib.import_module(module).main(args))
+        else:
+            assert script is not None
+            sys.argv = [script, *args]
+            sys.path.insert(0, str(Path(script).resolve().parent))
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+        if code:
+            detail = exc.code if isinstance(exc.code, str) else f"SystemExit: {exc.code}"
+            report_failure(detail, traceback.format_exc())
+        return code
+    except BaseException as exc:
+        report_failure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        raise
+    if code:
+        report_failure(f"exited with code {code}", None)
+    return code
+
+
+def exit_after_success(code: int) -> None:
+    """End a rank whose trainer or script has finished its work, skipping native teardown.
+
+    At interpreter exit a native thread (gloo, c10d's store, OpenMP) still joinable can abort
+    the process ("terminate called without an active exception", SIGABRT) after the rank
+    reported ``finished``, turning a good run into a failed one; it was seen with user scripts
+    under torchrun's c10d rendezvous too. Python's exit handlers still run (the reporter
+    flushes its last events, a script's own ``atexit`` functions run), every file object still
+    open is flushed, then the process ends without native destructors.
+    """
+    atexit._run_exitfuncs()
+    for obj in gc.get_objects():  # what interpreter shutdown would have flushed
+        # type(), not isinstance(): isinstance reads ``__class__``, which some objects compute
+        # (torch's deprecated ``reduce_op`` warns when touched)
+        if issubclass(type(obj), io.IOBase):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except Exception:  # a broken pipe, a file closed under us: nothing to keep
+                pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def spawn_worker(
+    local_rank: int,
+    nprocs: int,
+    module: str | None,
+    script: str | None,
+    args: list[str],
+    run_dir: str | None,
+) -> None:
+    """mp.spawn's function: one rank on this node (rank = local rank: a single node)."""
+    os.environ.update(
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_WORLD_SIZE=str(nprocs),
+        GROUP_RANK="0",
+    )
+    prepare_rank(run_dir, local_rank, nprocs)
+    try:
+        code = run_target(module, script, args)
+    except BaseException:
+        traceback.print_exc()  # into rank-N.log
+        sys.exit(1)  # the exit code tells the driver; the traceback is printed once
+    if code:
+        sys.exit(code)
+    exit_after_success(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry: ``python -m ddptui.rank.entry (--module M | --script S) -- …``."""
+    die_with_parent()  # before anything slow: the agent may already be going
+    parser = argparse.ArgumentParser(prog="ddptui-rank")
+    parser.add_argument("--run-dir")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--module")
+    target.add_argument("--script")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, rest = split_passthrough(argv)
+    opts = parser.parse_args(own)
+    rank = int(os.environ.get("RANK", "0"))
+    prepare_rank(opts.run_dir, rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    code = run_target(opts.module, opts.script, rest)  # an exception is printed on its way out
+    if code == 0:
+        exit_after_success(0)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

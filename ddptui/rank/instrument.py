@@ -1,0 +1,1010 @@
+"""Zero-code instrumentation: per-rank steps and their phases from torch's own hook points.
+
+Installed by the rank entry in every rank, under either launcher, before the target runs
+(not with ``DDPTUI_NO_INSTRUMENT=1``, which ``--no-instrument`` sets, nor without a telemetry
+endpoint). The script needs no ``import ddptui``. Nothing touches torch until the script
+imports it: when torch is not loaded yet, a ``sys.meta_path`` finder waits for its import and
+attaches the hooks once ``torch/__init__`` has run.
+
+What is hooked (all removable, all cheap, none changes a result):
+
+* ``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``_post_hook``: a step is one
+  optimizer step; its end is the step boundary.
+* Forward pre/post hooks on every ``DistributedDataParallel`` instance and on its inner
+  module (registered by a wrapper around ``DistributedDataParallel.__init__``, so no other
+  module pays for them; a *global* module hook would put every submodule call of every model
+  on torch's slow call path). Only training forwards count (grad enabled, ``module.training``).
+* ``Tensor.register_post_accumulate_grad_hook`` on the DDP module's parameters, registered at
+  its first training forward. After a few steps only the parameter whose gradient arrives
+  last keeps its hook (re-armed when it stops firing), so a step costs one call.
+* ``Tensor.backward`` is wrapped: the tensor it is called on is the loss (a 0-dim one), and
+  its return marks the end of DDP's wait for the gradient all-reduce. ``GradScaler.scale`` is
+  wrapped to report the unscaled loss; ``DistributedSampler.set_epoch`` to learn the epoch.
+
+Phases of one step (the built-in ones partition the step exactly; ``constants.PHASES``):
+
+* ``data``: from the end of the previous optimizer step to the next DDP forward (waiting for
+  the next batch, plus anything the script does there: logging, ``zero_grad``). Between the
+  micro-batches of gradient accumulation too.
+* ``forward``: the inner module's forward.
+* ``backward``: end of the forward to the last gradient accumulated: the rank's own backward
+  compute, *including* the loss and any user compute between forward and ``backward()``.
+* ``comm``: waiting for communication: the last gradient accumulated to ``backward()``'s
+  return, where DDP waits for the all-reduce of its last buckets (to the optimizer step when
+  ``backward()`` was not seen); also DDP's work before the forward (buffer broadcast, bucket
+  rebuild, input copies with ``device_ids``).
+* ``other``: ``backward()``'s return to the optimizer step (gradient clipping, unscaling),
+  and a second optimizer's time in the same iteration.
+* ``optimizer``: ``optimizer.step()``.
+* custom phases, ``with ddptui.phase("name"):``, measured on the host and reported *beside*
+  the built-in ones: they overlap them (a custom phase inside the data wait counts in both).
+
+Exactness. On CPU every phase is host time (``time.perf_counter``) between hook calls: exact
+up to the hooks' own cost (about a microsecond each). Step time is the interval between
+optimizer steps. The loss is the mean of the 0-dim tensors ``backward()`` was called on in
+the step (None when ``backward`` is reached another way, e.g. ``torch.autograd.backward``).
+The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it (None
+without a DistributedSampler). Samples per step: dim 0 of the first tensor argument of each
+training DDP forward in the step, summed (gradient accumulation). Evaluation forwards (no
+grad, or eval mode) are not timed: their time falls in the next step's ``data``.
+
+On GPU (the DDP module's parameters on CUDA) the built-in phases are device time: a CUDA
+event (timing enabled) is recorded on the current stream at each hook, and the phases are the
+``elapsed_time`` between them, read once the events have completed (``Event.query()``): no
+synchronisation and no ``.item()`` on the training path. So ``data`` is the time the GPU
+idled (or copied input) between the optimizer step and the next forward; ``comm`` is the
+gradient all-reduce the compute stream waited for; the phases sum to the step on the GPU's
+timeline. The loss is copied to pinned host memory behind the same events. The step event is
+sent once its events completed (usually a step or two later); step time and samples/s are
+host time, taken at the optimizer step. The last-gradient event sits behind the last kernel of
+the parameter learned to get its gradient last. Custom phases stay host time.
+
+Explicit ``ddptui.log`` calls win: once a script calls it, the hooks stop sending steps (the
+one just finished included) and attach the phases measured since the previous call to the
+next explicit call instead (``phases=`` given explicitly wins over them).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import ddptui
+from ddptui.constants import ENDPOINT_ENV, NO_INSTRUMENT_ENV, PHASES
+from ddptui.rank import spawned
+from ddptui.rank.stacks import register_stack_dump
+
+#: Steps with every gradient hook armed before keeping only the last parameter's.
+LEARN_STEPS = 2
+#: Times the last parameter may change before every hook stays armed for good.
+MAX_RELEARN = 3
+#: Custom phase names kept per process (more are ignored, counted in ``phases_ignored``).
+MAX_CUSTOM_PHASES = 8
+#: Finished GPU steps whose events may still be on the device; beyond, the oldest is sent
+#: without phases.
+MAX_PENDING = 64
+#: Losses remembered per step (gradient accumulation); more are not averaged in.
+MAX_LOSSES = 8
+
+#: ``torch.distributed`` functions a script may call itself, timed as ``comm``.
+COLLECTIVES = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+)
+_FALSE = ("", "0", "false", "no", "off")
+_BWD = ("bwd", "after_bwd")  # segments that may hold gradients
+
+
+def wanted(environ: dict[str, str] | None = None) -> bool:
+    """Whether this rank should be instrumented: it reports to ddptui and the user did not
+    switch the hooks off."""
+    env = os.environ if environ is None else environ
+    if not env.get(ENDPOINT_ENV):
+        return False
+    return env.get(NO_INSTRUMENT_ENV, "").strip().lower() in _FALSE
+
+
+_instrument: Instrument | None = None
+
+
+def current() -> Instrument | None:
+    """This process's instrumentation, if installed."""
+    return _instrument
+
+
+def install(environ: dict[str, str] | None = None, force: bool = False) -> Instrument | None:
+    """Install the hooks (now if torch is loaded, else when the script imports it).
+
+    Returns the :class:`Instrument`, or None when not :func:`wanted` (``force`` skips that
+    check: tests and benchmarks). Idempotent.
+    """
+    global _instrument
+    if _instrument is not None:
+        return _instrument
+    if not force and not wanted(environ):
+        return None
+    inst = Instrument()
+    _instrument = inst
+    ddptui._instrument = inst
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "Tensor"):
+        inst.attach(torch)
+    else:
+        sys.meta_path.insert(0, _TorchImportWatcher(inst.attach))
+    return inst
+
+
+def uninstall() -> None:
+    """Remove every hook and patch (tests, benchmarks)."""
+    global _instrument
+    inst, _instrument = _instrument, None
+    ddptui._instrument = None
+    for finder in [f for f in sys.meta_path if isinstance(f, _TorchImportWatcher)]:
+        sys.meta_path.remove(finder)
+    if inst is not None:
+        inst.detach()
+
+
+def install_rank(run_dir: str | None, rank: int) -> None:
+    """What the rank entry calls before the target runs: the stack dump for hang diagnosis
+    (always, when there is a run directory) and the instrumentation (when :func:`wanted`)."""
+    if run_dir:
+        register_stack_dump(run_dir, rank)
+    install()
+
+
+class _TorchImportWatcher:
+    """A ``sys.meta_path`` finder that only waits for ``import torch``: it lets the normal
+    finders find torch, and calls ``on_loaded(torch)`` right after torch's ``__init__`` ran.
+    Every other import costs one string comparison."""
+
+    def __init__(self, on_loaded: Callable[[Any], None]) -> None:
+        self.on_loaded = on_loaded
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _NotifyingLoader(spec.loader, self.on_loaded)
+        return spec
+
+
+class _NotifyingLoader:
+    """Wraps torch's loader for one import; puts the real loader back once it has run."""
+
+    def __init__(self, loader: Any, on_loaded: Callable[[Any], None]) -> None:
+        self._loader = loader
+        self._on_loaded = on_loaded
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        try:
+            self._loader.exec_module(module)
+        finally:
+            module.__loader__ = self._loader
+            if getattr(module, "__spec__", None) is not None:
+                module.__spec__.loader = self._loader
+        self._on_loaded(module)
+
+
+# -- custom phases ------------------------------------------------------------------------------
+class _Phase:
+    """``with ddptui.phase(name):`` under instrumentation: host time added to the step."""
+
+    __slots__ = ("_inst", "_name", "_t0")
+
+    def __init__(self, inst: Instrument, name: str) -> None:
+        self._inst = inst
+        self._name = name
+        self._t0 = 0.0
+
+    def __enter__(self) -> _Phase:
+        self._t0 = self._inst.clock()
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        self._inst.add_custom(self._name, self._inst.clock() - self._t0)
+        return False
+
+
+# -- GPU timings ---------------------------------------------------------------------------------
+class CudaStepRead:
+    """One step's CUDA events (and loss copies), read once the device has passed them.
+
+    Follows the ``query()`` / ``values()`` / ``keys()`` shape of the reporter's pending reads
+    (``ddptui.rank.pending.Read``), so it can ride in the reporter's own pending queue: ``values()``
+    gives ``("phases", {...})`` and ``("loss", float | None)``.
+    """
+
+    __slots__ = ("_marks", "_losses", "_custom")
+
+    def __init__(self, marks: list[tuple[str, Any]], losses: list[Any], custom: dict) -> None:
+        self._marks = marks  # [("start", ev0), (phase, ev1), ...]: phase = ev(i-1) -> ev(i)
+        self._losses = losses  # pinned host copies (or floats already read)
+        self._custom = custom
+
+    def query(self) -> bool:
+        return all(event.query() for _, event in self._marks)
+
+    def values(self) -> list[tuple[str, Any]]:
+        phases = dict.fromkeys(PHASES, 0.0)
+        previous = self._marks[0][1]
+        for name, event in self._marks[1:]:
+            phases[name] += max(0.0, previous.elapsed_time(event) / 1000.0)
+            previous = event
+        phases.update(self._custom)
+        losses = [h if type(h) is float else float(h.item()) for h in self._losses]
+        loss = sum(losses) / len(losses) if losses else None
+        return [("phases", phases), ("loss", loss)]
+
+    def keys(self) -> list[str]:
+        return ["phases", "loss"]
+
+
+# -- gradient hooks ----------------------------------------------------------------------------
+class _GradWatch:
+    """Post-accumulate-grad hooks on one DDP module's parameters. Learns which parameter
+    gets its gradient last and then keeps only that one's hook."""
+
+    def __init__(self, inst: Instrument, params: list[Any]) -> None:
+        self.inst = inst
+        self.params = [p for p in params if getattr(p, "requires_grad", False)]
+        self.handles: list[Any] = []
+        self.learned: list[int] = []
+        self.kept: int | None = None
+        self.relearns = 0
+        self.last: int | None = None
+        self.fired = 0
+        self.arm_all()
+
+    def _hook(self, index: int) -> Callable[[Any], None]:
+        on_grad = self.inst._on_grad
+
+        def hook(param: Any) -> None:
+            on_grad(self, index)
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def arm_all(self) -> None:
+        self.remove()
+        self.kept = None
+        self.learned = []
+        self.handles = [
+            p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)
+        ]
+
+    def end_step(self) -> None:
+        """After a training step: learn, prune, or re-arm when the kept hook went quiet."""
+        last, fired = self.last, self.fired
+        self.last, self.fired = None, 0
+        if self.kept is not None:
+            if fired == 0:
+                self.relearns += 1
+                self.arm_all()
+            return
+        if last is None:
+            return
+        self.learned.append(last)
+        if len(self.learned) >= LEARN_STEPS and self.relearns < MAX_RELEARN:
+            if len(set(self.learned[-LEARN_STEPS:])) == 1:
+                self.remove()
+                self.kept = last
+                param = self.params[last]
+                self.handles = [param.register_post_accumulate_grad_hook(self._hook(last))]
+
+
+# -- the instrumentation -----------------------------------------------------------------------
+class Instrument:
+    """The hooks' state for this process: the current step's phases, and what to send."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.torch: Any = None
+        self.disabled = False
+        self.explicit = False
+        self.hook_calls = 0
+        self.phases_ignored = 0
+        self.steps_sent = 0
+        self._undo: list[Callable[[], None]] = []
+        self._handles: list[Any] = []  # forward hooks on DDP modules and their inner modules
+        self._watches: dict[int, _GradWatch] = {}
+        self._cuda: Any = None  # torch.device of the DDP module when it lives on CUDA
+        # the step in progress
+        self._seg = "data"
+        self._mark: float | None = None
+        self._acc = dict.fromkeys(PHASES, 0.0)
+        self._custom: dict[str, float] = {}
+        self._step_start: float | None = None
+        self._fwd_seen = False
+        self._ddp_seen = False
+        self._samples = 0
+        self._losses: list[Any] = []
+        self._t_grad: float | None = None
+        self._grad_event: Any = None
+        self._active: set[int] = set()  # grad watches used in this step
+        self._training_fwd = False  # inside a training DDP forward
+        self._scaled: tuple[int, Any] | None = None  # (id of the scaled loss, unscaled loss)
+        self._epoch: int | None = None
+        self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
+        # steps finished, waiting to be sent (their read) and phases held for explicit logs
+        self._pending: deque[tuple[dict[str, Any], Any]] = deque()
+        self._carry: dict[str, float] = {}
+        self._atexit = False
+        self._get_reporter: Callable[[], Any] | None = None
+        self._in_collective = False  # inside a timed collective (nested ones are not timed)
+        # an evaluation pass (forwards without grad, or in eval mode) since the last segment
+        self._eval_start: float | None = None
+        self._eval_end: float | None = None
+
+    # -- wiring ----------------------------------------------------------------------------------
+    def attach(self, torch: Any) -> None:
+        """Register every hook on an imported torch. A hook point this torch lacks is skipped."""
+        if self.torch is not None:
+            return
+        self.torch = torch
+        if not self._atexit:
+            # Registered after the reporter's exit handler (the rank entry creates the
+            # reporter first), so it runs before it: the last steps go out before the reporter
+            # closes, however few steps the script took.
+            self._atexit = True
+            atexit.register(self._at_exit)
+        steps = [
+            self._attach_optimizer,
+            self._attach_ddp,
+            self._attach_backward,
+            self._attach_scaler,
+            self._attach_sampler,
+            self._attach_collectives,
+            self._attach_spawn,
+            self._attach_process_group,
+        ]
+        for attach in steps:
+            try:
+                attach(torch)
+            except Exception as exc:  # an older/newer torch without this hook point
+                _warn(f"instrumentation: {attach.__name__[8:]} hooks unavailable ({exc})")
+
+    def detach(self) -> None:
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except Exception:
+                pass
+        self._undo = []
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for watch in self._watches.values():
+            watch.remove()
+        self._watches = {}
+
+    def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
+        original = owner.__dict__[name]
+        setattr(owner, name, wrapper)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def _attach_optimizer(self, torch: Any) -> None:
+        import torch.optim.optimizer as optim
+
+        pre = optim.register_optimizer_step_pre_hook(self._opt_pre)
+        post = optim.register_optimizer_step_post_hook(self._opt_post)
+        self._undo += [pre.remove, post.remove]
+
+    def _attach_ddp(self, torch: Any) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        original = DDP.__init__
+        watch_ddp = self.watch
+
+        @functools.wraps(original)
+        def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
+            original(module, *args, **kwargs)
+            watch_ddp(module)
+
+        self._patch(DDP, "__init__", __init__)
+
+    def _attach_backward(self, torch: Any) -> None:
+        original = torch.Tensor.backward
+        before, after = self._backward_call, self._backward_return
+
+        @functools.wraps(original)
+        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            before(tensor)
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                after()
+
+        self._patch(torch.Tensor, "backward", backward)
+
+    def _attach_scaler(self, torch: Any) -> None:
+        from torch.amp import GradScaler
+
+        original = GradScaler.scale
+        on_scale = self._on_scale
+
+        @functools.wraps(original)
+        def scale(scaler: Any, outputs: Any) -> Any:
+            scaled = original(scaler, outputs)
+            on_scale(outputs, scaled)
+            return scaled
+
+        self._patch(GradScaler, "scale", scale)
+
+    def _attach_sampler(self, torch: Any) -> None:
+        from torch.utils.data.distributed import DistributedSampler
+
+        original = DistributedSampler.set_epoch
+        inst = self
+
+        @functools.wraps(original)
+        def set_epoch(sampler: Any, epoch: int) -> None:
+            original(sampler, epoch)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                inst._epoch = epoch
+
+        self._patch(DistributedSampler, "set_epoch", set_epoch)
+
+    def _attach_collectives(self, torch: Any) -> None:
+        """Time the collectives a script calls itself (a ``barrier``, metric ``all_reduce``s
+        between forward and backward): their time is ``comm``, taken out of the phase they
+        were called in. Host time, so CPU ranks only (on GPU a collective's call returns
+        before the device has done it)."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name in COLLECTIVES:
+            original = c10d.__dict__.get(name)
+            if original is None or not callable(original):
+                continue
+            wrapper = self._collective_wrapper(original)
+            self._patch(c10d, name, wrapper)
+            if dist.__dict__.get(name) is original:
+                self._patch(dist, name, wrapper)
+
+    def _attach_spawn(self, torch: Any) -> None:
+        """Workers the script spawns with ``torch.multiprocessing`` are instrumented too, and
+        this process, which only waits for them from then on, goes quiet (ddptui.rank.spawned)."""
+        import torch.multiprocessing as tmp
+
+        spawn_module = sys.modules["torch.multiprocessing.spawn"]
+        original = spawn_module.start_processes
+
+        @functools.wraps(original)
+        def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            target = spawned.wrap_target(fn, install)
+            if target is not fn:
+                spawned.became_spawner()
+            return original(target, *args, **kwargs)
+
+        self._patch(spawn_module, "start_processes", start_processes)
+        if tmp.__dict__.get("start_processes") is original:
+            self._patch(tmp, "start_processes", start_processes)
+
+    def _attach_process_group(self, torch: Any) -> None:
+        """Learn this process's rank from the process group it creates (a worker the script
+        spawned knows it only then; so does a script that passes its own rank)."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        original = c10d.init_process_group
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                spawned.on_process_group(dist.get_rank(), dist.get_world_size())
+            except Exception:  # telemetry never changes how a rank runs
+                pass
+            return result
+
+        self._patch(c10d, "init_process_group", init_process_group)
+        if dist.__dict__.get("init_process_group") is original:
+            self._patch(dist, "init_process_group", init_process_group)
+
+    def _collective_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        inst = self
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if inst._in_collective or inst.disabled or inst._cuda is not None:
+                return original(*args, **kwargs)
+            inst._in_collective = True
+            start = inst.clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inst._in_collective = False
+                inst._collective_time(start)
+
+        return collective
+
+    def _collective_time(self, start: float) -> None:
+        """A collective called from Python took ``start`` → now: count it as ``comm`` and out
+        of the segment it interrupted (its start moves forward by as much)."""
+        if self._mark is None:
+            return  # before the first step: nothing is being timed
+        spent = max(0.0, self.clock() - max(start, self._mark))
+        self._acc["comm"] += spent
+        self._mark += spent
+        if self._eval_start is not None and self._eval_end is None:
+            self._eval_start += spent  # an evaluation's metric all_reduce: comm, not eval
+
+    def watch(self, ddp: Any) -> None:
+        """Hook one ``DistributedDataParallel`` module (done for every DDP module created once
+        the hooks are installed; call it for one created before)."""
+        if self.disabled:
+            return
+        try:
+            inner = ddp.module
+            self._handles += [
+                ddp.register_forward_pre_hook(self._outer_pre, with_kwargs=True),
+                ddp.register_forward_hook(self._outer_post),
+                inner.register_forward_pre_hook(self._inner_pre, with_kwargs=True),
+                inner.register_forward_hook(self._inner_post),
+            ]
+            param = next(iter(inner.parameters()), None)
+            if param is not None and param.device.type == "cuda":
+                self._cuda = param.device
+        except Exception as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.disabled:
+            self.disabled = True
+            _warn(f"instrumentation off after an internal error: {type(exc).__name__}: {exc}")
+
+    # -- the step's timeline -------------------------------------------------------------------
+    def _event(self) -> Any:
+        """A CUDA event recorded now on the DDP device's current stream (GPU mode)."""
+        cuda = self.torch.cuda
+        event = cuda.Event(enable_timing=True)
+        event.record(cuda.current_stream(self._cuda))
+        return event
+
+    def _transition(self, nxt: str, new_seg: str) -> float:
+        """Close the current segment at ``nxt`` (an event name) and open ``new_seg``; returns
+        the time of the transition."""
+        now = self.clock()
+        seg, mark = self._seg, self._mark
+        event = self._event() if self._cuda is not None else None
+        if mark is not None:
+            t_grad = self._t_grad
+            if seg in _BWD and t_grad is not None and mark <= t_grad <= now:
+                rest = "comm" if nxt in ("bwd_return", "opt_pre") else "data"
+                self._acc["backward"] += t_grad - mark
+                self._acc[rest] += now - t_grad
+                if event is not None:
+                    self._marks.append(("backward", self._grad_event))
+                    self._marks.append((rest, event))
+            else:
+                name = _RESOLVE.get((seg, nxt)) or _resolve(seg, nxt)
+                self._acc[name] += now - mark
+                if event is not None:
+                    self._marks.append((name, event))
+        elif event is not None:
+            self._marks = [("start", event)]
+        if self._eval_end is not None:
+            self._take_eval()
+        self._seg, self._mark = new_seg, now
+        self._t_grad = None
+        if new_seg in _BWD and event is not None:
+            self._grad_event = self.torch.cuda.Event(enable_timing=True)
+        return now
+
+    def _take_eval(self) -> None:
+        """The evaluation pass that ran in the segment just closed (first evaluation forward
+        to the last one's end, its data loading between them included) is ``eval``, out of
+        the time of the ``data`` segment it interrupted. CPU only (GPU phases are device
+        time, where the pass shows as the device's own work)."""
+        start, end = self._eval_start, self._eval_end
+        self._eval_start = self._eval_end = None
+        if start is None or end is None or self._cuda is not None:
+            return
+        spent = min(max(0.0, end - start), self._acc["data"])
+        self._acc["data"] -= spent
+        self._acc["eval"] += spent
+
+    def _eval_forward(self, start: bool) -> None:
+        """An evaluation forward of a DDP module begins (``start``) or ends."""
+        if self._mark is None:
+            return  # before the first training step: not part of any step
+        now = self.clock()
+        if start:
+            if self._eval_start is None:  # the pass's first forward
+                self._eval_start = now
+        elif self._eval_start is not None:
+            self._eval_end = now
+
+    def _forward_start(self, args: tuple, kwargs: dict, new_seg: str) -> None:
+        self._ddp_seen = True
+        self._fwd_seen = True
+        first = self._mark is None
+        now = self._transition("fwd_pre", new_seg)
+        if first:
+            self._step_start = now
+        self._samples += _batch_size(args, kwargs)
+        self._send_ready()
+
+    def _training(self, module: Any) -> bool:
+        return module.training and self.torch.is_grad_enabled()
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _outer_pre(self, ddp: Any, args: tuple, kwargs: dict) -> None:
+        self.hook_calls += 1
+        if self.disabled:
+            return None
+        try:
+            if not self._training(ddp):
+                self._eval_forward(start=True)
+                return None
+            self._training_fwd = True
+            key = id(ddp)
+            if key not in self._watches:
+                self._watches[key] = _GradWatch(self, list(ddp.module.parameters()))
+            self._active.add(key)
+            self._forward_start(args, kwargs, "ddp_pre")
+        except Exception as exc:
+            self._fail(exc)
+        return None
+
+    def _inner_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.hook_calls += 1
+        if self.disabled:
+            return None
+        try:
+            if self._training_fwd and self._seg == "ddp_pre":
+                self._transition("inner_pre", "forward")
+            elif not self._training_fwd and self._training(module):
+                self._training_fwd = True  # the inner module called without DDP
+                self._forward_start(args, kwargs, "forward")
+            elif not self._training_fwd:
+                self._eval_forward(start=True)  # ``model.module(x)`` to evaluate
+        except Exception as exc:
+            self._fail(exc)
+        return None
+
+    def _inner_post(self, module: Any, args: tuple, output: Any) -> None:
+        self.hook_calls += 1
+        if self.disabled:
+            return None
+        if not self._training_fwd:
+            if not self._training(module):
+                self._eval_forward(start=False)
+            return None
+        try:
+            self._transition("fwd_post", "bwd")
+        except Exception as exc:
+            self._fail(exc)
+        return None
+
+    def _outer_post(self, ddp: Any, args: tuple, output: Any) -> None:
+        self.hook_calls += 1
+        if self.disabled:
+            return None
+        if not self._training_fwd:
+            if not self._training(ddp):
+                self._eval_forward(start=False)
+            return None
+        try:
+            if self._seg == "ddp_pre":  # DDP ran the inner forward without calling it
+                self._transition("fwd_post", "bwd")
+            self._training_fwd = False
+        except Exception as exc:
+            self._fail(exc)
+        return None
+
+    def _on_grad(self, watch: _GradWatch, index: int) -> None:
+        self.hook_calls += 1
+        if self.disabled:
+            return
+        watch.last = index
+        watch.fired += 1
+        if self._seg in _BWD:
+            self._t_grad = self.clock()
+            if self._grad_event is not None and self._cuda is not None:
+                try:
+                    self._grad_event.record(self.torch.cuda.current_stream(self._cuda))
+                except Exception as exc:
+                    self._fail(exc)
+
+    def _on_scale(self, outputs: Any, scaled: Any) -> None:
+        if self.disabled:
+            return
+        torch = self.torch
+        if isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
+            self._scaled = (id(scaled), outputs.detach())
+
+    def _backward_call(self, tensor: Any) -> None:
+        self.hook_calls += 1
+        if self.disabled or self._seg not in _BWD:
+            return
+        try:
+            if tensor.dim() == 0 and len(self._losses) < MAX_LOSSES:
+                scaled = self._scaled
+                # the tensor itself (the script holds it too); detached when copied or read
+                self._losses.append(
+                    scaled[1] if scaled is not None and scaled[0] == id(tensor) else tensor
+                )
+            self._scaled = None
+        except Exception as exc:
+            self._fail(exc)
+
+    def _backward_return(self) -> None:
+        if self.disabled or self._seg not in _BWD:
+            return
+        try:
+            self._transition("bwd_return", "after_bwd")
+        except Exception as exc:
+            self._fail(exc)
+
+    def _opt_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        self.hook_calls += 1
+        if self.disabled:
+            return None
+        try:
+            first = self._mark is None
+            now = self._transition("opt_pre", "optimizer")
+            if first:
+                self._step_start = now
+            self._send_ready()
+        except Exception as exc:
+            self._fail(exc)
+        return None
+
+    def _opt_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        self.hook_calls += 1
+        if self.disabled:
+            return None
+        try:
+            if self._fwd_seen or not self._ddp_seen:
+                self._finish_step()
+            else:  # a second optimizer in the same iteration: part of the next step
+                self._transition("opt_post", "data")
+        except Exception as exc:
+            self._fail(exc)
+        return None
+
+    # -- ending a step ---------------------------------------------------------------------------
+    def _finish_step(self) -> None:
+        losses = self._losses
+        host_losses: list[Any] = []
+        loss: float | None = None
+        if self._cuda is not None:
+            # Copies to pinned memory, queued before the step's last event: read together.
+            torch = self.torch
+            for value in losses:
+                if value.device.type == "cuda":
+                    host = torch.empty((), dtype=value.dtype, pin_memory=True)
+                    host.copy_(value.detach(), non_blocking=True)
+                    host_losses.append(host)
+                else:  # a loss computed on the host: read now, it costs nothing
+                    host_losses.append(float(value.detach()))
+        elif losses:
+            numbers = [float(value.detach()) for value in losses]
+            loss = sum(numbers) / len(numbers)
+        self._transition("opt_post", "data")
+        now = self._mark
+        start = self._step_start if self._step_start is not None else now
+        fields = {
+            "epoch": self._epoch,
+            "samples": self._samples,
+            "step_time": max(0.0, now - start),
+        }
+        custom = self._custom
+        read: Any  # a CudaStepRead, or the values themselves when known now (CPU)
+        if self._cuda is not None and len(self._marks) > 1:
+            read = CudaStepRead(self._marks, host_losses, custom)
+            self._marks = [("start", self._marks[-1][1])]
+        else:
+            phases = self._acc
+            if custom:
+                phases.update(custom)
+            read = {"phases": phases, "loss": loss}
+            if self._cuda is not None:
+                self._marks = self._marks[-1:]
+        self._acc = dict.fromkeys(PHASES, 0.0)
+        if custom:
+            self._custom = {}
+        self._losses = []
+        self._samples = 0
+        self._fwd_seen = False
+        self._step_start = now
+        for key in self._active:
+            watch = self._watches.get(key)
+            if watch is not None:
+                watch.end_step()
+        self._active.clear()
+        if len(self._pending) >= MAX_PENDING:
+            old_fields, _ = self._pending.popleft()
+            self._deliver(old_fields, None)
+        self._pending.append((fields, read))
+        if type(read) is dict and self.steps_sent and not self.explicit:
+            # Only the first step waits for the next one (a script that calls ddptui.log
+            # itself does so right after it); later ones go at once, so a rank that stalls
+            # after a step has reported it.
+            self._send_ready()
+
+    def _send_ready(self) -> None:
+        """Send (or, in explicit mode, keep for the next explicit log) the finished steps
+        whose values are readable now."""
+        pending = self._pending
+        while pending:
+            fields, read = pending[0]
+            if type(read) is dict:
+                values = read
+            else:
+                try:
+                    if not read.query():
+                        return
+                    values = dict(read.values())
+                except Exception:
+                    values = {}
+            pending.popleft()
+            self._deliver(fields, values)
+
+    def _deliver(self, fields: dict[str, Any], values: dict[str, Any] | None) -> None:
+        phases = (values or {}).get("phases")
+        if self.explicit:
+            if phases:
+                _add_into(self._carry, phases)
+            return
+        get_reporter = self._get_reporter
+        if get_reporter is None:
+            # first report: keeps the rank light until then (msgspec, the protocol)
+            from ddptui.rank import reporter as reporter_module
+
+            get_reporter = self._get_reporter = reporter_module.get_reporter
+        reporter = get_reporter()
+        reporter.log(loss=(values or {}).get("loss"), phases=phases, **fields)
+        self.steps_sent += 1
+        if self.steps_sent == 1:
+            # Out at once (not batched): ddptui learns the rank is past its start-up even if
+            # it stalls before the batch's next send (the hang limit is longer before it).
+            reporter.flush()
+
+    def flush(self, timeout: float = 1.0) -> None:
+        """Send every finished step, waiting at most ``timeout`` for GPU events."""
+        deadline = time.monotonic() + timeout
+        while self._pending and time.monotonic() < deadline:
+            self._send_ready()
+            if self._pending:
+                time.sleep(0.001)
+        while self._pending:
+            fields, _ = self._pending.popleft()
+            self._deliver(fields, None)
+
+    def _at_exit(self) -> None:
+        try:
+            if not self.disabled:
+                self.flush()
+        except Exception:
+            pass
+
+    # -- the public API's side ---------------------------------------------------------------------
+    def explicit_log(self, metrics: dict[str, Any]) -> None:
+        """``ddptui.log`` was called: stop sending steps; give it the phases measured since
+        the previous explicit log (unless it brings its own ``phases``)."""
+        self.explicit = True
+        if self.disabled:
+            return
+        try:
+            self._send_ready()
+            if "phases" in metrics:
+                self._carry = {}
+                return
+            phases, self._carry = self._carry, {}
+            if not phases and self._custom and self._mark is None:  # no step measured
+                phases, self._custom = dict(self._custom), {}
+            if phases:
+                metrics["phases"] = phases
+        except Exception as exc:
+            self._fail(exc)
+
+    def phase(self, name: str) -> _Phase:
+        return _Phase(self, name)
+
+    def add_custom(self, name: str, seconds: float) -> None:
+        name = str(name)
+        custom = self._custom
+        if name in custom:
+            custom[name] += seconds
+        elif len(custom) < MAX_CUSTOM_PHASES:
+            custom[name] = seconds
+        else:
+            self.phases_ignored += 1
+
+
+def _resolve(seg: str, nxt: str) -> str:
+    """The phase of a segment without a gradient split, closed by event ``nxt``."""
+    if seg == "ddp_pre":
+        return "forward" if nxt == "fwd_post" else "comm"
+    if seg in ("data", "after_bwd"):
+        return "other" if nxt in ("opt_pre", "bwd_return") else "data"
+    if seg == "bwd":
+        return "backward"
+    return seg  # forward, optimizer, other
+
+
+_SEGMENTS = ("data", "after_bwd", "bwd", "ddp_pre", "forward", "optimizer", "other")
+_EVENTS = ("fwd_pre", "inner_pre", "fwd_post", "bwd_return", "opt_pre", "opt_post")
+_RESOLVE = {(seg, nxt): _resolve(seg, nxt) for seg in _SEGMENTS for nxt in _EVENTS}
+
+
+def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
+    for name, seconds in phases.items():
+        total[name] = total.get(name, 0.0) + seconds
+
+
+def _batch_size(args: tuple, kwargs: dict) -> int:
+    """Dim 0 of the first tensor among the forward's arguments (one level into lists,
+    tuples and dicts); 0 when there is none."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0
+    tensor = torch.Tensor
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, tensor):
+            return int(value.shape[0]) if value.dim() else 0
+        if isinstance(value, list | tuple):
+            inner = value
+        elif isinstance(value, dict):
+            inner = value.values()
+        else:
+            continue
+        for item in inner:
+            if isinstance(item, tensor):
+                return int(item.shape[0]) if item.dim() else 0
+    return 0
+
+
+def _warn(message: str) -> None:
+    try:
+        print(f"ddptui: {message}", file=sys.stderr, flush=True)
+    except Exception:
+        pass

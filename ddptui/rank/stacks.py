@@ -1,0 +1,127 @@
+"""Every rank's Python stacks on demand, without ptrace: ``faulthandler`` on a signal.
+
+The rank entry calls :func:`register_stack_dump` before the target runs: on
+:data:`STACK_SIGNAL` the rank's C-level faulthandler writes the stacks of all its threads to
+``RUN_DIR/stacks-rank-N.txt`` (appending), even while the main thread is blocked inside a
+collective in C++. ddptui calls :func:`capture_stacks` to signal every rank and read what
+each wrote. Stdlib only on the rank side (psutil only in :func:`capture_stacks`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import time
+from pathlib import Path
+
+from ddptui.constants import RUN_ID_ENV
+from ddptui.runfiles import RunDir
+
+#: The signal a rank dumps its stacks on. SIGUSR2 rather than SIGUSR1, which job schedulers
+#: (Slurm ``--signal``) and training frameworks often claim for checkpoint-and-requeue.
+STACK_SIGNAL = signal.SIGUSR2
+#: Most bytes read back from one rank's dump.
+MAX_STACK_BYTES = 64 * 1024
+#: A dump is complete once its file stopped growing for this long.
+SETTLE_S = 0.1
+
+_dump_file = None  # kept open for faulthandler (it writes to the file descriptor)
+
+
+def register_stack_dump(run_dir: str | os.PathLike[str], rank: int) -> Path | None:
+    """Dump this process's stacks to ``RUN_DIR/stacks-rank-N.txt`` on :data:`STACK_SIGNAL`.
+
+    The file exists from now on: it is how ddptui knows the signal is safe to send (without
+    the handler, the signal would end the process). Returns its path, or None when it cannot
+    be opened (then nothing is registered).
+    """
+    global _dump_file
+    path = RunDir(run_dir).stacks(rank)
+    try:
+        dump = open(path, "a", encoding="utf-8")  # append: every dump lands at the end
+        faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return None
+    if _dump_file is not None and _dump_file is not dump:
+        try:
+            _dump_file.close()
+        except OSError:
+            pass
+    _dump_file = dump
+    return path
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _belongs(pid: int, run_id: str | None) -> bool:
+    """Whether ``pid`` is a live process of run ``run_id`` (by its environment)."""
+    if run_id is None:
+        return True
+    import psutil
+
+    try:
+        return psutil.Process(pid).environ().get(RUN_ID_ENV) == run_id
+    except (psutil.Error, OSError):
+        return False
+
+
+def capture_stacks(
+    pids_by_rank: dict[int, int],
+    run_dir: str | os.PathLike[str],
+    timeout: float = 5.0,
+    run_id: str | None = None,
+) -> dict[int, str]:
+    """Signal every rank to dump its stacks; return rank -> the text it wrote this time.
+
+    Only ranks whose stacks file exists are signalled (they registered the handler), and,
+    with ``run_id``, only processes that carry this run's id. Waits at most ``timeout``
+    seconds in all; a rank that wrote nothing by then is left out.
+    """
+    files = RunDir(run_dir)
+    asked: dict[int, tuple[Path, int]] = {}
+    for rank, pid in sorted(pids_by_rank.items()):
+        path = files.stacks(rank)
+        before = _size(path)
+        if before is None or not isinstance(pid, int) or pid <= 0 or not _belongs(pid, run_id):
+            continue
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        asked[rank] = (path, before)
+    stacks: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    sizes: dict[int, tuple[int, float]] = {}
+    while asked and time.monotonic() < deadline:
+        now = time.monotonic()
+        for rank, (path, before) in list(asked.items()):
+            size = _size(path) or 0
+            if size <= before:
+                continue
+            seen = sizes.get(rank)
+            if seen is None or seen[0] != size:
+                sizes[rank] = (size, now)
+            elif now - seen[1] >= SETTLE_S:
+                stacks[rank] = _read_from(path, before)
+                del asked[rank]
+        time.sleep(0.02)
+    for rank, (path, before) in asked.items():  # grew but never settled: take what is there
+        if (_size(path) or 0) > before:
+            stacks[rank] = _read_from(path, before)
+    return stacks
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(MAX_STACK_BYTES)
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")

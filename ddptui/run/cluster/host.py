@@ -1,0 +1,244 @@
+"""Node 0's side of a multi-node run: the run's CURVE keys, the ZAP authenticator that admits
+only the run's client key, the telemetry inbox (a CURVE PULL collector on the interface the
+other nodes reach) and the join service (a CURVE REP socket answered by a thread).
+
+The join service hands a node its configuration and its node slot, refuses a node that comes
+late, twice, or after the run has ended, and answers the agents' status polls (so an agent
+tears its node down when the run failed elsewhere). A peer without the run's client key never
+completes the CURVE handshake: nothing it sends reaches the collector or ``events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from ddptui.run.cluster.addresses import join_endpoint
+from ddptui.run.cluster.token import JoinToken, RunKeys
+from ddptui.run.collector import Collector
+from ddptui.run.options import RunConfig
+
+ZAP_DOMAIN = "ddptui"
+#: Largest join request read (bytes); libzmq drops a peer that sends more.
+MAX_REQUEST_BYTES = 16 * 1024
+PROTOCOL = 1
+
+
+class JoinRequest(msgspec.Struct, forbid_unknown_fields=True):
+    op: str
+    v: int = PROTOCOL
+    node: int | None = None
+    host: str | None = None
+
+
+@dataclass
+class NodeInfo:
+    slot: int
+    host: str
+
+
+@dataclass
+class JoinBook:
+    """Who joined, and how the run stands (read by the service thread, written by the session)."""
+
+    slots: tuple[int, ...]
+    joined: dict[int, NodeInfo] = field(default_factory=dict)
+    #: Slots whose agent has been told the outcome (node 0 waits a moment for the others).
+    told: set[int] = field(default_factory=set)
+    outcome: str | None = None
+    failure: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def join(self, slot: int | None, host: str) -> tuple[int | None, str | None]:
+        """(slot, None) for an admitted node, (None, why) otherwise."""
+        with self.lock:
+            if self.outcome is not None:
+                return None, f"the run has ended ({self.outcome}): it takes no more nodes"
+            free = [s for s in self.slots if s not in self.joined]
+            if slot is None:
+                if not free:
+                    return None, (
+                        f"too late: all {len(self.slots)} node(s) this run waits for have "
+                        "joined already"
+                    )
+                slot = free[0]
+            elif slot not in self.slots:
+                return None, f"node {slot} is not a node this run waits for ({_span(self.slots)})"
+            elif slot in self.joined:
+                return None, (
+                    f"node {slot} has joined already (from {self.joined[slot].host}): a node "
+                    "joins once"
+                )
+            self.joined[slot] = NodeInfo(slot, host)
+            return slot, None
+
+
+def _span(slots: tuple[int, ...]) -> str:
+    return f"nodes {slots[0]}-{slots[-1]}" if len(slots) > 1 else f"node {slots[0]}"
+
+
+class NodeHost:
+    """Owns the run's keys, the authenticator, the inbox and the join service."""
+
+    def __init__(self, cfg: RunConfig, world_size: int | None = None) -> None:
+        if not cfg.bind:
+            raise ValueError("a multi-node RunConfig has a bind address")
+        self.cfg = cfg
+        self.keys = RunKeys.generate()
+        slots = range(cfg.nnodes) if cfg.launcher == "slurm" else range(1, cfg.nnodes)
+        self.book = JoinBook(tuple(slots))
+        self.context = zmq.Context()
+        self.auth: ThreadAuthenticator | None = None
+        self.inbox: Collector | None = None
+        self._service: zmq.Socket | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shown: set[int] = set()
+        try:
+            quiet = logging.getLogger("ddptui.zap")
+            quiet.addHandler(logging.NullHandler())
+            quiet.propagate = False
+            self.auth = ThreadAuthenticator(self.context, log=quiet)
+            self.auth.start()
+            self.auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self)
+            self.inbox = Collector(
+                cfg.run_id,
+                world_size=world_size or cfg.world_size,
+                transport="tcp",
+                host=cfg.bind,
+                curve_secret=self.keys.server_secret,
+                context=self.context,
+            )
+            self._service = self._curve_socket(zmq.REP)
+            self._service.bind(f"tcp://{_zmq_host(cfg.bind)}:0")
+            self.service_port = int(
+                self._service.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2]
+            )
+            self.telemetry_endpoint = self.inbox.endpoint
+        except BaseException:
+            self.close()
+            raise
+        self._thread = threading.Thread(target=self._serve, name="ddptui-join", daemon=True)
+        self._thread.start()
+
+    # -- ZAP: the credentials provider -----------------------------------------------------
+    def callback(self, domain: str, key: bytes) -> bool:
+        return domain == ZAP_DOMAIN and key == self.keys.client_public
+
+    def _curve_socket(self, kind: int) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        sock.curve_server = True
+        sock.curve_secretkey = self.keys.server_secret
+        sock.zap_domain = ZAP_DOMAIN.encode()
+        return sock
+
+    # -- what node 0 prints ------------------------------------------------------------------
+    def token(self) -> JoinToken:
+        assert self.cfg.bind is not None
+        return JoinToken(
+            join_endpoint(self.cfg.bind, self.service_port),
+            self.keys.server_public,
+            self.keys.client_secret,
+        )
+
+    def join_line(self) -> str:
+        """The exact command every other node runs."""
+        return f"ddptui join {self.token().encode()}"
+
+    # -- the service thread --------------------------------------------------------------------
+    def _serve(self) -> None:
+        assert self._service is not None
+        poller = zmq.Poller()
+        poller.register(self._service, zmq.POLLIN)
+        decode = msgspec.json.Decoder(JoinRequest).decode
+        while not self._stop.is_set():
+            try:
+                if not poller.poll(100):
+                    continue
+                data = self._service.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                return  # closed
+            try:
+                reply = self._answer(decode(data))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                reply = {"ok": False, "error": "not a ddptui join request"}
+            try:
+                self._service.send(msgspec.json.encode(reply))
+            except zmq.ZMQError:
+                return
+
+    def _answer(self, request: JoinRequest) -> dict:
+        if request.v != PROTOCOL:
+            return {"ok": False, "error": f"join protocol {request.v}: this ddptui speaks 1"}
+        host = (request.host or "?")[:128]
+        if request.op == "status":
+            with self.book.lock:
+                if self.book.outcome is not None and request.node is not None:
+                    self.book.told.add(request.node)
+                return {"ok": True, "outcome": self.book.outcome, "failure": self.book.failure}
+        if request.op != "join":
+            return {"ok": False, "error": f"unknown request {request.op[:20]!r}"}
+        if request.node is not None and not 0 <= request.node < 1_000_000:
+            return {"ok": False, "error": f"node {request.node} is not a node rank"}
+        slot, why = self.book.join(request.node, host)
+        if slot is None:
+            return {"ok": False, "error": why}
+        config = self.cfg.to_json_dict()
+        return {
+            "ok": True,
+            "node": slot,
+            "config": config,
+            "telemetry": self.telemetry_endpoint,
+        }
+
+    # -- the session's side ----------------------------------------------------------------------
+    def new_joins(self) -> list[NodeInfo]:
+        """The nodes that joined since the last call (for the console and the dashboard)."""
+        with self.book.lock:
+            fresh = [info for slot, info in self.book.joined.items() if slot not in self._shown]
+            self._shown.update(info.slot for info in fresh)
+        return fresh
+
+    def set_outcome(self, outcome: str, failure: str | None) -> None:
+        with self.book.lock:
+            self.book.outcome = outcome
+            self.book.failure = failure
+
+    def close(self, linger: float = 3.0) -> None:
+        """Close everything; once the run has an outcome, first wait up to ``linger`` seconds
+        until every joined agent has asked for it (so each tears its node down at once)."""
+        deadline = time.monotonic() + linger
+        while self._thread is not None and time.monotonic() < deadline:
+            with self.book.lock:
+                if self.book.outcome is None or set(self.book.joined) <= self.book.told:
+                    break
+            time.sleep(0.05)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+        if self._service is not None:
+            self._service.close(linger=0)
+            self._service = None
+        if self.inbox is not None:
+            self.inbox.close()
+            self.inbox = None
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
+        if not self.context.closed:
+            self.context.term()
+
+
+def _zmq_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address

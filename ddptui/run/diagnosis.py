@@ -1,0 +1,746 @@
+"""Why a run is slow, stuck or dead: pure rules over what ddptui knows. No I/O, no clocks.
+
+Next to :class:`~ddptui.run.state.RunState` so that headless, dashboard and replay agree. Every
+finding is a :class:`Diagnosis` ``(rank, cause, detail, t)`` with numbers as evidence; ``t``
+is seconds since the run started.
+
+* **Stragglers** (:func:`find_straggler`), from each rank's recent phase breakdown
+  (:class:`PhaseHistory`). DDP's all-reduce makes every rank's step time equal, so step times
+  cannot say who is slow. Phases can: the rank that holds the others back reaches the
+  all-reduce last and waits least in ``comm``, while its victims wait there for it. The
+  culprit is the rank whose ``comm`` share is lowest while the others' is clearly higher;
+  its cause is the phase it spends more of than the others: ``input`` (data wait),
+  ``compute`` (forward, backward, optimizer), ``host`` (computing while it gets too little
+  CPU, when per-rank CPU is known). When every rank waits in ``comm`` and none is late:
+  ``communication``.
+* **Hangs** (:func:`hang_limit`, :func:`hung_ranks`, :func:`classify_stack`,
+  :func:`diagnose_hang`): a rank without progress for the limit is hung; its stacks say which
+  ranks sit in a collective and which one is elsewhere (the culprit).
+* **Crashes** (:func:`diagnose_crash`): the first rank to fail is the cause; ranks that fail
+  after it with the errors a lost peer produces are consequences; a SIGKILL while memory was
+  nearly exhausted is a likely out-of-memory kill.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ddptui.constants import PHASES
+from ddptui.rank.frames import Frame, StackInfo, classify
+
+#: Every cause a diagnosis can name.
+CAUSES = (
+    "input",  # a straggler starved by its input pipeline
+    "compute",  # a straggler with more compute per step than the others
+    "host",  # a straggler whose CPU is contended or throttled
+    "communication",  # every rank waits for communication; no rank is late
+    "hang",  # no progress; with stacks: the rank that is not in a collective
+    "collective",  # in a hang, a rank that waits in a collective (a victim)
+    "crash",  # the first rank to fail
+    "consequence",  # a rank that failed because another one did
+    "oom",  # a rank killed (SIGKILL) while memory was nearly exhausted
+)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One finding: the rank it names (None: the run as a whole), why, the evidence, and
+    when (seconds since the run started)."""
+
+    rank: int | None
+    cause: str
+    detail: str
+    t: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "cause": self.cause, "detail": self.detail, "t": self.t}
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.0f} %"
+
+
+# -- phase history ---------------------------------------------------------------------------
+#: Steps (with phases) kept per rank for the straggler rule.
+WINDOW = 30
+#: Steps a rank needs in its window before it is judged.
+MIN_STEPS = 5
+#: The victims' comm share must exceed the culprit's by this much (share of the step)...
+#: A quarter of the step: two healthy ranks sharing busy cores differ by 10-15 points of
+#: comm share from scheduling alone, and a verdict must stand on more than that.
+WAIT_GAP = 0.25
+#: ...and be at least this much...
+MIN_VICTIM_WAIT = 0.25
+#: ...and the culprit's own extra work (its non-comm phases above the others') must account
+#: for at least this share of the gap: a rank that waits less without working more is noise.
+EXPLAINED_GAP = 0.5
+#: Every rank waiting at least this share of its step in comm, with no culprit: comm-bound.
+COMM_BOUND = 0.30
+#: A compute straggler getting less than this share of one core while computing: ``host``.
+HOST_SHARE = 0.6
+
+
+class PhaseHistory:
+    """The built-in phase shares of each rank's recent steps (a bounded window per rank)."""
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self.window = window
+        self._shares: dict[int, deque[dict[str, float]]] = {}
+        #: Each rank's latest phases as received (built-in and custom), for display.
+        self.latest: dict[int, dict[str, float]] = {}
+
+    def add(self, rank: int, phases: Mapping[str, float] | None) -> None:
+        """One step's (or one explicit log's) phases in seconds."""
+        if not phases:
+            return
+        self.latest[rank] = dict(phases)
+        total = sum(_seconds(phases.get(p)) for p in PHASES)
+        if total <= 0:
+            return
+        shares = {p: _seconds(phases.get(p)) / total for p in PHASES}
+        if rank not in self._shares:
+            self._shares[rank] = deque(maxlen=self.window)
+        self._shares[rank].append(shares)
+
+    def steps(self, rank: int) -> int:
+        return len(self._shares.get(rank, ()))
+
+    def ranks(self) -> list[int]:
+        return sorted(self._shares)
+
+    def median_shares(self, rank: int) -> dict[str, float]:
+        """Median share of the step per built-in phase over the window."""
+        window = self._shares.get(rank) or ()
+        if not window:
+            return dict.fromkeys(PHASES, 0.0)
+        return {p: statistics.median(s[p] for s in window) for p in PHASES}
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    value = float(value)
+    return value if 0.0 <= value < float("inf") else 0.0
+
+
+def find_straggler(
+    history: PhaseHistory,
+    ranks: Iterable[int] | None = None,
+    cpu_percent: Mapping[int, float] | None = None,
+    t: float = 0.0,
+) -> Diagnosis | None:
+    """The rank that holds the others back and why, or a communication-bound run, or None.
+
+    ``ranks`` limits the judgement to these (the live ones); each needs :data:`MIN_STEPS`
+    steps of history. ``cpu_percent`` (rank -> CPU percent of its process tree, 100 = one
+    core, e.g. from the monitor) lets a compute straggler be told apart as ``host``.
+    TODO: CPU throttling (cgroup ``cpu.stat`` nr_throttled) as a second host signal.
+    """
+    candidates = history.ranks() if ranks is None else sorted(set(ranks))
+    judged = [r for r in candidates if history.steps(r) >= MIN_STEPS]
+    if len(judged) < 2:
+        return None
+    shares = {r: history.median_shares(r) for r in judged}
+    culprit = min(judged, key=lambda r: (shares[r]["comm"], r))
+    others = [r for r in judged if r != culprit]
+    victims_wait = statistics.median(shares[r]["comm"] for r in others)
+    gap = victims_wait - shares[culprit]["comm"]
+    if gap >= WAIT_GAP and victims_wait >= MIN_VICTIM_WAIT:
+        extra = sum(
+            max(0.0, shares[culprit][p] - statistics.median(shares[r][p] for r in others))
+            for p in PHASES
+            if p not in ("comm", "eval")
+        )
+        if extra >= EXPLAINED_GAP * gap:
+            return _straggler(culprit, others, shares, victims_wait, cpu_percent, t)
+    everyone = statistics.median(shares[r]["comm"] for r in judged)
+    if everyone >= COMM_BOUND:
+        return Diagnosis(
+            None,
+            "communication",
+            f"communication-bound: the ranks wait {_pct(everyone)} of their step in "
+            f"communication (median) and no rank holds the others back",
+            t,
+        )
+    return None
+
+
+def _straggler(
+    culprit: int,
+    others: list[int],
+    shares: dict[int, dict[str, float]],
+    victims_wait: float,
+    cpu_percent: Mapping[int, float] | None,
+    t: float,
+) -> Diagnosis:
+    mine = shares[culprit]
+
+    def typical(phase: str) -> float:
+        return statistics.median(shares[r][phase] for r in others)
+
+    # comm is where victims wait; an evaluation pass is no part of the step's own work
+    excess = {p: mine[p] - typical(p) for p in PHASES if p not in ("comm", "eval")}
+    compute_phases = ("forward", "backward", "optimizer", "other")
+    compute_excess = sum(excess[p] for p in compute_phases)
+    victims = f"the other ranks wait {_pct(victims_wait)} of their step in communication"
+    if excess["data"] >= compute_excess:
+        return Diagnosis(
+            culprit,
+            "input",
+            f"rank {culprit} straggler: input (data wait {_pct(mine['data'])} of step vs "
+            f"{_pct(typical('data'))} median; {victims})",
+            t,
+        )
+    worst = max(compute_phases, key=lambda p: excess[p])
+    computing = sum(mine[p] for p in compute_phases)
+    cpu = None if cpu_percent is None else cpu_percent.get(culprit)
+    if (
+        isinstance(cpu, int | float)
+        and not isinstance(cpu, bool)
+        and 0 <= cpu < HOST_SHARE * computing * 100
+    ):
+        return Diagnosis(
+            culprit,
+            "host",
+            f"rank {culprit} straggler: host (computes {_pct(computing)} of its step but gets "
+            f"{cpu:.0f} % CPU: its cores are contended or throttled; {victims})",
+            t,
+        )
+    return Diagnosis(
+        culprit,
+        "compute",
+        f"rank {culprit} straggler: compute ({worst} {_pct(mine[worst])} of step vs "
+        f"{_pct(typical(worst))} median; {victims})",
+        t,
+    )
+
+
+# -- hangs -------------------------------------------------------------------------------------
+# A verdict needs evidence, never silence alone: a rank is *stuck* when its heartbeat shows a
+# stack (and steps and collectives) that has not moved for the limit while its process used
+# almost no CPU. A rank preparing (tokenising, compiling), computing a long step or waiting on
+# a busy peer moves its stack or burns CPU; a rank blocked in a collective or a deadlock does
+# neither.
+#
+# How the default limit was chosen: 60 s, or 20 typical step times when that is longer. A
+# healthy rank rarely stands still, CPU idle, for a minute: a step, an evaluation pass or a
+# checkpoint keeps the stack moving or the CPU busy; and a minute names a hang long before
+# torch's own collective timeouts end the run (10 min for NCCL, 30 min for gloo) with less to
+# say. Before a rank's first step the default is :data:`PREPARE_HANG_S` instead: one rank
+# downloading or indexing data while its peers wait at a barrier is normal start-up. An
+# explicit ``--hang-timeout`` applies before and after the first step alike.
+
+#: The default hang limit: at least this many seconds...
+HANG_MIN_S = 60.0
+#: ...and at least this many typical step times.
+HANG_STEPS = 20
+#: The default limit before a rank's first step (unless ``--hang-timeout`` is given).
+PREPARE_HANG_S = 300.0
+#: A rank standing still used less than this share of one core: its CPU idles.
+IDLE_CPU_SHARE = 0.1
+#: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
+BEAT_LATE = 3
+
+
+def hang_limit(state: Any, hang_timeout: float | None = None) -> float | None:
+    """Seconds a rank may stand still (after its first step) before it counts as stuck:
+    ``hang_timeout`` when given (0 turns hang detection off: None), else the larger of 60 s
+    and 20x the median step time."""
+    if hang_timeout is not None:
+        return float(hang_timeout) if hang_timeout > 0 else None
+    typical = [v.typical_step_time for v in state.ranks.values() if v.typical_step_time is not None]
+    median = statistics.median(typical) if typical else 0.0
+    return max(HANG_MIN_S, HANG_STEPS * median)
+
+
+def prepare_limit(limit: float | None, hang_timeout: float | None = None) -> float | None:
+    """The limit before a rank's first step: ``--hang-timeout`` when given, else the larger
+    of the running limit and :data:`PREPARE_HANG_S`."""
+    if limit is None:
+        return None
+    return limit if hang_timeout is not None else max(limit, PREPARE_HANG_S)
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Evidence that one rank is stuck: how long it stood still and what it did meanwhile."""
+
+    rank: int
+    seconds: float
+    #: CPU seconds it used while standing still (None: not known from its heartbeat).
+    cpu: float | None
+    #: Where its main thread is (its heartbeat's frame), and the collective it waits in.
+    frame: str | None = None
+    waiting: str | None = None
+    #: ``heartbeat``: its own beats showed it; ``silent``: its beats stopped (the GIL held or
+    #: the process stopped) and ddptui's own CPU sample of it idles.
+    how: str = "heartbeat"
+
+    def describe(self) -> str:
+        where = f" in {self.waiting}" if self.waiting else ""
+        where += f" at {self.frame}" if self.frame else ""
+        if self.how == "silent":
+            return f"rank {self.rank}{where}: heartbeat silent for {self.seconds:.0f} s, CPU idle"
+        cpu = "" if self.cpu is None else f", {self.cpu:.1f} CPU s"
+        return f"rank {self.rank}{where}: stack unchanged for {self.seconds:.0f} s{cpu}"
+
+
+def stuck_ranks(
+    state: Any,
+    now: float,
+    limit: float | None,
+    before_first_step: float | None = None,
+    cpu_percent: Mapping[int, float] | None = None,
+    beat_s: float = 2.0,
+) -> dict[int, Stuck]:
+    """The live ranks with evidence of being stuck (rank -> :class:`Stuck`).
+
+    From the rank's heartbeat: its stack, steps and collectives have not moved for the limit
+    (``before_first_step`` until its first step) and it used under :data:`IDLE_CPU_SHARE` of
+    a core meanwhile. A rank whose beats stopped coming (its heartbeat thread cannot run:
+    the GIL is held, or the process is stopped) is stuck only when it stood still up to its
+    last beat and ddptui's own sample of its CPU (``cpu_percent``) idles. A rank that sends
+    no beats at all (an older ddptui, or a rank that has not announced itself) is never
+    judged: silence is not evidence. Nothing is stuck once the run has ended.
+    """
+    if limit is None or state.outcome:
+        return {}
+    stuck: dict[int, Stuck] = {}
+    for rank, view in state.ranks.items():
+        if view.state != "started" or view.beat_at is None or view.still_since is None:
+            continue
+        allowed = limit if view.step > 0 else (before_first_step or limit)
+        late = now - view.beat_at > BEAT_LATE * beat_s
+        if late:
+            quiet = now - view.still_since
+            cpu = (cpu_percent or {}).get(rank)
+            if quiet >= allowed and cpu is not None and cpu < IDLE_CPU_SHARE * 100:
+                stuck[rank] = Stuck(rank, quiet, None, view.frame, view.waiting, "silent")
+            continue
+        still = view.still_for or 0.0
+        used = view.cpu_while_still
+        if still >= allowed and used is not None and used < IDLE_CPU_SHARE * still:
+            stuck[rank] = Stuck(rank, still, used, view.frame, view.waiting)
+    return stuck
+
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
+
+
+def parse_stacks(text: str) -> list[list[Frame]]:
+    """The threads of a faulthandler dump, each as frames innermost first, in dump order."""
+    threads: list[list[Frame]] = []
+    current: list[Frame] | None = None
+    for line in text.splitlines():
+        if _THREAD.match(line):
+            current = []
+            threads.append(current)
+            continue
+        match = _FRAME.match(line)
+        if match and current is not None:
+            current.append(Frame(match.group(1), int(match.group(2)), match.group(3)))
+    return [t for t in threads if t]
+
+
+def main_thread(threads: list[list[Frame]]) -> list[Frame]:
+    """The thread running the script: the one whose outermost frame is ``<module>`` or the
+    rank entry, else the last one dumped (faulthandler lists the newest thread first)."""
+    for frames in threads:
+        bottom = frames[-1]
+        if bottom.func == "<module>" or bottom.file.endswith(
+            ("ddptui/rank/entry.py", "multiprocessing/spawn.py")
+        ):
+            return frames
+    return threads[-1] if threads else []
+
+
+def classify_stack(text: str) -> StackInfo:
+    """Whether a rank's main thread sits in a collective, from its faulthandler dump (see
+    :func:`ddptui.rank.frames.classify`)."""
+    return classify(main_thread(parse_stacks(text)))
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def diagnose_hang(
+    hung: Mapping[int, float], stacks: Mapping[int, str], limit: float, t: float
+) -> list[Diagnosis]:
+    """Name the hung rank from every rank's stacks: a rank outside any collective is the
+    culprit (``hang``); ranks in a collective wait for it (``collective``). Without a culprit
+    (all in collectives: mismatched collectives or a lost peer; or no stacks) the hang is
+    reported for the run as a whole."""
+    quiet = max(hung.values()) if hung else 0.0
+    head = f"{_ranks_text(hung)} stood still for {quiet:.0f} s, CPU idle (limit {limit:g} s)"
+    infos = {rank: classify_stack(text) for rank, text in sorted(stacks.items())}
+    waiting = {r: i for r, i in infos.items() if i.in_collective}
+    culprits = {r: i for r, i in infos.items() if not i.in_collective}
+    out: list[Diagnosis] = []
+    if waiting:
+        names = sorted({i.collective or "?" for i in waiting.values()})
+        verb = "waits" if len(waiting) == 1 else "wait"
+        waits = f"{_ranks_text(waiting)} {verb} in a collective ({'; '.join(names)})"
+    else:
+        waits = "no rank waits in a collective"
+    for rank, info in culprits.items():
+        out.append(
+            Diagnosis(
+                rank,
+                "hang",
+                f"rank {rank} hung outside any collective, in {info.where}, while {waits}; {head}",
+                t,
+            )
+        )
+    for rank, info in waiting.items():
+        out.append(
+            Diagnosis(
+                rank,
+                "collective",
+                f"rank {rank} waits in {info.collective}, called from {info.where}",
+                t,
+            )
+        )
+    if not culprits:
+        if waiting:
+            why = f"every rank with a stack waits in a collective ({waits}): mismatched "
+            why += "collectives, or a peer that is gone"
+        else:
+            why = "no stacks captured"
+        out.insert(0, Diagnosis(None, "hang", f"{head}; {why}", t))
+    return out
+
+
+# -- crashes -----------------------------------------------------------------------------------
+#: Errors a rank gets when a peer died or stalled (the collective breaks under it).
+CONSEQUENCE = re.compile(
+    r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|peer|gloo|nccl"
+    r"|ProcessGroup|DistBackendError|DistNetworkError|socket|recvBytes|sendBytes|timed? ?out"
+    r"|timeout|watchdog|heartbeat|abort",
+    re.I,
+)
+#: Host (or cgroup) memory use that makes a SIGKILL a likely out-of-memory kill.
+OOM_MEMORY_FRACTION = 0.95
+_KILL_SIGNALS = ("SIGKILL",)
+_TEARDOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank ended badly: when its failure was reported (None: it said nothing, e.g.
+    killed), its error and traceback, and the signal or exit code the launcher saw."""
+
+    rank: int
+    t: float | None = None
+    error: str | None = None
+    traceback: str | None = None
+    signal: str | None = None
+    exit_code: int | None = None
+
+    @property
+    def killed(self) -> bool:
+        return self.signal in _KILL_SIGNALS or self.exit_code in (-9, 137)
+
+    @property
+    def consequence_like(self) -> bool:
+        """Its error is what a lost peer causes, or ddptui's teardown signalled it."""
+        if self.signal in _TEARDOWN_SIGNALS:
+            return True
+        text = self.error or ""
+        if self.traceback:
+            text += "\n" + self.traceback.strip().splitlines()[-1]
+        return bool(text) and bool(CONSEQUENCE.search(text)) and not self.killed
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    """Memory pressure around the failure: the highest host memory use seen recently (0..1)
+    and the cgroup's use against its limit, and OOM kills counted in ``memory.events``."""
+
+    host_fraction: float | None = None
+    cgroup_current: int | None = None
+    cgroup_max: int | None = None
+    oom_kills: int = 0
+
+    def nearly_full(self) -> str | None:
+        """Why memory counts as nearly exhausted (the evidence), or None."""
+        reasons = []
+        if self.oom_kills > 0:
+            reasons.append(f"the cgroup counted {self.oom_kills} OOM kill(s)")
+        if self.host_fraction is not None and self.host_fraction >= OOM_MEMORY_FRACTION:
+            reasons.append(f"host memory was {_pct(self.host_fraction)} used")
+        if self.cgroup_current and self.cgroup_max and self.cgroup_max > 0:
+            fraction = self.cgroup_current / self.cgroup_max
+            if fraction >= OOM_MEMORY_FRACTION:
+                reasons.append(f"the cgroup was at {_pct(fraction)} of its memory limit")
+        return " and ".join(reasons) or None
+
+
+def _bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{value} B"  # pragma: no cover
+
+
+def _error_line(end: RankEnd) -> str:
+    if end.error:
+        return end.error.strip().splitlines()[-1][:300] if end.error.strip() else end.error
+    if end.traceback and end.traceback.strip():
+        return end.traceback.strip().splitlines()[-1][:300]
+    if end.signal:
+        return f"killed by {end.signal}"
+    if end.exit_code is not None:
+        return f"exit code {end.exit_code}"
+    return "failed"
+
+
+def rank_ends(state: Any) -> list[RankEnd]:
+    """Every failed rank of ``state`` with what is known of its end: the time of its last
+    event (its failure status), error and traceback from its events, and the launcher's exit
+    code and signal for the rank the launcher names."""
+    failure = getattr(state, "failure", None)
+    ends = []
+    for rank, view in sorted(state.ranks.items()):
+        launcher = failure is not None and getattr(failure, "rank", None) == rank
+        if view.state != "failed" and not launcher:
+            continue
+        described = launcher and failure is not None and view.error == failure.describe()
+        reported = view.error is not None and not described  # the rank's own words
+        error = view.error if reported else (failure.error if launcher else None)
+        ends.append(
+            RankEnd(
+                rank=rank,
+                t=view.last_seen if reported else None,
+                error=error,
+                traceback=getattr(view, "traceback", None)
+                or (getattr(failure, "traceback", None) if launcher else None),
+                signal=failure.signal if launcher else None,
+                exit_code=failure.exit_code if launcher else None,
+            )
+        )
+    return ends
+
+
+def diagnose_crash(
+    ends: list[RankEnd],
+    launcher_rank: int | None = None,
+    memory: MemoryState | None = None,
+    rss: Mapping[int, int] | None = None,
+    t: float = 0.0,
+) -> list[Diagnosis]:
+    """The root cause of a failed run: the first rank to fail (``crash``, or ``oom`` for a
+    likely out-of-memory kill) and the ranks that failed after it as ``consequence``.
+
+    ``ends``: the failed ranks (:func:`rank_ends`); ``launcher_rank``: the first failure the
+    launcher saw; ``memory``: pressure around the failure; ``rss``: rank -> last resident
+    memory in bytes (from the monitor). A rank that died without reporting (killed) and that
+    the launcher names first is the cause; otherwise the earliest rank whose error is not one
+    a lost peer produces; otherwise the earliest.
+    """
+    if not ends:
+        return []
+    by_rank = {e.rank: e for e in ends}
+    primaries = [e for e in ends if not e.consequence_like]
+    timed = sorted((e for e in primaries if e.t is not None), key=lambda e: (e.t, e.rank))
+    untimed = [e for e in primaries if e.t is None]
+    cause: RankEnd
+    if launcher_rank in by_rank and by_rank[launcher_rank] in untimed:
+        cause = by_rank[launcher_rank]
+    elif timed:
+        cause = timed[0]
+    elif untimed:
+        cause = untimed[0]
+    elif launcher_rank in by_rank:
+        cause = by_rank[launcher_rank]
+    else:
+        everyone = sorted(ends, key=lambda e: (e.t is None, e.t or 0.0, e.rank))
+        cause = everyone[0]
+    first = _cause_diagnosis(cause, memory, rss, t)
+    line = _error_line(cause)
+    # A rank that failed with an error of its own (not one a lost peer produces) is its own
+    # failure, never a consequence: the same bug hitting two ranks is two failures.
+    own = [e for e in primaries if e is not cause]
+    same = [e for e in own if not e.killed and not cause.killed and _error_line(e) == line]
+    if same:
+        ranks = [cause.rank, *(e.rank for e in same)]
+        names = ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+        first = Diagnosis(
+            cause.rank, "crash", f"ranks {names} failed with the same error: {line}", t
+        )
+    out = [first]
+    for end in own:
+        detail = (
+            f"rank {end.rank} failed in its own code with the same error as rank {cause.rank} "
+            f"(not a consequence): {line}"
+            if end in same
+            else f"rank {end.rank} also failed on its own (not a consequence): {_error_line(end)}"
+        )
+        out.append(Diagnosis(end.rank, "crash", detail, t))
+    for end in ends:
+        if end is cause or end in own:
+            continue
+        out.append(
+            Diagnosis(
+                end.rank,
+                "consequence",
+                f"rank {end.rank} failed after rank {cause.rank} ({_error_line(end)}): a "
+                f"consequence of rank {cause.rank}'s failure, not a cause",
+                t,
+            )
+        )
+    return out
+
+
+def _cause_diagnosis(
+    end: RankEnd, memory: MemoryState | None, rss: Mapping[int, int] | None, t: float
+) -> Diagnosis:
+    last_rss = None if rss is None else rss.get(end.rank)
+    rss_text = (
+        f"; last RSS {_bytes(last_rss)}"
+        if isinstance(last_rss, int) and not isinstance(last_rss, bool) and last_rss >= 0
+        else ""
+    )
+    if end.killed:
+        full = memory.nearly_full() if memory is not None else None
+        if full:
+            return Diagnosis(
+                end.rank,
+                "oom",
+                f"rank {end.rank} was killed by SIGKILL while {full}: likely out of memory"
+                f"{rss_text}",
+                t,
+            )
+        return Diagnosis(
+            end.rank,
+            "crash",
+            f"rank {end.rank} failed first: killed by SIGKILL (not by ddptui; memory was not "
+            f"seen near its limit){rss_text}",
+            t,
+        )
+    how = "failed first" if not end.consequence_like else "failed first (no other cause seen)"
+    tb = " (traceback in the failure)" if end.traceback else ""
+    return Diagnosis(end.rank, "crash", f"rank {end.rank} {how}: {_error_line(end)}{tb}", t)
+
+
+# -- summary.json -------------------------------------------------------------------------------
+#: Longest stack text kept per rank in summary.json.
+MAX_STACK_TEXT = 20_000
+#: Most diagnoses kept in summary.json.
+MAX_DIAGNOSES = 100
+
+
+def diagnoses_for_summary(
+    diagnoses: Iterable[Diagnosis], stacks: Mapping[int, str] | None = None
+) -> dict[str, Any]:
+    """The ``diagnoses`` (and, after a hang, ``stacks``: rank -> text) of summary.json."""
+    docs = [d.to_json() for d in diagnoses][:MAX_DIAGNOSES]
+    for doc in docs:
+        t = doc["t"]
+        doc["t"] = round(float(t), 3) if isinstance(t, int | float) and t == t else None
+        if doc["t"] is not None and abs(doc["t"]) == float("inf"):
+            doc["t"] = None
+    out: dict[str, Any] = {"diagnoses": docs}
+    if stacks:
+        out["stacks"] = {
+            str(rank): text if len(text) <= MAX_STACK_TEXT else text[:MAX_STACK_TEXT] + "\n…"
+            for rank, text in sorted(stacks.items())
+        }
+    return out
+
+
+# -- the running judgement -----------------------------------------------------------------------
+#: Consecutive checks a straggler finding must hold before it is reported.
+CONFIRM_CHECKS = 3
+
+
+class Diagnoser:
+    """The live judgement of a run: call :meth:`check` now and then (say once a second) with
+    the run's state; it returns what is newly found. Pure (the caller supplies ``now``)."""
+
+    def __init__(self, hang_timeout: float | None = None, confirm: int = CONFIRM_CHECKS) -> None:
+        self.hang_timeout = hang_timeout
+        self.confirm = max(1, confirm)
+        self.diagnoses: list[Diagnosis] = []
+        #: The hang found (the first one), with the ranks and how long they were quiet.
+        self.hang: Diagnosis | None = None
+        self.hung: dict[int, float] = {}
+        #: The evidence behind the hang, per stuck rank.
+        self.stuck: dict[int, Stuck] = {}
+        self.limit: float | None = None
+        self._candidate: tuple[int | None, str] | None = None
+        self._held = 0
+        self._reported: tuple[int | None, str] | None = None
+
+    def record(self, diagnosis: Diagnosis) -> None:
+        if len(self.diagnoses) < MAX_DIAGNOSES:
+            self.diagnoses.append(diagnosis)
+
+    def check(
+        self, state: Any, now: float, cpu_percent: Mapping[int, float] | None = None
+    ) -> list[Diagnosis]:
+        if state.outcome:
+            return []
+        found: list[Diagnosis] = []
+        t = state.elapsed(now)
+        live = [r for r, v in state.ranks.items() if v.state == "started"]
+        history = getattr(state, "phase_history", None)
+        finding = find_straggler(history, live, cpu_percent, t=t) if history is not None else None
+        key = None if finding is None else (finding.rank, finding.cause)
+        if key == self._candidate:
+            self._held += 1
+        else:
+            self._candidate, self._held = key, 1
+        if self._held >= self.confirm and key != self._reported:
+            self._reported = key
+            if finding is not None:
+                self.record(finding)
+                found.append(finding)
+        if self.hang is None:
+            limit = hang_limit(state, self.hang_timeout)
+            before = prepare_limit(limit, self.hang_timeout)
+            stuck = stuck_ranks(state, now, limit, before, cpu_percent)
+            if stuck and limit is not None:
+                stepped = any(state.ranks[rank].step > 0 for rank in stuck)
+                self.limit = limit if stepped else (before or limit)
+                self.stuck = stuck
+                self.hung = {rank: s.seconds for rank, s in stuck.items()}
+                self.hang = Diagnosis(
+                    None,
+                    "hang",
+                    "; ".join(s.describe() for s in stuck.values()) + f" (limit {self.limit:g} s)",
+                    t,
+                )
+                found.append(self.hang)
+        return found
+
+    def final(
+        self, state: Any, now: float, cpu_percent: Mapping[int, float] | None = None
+    ) -> list[Diagnosis]:
+        """At the end of the run: the straggler verdict over every rank's last steps, when it
+        was not reported yet (a short run ends before a finding can hold)."""
+        history = getattr(state, "phase_history", None)
+        if history is None:
+            return []
+        finding = find_straggler(history, None, cpu_percent, t=state.elapsed(now))
+        if finding is None or (finding.rank, finding.cause) == self._reported:
+            return []
+        self._reported = (finding.rank, finding.cause)
+        self.record(finding)
+        return [finding]
+
+    def explain_hang(self, stacks: Mapping[int, str], t: float) -> list[Diagnosis]:
+        """After a hang: the culprit and the waiting ranks from their stacks (recorded)."""
+        found = diagnose_hang(self.hung, stacks, self.limit or 0.0, t)
+        for diagnosis in found:
+            self.record(diagnosis)
+        return found

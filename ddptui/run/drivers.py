@@ -1,0 +1,198 @@
+"""The launcher-side child process: ``python -m ddptui.run.drivers spawn|torchrun …``.
+
+It runs in its own session, starts the ranks as mp.spawn does (the standard library's spawn
+context: the driver never imports torch) or with torch.distributed.run (torchrun), and on a
+rank failure writes the first failing rank, its exit code and signal name to ``--result``
+(JSON) before exiting 1.
+
+It dies with ddptui, and its ranks die with it (see ``ddptui.rank.entry.die_with_parent``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from ddptui.argv import split_passthrough
+from ddptui.constants import LAUNCHERS
+from ddptui.rank.cpus import threads_per_rank
+from ddptui.rank.entry import die_with_parent, spawn_worker
+from ddptui.rank.net import free_port
+from ddptui.runfiles import write_json_atomic
+
+if __name__ in ("__main__", "__mp_main__"):
+    # First thing after these light imports, before torch: in the driver (its parent is
+    # ddptui) and in each mp.spawn child, which imports this module as ``__mp_main__``
+    # before it unpickles its function (and with it torch: seconds of start-up during which
+    # the driver may die).
+    die_with_parent()
+
+
+def write_result(path: str | None, **result: object) -> None:
+    if path:
+        write_json_atomic(path, result)
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="ddptui-driver")
+    parser.add_argument("kind", choices=LAUNCHERS)
+    parser.add_argument("--nprocs", type=int, required=True)
+    parser.add_argument("--run-dir")
+    parser.add_argument("--result")
+    # multi-node (torchrun's c10d rendezvous); absent: one node, --standalone
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--rdzv-endpoint")
+    parser.add_argument("--rdzv-id")
+    parser.add_argument("--rdzv-host", choices=("0", "1"), default="0")
+    parser.add_argument("--local-addr")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--module")
+    target.add_argument("--script")
+    own, rest = split_passthrough(argv)
+    return parser.parse_args(own), rest
+
+
+def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
+    """mp.spawn's model with the standard library's spawn context: one fresh interpreter per
+    rank, the first rank to fail ends the others. The driver itself never imports torch
+    (seconds of CPU per run that only the ranks need)."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    port = free_port()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ["OMP_NUM_THREADS"] = str(threads_per_rank(opts.nprocs))
+    if opts.module and "--init-method" not in args:
+        args = [*args, "--init-method", f"tcp://127.0.0.1:{port}"]
+    context = multiprocessing.get_context("spawn")
+    ranks = [
+        context.Process(
+            target=spawn_worker,
+            args=(rank, opts.nprocs, opts.module, opts.script, args, opts.run_dir),
+            name=f"rank-{rank}",
+        )
+        for rank in range(opts.nprocs)
+    ]
+    failed: int | None = None
+    try:
+        for process in ranks:
+            process.start()
+        running = list(ranks)
+        while running and failed is None:
+            wait([p.sentinel for p in running], timeout=1.0)
+            for process in list(running):
+                if process.exitcode is None:
+                    continue
+                running.remove(process)
+                if process.exitcode != 0 and failed is None:
+                    failed = ranks.index(process)
+    finally:
+        _end_ranks(ranks, grace=2.0)
+    if failed is None:
+        return 0
+    code = ranks[failed].exitcode or 1
+    write_result(
+        opts.result,
+        rank=failed,
+        exit_code=code,
+        signal=_signal_name(-code) if code < 0 else None,
+        pid=ranks[failed].pid,
+    )
+    return 1
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _end_ranks(ranks: list, grace: float) -> None:
+    """SIGTERM every rank still running, SIGKILL the ones still there after ``grace``."""
+    alive = [p for p in ranks if p.pid is not None and p.exitcode is None]
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + grace
+    for process in alive:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in alive:
+        if process.exitcode is None:
+            process.kill()
+            process.join(5.0)
+
+
+def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    target = ["-m", "ddptui.rank.entry"]
+    target += ["--run-dir", opts.run_dir] if opts.run_dir else []
+    target += ["--module", opts.module] if opts.module else ["--script", opts.script]
+    if opts.rdzv_endpoint:
+        nodes = [
+            "--nnodes",
+            str(opts.nnodes),
+            "--node-rank",
+            str(opts.node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            opts.rdzv_endpoint,
+            "--rdzv-id",
+            opts.rdzv_id or "ddptui",
+            "--rdzv-conf",
+            f"is_host={'true' if opts.rdzv_host == '1' else 'false'}",
+        ]
+        if opts.local_addr:
+            nodes += ["--local-addr", opts.local_addr]
+    else:
+        nodes = ["--standalone", "--nnodes", "1"]
+    torchrun_args = torchrun.parse_args(
+        [
+            *nodes,
+            "--nproc-per-node",
+            str(opts.nprocs),
+            "--max-restarts",
+            "0",
+            "--monitor-interval",
+            "0.1",
+            *target,
+            "--",
+            *args,
+        ]
+    )
+    try:
+        torchrun.run(torchrun_args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        signal_name = failure.signal_name() if failure.exitcode < 0 else None
+        message = failure.message if isinstance(failure.message, str) else None
+        if message and message.startswith(("To enable traceback", "Signal ")):
+            message = None
+        write_result(
+            opts.result,
+            rank=rank,
+            exit_code=failure.exitcode,
+            signal=signal_name,
+            pid=failure.pid,
+            error=message,
+        )
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # ddptui gone → tear the run down (done already when run as a module)
+    opts, args = _parse(list(sys.argv[1:] if argv is None else argv))
+    if opts.kind == "spawn":
+        return run_spawn(opts, args)
+    return run_torchrun(opts, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

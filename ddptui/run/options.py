@@ -1,0 +1,331 @@
+"""Run options as values: the frozen :class:`RunConfig`, the one-line :class:`ConfigError`,
+the limits, and the parsers of single values that argparse and the dashboard form share.
+
+Checking a whole set of options is :mod:`ddptui.run.config`; this module imports nothing of
+the checks, so the cluster and launcher modules can raise and carry options freely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddptui.constants import (
+    DEFAULT_CPU_WORLD_SIZE,
+    DEVICE_ENV,
+    NO_INSTRUMENT_ENV,
+)
+from ddptui.run.registry import DEFAULT_TRAINER
+from ddptui.runfiles import RunDir
+
+#: Ranks ddptui starts on one machine, even with ``--oversubscribe``.
+MAX_LOCAL_RANKS = 1024
+
+
+MAX_EPOCHS = 1_000_000
+
+
+MAX_BATCH_SIZE = 2**20
+
+
+#: Seeds go to torch, numpy and random alike: numpy's range is the narrowest.
+MAX_SEED = 2**32 - 1
+
+
+#: DataLoader workers per rank.
+MAX_WORKERS = 64
+
+
+#: The default on CUDA: a fair share of the usable cores per local rank, at most this many.
+MAX_DEFAULT_WORKERS = 8
+
+
+#: POSIX limits of a file name (one path component) and a whole path, in bytes.
+NAME_MAX = 255
+
+
+PATH_MAX = 4096
+
+
+#: Nodes of one multi-node run.
+MAX_NODES = 4096
+
+
+#: A training script larger than this is refused without being read.
+MAX_SCRIPT_BYTES = 16 * 2**20
+
+
+class ConfigError(ValueError):
+    """A run option that cannot work; ``field`` names the option, ``str()`` is the message."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run. ``None`` means "the trainer's default"."""
+
+    trainer: str = DEFAULT_TRAINER
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
+    launcher: str = "spawn"
+    device: str = "cpu"  # resolved: never "auto" once built
+    backend: str = "gloo"  # resolved: never "auto" once built
+    amp: str = "off"
+    world_size: int = DEFAULT_CPU_WORLD_SIZE
+    workers: int = 0  # DataLoader workers per rank (built-in trainers)
+    oversubscribe: bool = False
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    seed: int = 0
+    data_dir: str | None = None
+    run_dir: str | None = None
+    resume: str | None = None
+    init_method: str | None = None
+    sync_bn: bool = False
+    model: str | None = None
+    #: Restarts of the whole group after a rank fails (torchrun's ``--max-restarts``).
+    max_restarts: int = 0
+    trainer_module: str | None = None  # the module every rank runs (None for a script)
+    run_id: str = ""
+    #: Seconds without progress before a rank counts as hung (None: the default rule, 0: off).
+    hang_timeout: float | None = None
+    #: What to do with a hung run: ``stop`` (exit code 3) or ``keep`` it running.
+    on_hang: str = "stop"
+    #: Zero-code instrumentation hooks in every rank (``--no-instrument`` turns them off).
+    instrument: bool = True
+    #: Multi-node runs (torchrun's c10d rendezvous): nodes, the rendezvous HOST:PORT that
+    #: node 0 hosts, and the address the telemetry and join sockets bind on node 0.
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    bind: str | None = None
+
+    @property
+    def multinode(self) -> bool:
+        """Ranks on other nodes (or under Slurm): CURVE telemetry, ``ddptui join`` agents."""
+        return self.nnodes > 1 or self.launcher == "slurm"
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.world_size // max(1, self.nnodes)
+
+    @property
+    def target_label(self) -> str:
+        return f"script {Path(self.script).name}" if self.script else self.trainer
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def trainer_argv(self) -> list[str]:
+        """Arguments for the trainer module (or the user's script, which gets its own)."""
+        if self.script:
+            return list(self.script_args)
+        argv = ["--backend", self.backend, "--device", self.device, "--amp", self.amp]
+        argv += ["--seed", str(self.seed), "--workers", str(self.workers)]
+        for flag, value in (
+            ("--epochs", self.epochs),
+            ("--batch-size", self.batch_size),
+            ("--lr", self.lr),
+            ("--data-dir", self.data_dir),
+            ("--resume", self.resume),
+            ("--init-method", self.init_method),
+            ("--model", self.model),
+        ):
+            if value is not None:
+                argv += [flag, str(value)]
+        if self.sync_bn:
+            argv.append("--sync-bn")
+        if self.run_dir:
+            argv += ["--checkpoint", str(RunDir(self.run_dir).checkpoint)]
+        return argv + list(self.script_args)
+
+    def rank_environment(self) -> dict[str, str]:
+        """Environment every rank gets on top of the launcher's, for trainers and scripts alike.
+
+        ``DDPTUI_DEVICE`` is ``cuda`` (rank ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``) or ``cpu``.
+        Under ``cpu`` the GPUs are also hidden (``CUDA_VISIBLE_DEVICES=""``): CPU ranks are then
+        CPU ranks for every script, including one that picks CUDA whenever it sees a GPU, and
+        no rank creates a CUDA context on a GPU it does not use. A script that wants the GPUs
+        runs with ``--device cuda`` (or ``auto``). ``--no-instrument`` sets
+        ``DDPTUI_NO_INSTRUMENT=1`` (the rank entry then installs no zero-code hooks).
+        """
+        env = {DEVICE_ENV: self.device}
+        if self.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        if not self.instrument:
+            env[NO_INSTRUMENT_ENV] = "1"
+        return env
+
+
+def resume_command(cfg: RunConfig) -> str:
+    """The command line that continues ``cfg``'s run from its checkpoint, with its options."""
+    import shlex
+
+    checkpoint = RunDir(cfg.run_dir or ".").checkpoint
+    argv = ["ddptui", "--resume", str(checkpoint)]
+    argv += ["--script", cfg.script] if cfg.script else ["--trainer", cfg.trainer]
+    for flag, value in (
+        ("--launcher", cfg.launcher),
+        ("--device", cfg.device),
+        ("--backend", cfg.backend),
+        ("--amp", cfg.amp),
+        ("--world-size", cfg.world_size),
+        ("--workers", None if cfg.script else cfg.workers),
+        ("--epochs", cfg.epochs),
+        ("--batch-size", cfg.batch_size),
+        ("--lr", cfg.lr),
+        ("--seed", cfg.seed),
+        ("--model", cfg.model),
+        ("--data-dir", cfg.data_dir),
+        ("--init-method", cfg.init_method),
+        ("--max-restarts", cfg.max_restarts or None),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--sync-bn"] if cfg.sync_bn else []
+    argv += ["--oversubscribe"] if cfg.oversubscribe else []
+    if cfg.script_args:
+        argv += ["--", *cfg.script_args]
+    return shlex.join(argv)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def default_workers(device: str, local_world_size: int, cpu_count: int) -> int:
+    """DataLoader workers per rank when ``--workers`` is not given: on CUDA a fair share of
+    the usable cores per local rank (at least 1, at most 8); 0 on CPU, where the ranks
+    themselves use the cores."""
+    if device != "cuda":
+        return 0
+    return max(1, min(MAX_DEFAULT_WORKERS, cpu_count // max(1, local_world_size)))
+
+
+def parse_int(name: str, text: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ConfigError(
+            name, f"{option_flag(name)} must be a whole number, got {quoted(text)}"
+        ) from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(
+            name, f"{option_flag(name)} must be at least {minimum}, got {clipped_number(value)}"
+        )
+    if maximum is not None and value > maximum:
+        raise ConfigError(
+            name, f"{option_flag(name)} must be at most {maximum}, got {clipped_number(value)}"
+        )
+    return value
+
+
+def parse_float(name: str, text: Any, positive: bool = True, maximum: float | None = None) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise ConfigError(
+            name, f"{option_flag(name)} must be a number, got {quoted(text)}"
+        ) from None
+    if not math.isfinite(value):
+        raise ConfigError(name, f"{option_flag(name)} must be a finite number, got {quoted(text)}")
+    if positive and not value > 0:
+        raise ConfigError(name, f"{option_flag(name)} must be greater than 0, got {value:g}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(name, f"{option_flag(name)} must be at most {maximum:g}, got {value:g}")
+    return value
+
+
+def parse_choice(name: str, text: Any, choices: tuple[str, ...] | list[str]) -> str:
+    value = str(text).strip().lower()
+    if value not in choices:
+        raise ConfigError(
+            name,
+            f"unknown {name.replace('_', ' ')} {quoted(text)} (choose from {', '.join(choices)})",
+        )
+    return value
+
+
+def parse_path(name: str, text: Any, label: str | None = None) -> Path:
+    """A path the filesystem can take: no NUL byte, encodable, every name at most 255 bytes
+    and the whole under 4096 (checked before any system call, which would raise). Messages
+    name the option (``--run-dir``), or ``label`` when given."""
+    value = str(text).strip()
+    flag = label or option_flag(name)
+    if "\x00" in value:
+        raise ConfigError(name, f"{flag} contains a NUL byte: {quoted(value)}")
+    try:
+        encoded = os.fsencode(value)
+    except UnicodeEncodeError:
+        raise ConfigError(
+            name, f"{flag} {quoted(value)} has characters no file name can hold here"
+        ) from None
+    if max((len(part) for part in encoded.split(b"/")), default=0) > NAME_MAX:
+        raise ConfigError(name, f"{flag} has a name longer than {NAME_MAX} bytes: {quoted(value)}")
+    if len(encoded) >= PATH_MAX:
+        raise ConfigError(name, f"{flag} is longer than {PATH_MAX - 1} bytes: {quoted(value)}")
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # "~" without a home directory
+        return Path(value)
+
+
+class Checks:
+    """Collects every problem, in the order the options are judged (the form's order)."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = errors
+
+    def fail(self, field: str, message: str) -> None:
+        self.errors.append(ConfigError(field, message))
+
+    def attempt(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            self.errors.append(exc)
+            return None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def quoted(value: Any, limit: int = 60) -> str:
+    """``repr`` of a value for a one-line message: escapes control characters, clips."""
+    text = repr(value if isinstance(value, str) else str(value))
+    return text if len(text) <= limit else text[: limit - 2] + "…" + text[-1]
+
+
+def clipped_number(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 20 else f"{text[:8]}… ({len(text)} digits)"
+
+
+def is_blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def os_reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def first_line(exc: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
+    line = text[0] if text else ""
+    return line if len(line) <= 120 else line[:119] + "…"

@@ -1,0 +1,122 @@
+"""What ddptui measures itself for the diagnosis: each rank's CPU and resident memory, the
+host's memory use, and the cgroup's memory use, limit and OOM kills.
+
+Cheap enough to run once a second beside a run (a few ``psutil`` calls and small files under
+``/sys/fs/cgroup``); every reading that fails is simply missing, never an error.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import psutil
+
+from ddptui.run.diagnosis import MemoryState
+
+#: Seconds of CPU samples averaged per rank, and of host memory samples kept.
+WINDOW_S = 20.0
+
+
+class RankProbe:
+    """Per-rank CPU percent (100 = one core) and RSS, and host memory, sampled by the caller."""
+
+    def __init__(self, cgroup_root: str | Path = "/sys/fs/cgroup") -> None:
+        self._procs: dict[int, psutil.Process] = {}
+        self._cpu: dict[int, deque[tuple[float, float]]] = {}
+        #: Each rank's last resident memory, in bytes.
+        self.rss: dict[int, int] = {}
+        self._host: deque[tuple[float, float]] = deque()
+        self.cgroup_root = Path(cgroup_root)
+        self.oom_kills_at_start = read_cgroup_memory(self.cgroup_root)[2]
+
+    def sample(self, pids_by_rank: dict[int, int], now: float) -> None:
+        for rank, pid in pids_by_rank.items():
+            proc = self._procs.get(rank)
+            if proc is None or proc.pid != pid:
+                try:
+                    proc = psutil.Process(pid)
+                    proc.cpu_percent(None)  # the first call only starts the measurement
+                except (psutil.Error, OSError, ValueError):
+                    continue
+                self._procs[rank] = proc
+                continue
+            try:
+                with proc.oneshot():
+                    cpu = proc.cpu_percent(None)
+                    rss = proc.memory_info().rss
+            except (psutil.Error, OSError):
+                continue
+            self.rss[rank] = int(rss)
+            samples = self._cpu.setdefault(rank, deque())
+            samples.append((now, float(cpu)))
+            while samples and samples[0][0] < now - WINDOW_S:
+                samples.popleft()
+        try:
+            self._host.append((now, psutil.virtual_memory().percent / 100.0))
+        except (OSError, RuntimeError):
+            pass
+        while self._host and self._host[0][0] < now - WINDOW_S:
+            self._host.popleft()
+
+    def cpu_percent(self) -> dict[int, float]:
+        """Each rank's mean CPU percent over the last :data:`WINDOW_S` seconds."""
+        return {r: sum(c for _, c in s) / len(s) for r, s in self._cpu.items() if s}
+
+    def memory_state(self) -> MemoryState:
+        """Memory pressure now and over the recent past (for a SIGKILL's diagnosis)."""
+        current, limit, kills = read_cgroup_memory(self.cgroup_root)
+        host = max((f for _, f in self._host), default=None)
+        return MemoryState(
+            host_fraction=host,
+            cgroup_current=current,
+            cgroup_max=limit,
+            oom_kills=max(0, (kills or 0) - (self.oom_kills_at_start or 0)),
+        )
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _own_cgroup(root: Path) -> Path:
+    """This process's cgroup v2 directory (``0::/path`` in /proc/self/cgroup), else root."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                candidate = root / line[3:].lstrip("/")
+                if (candidate / "memory.current").exists():
+                    return candidate
+    except OSError:
+        pass
+    return root
+
+
+def read_cgroup_memory(root: str | Path = "/sys/fs/cgroup") -> tuple[int | None, int | None, int]:
+    """``(current, limit, oom_kills)`` of this process's memory cgroup (v2, or v1's memory
+    controller); None for what is unknown or unlimited, 0 kills when not counted."""
+    root = Path(root)
+    v2 = _own_cgroup(root)
+    if (v2 / "memory.current").exists():
+        current, limit = _read_int(v2 / "memory.current"), _read_int(v2 / "memory.max")
+        events = v2 / "memory.events"
+    else:
+        v1 = root / "memory"
+        current = _read_int(v1 / "memory.usage_in_bytes")
+        limit = _read_int(v1 / "memory.limit_in_bytes")
+        if limit is not None and limit >= 1 << 60:  # v1 says "unlimited" with a huge number
+            limit = None
+        events = v1 / "memory.oom_control"
+    kills = 0
+    try:
+        for line in events.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                kills = int(value)
+    except (OSError, UnicodeDecodeError):
+        pass
+    return current, limit, kills

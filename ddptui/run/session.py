@@ -1,0 +1,666 @@
+"""A run in progress: launcher + collector + RunState + the run directory.
+
+Both front ends drive a :class:`RunSession` the same way: ``start()``, then ``pump()`` and
+``poll()`` in a loop (the headless loop, or a dashboard worker thread), ``stop()`` on the
+user's request, and ``close()`` on every way out, which writes ``summary.json``.
+Every received event is appended to ``events.jsonl`` and flushed before it is applied, so a
+crash of ddptui loses nothing already received. When the run directory fails (disk full,
+permission lost) the session stops every worker, keeps what was written and says why in
+:attr:`RunSession.fault`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ddptui import protocol, safeio
+from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
+from ddptui.rank.stacks import capture_stacks
+from ddptui.run.check_files import check_restart_checkpoint
+from ddptui.run.cluster.addresses import route_address, split_endpoint
+from ddptui.run.cluster.host import NodeHost
+from ddptui.run.cluster.slurm import SrunLauncher
+from ddptui.run.collector import Collector, CollectorStats
+from ddptui.run.diagnosis import (
+    Diagnoser,
+    Diagnosis,
+    diagnose_crash,
+    diagnoses_for_summary,
+    rank_ends,
+)
+from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
+from ddptui.run.options import RunConfig
+from ddptui.run.probe import RankProbe
+from ddptui.run.rundir import (
+    EXIT_CODES,
+    RunDirError,
+    decide_outcome,
+    summarize,
+    tail_lines,
+    write_summary,
+)
+from ddptui.run.signals import signals_deferred
+from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
+from ddptui.runfiles import RunDir, write_json_atomic
+
+#: After the launcher ends, keep reading this long for events still in flight.
+DRAIN_SECONDS = 0.5
+#: How often the running diagnosis (stragglers, hangs) looks at the run.
+DIAGNOSE_EVERY_S = 1.0
+#: How long to wait for the ranks' stack dumps after a hang.
+STACKS_TIMEOUT_S = 5.0
+#: After a stop with a checkpoint was asked: this long without any event from the ranks and
+#: the front ends fall back to tearing the run down.
+STOP_PATIENCE_S = 30.0
+
+#: A multi-node run whose ranks here failed waits this long for another node's report of
+#: the rank that failed first.
+REMOTE_FAILURE_WAIT_S = 2.0
+
+
+def make_launcher(
+    cfg: RunConfig,
+    endpoint: str | None,
+    attempt: int = 0,
+    resume: str | None = None,
+    *,
+    rendezvous: Rendezvous | None = None,
+) -> Launcher:
+    """The launcher of this machine's ranks for attempt ``attempt`` (0 first); a multi-node
+    run's node ``rendezvous.node_rank`` runs its ``nproc_per_node`` ranks under torchrun's c10d
+    rendezvous. A restarted attempt's ranks are told their attempt number (``DDPTUI_ATTEMPT``
+    and torchrun's ``TORCHELASTIC_RESTART_COUNT``) and, when there is one, the checkpoint to
+    resume from: a built-in trainer as ``--resume``, a user script as ``DDPTUI_RESUME``."""
+    env = cfg.rank_environment()
+    if attempt == 0 and cfg.script and cfg.resume:
+        env[RESUME_ENV] = cfg.resume  # a script's --resume: the same convention
+    if attempt > 0:
+        env[ATTEMPT_ENV] = env[RESTART_COUNT_ENV] = str(attempt)
+        if resume is not None:
+            env[RESUME_ENV] = resume
+            if not cfg.script:
+                cfg = dataclasses.replace(cfg, resume=resume)
+    return Launcher(
+        "torchrun" if rendezvous is not None else cfg.launcher,
+        cfg.nproc_per_node if rendezvous is not None else cfg.world_size,
+        cfg.run_dir or ".",
+        cfg.run_id,
+        endpoint,
+        module=None if cfg.script else cfg.trainer_module,
+        script=cfg.script,
+        args=cfg.trainer_argv(),
+        env=env,
+        rendezvous=rendezvous,
+    )
+
+
+def failure_key(failure: RankFailureInfo | None) -> tuple:
+    """What makes two failures "the same": rank, exit code, signal and the error's first
+    line."""
+    if failure is None:
+        return (None,)
+    error = (failure.error or "").strip().splitlines()
+    return (failure.rank, failure.exit_code, failure.signal, error[0] if error else "")
+
+
+def checkpoint_identity(path: str | None) -> tuple | None:
+    """A checkpoint file as it is now (path, size, mtime): a rewrite is another checkpoint."""
+    if path is None:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (path,)
+    return (path, stat.st_size, stat.st_mtime_ns)
+
+
+def os_error_message(path: Path, exc: OSError, doing: str = "write") -> str:
+    """One line naming the file and the errno: ``cannot write …/events.jsonl: No space left
+    on device (ENOSPC)``."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    why = exc.strerror or str(exc)
+    return f"cannot {doing} {path}: {why}" + (f" ({name})" if name else "")
+
+
+class RunSession:
+    """Owns one run's processes, telemetry socket, state and files."""
+
+    def __init__(self, cfg: RunConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        if not cfg.run_dir:
+            raise ValueError("RunConfig.run_dir must be set")
+        self.cfg = cfg
+        self.clock = clock
+        self.run_dir = Path(cfg.run_dir)
+        self.files = RunDir(self.run_dir)
+        self.state = RunState(cfg.run_id, cfg.world_size, epochs=cfg.epochs)
+        self.collector: Collector | None = None
+        self.launcher: Launcher | None = None
+        self.result: LaunchResult | None = None
+        #: Why the run directory failed (one line), or None.
+        self.fault: str | None = None
+        #: The summary.json document, once the run has ended.
+        self.summary: dict | None = None
+        self._events_file = None
+        self._interrupted = False
+        self._exit_code: int | None = None
+        self.stats = CollectorStats()
+        self._lock = threading.RLock()  # the dashboard reads state from another thread
+        #: Stragglers, hangs and crash causes, found as the run goes (see ddptui.run.diagnosis).
+        self.diagnoser = Diagnoser(hang_timeout=getattr(cfg, "hang_timeout", None))
+        #: What to do when the run hangs: ``stop`` it (exit code 3) or ``keep`` it running.
+        self.on_hang = getattr(cfg, "on_hang", "stop")
+        #: Every rank's Python stack (rank -> text), captured when the run hung.
+        self.stacks: dict[int, str] = {}
+        self._beat_steps: dict[int, int] = {}  # rank -> steps at its last beat
+        self.probe = None
+        self._news: list[Diagnosis] = []
+        self._next_diagnosis = 0.0
+        self._hung = False
+        self.state.max_restarts = cfg.max_restarts
+        #: One line per restart (and per restart refused), for the front ends to show.
+        self.restart_lines: list[str] = []
+        #: Why the run was not restarted although restarts were left (one line), or None.
+        self.restart_refused: str | None = None
+        #: Per attempt: (identity of the checkpoint it started from, its failure's key).
+        self._attempt_failures: list[tuple[tuple | None, tuple]] = []
+        self._attempt_checkpoint: tuple | None = checkpoint_identity(cfg.resume)
+        #: When a stop with a checkpoint was asked (clock time), or None.
+        self.checkpoint_stop_at: float | None = None
+        #: A multi-node run's node 0 side (keys, join service, CURVE inbox), or None.
+        self.host = None
+        #: The first failure another node reported (it tears this node down too).
+        self.remote_failure: RankFailureInfo | None = None
+        self._concluding = False
+        #: The run directory was deleted while the run was live (nothing more is written).
+        self.run_dir_deleted = False
+
+    @property
+    def join_line(self) -> str | None:
+        """A multi-node run started by hand: the ``ddptui join …`` command every other node
+        runs (it holds the run's client secret: show it to the user, never log it)."""
+        if self.host is None or self.cfg.launcher == "slurm":
+            return None
+        return self.host.join_line()
+
+    @property
+    def events_path(self) -> Path:
+        return self.files.events
+
+    def start(self) -> None:
+        """Create the run directory, bind the collector and launch the ranks.
+
+        Raises :class:`RunDirError` (one line) when the run directory cannot be written.
+        """
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.files.config, self.cfg.to_json_dict())
+            self._events_file = safeio.LineAppender(self.events_path)  # whole lines or none
+        except OSError as exc:
+            raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
+        self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
+        self.stats = self.collector.stats
+        if self.cfg.multinode:
+            self.launcher = self._start_host()
+        else:
+            self.launcher = make_launcher(self.cfg, self.collector.endpoint)
+        self.state.started_at = self.clock()
+        self.state.begin_attempt(
+            AttemptRecord(0, time.time(), resumed_from=self.cfg.resume or None)
+        )
+        self.launcher.start()
+
+    def _start_host(self) -> Launcher:
+        """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
+        ranks (slot 0) under c10d, or, under Slurm, srun starting one agent per node."""
+        assert self.collector is not None
+        try:
+            self.host = NodeHost(self.cfg)
+        except (OSError, Exception) as exc:  # zmq.ZMQError: the address cannot be bound
+            raise RunDirError(
+                f"cannot host the run's telemetry on {self.cfg.bind}: {exc}"
+            ) from None
+        self.host.inbox.stats = self.collector.stats  # one count of what arrived
+        if self.cfg.launcher == "slurm":
+            return SrunLauncher(self.cfg, self.host.token().encode())
+        assert self.cfg.rdzv_endpoint is not None
+        rendezvous = Rendezvous(
+            self.cfg.nnodes,
+            0,
+            self.cfg.rdzv_endpoint,
+            self.cfg.run_id,
+            is_host=True,
+            local_addr=route_address(split_endpoint(self.cfg.rdzv_endpoint)[0]),
+        )
+        return make_launcher(self.cfg, self.collector.endpoint, rendezvous=rendezvous)
+
+    def pump(self, timeout: float = 0.1) -> list[protocol.AnyEvent]:
+        """Receive, persist and apply what has arrived (waiting up to ``timeout``)."""
+        if self.collector is None or self.fault is not None:
+            time.sleep(timeout)
+            return []
+        events = self.collector.poll(timeout)
+        remote: list[protocol.AnyEvent] = []
+        if self.host is not None and self.host.inbox is not None:
+            remote = self.host.inbox.poll(0.0)
+            events += remote
+        if events:
+            self._record(events)
+        for event in remote:
+            if isinstance(event, protocol.Status) and event.state == "failed":
+                self._on_remote_failure(event)
+        if self.result is None:
+            self._diagnose()
+        return events
+
+    # -- diagnosis ---------------------------------------------------------------------------
+    def take_diagnoses(self) -> list[Diagnosis]:
+        """What the diagnosis found since the last call (for the front end to show)."""
+        with self._lock:
+            news, self._news = self._news, []
+        return news
+
+    def _diagnose(self) -> None:
+        now = self.clock()
+        if now < self._next_diagnosis or self._concluding:
+            return
+        self._next_diagnosis = now + DIAGNOSE_EVERY_S
+        if self.probe is None:
+            self.probe = RankProbe()
+        with self._lock:
+            pids = {r: v.pid for r, v in self.state.ranks.items() if v.pid and v.state == "started"}
+        self.probe.sample(pids, now)
+        with self._lock:
+            found = self.diagnoser.check(self.state, now, self.probe.cpu_percent())
+            self._news += found
+        if self.diagnoser.hang is not None and not self._hung:
+            self._on_hang(now)
+
+    def _on_hang(self, now: float) -> None:
+        """Capture every rank's stack, name the culprit, then stop the run (or keep it)."""
+        self._hung = True
+        with self._lock:
+            pids = {r: v.pid for r, v in self.state.ranks.items() if v.pid}
+        stacks = capture_stacks(pids, self.run_dir, STACKS_TIMEOUT_S, run_id=self.cfg.run_id)
+        with self._lock:
+            self.stacks = stacks
+            self._news += self.diagnoser.explain_hang(stacks, self.state.elapsed(now))
+        if self.on_hang != "keep" and self.launcher is not None and self.result is None:
+            self._conclude(self.launcher.stop(), hung=True)
+
+    def _diagnose_crash(self) -> None:
+        state = self.state
+        failure = state.failure
+        memory = self.probe.memory_state() if self.probe is not None else None
+        rss = self.probe.rss if self.probe is not None else None
+        found = diagnose_crash(
+            rank_ends(state),
+            failure.rank if failure is not None else None,
+            memory,
+            rss,
+            t=state.elapsed(self.clock()),
+        )
+        for diagnosis in found:
+            self.diagnoser.record(diagnosis)
+        self._news += found
+
+    def _on_remote_failure(self, event: protocol.Status) -> None:
+        """A rank on another node failed: name it, and tear this node down (c10d would too,
+        but only once a collective notices)."""
+        if self.remote_failure is not None:
+            return
+        self.remote_failure = RankFailureInfo(
+            rank=event.rank, error=event.error, traceback=event.traceback
+        )
+        if self.launcher is not None and self.result is None and not self._concluding:
+            self._conclude(self.launcher.stop())
+
+    def _placed(self, failure: RankFailureInfo) -> RankFailureInfo:
+        """A multi-node run's failure of a rank here, naming its node and host."""
+        view = self.state.ranks.get(failure.rank) if failure.rank is not None else None
+        if view is None:
+            return failure
+        node = view.node if view.node is not None else "?"
+        where = f"node {node} (host {view.host or '?'})"
+        return dataclasses.replace(
+            failure, error=f"{where}: {failure.error}" if failure.error else where
+        )
+
+    def _kept(self, event: protocol.AnyEvent) -> bool:
+        """Whether ``event`` goes into events.jsonl: all but the heartbeats of a rank that
+        stepped since its previous beat (those say nothing the steps do not; the beats of a
+        rank preparing, evaluating or standing still are kept for replay)."""
+        if type(event) is not protocol.Beat:
+            return True
+        previous = self._beat_steps.get(event.rank)
+        self._beat_steps[event.rank] = event.steps
+        return previous is None or previous == event.steps
+
+    def _record(self, events: list[protocol.AnyEvent]) -> None:
+        if self._events_file is not None:
+            try:
+                lines = (protocol.to_json(e) + b"\n" for e in events if self._kept(e))
+                self._events_file.append(b"".join(lines))
+            except OSError as exc:
+                self._fail_run_dir(exc)
+            else:
+                self._check_run_dir()
+        now = self.clock()
+        with self._lock:
+            for event in events:
+                self.state.apply(event, now)
+
+    def _rank_cause(self, failure: RankFailureInfo | None) -> RankFailureInfo | None:
+        """A failure the launcher reports without a rank (its driver died too, say on a
+        read-only run directory) when a rank reported its own error first: that rank's
+        error, traceback and log are the cause to show, not the driver's traceback."""
+        if failure is None or failure.rank is not None or failure.signal is not None:
+            return failure
+        if self.fault is not None:
+            return failure
+        with self._lock:
+            failed = [v for _, v in sorted(self.state.ranks.items()) if v.state == "failed"]
+        first = next((v for v in failed if v.error), None)
+        if first is None:
+            return failure
+        return RankFailureInfo(
+            rank=first.rank,
+            error=first.error,
+            traceback=getattr(first, "traceback", None),
+            stderr_tail=tuple(tail_lines(self.files.rank_log(first.rank))),
+        )
+
+    def _check_run_dir(self) -> bool:
+        """Whether the run directory is still there; when it was deleted (or replaced) under
+        the live run, fail the run saying which files are gone. True while it is there."""
+        if self._events_file is None or not self._events_file.deleted():
+            return True
+        gone = [
+            path.name
+            for path in (self.files.config, self.files.events)
+            if not os.path.lexists(path)
+        ]
+        self.run_dir_deleted = True
+        self._fail_run_dir(
+            None,
+            f"run directory {self.run_dir} was deleted while the run was live "
+            f"({', '.join(gone) + ' gone' if gone else 'events.jsonl replaced'})",
+        )
+        if self.result is not None and self.state.outcome in ("finished", "stopped"):  # at the end
+            with self._lock:
+                self.state.set_outcome(
+                    "failed", RankFailureInfo(rank=None, error=self.fault), now=self.clock()
+                )
+        return False
+
+    def _fail_run_dir(self, exc: OSError | None, fault: str | None = None) -> None:
+        """The run directory broke: keep what is on disk, stop every worker, say why."""
+        self.fault = fault or os_error_message(self.events_path, exc)
+        broken, self._events_file = self._events_file, None
+        try:
+            broken.close()
+        except OSError:
+            pass  # what could not be flushed is lost; what was written stays
+        if self.launcher is not None and self.result is None:
+            self._conclude(self.launcher.stop(), drain=False)
+
+    def poll(self) -> LaunchResult | None:
+        """The launcher's result once the run has ended (after draining late events)."""
+        if self.result is not None or self.launcher is None:
+            return self.result
+        result = self.launcher.poll()
+        if result is not None and not self._restart(result):
+            self._conclude(result)
+        return self.result
+
+    # -- restarts (--max-restarts) ----------------------------------------------------------
+    @property
+    def attempt(self) -> int:
+        return self.state.attempt
+
+    def _restart(self, result: LaunchResult) -> bool:
+        """After a rank failed: relaunch the whole group when restarts are left and the
+        checkpoint to resume from is sound; whether it did. The same failure twice from the
+        same checkpoint is not restarted again."""
+        if (
+            self.cfg.max_restarts <= self.attempt
+            or self.checkpoint_stop_at is not None
+            or self.fault is not None
+            or self._interrupted
+            or result.stopped
+            or result.ok
+            or self.collector is None
+        ):
+            return False
+        self._drain()
+        failure = result.failure or RankFailureInfo(rank=None, exit_code=result.exit_code)
+        view = self.state.ranks.get(failure.rank) if failure.rank is not None else None
+        if view is not None and not failure.error and view.error:
+            failure = dataclasses.replace(failure, error=view.error)
+        with self._lock:
+            self.state.end_attempt("failed", failure)
+        key = failure_key(failure)
+        started_from = self._attempt_checkpoint
+        for number, (checkpoint, earlier) in enumerate(self._attempt_failures):
+            if checkpoint == started_from and earlier == key:
+                first = self.state.attempts[number].failure
+                self._refuse(
+                    f"the same failure twice from the same checkpoint: attempt {number + 1}: "
+                    f"{first.describe() if first else '?'}; attempt {self.attempt + 1}: "
+                    f"{failure.describe()}"
+                )
+                return False
+        self._attempt_failures.append((started_from, key))
+        resume, epoch = self._resume_point()
+        if resume is not None:
+            problem, epoch = check_restart_checkpoint(self.cfg, resume)
+            if problem:
+                self._refuse(problem)
+                return False
+        number = self.attempt + 1
+        where = "from scratch"
+        if resume is not None:
+            where = f"resuming from {os.path.basename(resume)}"
+            where += f" (epoch {epoch})" if epoch is not None else ""
+        self.restart_lines.append(
+            f"restart {number}/{self.cfg.max_restarts}: {failure.describe()}; {where}"
+        )
+        self._attempt_checkpoint = checkpoint_identity(resume)
+        with self._lock:
+            self.state.begin_attempt(
+                AttemptRecord(number, time.time(), resumed_from=resume, resumed_from_epoch=epoch)
+            )
+        self.launcher = make_launcher(self.cfg, self.collector.endpoint, number, resume)
+        with signals_deferred():  # no signal between start and remembering the process
+            self.launcher.start()
+        return True
+
+    def _resume_point(self) -> tuple[str | None, int | None]:
+        """The checkpoint a restart resumes from: the run's own (written by this run), else
+        the run's ``--resume``, else none (from scratch)."""
+        own = self.files.checkpoint
+        if own.is_file():
+            return str(own), None
+        return self.cfg.resume or None, None
+
+    def _refuse(self, line: str) -> None:
+        self.restart_refused = line
+        with self._lock:
+            self.state.restart_refused = line
+
+    # -- stop with a checkpoint ------------------------------------------------------------
+    def can_stop_with_checkpoint(self) -> bool:
+        """A built-in trainer's run whose every rank has said where it runs (its stop handler
+        is installed by then) and that is still going."""
+        with self._lock:
+            views = list(self.state.ranks.values())
+        return (
+            not self.cfg.script
+            and self.result is None
+            and self.launcher is not None
+            and bool(self.cfg.run_dir)
+            and all(v.state == "started" and v.pid for v in views)
+        )
+
+    def stop_with_checkpoint(self) -> bool:
+        """Ask every rank to stop after an agreed step with a checkpoint; whether it was
+        asked (else stop with :meth:`stop`). The run then ends ``stopped``; see
+        :meth:`stop_overdue` for when to give up waiting."""
+        if not self.can_stop_with_checkpoint():
+            return False
+        assert self.launcher is not None
+        with self._lock:
+            pids = {v.pid for v in self.state.ranks.values() if v.pid}
+        if not self.launcher.signal_ranks(pids, getattr(signal, STOP_SIGNAL)):
+            return False
+        self.checkpoint_stop_at = self.clock()
+        return True
+
+    def stop_overdue(self, now: float | None = None) -> bool:
+        """A stop with a checkpoint was asked and no event came for STOP_PATIENCE_S since."""
+        if self.checkpoint_stop_at is None or self.result is not None:
+            return False
+        now = self.clock() if now is None else now
+        last = max(self.checkpoint_stop_at, self.state.last_event_at or 0.0)
+        return now - last > STOP_PATIENCE_S
+
+    def stop(self, interrupted: bool = False, exit_code: int | None = None) -> LaunchResult | None:
+        """Stop every worker (SIGTERM, grace, SIGKILL). The run ends as ``stopped`` (the user
+        asked) or ``interrupted`` (Ctrl-C / SIGTERM to ddptui, with ``exit_code``)."""
+        self._interrupted = self._interrupted or interrupted
+        if exit_code is not None:
+            self._exit_code = exit_code
+        if self.result is None and self.launcher is not None:
+            self._conclude(self.launcher.stop())
+        return self.result
+
+    def _drain(self, seconds: float = DRAIN_SECONDS) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.collector is not None:
+            if not self.pump(0.05) and time.monotonic() > deadline - DRAIN_SECONDS / 2:
+                break
+
+    def _conclude(self, result: LaunchResult, drain: bool = True, hung: bool = False) -> None:
+        self._concluding = True  # no new diagnosis while draining the last events
+        self._drain(DRAIN_SECONDS if drain else 0.0)
+        if drain and self.host is not None and result.failure is not None:
+            # This node's rank may only have followed a rank that died on another node (a
+            # collective lost its peer): give that node's report a moment to arrive.
+            deadline = time.monotonic() + REMOTE_FAILURE_WAIT_S
+            while self.remote_failure is None and time.monotonic() < deadline:
+                self.pump(0.05)
+        failure = result.failure
+        remote = self.remote_failure is not None and not self._interrupted
+        if remote and (failure is None or failure.signal is None):  # a kill here is its own cause
+            failure = self.remote_failure  # another node failed first; this one followed
+        elif self.host is not None and failure is not None:
+            failure = self._placed(failure)
+        if self.fault is not None and failure is None:
+            failure = RankFailureInfo(rank=None, error=self.fault)
+        failure = self._rank_cause(failure)
+        asked = self.checkpoint_stop_at is not None and self.fault is None
+        outcome = decide_outcome(
+            failed=remote or self.fault is not None or not (result.ok or result.stopped),
+            stopped=(result.stopped or (asked and result.ok)) and self.fault is None and not remote,
+            interrupted=self._interrupted,
+            hung=hung,
+        )
+        if hung:
+            failure = None  # ddptui's own teardown of a hung run, not a rank's failure
+        with self._lock:
+            cpu = self.probe.cpu_percent() if self.probe is not None else None
+            self._news += self.diagnoser.final(self.state, self.clock(), cpu)
+            self.state.set_outcome(outcome, failure, now=self.clock())
+            if outcome == "failed":
+                self._diagnose_crash()
+            self.state.end_attempt(outcome, self.state.failure)
+        self.result = result
+        if self.host is not None:
+            self.host.set_outcome(outcome, failure.describe() if failure else None)
+
+    @property
+    def outcome(self) -> str | None:
+        return self.state.outcome
+
+    @property
+    def exit_code(self) -> int:
+        """ddptui's exit code for this run (0 finished, 1 failed, 3 hung, 130 stopped or
+        interrupted)."""
+        if self._exit_code is not None and self.state.outcome == "interrupted":
+            return self._exit_code
+        return EXIT_CODES.get(self.state.outcome or "", 1)
+
+    def close(self) -> None:
+        """Stop anything still running, release the socket and files, write summary.json."""
+        if self.launcher is not None and self.result is None:
+            self.stop(interrupted=True)
+        if self.host is not None:
+            self.host.close()
+            self.host = None
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+        if self._events_file is not None:
+            self._check_run_dir()
+        if self._events_file is not None:
+            try:
+                self._events_file.close()
+            except OSError as exc:
+                self.fault = self.fault or os_error_message(self.events_path, exc)
+            self._events_file = None
+        if self.launcher is not None and self.summary is None:
+            self._write_summary()
+        self._remove_empty_stack_files()
+
+    def _remove_empty_stack_files(self) -> None:
+        """Every rank opens its ``stacks-rank-N.txt`` at start (faulthandler needs the file
+        then); one that no dump was written to says nothing and goes."""
+        for rank in self.state.ranks:
+            path = self.files.stacks(rank)
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_size == 0:
+                    path.unlink()
+            except OSError:
+                continue
+
+    def _write_summary(self) -> None:
+        state = self.state
+        duration = None
+        if state.started_at is not None:
+            duration = (state.finished_at or self.clock()) - state.started_at
+        stats = self.stats
+        self.summary = summarize(
+            state,
+            state.outcome or "interrupted",
+            state.failure,
+            exit_code=self.exit_code,
+            events={
+                "received": stats.received,
+                "rejected": stats.rejected,
+                "dropped": state.dropped,
+            },
+            duration_s=duration,
+        )
+        self.summary.update(diagnoses_for_summary(self.diagnoser.diagnoses, self.stacks))
+        if self.run_dir_deleted:  # writing it would recreate a directory holding only it
+            return
+        try:
+            write_summary(self.run_dir, self.summary)
+        except OSError as exc:
+            self.fault = self.fault or os_error_message(self.files.summary, exc)
+
+    def __enter__(self) -> RunSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def locked(self) -> threading.RLock:
+        """Hold while reading ``state`` from a thread other than the one pumping."""
+        return self._lock

@@ -1,0 +1,503 @@
+"""RunState: everything known about a run, built only from events. Pure: no I/O, no clocks.
+
+Both front ends (headless and the dashboard) and replay read the same RunState. The caller
+supplies ``now`` (any monotonic-ish clock, used consistently) to :meth:`RunState.apply` and
+to the queries that depend on time; replay uses the events' own ``t``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from ddptui import protocol
+from ddptui.run.diagnosis import PhaseHistory
+
+#: Points kept per series (loss, throughput, step time) per rank.
+SERIES_LENGTH = 2_000
+#: A rank whose recent step time exceeds this multiple of the ranks' median is a straggler.
+STRAGGLER_FACTOR = 1.5
+#: A running rank silent for this many expected step intervals (and MIN_SILENT_S) is silent.
+SILENT_INTERVALS = 10
+MIN_SILENT_S = 5.0
+#: Before its first step a rank is loading data and joining the process group: allow more.
+STARTUP_SILENT_S = 60.0
+_RECENT = 10  # steps in the rolling step-time window
+
+
+#: Largest seq gap counted as dropped events; a bigger jump (a rank's telemetry queue holds far
+#: fewer events) is a forged or corrupt seq and counts as one gap.
+MAX_SEQ_GAP = 100_000
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    epoch: int | None
+    accuracy: float | None
+    loss: float | None
+    count: int | None
+    t: float
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class RankFailureInfo:
+    """How the run failed, from the launcher's point of view (exit code, signal, stderr)."""
+
+    rank: int | None
+    exit_code: int | None = None
+    signal: str | None = None
+    error: str | None = None
+    stderr_tail: tuple[str, ...] = ()
+    #: The failing rank's Python traceback, when it reported one.
+    traceback: str | None = None
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "the launcher"
+        if self.signal:
+            how = f"was killed by signal {self.signal}"
+        elif self.exit_code is not None:
+            how = f"exited with code {self.exit_code}"
+        else:
+            how = "failed"
+        return f"{who} {how}" + (f": {self.error}" if self.error else "")
+
+
+@dataclass
+class AttemptRecord:
+    """One attempt of a run (``--max-restarts``): when it began, where from, how it ended."""
+
+    attempt: int
+    started_at: float  # wall clock, seconds since the epoch
+    resumed_from: str | None = None  # the checkpoint it resumed from
+    resumed_from_epoch: int | None = None
+    outcome: str | None = None  # None while it runs; then failed / finished / stopped / …
+    failure: RankFailureInfo | None = None
+    #: Cumulative step (the charts' x) at which this attempt began, per the fastest rank.
+    first_step: int = 0
+
+
+@dataclass
+class RankView:
+    """Latest values and bounded history for one rank."""
+
+    rank: int
+    state: str = "pending"  # pending | started | finished | failed | stopped
+    pid: int | None = None
+    host: str | None = None
+    #: Node rank in a multi-node run (from the rank's ``started`` Status), None when unknown.
+    node: int | None = None
+    local_rank: int | None = None
+    device: str | None = None
+    device_uuid: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    epoch: int | None = None
+    step: int = 0
+    steps_in_epoch: int = 0
+    loss: float | None = None
+    samples_total: int = 0
+    samples_per_s: float | None = None
+    step_time: float | None = None
+    last_seen: float | None = None
+    last_seq: int = -1
+    events: int = 0
+    gaps: int = 0  # events missing according to seq numbers (dropped on the way)
+    #: The first implausible seq jump (from, to): counted as one gap, not as that many drops.
+    seq_jump: tuple[int, int] | None = None
+    reporter_dropped: int = 0
+    epochs_done: int = 0
+    attempt: int = 0  # the attempt this rank's latest events came from
+    step_offset: int = 0  # steps of earlier attempts (series continue across attempts)
+    loss_series: deque[tuple[int, float]] = field(
+        default_factory=lambda: deque(maxlen=SERIES_LENGTH)
+    )
+    sps_series: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=SERIES_LENGTH)
+    )
+    recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
+    #: The latest step's phases in seconds (built-in and custom), when the rank sends them.
+    phases: dict[str, float] | None = None
+    # -- from the rank's heartbeat (``beat`` events) --
+    #: The script's innermost frame of the main thread, ``func (file.py:line)``.
+    frame: str | None = None
+    #: The collective the main thread waits in, if any.
+    waiting: str | None = None
+    #: When the last beat arrived (None: the rank sends none).
+    beat_at: float | None = None
+    #: The process's CPU seconds at the last beat.
+    cpu: float | None = None
+    #: Since when neither the stack, the steps nor the collectives moved; the CPU seconds then.
+    still_since: float | None = None
+    cpu_since: float | None = None
+    #: Per process group: the last collective started (op, #seq) and the last completed.
+    collectives: tuple = ()
+    _digest: str | None = field(default=None, repr=False)
+
+    @property
+    def activity(self) -> str:
+        """The state to show: ``preparing`` for a live rank that has not stepped yet."""
+        if self.state == "started" and self.step == 0:
+            return "preparing"
+        return self.state
+
+    @property
+    def still_for(self) -> float | None:
+        """Seconds (up to the last beat) that the stack, steps and collectives stood still."""
+        if self.still_since is None or self.beat_at is None:
+            return None
+        return max(0.0, self.beat_at - self.still_since)
+
+    @property
+    def cpu_while_still(self) -> float | None:
+        """CPU seconds the process used while it stood still (up to the last beat)."""
+        if self.cpu is None or self.cpu_since is None:
+            return None
+        return max(0.0, self.cpu - self.cpu_since)
+
+    @property
+    def typical_step_time(self) -> float | None:
+        return statistics.median(self.recent_step_times) if self.recent_step_times else None
+
+
+class RunState:
+    """Apply events in arrival order; read per-rank views, global numbers and health."""
+
+    def __init__(self, run_id: str, world_size: int, epochs: int | None = None) -> None:
+        self.run_id = run_id
+        self.world_size = world_size
+        self.epochs = epochs
+        self.ranks: dict[int, RankView] = {r: RankView(r) for r in range(world_size)}
+        self.evals: dict[int | None, EvalPoint] = {}
+        self.steps_per_epoch: int | None = None
+        self.started_at: float | None = None
+        self.first_step_at: float | None = None  # training time starts here (not start-up)
+        #: Progress when the first step arrived: > 0 after --resume (epochs done before).
+        self.progress_at_first_step: float | None = None
+        self.last_event_at: float | None = None
+        self.finished_at: float | None = None
+        self.failure: RankFailureInfo | None = None
+        self.stopped = False
+        self.outcome: str | None = None  # None while live; "finished" | "failed" | "stopped"
+        self.events_applied = 0
+        #: Events for ranks outside ``range(world_size)``: ignored, never given a row.
+        self.events_ignored = 0
+        #: Node -> that node's latest system sample, for nodes other than the dashboard's
+        #: own: a ``NodeSample`` event from its ``ddptui join`` agent (or a monitor snapshot /
+        #: its dict form), read by the system panel.
+        self.node_samples: dict[int, object] = {}
+        #: Recent phase breakdowns per rank, for the straggler diagnosis.
+        self.phase_history = PhaseHistory()
+        #: Every attempt so far (one unless ``--max-restarts`` restarted the run).
+        self.attempts: list[AttemptRecord] = []
+        #: Restarts allowed in all (for ``attempt 2/3``); 0 without ``--max-restarts``.
+        self.max_restarts = 0
+        #: Why a failed run was not restarted although restarts were left (one line).
+        self.restart_refused: str | None = None
+
+    def grow(self, world_size: int) -> None:
+        """The run has ``world_size`` ranks after all: the script spawned its own (one
+        process per GPU), and they announced themselves with the world of their process
+        group. New ranks start ``pending``."""
+        for rank in range(self.world_size, world_size):
+            self.ranks[rank] = RankView(rank, attempt=self.attempt)
+        self.world_size = max(self.world_size, world_size)
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt number (0 first)."""
+        return self.attempts[-1].attempt if self.attempts else 0
+
+    def begin_attempt(self, record: AttemptRecord) -> None:
+        """A new attempt starts: every rank is pending again; series and evals continue."""
+        record.first_step = max((v.step for v in self.ranks.values()), default=0)
+        self.attempts.append(record)
+        if record.attempt > 0:
+            for view in self.ranks.values():
+                self._new_attempt(view, record.attempt)
+
+    def end_attempt(self, outcome: str, failure: RankFailureInfo | None = None) -> None:
+        if self.attempts and self.attempts[-1].outcome is None:
+            self.attempts[-1].outcome = outcome
+            self.attempts[-1].failure = failure
+
+    @staticmethod
+    def _new_attempt(view: RankView, attempt: int) -> None:
+        if attempt <= view.attempt:
+            return
+        view.attempt = attempt
+        view.last_seq = -1
+        view.step_offset = view.step
+        view.state = "pending"
+        view.error = view.traceback = None
+        view.epoch = None
+        view.steps_in_epoch = 0
+        view.epochs_done = 0
+        view.samples_per_s = None
+        view.recent_step_times.clear()
+
+    # -- applying events ------------------------------------------------------------------
+    def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
+        if type(event) is protocol.NodeSample:  # a node's system sample: no rank's event
+            self.node_samples[event.node] = event
+            return
+        view = self.ranks.get(event.rank)
+        if view is None:
+            grown = protocol.grown_world(event, self.world_size)
+            if grown is None:  # not a rank of this run: no row, no effect
+                self.events_ignored += 1
+                return
+            self.grow(grown)
+            view = self.ranks[event.rank]
+        now = event.t if now is None else now
+        if event.attempt != view.attempt:
+            if event.attempt < view.attempt:  # late news from an attempt already over
+                self.events_ignored += 1
+                return
+            self._new_attempt(view, event.attempt)
+        if self.started_at is None:
+            self.started_at = now
+        self.last_event_at = now
+        self.events_applied += 1
+        if event.seq > view.last_seq + 1 and view.last_seq >= -1:
+            gap = event.seq - view.last_seq - 1
+            if gap > MAX_SEQ_GAP:  # a forged or corrupt seq, not drops: one gap, named
+                view.gaps += 1
+                view.seq_jump = view.seq_jump or (view.last_seq, event.seq)
+            else:
+                view.gaps += gap
+        view.last_seq = max(view.last_seq, event.seq)
+        view.last_seen = now
+        view.events += 1
+        handler = getattr(self, "_on_" + type(event).__name__.lower(), None)
+        if handler is not None:
+            handler(view, event, now)
+        if self.first_step_at is not None and self.progress_at_first_step is None:
+            self.progress_at_first_step = self.progress() or 0.0
+
+    def _on_status(self, view: RankView, ev: protocol.Status, now: float) -> None:
+        view.state = ev.state
+        for name in (
+            "pid",
+            "host",
+            "local_rank",
+            "device",
+            "device_uuid",
+            "error",
+            "traceback",
+        ):
+            value = getattr(ev, name)
+            if value is not None:
+                setattr(view, name, value)
+        # ``node`` is newer than the Status event of older runs: read it only when present,
+        # and only when it is a plausible node rank.
+        node = getattr(ev, "node", None)
+        if isinstance(node, int) and not isinstance(node, bool) and 0 <= node < 1_000_000:
+            view.node = node
+        if ev.dropped is not None:
+            view.reporter_dropped = ev.dropped
+        if ev.epochs and not self.epochs:
+            self.epochs = ev.epochs
+        if ev.steps_per_epoch and not self.steps_per_epoch:
+            self.steps_per_epoch = ev.steps_per_epoch
+
+    def _on_step(self, view: RankView, ev: protocol.Step, now: float) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = now
+        if view.state == "pending":
+            view.state = "started"
+        if ev.epoch is not None and ev.epoch != view.epoch:
+            view.epoch = ev.epoch
+            view.steps_in_epoch = 0
+        view.steps_in_epoch += 1
+        view.step = view.step_offset + ev.step
+        view.samples_total += ev.samples
+        if ev.loss is not None:
+            view.loss = ev.loss
+            view.loss_series.append((view.step, ev.loss))
+        if ev.samples_per_s is not None:
+            view.samples_per_s = ev.samples_per_s
+            view.sps_series.append((now, ev.samples_per_s))
+        if ev.step_time is not None:
+            view.step_time = ev.step_time
+            view.recent_step_times.append(ev.step_time)
+        phases = getattr(ev, "phases", None)
+        if phases:
+            view.phases = phases
+            self.phase_history.add(view.rank, phases)
+        view.still_since, view.cpu_since = now, view.cpu  # a step is progress
+
+    def _on_beat(self, view: RankView, ev: protocol.Beat, now: float) -> None:
+        if view.state == "pending":
+            view.state = "started"  # a beat says the rank is alive, whatever came before
+        marks = tuple((m.pg, m.op, m.started, m.completed) for m in ev.collectives)
+        moved = (
+            view.still_since is None
+            or ev.digest is None
+            or ev.digest != view._digest
+            or marks != view.collectives
+        )
+        view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
+        view._digest, view.collectives = ev.digest, marks
+        view.cpu = ev.cpu
+        if moved or view.cpu_since is None or (ev.cpu is not None and ev.cpu < view.cpu_since):
+            view.still_since, view.cpu_since = now, ev.cpu
+
+    def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
+        # Every rank reports the same all-reduced result; the first one to arrive counts (a
+        # later attempt's evaluation of the same epoch, after a restart, replaces it).
+        old = self.evals.get(ev.epoch)
+        if old is None or ev.attempt > old.attempt:
+            self.evals[ev.epoch] = EvalPoint(
+                ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt
+            )
+
+    def _on_epochend(self, view: RankView, ev: protocol.EpochEnd, now: float) -> None:
+        view.epochs_done = max(view.epochs_done, ev.epoch)
+        if self.steps_per_epoch is None and view.steps_in_epoch:
+            self.steps_per_epoch = view.steps_in_epoch
+
+    def set_outcome(
+        self, outcome: str, failure: RankFailureInfo | None = None, now: float | None = None
+    ) -> None:
+        """Record how the run ended (from the launcher): finished, failed or stopped."""
+        self.outcome = outcome
+        self.failure = failure
+        self.finished_at = now if now is not None else self.last_event_at
+        if failure is not None and failure.rank in self.ranks:
+            view = self.ranks[failure.rank]
+            # The launcher knows how the rank ended; the rank itself may have said why.
+            self.failure = failure = dataclasses.replace(
+                failure,
+                error=failure.error or view.error,
+                traceback=failure.traceback or view.traceback,
+            )
+            view.state = "failed"
+            view.error = view.error or failure.describe()
+        if outcome in ("failed", "stopped", "hung"):
+            # The launcher ended the run: a rank that never said it ended was torn down.
+            for view in self.ranks.values():
+                if view.state in ("started", "pending"):
+                    view.state = "stopped"
+
+    # -- reading ----------------------------------------------------------------------------
+    @property
+    def eval_history(self) -> list[EvalPoint]:
+        return sorted(self.evals.values(), key=lambda p: (p.epoch is None, p.epoch or 0, p.t))
+
+    @property
+    def last_eval(self) -> EvalPoint | None:
+        history = self.eval_history
+        return history[-1] if history else None
+
+    @property
+    def status(self) -> str:
+        if self.outcome:
+            return self.outcome
+        if any(v.state == "failed" for v in self.ranks.values()):
+            return "failing"
+        if any(v.state != "pending" for v in self.ranks.values()):
+            return "running"
+        return "starting"
+
+    def global_samples_per_s(self) -> float:
+        """Sum of each live rank's latest throughput."""
+        return sum(
+            v.samples_per_s or 0.0
+            for v in self.ranks.values()
+            if v.state == "started" and v.samples_per_s
+        )
+
+    @property
+    def samples_total(self) -> int:
+        return sum(v.samples_total for v in self.ranks.values())
+
+    @property
+    def mean_loss(self) -> float | None:
+        losses = [v.loss for v in self.ranks.values() if v.loss is not None]
+        return sum(losses) / len(losses) if losses else None
+
+    @property
+    def current_epoch(self) -> int | None:
+        epochs = [v.epoch for v in self.ranks.values() if v.epoch is not None]
+        return min(epochs) if epochs else None
+
+    def progress(self) -> float | None:
+        """Fraction of the run done, 0..1, once the epoch count is known."""
+        if not self.epochs:
+            return None
+        if self.outcome == "finished":
+            return 1.0
+        views = [v for v in self.ranks.values() if v.epoch is not None]
+        if not views:
+            return 0.0
+        slowest = min(views, key=lambda v: (v.epoch, v.steps_in_epoch))
+        done = slowest.epoch - 1
+        if slowest.epochs_done >= slowest.epoch:
+            done = slowest.epoch
+        elif self.steps_per_epoch:
+            done += min(slowest.steps_in_epoch / self.steps_per_epoch, 1.0)
+        return max(0.0, min(done / self.epochs, 1.0))
+
+    def elapsed(self, now: float) -> float:
+        if self.started_at is None:
+            return 0.0
+        end = self.finished_at if self.outcome and self.finished_at else now
+        return max(0.0, end - self.started_at)
+
+    def eta(self, now: float) -> float | None:
+        """Seconds left, extrapolated from training time so far (start-up excluded: it does
+        not repeat) and the progress made in that time (after ``--resume`` the epochs done
+        before do not count); None until it can be estimated."""
+        if self.outcome:
+            return 0.0 if self.outcome == "finished" else None
+        progress = self.progress()
+        if progress is None or self.first_step_at is None:
+            return None
+        made = progress - (self.progress_at_first_step or 0.0)
+        if made <= 0:
+            return None
+        training = max(0.0, now - self.first_step_at)
+        return training * (1 - progress) / made
+
+    @property
+    def dropped(self) -> int:
+        return sum(max(v.gaps, v.reporter_dropped) for v in self.ranks.values())
+
+    @property
+    def seq_jumps(self) -> list[tuple[int, int, int]]:
+        """``(rank, from seq, to seq)`` of every rank whose seq jumped implausibly far."""
+        return [(r, *v.seq_jump) for r, v in sorted(self.ranks.items()) if v.seq_jump]
+
+    def health(self, now: float) -> dict[int, str]:
+        """Ranks that need attention, with why: stragglers and silent ranks."""
+        problems: dict[int, str] = {}
+        if self.outcome:
+            return problems
+        typical = {
+            r: v.typical_step_time
+            for r, v in self.ranks.items()
+            if v.state == "started" and v.typical_step_time
+        }
+        if len(typical) >= 2:
+            median = statistics.median(typical.values())
+            for rank, value in typical.items():
+                if median > 0 and value > STRAGGLER_FACTOR * median:
+                    problems[rank] = (
+                        f"straggler: step time {value * 1000:.0f} ms is "
+                        f"{value / median:.1f}x the median {median * 1000:.0f} ms"
+                    )
+        for rank, view in self.ranks.items():
+            if view.state != "started" or view.last_seen is None:
+                continue
+            interval = view.typical_step_time
+            if interval is None and view.step == 0:
+                limit = STARTUP_SILENT_S
+            else:
+                limit = max(MIN_SILENT_S, SILENT_INTERVALS * (interval or 0.0))
+            quiet = now - view.last_seen
+            if quiet > limit:
+                problems[rank] = f"silent: no event for {quiet:.0f} s"
+        return problems
