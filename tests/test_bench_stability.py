@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from ddptui.runs import bench, benchmath
+from ddptui.runs import bench, bench_report, benchmath
 from ddptui.runs.benchmath import Spread, StepPoint
 
 
@@ -155,14 +155,15 @@ def test_no_efficiency_is_printed_from_noisy_step_times(tmp_path):
     assert rows["x2 spawn gloo amp off"].efficiency_note.startswith("x2 unstable (±")
     assert all(r.efficiency is None for r in rows.values() if r.planned.world_size == 2)
 
-    table = "\n".join(bench.format_table(list(rows.values())))
+    table = "\n".join(bench_report.format_table(list(rows.values())))
     line = next(ln for ln in table.splitlines() if ln.startswith("x2 spawn gloo amp bf16"))
     assert "-- (x1 unstable (±" in line
     x1 = next(ln for ln in table.splitlines() if ln.startswith("x1 spawn gloo amp bf16"))
     assert "unstable" in x1
 
     csv_rows = {
-        r["configuration"]: r for r in csv.DictReader(bench.csv_text(rows.values()).splitlines())
+        r["configuration"]: r
+        for r in csv.DictReader(bench_report.csv_text(rows.values()).splitlines())
     }
     assert csv_rows["x1 spawn gloo amp bf16"]["stable"] == "false"
     assert float(csv_rows["x1 spawn gloo amp bf16"]["spread_pct"]) > 10
@@ -170,7 +171,7 @@ def test_no_efficiency_is_printed_from_noisy_step_times(tmp_path):
     assert csv_rows["x2 spawn gloo amp bf16"]["efficiency"] == ""
     assert csv_rows["x2 spawn gloo amp bf16"]["efficiency_note"].startswith("x1 unstable")
 
-    md = bench.markdown_text(list(rows.values()), "ddptui bench", ["about"])
+    md = bench_report.markdown_text(list(rows.values()), "ddptui bench", ["about"])
     md_rows = [
         ln.split(" | ")
         for ln in md.splitlines()

@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddptui import safeio
+from ddptui import runfiles, safeio
 from ddptui.commands import UsageError
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
 from ddptui.monitor import RankInfo, Sampler, is_na, join_ranks
 from ddptui.rank.cpus import usable_cpus
-from ddptui.run import rundir
 from ddptui.run.config import build_config
 from ddptui.run.machine import Machine
 from ddptui.run.options import ConfigError, parse_choice, parse_int
@@ -58,7 +57,7 @@ MAX_UNTIL_STABLE_S = 7 * 24 * 3600
 SAMPLE_INTERVAL_S = 0.25
 CSV_FILE = "bench.csv"
 #: Files that make a directory a run's: a bench never writes into one (or into one below it).
-RUN_MARKERS = (rundir.CONFIG_FILE, rundir.EVENTS_FILE)
+RUN_MARKERS = (runfiles.CONFIG_FILE, runfiles.EVENTS_FILE)
 MD_FILE = "bench.md"
 
 
