@@ -241,8 +241,10 @@ HANG_MIN_S = 60.0
 HANG_STEPS = 20
 #: The default limit before a rank's first step (unless ``--hang-timeout`` is given).
 PREPARE_HANG_S = 300.0
-#: A rank standing still used less than this share of one core: its CPU idles.
-IDLE_CPU_SHARE = 0.1
+#: A rank standing still used less than this share of one core (its DataLoader workers
+#: included): its CPU idles. A rank blocked in a collective, a lock or a sleep uses ~0; a busy
+#: one gets far more even on a crowded machine (at a load of 13 on 2 cores, about 15 %).
+IDLE_CPU_SHARE = 0.02
 #: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
 BEAT_LATE = 3
 
