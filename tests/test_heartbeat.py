@@ -21,7 +21,8 @@ def test_the_main_frame_and_digest_follow_the_main_thread():
     threading.Thread(target=sample).start()
     done.wait(5)
     frames = seen[0]
-    assert frames and frames[0].func == "test_the_main_frame_and_digest_follow_the_main_thread"
+    funcs = [f.func for f in frames]  # innermost first: threading's wait, then this test
+    assert funcs[0] == "wait" and "test_the_main_frame_and_digest_follow_the_main_thread" in funcs
     assert heartbeat.digest(frames) == heartbeat.digest(list(frames))
     assert heartbeat.digest(frames) != heartbeat.digest(frames[1:])
 
