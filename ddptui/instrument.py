@@ -375,7 +375,9 @@ class Instrument:
         self._epoch: int | None = None
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
         # steps finished, waiting to be sent (their read) and phases held for explicit logs
-        self._pending: deque[tuple[dict[str, Any], Any]] = deque()
+        # (epoch, samples, step time, read): read is (phases, loss) when known at the step's
+        # end (CPU), else a CudaStepRead
+        self._pending: deque[tuple[int | None, int, float, Any]] = deque()
         self._carry: dict[str, float] = {}
         self._atexit = False
         self._get_reporter: Callable[[], Any] | None = None
@@ -618,29 +620,47 @@ class Instrument:
         """Close the current segment at ``nxt`` (an event name) and open ``new_seg``; returns
         the time of the transition."""
         now = self.clock()
+        if self._cuda is not None:
+            return self._transition_cuda(now, nxt, new_seg)
+        mark = self._mark
+        if mark is not None:
+            seg = self._seg
+            t_grad = self._t_grad
+            if t_grad is not None and seg in _BWD and mark <= t_grad <= now:
+                acc = self._acc
+                acc["backward"] += t_grad - mark
+                acc[_AFTER_GRAD[nxt]] += now - t_grad
+            else:
+                self._acc[_RESOLVE[seg, nxt]] += now - mark
+        if self._eval_end is not None:
+            self._take_eval()
+        self._seg, self._mark = new_seg, now
+        self._t_grad = None
+        return now
+
+    def _transition_cuda(self, now: float, nxt: str, new_seg: str) -> float:
+        """:meth:`_transition` on GPU: the host accounting, and a CUDA event per segment."""
         seg, mark = self._seg, self._mark
-        event = self._event() if self._cuda is not None else None
+        event = self._event()
         if mark is not None:
             t_grad = self._t_grad
             if seg in _BWD and t_grad is not None and mark <= t_grad <= now:
-                rest = "comm" if nxt in ("bwd_return", "opt_pre") else "data"
+                rest = _AFTER_GRAD[nxt]
                 self._acc["backward"] += t_grad - mark
                 self._acc[rest] += now - t_grad
-                if event is not None:
-                    self._marks.append(("backward", self._grad_event))
-                    self._marks.append((rest, event))
+                self._marks.append(("backward", self._grad_event))
+                self._marks.append((rest, event))
             else:
                 name = _RESOLVE.get((seg, nxt)) or _resolve(seg, nxt)
                 self._acc[name] += now - mark
-                if event is not None:
-                    self._marks.append((name, event))
-        elif event is not None:
+                self._marks.append((name, event))
+        else:
             self._marks = [("start", event)]
         if self._eval_end is not None:
             self._take_eval()
         self._seg, self._mark = new_seg, now
         self._t_grad = None
-        if new_seg in _BWD and event is not None:
+        if new_seg in _BWD:
             self._grad_event = self.torch.cuda.Event(enable_timing=True)
         return now
 
@@ -675,8 +695,9 @@ class Instrument:
         now = self._transition("fwd_pre", new_seg)
         if first:
             self._step_start = now
-        self._samples += _batch_size(args, kwargs)
-        self._send_ready()
+        self._samples += _batch_size(self.torch.Tensor, args, kwargs)
+        if self._pending:
+            self._send_ready()
 
     def _training(self, module: Any) -> bool:
         return module.training and self.torch.is_grad_enabled()
@@ -799,7 +820,8 @@ class Instrument:
             now = self._transition("opt_pre", "optimizer")
             if first:
                 self._step_start = now
-            self._send_ready()
+            if self._pending:
+                self._send_ready()
         except Exception as exc:
             self._fail(exc)
         return None
@@ -822,7 +844,8 @@ class Instrument:
         losses = self._losses
         host_losses: list[Any] = []
         loss: float | None = None
-        if self._cuda is not None:
+        cuda = self._cuda is not None
+        if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
             torch = self.torch
             for value in losses:
@@ -831,55 +854,58 @@ class Instrument:
                     host.copy_(value.detach(), non_blocking=True)
                     host_losses.append(host)
                 else:  # a loss computed on the host: read now, it costs nothing
-                    host_losses.append(float(value.detach()))
+                    host_losses.append(float(value.item()))
         elif losses:
-            numbers = [float(value.detach()) for value in losses]
-            loss = sum(numbers) / len(numbers)
+            if len(losses) == 1:
+                loss = float(losses[0].item())
+            else:
+                loss = sum(float(value.item()) for value in losses) / len(losses)
         self._transition("opt_post", "data")
         now = self._mark
-        start = self._step_start if self._step_start is not None else now
-        fields = {
-            "epoch": self._epoch,
-            "samples": self._samples,
-            "step_time": max(0.0, now - start),
-        }
+        start = self._step_start
+        step_time = max(0.0, now - start) if start is not None else 0.0
         custom = self._custom
-        read: Any  # a CudaStepRead, or the values themselves when known now (CPU)
-        if self._cuda is not None and len(self._marks) > 1:
+        read: Any  # a CudaStepRead, or (phases, loss) when known now (CPU)
+        if cuda and len(self._marks) > 1:
             read = CudaStepRead(self._marks, host_losses, custom)
             self._marks = [("start", self._marks[-1][1])]
         else:
             phases = self._acc
             if custom:
                 phases.update(custom)
-            read = {"phases": phases, "loss": loss}
-            if self._cuda is not None:
+            read = (phases, loss)
+            if cuda:
                 self._marks = self._marks[-1:]
         self._acc = dict.fromkeys(PHASES, 0.0)
         if custom:
             self._custom = {}
-        self._losses = []
-        self._samples = 0
+        if losses:
+            self._losses = []
+        samples, self._samples = self._samples, 0
         self._fwd_seen = False
         self._step_start = now
-        for key in self._active:
-            watch = self._watches.get(key)
-            if watch is not None:
-                watch.end_step()
-        self._active.clear()
-        if len(self._pending) >= MAX_PENDING:
-            old_fields, _ = self._pending.popleft()
-            self._deliver(old_fields, None)
-        self._pending.append((fields, read))
+        active = self._active
+        if active:
+            watches = self._watches
+            for key in active:
+                watch = watches.get(key)
+                if watch is not None:
+                    watch.end_step()
+            active.clear()
+        pending = self._pending
+        if len(pending) >= MAX_PENDING:
+            epoch, samples, old_time, _ = pending.popleft()
+            self._deliver(epoch, samples, old_time, None, None)
+        pending.append((self._epoch, samples, step_time, read))
 
     def _send_ready(self) -> None:
         """Send (or, in explicit mode, keep for the next explicit log) the finished steps
         whose values are readable now."""
         pending = self._pending
         while pending:
-            fields, read = pending[0]
-            if type(read) is dict:
-                values = read
+            epoch, samples, step_time, read = pending[0]
+            if type(read) is tuple:
+                phases, loss = read
             else:
                 try:
                     if not read.query():
@@ -887,11 +913,18 @@ class Instrument:
                     values = dict(read.values())
                 except Exception:
                     values = {}
+                phases, loss = values.get("phases"), values.get("loss")
             pending.popleft()
-            self._deliver(fields, values)
+            self._deliver(epoch, samples, step_time, phases, loss)
 
-    def _deliver(self, fields: dict[str, Any], values: dict[str, Any] | None) -> None:
-        phases = (values or {}).get("phases")
+    def _deliver(
+        self,
+        epoch: int | None,
+        samples: int,
+        step_time: float,
+        phases: dict[str, float] | None,
+        loss: float | None,
+    ) -> None:
         if self.explicit:
             if phases:
                 _add_into(self._carry, phases)
@@ -902,7 +935,7 @@ class Instrument:
 
             get_reporter = self._get_reporter = reporter_module.get_reporter
         reporter = get_reporter()
-        reporter.log(loss=(values or {}).get("loss"), phases=phases, **fields)
+        reporter.log(loss=loss, phases=phases, epoch=epoch, samples=samples, step_time=step_time)
         self.steps_sent += 1
         if self.steps_sent == 1:
             # Out at once (not batched): ddptui learns the rank is past its start-up even if
@@ -917,8 +950,8 @@ class Instrument:
             if self._pending:
                 time.sleep(0.001)
         while self._pending:
-            fields, _ = self._pending.popleft()
-            self._deliver(fields, None)
+            epoch, samples, step_time, _ = self._pending.popleft()
+            self._deliver(epoch, samples, step_time, None, None)
 
     def _at_exit(self) -> None:
         try:
@@ -975,6 +1008,8 @@ def _resolve(seg: str, nxt: str) -> str:
 _SEGMENTS = ("data", "after_bwd", "bwd", "ddp_pre", "forward", "optimizer", "other")
 _EVENTS = ("fwd_pre", "inner_pre", "fwd_post", "bwd_return", "opt_pre", "opt_post")
 _RESOLVE = {(seg, nxt): _resolve(seg, nxt) for seg in _SEGMENTS for nxt in _EVENTS}
+#: The phase of a gradient-split segment's rest (last gradient → event ``nxt``).
+_AFTER_GRAD = {nxt: "comm" if nxt in ("bwd_return", "opt_pre") else "data" for nxt in _EVENTS}
 
 
 def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
@@ -982,14 +1017,10 @@ def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
         total[name] = total.get(name, 0.0) + seconds
 
 
-def _batch_size(args: tuple, kwargs: dict) -> int:
-    """Dim 0 of the first tensor among the forward's arguments (one level into lists,
-    tuples and dicts); 0 when there is none."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return 0
-    tensor = torch.Tensor
-    for value in (*args, *kwargs.values()):
+def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
+    """Dim 0 of the first ``tensor`` (torch.Tensor) among the forward's arguments (one level
+    into lists, tuples and dicts); 0 when there is none."""
+    for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, tensor):
             return int(value.shape[0]) if value.dim() else 0
         if isinstance(value, list | tuple):
