@@ -9,8 +9,8 @@ Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
    median with a 90 % distribution-free interval. Wall time (the goal) and the process's CPU
    time. Goals: <= 1 % at 10 ms steps, <= 3 % at 3 ms (``bench_telemetry.GOALS``).
 2. The cost per hook call: a step of a near-empty model with vs without the hooks (fastest
-   blocks), divided by the hook calls the step makes (DDP forward pre/post on the DDP module
-   and its inner module, one gradient hook once learned, ``backward``, optimizer pre/post);
+   blocks), divided by the hook calls the step makes (DDP forward pre, pre/post on its inner
+   module, one gradient hook once learned, ``backward``, optimizer pre/post);
    and the hooks' own Python bodies alone, called directly.
 3. Why the forward hooks sit on DDP modules only: a torch *global* module hook (even a no-op)
    puts every submodule call on torch's slow path. The ratio of a 64-layer forward with one
@@ -149,7 +149,6 @@ def hook_bodies(n: int = 5000, repeats: int = 5) -> float:
             inst._outer_pre(model, (x,), {})
             inst._inner_pre(inner, (x,), {})
             inst._inner_post(inner, (x,), y)
-            inst._outer_post(model, (x,), y)
             inst._on_grad(watch, 0)
             inst._backward_call(loss)
             inst._backward_return()

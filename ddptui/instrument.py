@@ -14,6 +14,10 @@ What is hooked (all removable, all cheap, none changes a result):
   module (registered by a wrapper around ``DistributedDataParallel.__init__``, so no other
   module pays for them; a *global* module hook would put every submodule call of every model
   on torch's slow call path). Only training forwards count (grad enabled, ``module.training``).
+  Once the inner module's post hook has closed one of a DDP module's training forwards, that
+  DDP module's own post hook is removed (it is only a fallback), so a step costs seven hook
+  calls: DDP forward pre, inner pre and post, one gradient hook, ``backward`` (call and
+  return, one wrapper), optimizer pre and post.
 * ``Tensor.register_post_accumulate_grad_hook`` on the DDP module's parameters, registered at
   its first training forward. After a few steps only the parameter whose gradient arrives
   last keeps its hook (re-armed when it stops firing), so a step costs one call.
@@ -355,6 +359,10 @@ class Instrument:
         self.steps_sent = 0
         self._undo: list[Callable[[], None]] = []
         self._handles: list[Any] = []  # forward hooks on DDP modules and their inner modules
+        # DDP's forward post hooks while still needed (by id of the DDP module): once its
+        # inner module's post hook has closed a training forward, the DDP one goes
+        self._outer_posts: dict[int, Any] = {}
+        self._fwd_ddp: int | None = None  # the DDP module whose training forward runs
         self._watches: dict[int, _GradWatch] = {}
         self._cuda: Any = None  # torch.device of the DDP module when it lives on CUDA
         # the step in progress
@@ -370,7 +378,7 @@ class Instrument:
         self._t_grad: float | None = None
         self._grad_event: Any = None
         self._active: set[int] = set()  # grad watches used in this step
-        self._training_fwd = False  # inside a training DDP forward
+        self._training_fwd = False  # inside a training forward (of DDP, or its inner module)
         self._scaled: tuple[int, Any] | None = None  # (id of the scaled loss, unscaled loss)
         self._epoch: int | None = None
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
@@ -424,6 +432,7 @@ class Instrument:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._outer_posts = {}
         for watch in self._watches.values():
             watch.remove()
         self._watches = {}
@@ -591,12 +600,14 @@ class Instrument:
             return
         try:
             inner = ddp.module
+            outer_post = ddp.register_forward_hook(self._outer_post)
             self._handles += [
                 ddp.register_forward_pre_hook(self._outer_pre, with_kwargs=True),
-                ddp.register_forward_hook(self._outer_post),
+                outer_post,
                 inner.register_forward_pre_hook(self._inner_pre, with_kwargs=True),
                 inner.register_forward_hook(self._inner_post),
             ]
+            self._outer_posts[id(ddp)] = outer_post
             param = next(iter(inner.parameters()), None)
             if param is not None and param.device.type == "cuda":
                 self._cuda = param.device
@@ -712,7 +723,7 @@ class Instrument:
                 self._eval_forward(start=True)
                 return None
             self._training_fwd = True
-            key = id(ddp)
+            key = self._fwd_ddp = id(ddp)
             if key not in self._watches:
                 self._watches[key] = _GradWatch(self, list(ddp.module.parameters()))
             self._active.add(key)
@@ -730,6 +741,7 @@ class Instrument:
                 self._transition("inner_pre", "forward")
             elif not self._training_fwd and self._training(module):
                 self._training_fwd = True  # the inner module called without DDP
+                self._fwd_ddp = None
                 self._forward_start(args, kwargs, "forward")
             elif not self._training_fwd:
                 self._eval_forward(start=True)  # ``model.module(x)`` to evaluate
@@ -747,6 +759,13 @@ class Instrument:
             return None
         try:
             self._transition("fwd_post", "bwd")
+            self._training_fwd = False  # the rest of a DDP forward runs no inner hook
+            if self._outer_posts and self._fwd_ddp is not None:
+                # The inner hooks see this DDP module's forwards: its own post hook (one
+                # call per step) is not needed any more.
+                handle = self._outer_posts.pop(self._fwd_ddp, None)
+                if handle is not None:
+                    handle.remove()
         except Exception as exc:
             self._fail(exc)
         return None
@@ -763,6 +782,7 @@ class Instrument:
             if self._seg == "ddp_pre":  # DDP ran the inner forward without calling it
                 self._transition("fwd_post", "bwd")
             self._training_fwd = False
+            self._fwd_ddp = None
         except Exception as exc:
             self._fail(exc)
         return None
