@@ -198,20 +198,26 @@ class Reporter:
                 attempt=self.attempt,
                 **fields,
             )
-            if read is not None or self._pending:
-                self.dropped += self._pending.push(event, read)  # urgent once released
-            else:
-                self._batch.append(event)
-                self._urgent = self._urgent or urgent
-            if self._pending:
-                self._release(self._pending.pop_ready())
-            now = time.monotonic()
-            if (
-                self._urgent
-                or len(self._batch) >= protocol.MAX_BATCH_EVENTS
-                or now - self._flushed_at >= FLUSH_INTERVAL_S
-            ):
-                self._flush(now)
+            self._queue(event, urgent, read, time.monotonic())
+
+    def _queue(
+        self, event: protocol.AnyEvent, urgent: bool, read: pending.Read | None, now: float
+    ) -> None:
+        """With the lock held: put ``event`` in the batch (or, with ``read`` or events
+        waiting for theirs, in the pending queue); send the batch when urgent, full or due."""
+        if read is not None or self._pending:
+            self.dropped += self._pending.push(event, read)  # urgent once released
+            self._release(self._pending.pop_ready())
+        else:
+            self._batch.append(event)
+            if urgent:
+                self._urgent = True
+        if (
+            self._urgent
+            or now - self._flushed_at >= FLUSH_INTERVAL_S
+            or len(self._batch) >= protocol.MAX_BATCH_EVENTS
+        ):
+            self._flush(now)
 
     def _drop(self, now: float) -> bool:
         """Drop one event without making it, while the queue is known to be full."""
@@ -411,21 +417,32 @@ class Reporter:
         if now < self._full_until and self._drop(now):  # known full: not even made or read
             return
         device: list[tuple[Any, Any]] = []  # CUDA values, read later
-        loss = _number("loss", values.pop("loss", None), device)
+        loss = values.pop("loss", None)
+        if loss is not None and type(loss) is not float:
+            loss = _number("loss", loss, device)
         metrics = _metrics(values, device) if values else {}
-        self._send(
-            protocol.Step,
-            urgent=False,
-            read=pending.DeviceRead(device) if device else None,
-            step=self._step,
-            epoch=self._epoch,
-            loss=loss,
-            samples=samples,
-            samples_per_s=samples_per_s,
-            step_time=step_time,
-            metrics=metrics,
-            phases=phases,
-        )
+        read = pending.DeviceRead(device) if device else None
+        if self._muted:
+            return
+        with self._lock:  # as _send, without its keyword round trip (once per step)
+            seq = self._seq
+            self._seq += 1
+            event = protocol.Step(
+                run=self.run_id,
+                rank=self.rank,
+                t=time.time(),
+                seq=seq,
+                attempt=self.attempt,
+                step=self._step,
+                epoch=self._epoch,
+                loss=loss,
+                samples=samples,
+                samples_per_s=samples_per_s,
+                step_time=step_time,
+                metrics=metrics,
+                phases=phases,
+            )
+            self._queue(event, False, read, now)
 
     def beat(
         self,
@@ -543,7 +560,7 @@ def _number(name: str, value: Any, device: list[tuple[Any, Any]]) -> float | Non
         if value.device.type == "cuda":
             device.append((name, value))
             return None
-        return float(value.detach())  # a CPU tensor: read now
+        return float(value.item())  # a CPU tensor: read now
     return float(value)  # ints, numpy scalars
 
 
@@ -561,7 +578,7 @@ def _metrics(values: dict[str, Any], device: list[tuple[Any, Any]]) -> dict[str,
                 device.append(((_METRIC, name), value))
                 out[name] = None
             else:
-                out[name] = value.detach().item()
+                out[name] = value.item()
         elif hasattr(value, "item"):
             out[name] = value.item()
         else:
