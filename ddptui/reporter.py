@@ -387,37 +387,45 @@ class Reporter:
             self._held = []
 
     # -- metrics -------------------------------------------------------------------------
-    def log(self, **values: Any) -> None:
+    def log(
+        self,
+        *,
+        epoch: int | None = None,
+        samples: Any = 0,
+        step: Any = None,
+        step_time: float | None = None,
+        samples_per_s: float | None = None,
+        phases: Any = None,
+        loss: Any = None,
+        **values: Any,
+    ) -> None:
+        """One training step (see :func:`ddptui.log`); ``values`` are the extra metrics."""
         if self._socket is None:
             return
         now = time.monotonic()
         if "device" not in self._announced:
             self.started()
-        epoch = values.pop("epoch", None)
         if epoch is not None and epoch != self._epoch:
             if self._epoch_open:
                 self._end_epoch()
             self._epoch = epoch
             self._epoch_started = self._last_step_at or now
             self._epoch_samples = 0
-        samples = int(values.pop("samples", 0) or 0)
+        samples = int(samples or 0)
         self.steps_logged += 1
-        step = values.pop("step", None)
         self._step = int(step) if step is not None else self._step + 1
-        step_time = values.pop("step_time", None)
         if step_time is None and self._last_step_at is not None:
             step_time = now - self._last_step_at
         self._last_step_at = now
-        samples_per_s = values.pop("samples_per_s", None)
         if samples_per_s is None and step_time and samples:
             samples_per_s = samples / step_time
-        phases = protocol.clean_phases(values.pop("phases", None))
+        if phases is not None:
+            phases = protocol.clean_phases(phases)
         self._epoch_samples += samples
         self._epoch_open = self._epoch is not None
         if now < self._full_until and self._drop(now):  # known full: not even made or read
             return
         device: list[tuple[Any, Any]] = []  # CUDA values, read later
-        loss = values.pop("loss", None)
         if loss is not None and type(loss) is not float:
             loss = _number("loss", loss, device)
         metrics = _metrics(values, device) if values else {}
