@@ -219,8 +219,6 @@ def clean_phases(phases: object) -> dict[str, float] | None:
     out (one bad value never costs the whole step event). None when nothing is left."""
     if not isinstance(phases, dict):
         return None
-    if 0 < len(phases) <= MAX_PHASES and _clean_already(phases):
-        return dict(phases)
     out: dict[str, float] = {}
     for name, value in phases.items():
         if len(out) >= MAX_PHASES:
@@ -237,22 +235,6 @@ def clean_phases(phases: object) -> dict[str, float] | None:
         if 0.0 <= seconds <= MAX_PHASE_S and isinstance(name, str) and name:  # NaN: False
             out[name[:MAX_PHASE_NAME]] = seconds
     return out or None
-
-
-def _clean_already(phases: dict) -> bool:
-    """True when every name and value of ``phases`` is as the wire takes it, tested without
-    a Python loop (the hooks send their phases every step)."""
-    seconds = phases.values()
-    if set(map(type, seconds)) != {float} or set(map(type, phases)) != {str}:
-        return False
-    total = sum(seconds)  # NaN when any is
-    return (
-        total == total
-        and min(seconds) >= 0.0
-        and max(seconds) <= MAX_PHASE_S
-        and min(map(len, phases)) > 0
-        and max(map(len, phases)) <= MAX_PHASE_NAME
-    )
 
 
 class InvalidEvent(ValueError):
