@@ -914,8 +914,8 @@ class Instrument:
             active.clear()
         pending = self._pending
         if len(pending) >= MAX_PENDING:
-            epoch, samples, old_time, _ = pending.popleft()
-            self._deliver(epoch, samples, old_time, None, None)
+            old_epoch, old_samples, old_time, _ = pending.popleft()
+            self._deliver(old_epoch, old_samples, old_time, None, None)
         pending.append((self._epoch, samples, step_time, read))
 
     def _send_ready(self) -> None:

@@ -360,6 +360,20 @@ def test_gpu_phases_come_from_events_read_only_once_complete(inst):
     assert [log["loss"] for log in logs[:3]] == pytest.approx(losses)  # host losses: read now
 
 
+def test_gpu_steps_beyond_the_pending_limit_go_out_without_phases(inst, monkeypatch):
+    monkeypatch.setattr(instrument, "MAX_PENDING", 2)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    inst.torch = FakeTorch(clock, [False])  # the device never passes the events
+    inst._cuda = "cuda:0"
+    for batch in (3, 4, 5, 6):
+        train_step(model, opt, clock, batch=batch)
+    logs = inst.fake.logs  # the oldest, sent when no room was left: no phases, own samples
+    assert [(log["samples"], log["phases"]) for log in logs] == [(3, None), (4, None)]
+    assert [entry[1] for entry in inst._pending] == [5, 6]
+
+
 def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     clock = inst.fake_clock
     model = Net(clock)
