@@ -181,7 +181,7 @@ def global_hook_ratio(rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=30, help="pairs of blocks per step size")
+    parser.add_argument("--pairs", type=int, default=60, help="pairs of blocks per step size")
     parser.add_argument("--rounds", type=int, default=10, help="rounds of the per-call figures")
     opts = parser.parse_args()
 
