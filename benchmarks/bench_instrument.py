@@ -1,13 +1,16 @@
 """Zero-code instrumentation costs, printed as numbers (not a test).
 
-Run: python benchmarks/bench_instrument.py [--rounds N] [--steps N]
+Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
 
 1. Training step time with vs without the hooks (the built-in synthetic trainer's SmallCNN,
-   batch 32, DDP over gloo with one rank, on CPU, one thread; a live collector receives the
-   steps), interleaved blocks in one run, as a ratio of medians. Goal: overhead <= 1 %.
+   DDP over gloo with one rank, on CPU, one thread, its batch sized for 10 ms and for 3 ms
+   steps; a live collector in another process receives the steps): short blocks with and
+   without, alternating in one run; each pair of blocks gives a ratio, and the figure is their
+   median with a 90 % distribution-free interval. Wall time (the goal) and the process's CPU
+   time. Goals: <= 1 % at 10 ms steps, <= 3 % at 3 ms (``bench_telemetry.GOALS``).
 2. The cost per hook call: a step of a near-empty model with vs without the hooks (fastest
-   blocks), divided by the hook calls the step makes (DDP forward pre/post on the DDP module
-   and its inner module, one gradient hook once learned, ``backward``, optimizer pre/post);
+   blocks), divided by the hook calls the step makes (DDP forward pre, pre/post on its inner
+   module, one gradient hook once learned, ``backward``, optimizer pre/post);
    and the hooks' own Python bodies alone, called directly.
 3. Why the forward hooks sit on DDP modules only: a torch *global* module hook (even a no-op)
    puts every submodule call on torch's slow path. The ratio of a 64-layer forward with one
@@ -18,23 +21,32 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from bench_telemetry import (  # noqa: E402
+    BLOCK_S,
+    GOALS,
+    Clocks,
+    load,
+    paired_blocks,
+    print_overhead,
+    smallcnn_batch,
+    start_collector_process,
+)
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV  # noqa: E402
 from ddptui.rank import instrument, reporter  # noqa: E402
 from ddptui.rank.net import free_port  # noqa: E402
-from ddptui.run.collector import Collector  # noqa: E402
 from trainers.models import SmallCNN  # noqa: E402
 
 
@@ -45,31 +57,39 @@ def hooks(on: bool, model: DistributedDataParallel) -> None:
         instrument.install(force=True).watch(model)
 
 
-def timed_steps(model, opt, x, y, steps: int) -> list[float]:
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    return times
+def overhead(pairs: int) -> None:
+    """The hooks on vs off, at each goal's step time."""
+    model = DistributedDataParallel(SmallCNN())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
+    def make_step(batch: int) -> Callable[[], None]:
+        x, y = torch.randn(batch, 1, 16, 16), torch.randint(0, 10, (batch,))
 
-def interleaved(model, opt, x, y, rounds: int, steps: int) -> tuple[float, float]:
-    """Median step time without and with the hooks, alternating blocks (order swapped each
-    round so drift hits both)."""
-    plain: list[float] = []
-    hooked: list[float] = []
-    for r in range(rounds):
-        order = (False, True) if r % 2 == 0 else (True, False)
-        for on in order:
+        def step() -> None:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        return step
+
+    for target, goal in GOALS:
+        before = load()
+        hooks(False, model)
+        step = make_step(smallcnn_batch(make_step, target))
+
+        def block(on: bool, steps: int, step=step) -> tuple[float, float]:
             hooks(on, model)
-            timed_steps(model, opt, x, y, 3)  # settle (the hooks learn the last gradient)
-            (hooked if on else plain).extend(timed_steps(model, opt, x, y, steps))
-    hooks(False, model)
-    return statistics.median(plain), statistics.median(hooked)
+            for _ in range(instrument.LEARN_STEPS + 1):
+                step()  # settle (the hooks learn the last gradient)
+            clocks = Clocks()
+            for _ in range(steps):
+                step()
+            return clocks.since(steps)
+
+        off, on = paired_blocks(block, pairs, max(5, round(BLOCK_S / target)))
+        hooks(False, model)
+        print_overhead(f"{target * 1e3:.0f} ms steps", off, on, goal, before)
 
 
 def per_hook_call(rounds: int) -> tuple[float, float]:
@@ -129,7 +149,6 @@ def hook_bodies(n: int = 5000, repeats: int = 5) -> float:
             inst._outer_pre(model, (x,), {})
             inst._inner_pre(inner, (x,), {})
             inst._inner_post(inner, (x,), y)
-            inst._outer_post(model, (x,), y)
             inst._on_grad(watch, 0)
             inst._backward_call(loss)
             inst._backward_return()
@@ -162,61 +181,50 @@ def global_hook_ratio(rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=60, help="pairs of blocks per step size")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of the per-call figures")
     opts = parser.parse_args()
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    collector = Collector("bench")
-    stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set():
-            collector.poll(0.05)
-
-    drainer = threading.Thread(target=drain, daemon=True)
-    drainer.start()
-    os.environ[ENDPOINT_ENV] = collector.endpoint
+    endpoint, stop = start_collector_process()
+    os.environ[ENDPOINT_ENV] = endpoint
     os.environ[RUN_ID_ENV] = "bench"
     reporter.reset_reporter()
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
-        model = DistributedDataParallel(SmallCNN())
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x, y = torch.randn(32, 1, 16, 16), torch.randint(0, 10, (32,))
-        plain, hooked = interleaved(model, opt, x, y, opts.rounds, opts.steps)
         print(
-            f"step time (SmallCNN, batch 32, CPU, 1 thread): without hooks "
-            f"{plain * 1e3:.3f} ms, with {hooked * 1e3:.3f} ms: ratio {hooked / plain:.4f} "
-            f"(overhead {(hooked / plain - 1) * 100:+.2f} %, goal <= 1 %)"
+            f"== training step overhead of the hooks (SmallCNN in DDP, gloo, 1 rank, CPU, "
+            f"1 thread; {opts.pairs} pairs of interleaved blocks of about {BLOCK_S * 1e3:.0f} "
+            "ms; live collector in another process)"
         )
+        overhead(opts.pairs)
+        before = load()
         per_call, calls = per_hook_call(opts.rounds * 2)
         print(
             f"cost per hook call (torch's dispatch included): {per_call:.2f} us ({calls} calls "
-            f"per step: {per_call * calls:.1f} us per step)"
+            f"per step: {per_call * calls:.1f} us per step; {before})"
         )
+        before = load()
         bodies = hook_bodies()
         print(
-            f"the hooks' own bodies: {bodies / calls:.2f} us per call, {bodies:.1f} us per step "
-            "(reporter.log of the step included)"
+            f"our own code (the hooks' bodies, reporter.log of the step included): "
+            f"{bodies:.1f} us per step, {bodies / calls:.2f} us per hook call ({before})"
         )
         ratio = global_hook_ratio(opts.rounds)
         print(
             f"a global no-op module hook on a 64-layer forward: {ratio:.2f}x its time "
             "(why the hooks sit on DDP modules only)"
         )
-        steps = collector.stats.received
-        print(f"(the collector received {steps} events meanwhile)")
+        rep = reporter.get_reporter()
+        print(f"({rep.sent} events sent, {rep.dropped} dropped)")
     finally:
-        stop.set()
-        drainer.join(timeout=2)
+        stop()
         instrument.uninstall()
         reporter.reset_reporter()
         dist.destroy_process_group()
-        collector.close()
 
 
 if __name__ == "__main__":

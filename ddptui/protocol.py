@@ -224,13 +224,16 @@ def clean_phases(phases: object) -> dict[str, float] | None:
     for name, value in phases.items():
         if len(out) >= MAX_PHASES:
             break
-        if not isinstance(name, str) or not name or isinstance(value, bool):
+        if type(value) is float:  # the usual case (the hooks' own phases): no conversion
+            seconds = value
+        elif isinstance(value, bool):
             continue
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError, OverflowError):
-            continue
-        if 0.0 <= seconds <= MAX_PHASE_S:  # False for NaN
+        else:
+            try:
+                seconds = float(value)
+            except (TypeError, ValueError, OverflowError):
+                continue
+        if 0.0 <= seconds <= MAX_PHASE_S and isinstance(name, str) and name:  # NaN: False
             out[name[:MAX_PHASE_NAME]] = seconds
     return out or None
 

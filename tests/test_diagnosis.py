@@ -596,6 +596,12 @@ def test_bad_phases_are_rejected_on_the_wire(bad):
         ({"data": True, 5: 1.0, "": 1.0, "y": "2"}, {"y": 2.0}),
         ({"n" * 50: 1.0}, {"n" * 32: 1.0}),
         ({f"p{i}": 0.1 for i in range(40)}, {f"p{i}": 0.1 for i in range(16)}),
+        # all floats with string names (the hooks' shape), one of them bad
+        ({"data": 0.1, "comm": float("nan")}, {"data": 0.1}),
+        ({"data": 0.1, "comm": 2e6}, {"data": 0.1}),
+        ({"data": 0.1, "": 0.2}, {"data": 0.1}),
+        ({"data": 0.1, "n" * 40: 0.2}, {"data": 0.1, "n" * 32: 0.2}),
+        ({"data": 0.25, "comm": 0.0}, {"data": 0.25, "comm": 0.0}),
     ],
 )
 def test_clean_phases(given, cleaned):

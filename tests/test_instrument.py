@@ -266,8 +266,10 @@ def test_gradient_hooks_shrink_to_the_last_parameter(inst):
     assert kept is model.module.first.weight or kept is model.module.first.bias
     calls = inst.hook_calls
     train_step(model, opt, clock)
-    # outer pre/post, inner pre/post, one gradient hook, backward, optimizer pre/post
-    assert inst.hook_calls - calls == 8
+    # outer pre, inner pre/post, one gradient hook, backward, optimizer pre/post: DDP's own
+    # post hook went once the inner one had closed a forward
+    assert inst.hook_calls - calls == 7
+    assert not model._forward_hooks
     inst.flush()
     assert inst.fake.logs[-1]["phases"]["backward"] == pytest.approx(0.020)
 
@@ -360,6 +362,20 @@ def test_gpu_phases_come_from_events_read_only_once_complete(inst):
     assert [log["loss"] for log in logs[:3]] == pytest.approx(losses)  # host losses: read now
 
 
+def test_gpu_steps_beyond_the_pending_limit_go_out_without_phases(inst, monkeypatch):
+    monkeypatch.setattr(instrument, "MAX_PENDING", 2)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    inst.torch = FakeTorch(clock, [False])  # the device never passes the events
+    inst._cuda = "cuda:0"
+    for batch in (3, 4, 5, 6):
+        train_step(model, opt, clock, batch=batch)
+    logs = inst.fake.logs  # the oldest, sent when no room was left: no phases, own samples
+    assert [(log["samples"], log["phases"]) for log in logs] == [(3, None), (4, None)]
+    assert [entry[1] for entry in inst._pending] == [5, 6]
+
+
 def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     clock = inst.fake_clock
     model = Net(clock)
@@ -371,6 +387,22 @@ def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     last = inst.fake.logs[-1]
     assert last["phases"]["optimizer"] == pytest.approx(0.003)
     assert last["step_time"] == pytest.approx(sum(last["phases"][p] for p in PHASES))
+
+
+def test_the_inner_module_trained_without_ddp_makes_every_step(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    train_step(model, opt, clock)
+    for _ in range(3):  # e.g. micro-batches that skip DDP's hooks, through ``model.module``
+        train_step(model.module, opt, clock)
+    inst.flush()
+    assert len(inst.fake.logs) == 4
+    for log in inst.fake.logs[1:]:
+        assert log["samples"] == 6
+        assert log["phases"]["forward"] == pytest.approx(0.010)
+        assert log["phases"]["backward"] == pytest.approx(0.020)
+        assert log["step_time"] == pytest.approx(sum(log["phases"][p] for p in PHASES))
 
 
 def test_an_internal_error_turns_the_hooks_off_not_the_training(inst, monkeypatch, capsys):

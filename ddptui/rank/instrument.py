@@ -14,6 +14,10 @@ What is hooked (all removable, all cheap, none changes a result):
   module (registered by a wrapper around ``DistributedDataParallel.__init__``, so no other
   module pays for them; a *global* module hook would put every submodule call of every model
   on torch's slow call path). Only training forwards count (grad enabled, ``module.training``).
+  Once the inner module's post hook has closed one of a DDP module's training forwards, that
+  DDP module's own post hook is removed (it is only a fallback), so a step costs seven hook
+  calls: DDP forward pre, inner pre and post, one gradient hook, ``backward`` (call and
+  return, one wrapper), optimizer pre and post.
 * ``Tensor.register_post_accumulate_grad_hook`` on the DDP module's parameters, registered at
   its first training forward. After a few steps only the parameter whose gradient arrives
   last keeps its hook (re-armed when it stops firing), so a step costs one call.
@@ -352,6 +356,10 @@ class Instrument:
         self.steps_sent = 0
         self._undo: list[Callable[[], None]] = []
         self._handles: list[Any] = []  # forward hooks on DDP modules and their inner modules
+        # DDP's forward post hooks while still needed (by id of the DDP module): once its
+        # inner module's post hook has closed a training forward, the DDP one goes
+        self._outer_posts: dict[int, Any] = {}
+        self._fwd_ddp: int | None = None  # the DDP module whose training forward runs
         self._watches: dict[int, _GradWatch] = {}
         self._cuda: Any = None  # torch.device of the DDP module when it lives on CUDA
         # the step in progress
@@ -367,12 +375,14 @@ class Instrument:
         self._t_grad: float | None = None
         self._grad_event: Any = None
         self._active: set[int] = set()  # grad watches used in this step
-        self._training_fwd = False  # inside a training DDP forward
+        self._training_fwd = False  # inside a training forward (of DDP, or its inner module)
         self._scaled: tuple[int, Any] | None = None  # (id of the scaled loss, unscaled loss)
         self._epoch: int | None = None
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
         # steps finished, waiting to be sent (their read) and phases held for explicit logs
-        self._pending: deque[tuple[dict[str, Any], Any]] = deque()
+        # (epoch, samples, step time, read): read is (phases, loss) when known at the step's
+        # end (CPU), else a CudaStepRead
+        self._pending: deque[tuple[int | None, int, float, Any]] = deque()
         self._carry: dict[str, float] = {}
         self._atexit = False
         self._get_reporter: Callable[[], Any] | None = None
@@ -419,6 +429,7 @@ class Instrument:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._outer_posts = {}
         for watch in self._watches.values():
             watch.remove()
         self._watches = {}
@@ -582,12 +593,14 @@ class Instrument:
             return
         try:
             inner = ddp.module
+            outer_post = ddp.register_forward_hook(self._outer_post)
             self._handles += [
                 ddp.register_forward_pre_hook(self._outer_pre, with_kwargs=True),
-                ddp.register_forward_hook(self._outer_post),
+                outer_post,
                 inner.register_forward_pre_hook(self._inner_pre, with_kwargs=True),
                 inner.register_forward_hook(self._inner_post),
             ]
+            self._outer_posts[id(ddp)] = outer_post
             param = next(iter(inner.parameters()), None)
             if param is not None and param.device.type == "cuda":
                 self._cuda = param.device
@@ -611,29 +624,47 @@ class Instrument:
         """Close the current segment at ``nxt`` (an event name) and open ``new_seg``; returns
         the time of the transition."""
         now = self.clock()
+        if self._cuda is not None:
+            return self._transition_cuda(now, nxt, new_seg)
+        mark = self._mark
+        if mark is not None:
+            seg = self._seg
+            t_grad = self._t_grad
+            if t_grad is not None and seg in _BWD and mark <= t_grad <= now:
+                acc = self._acc
+                acc["backward"] += t_grad - mark
+                acc[_AFTER_GRAD[nxt]] += now - t_grad
+            else:
+                self._acc[_RESOLVE[seg, nxt]] += now - mark
+        if self._eval_end is not None:
+            self._take_eval()
+        self._seg, self._mark = new_seg, now
+        self._t_grad = None
+        return now
+
+    def _transition_cuda(self, now: float, nxt: str, new_seg: str) -> float:
+        """:meth:`_transition` on GPU: the host accounting, and a CUDA event per segment."""
         seg, mark = self._seg, self._mark
-        event = self._event() if self._cuda is not None else None
+        event = self._event()
         if mark is not None:
             t_grad = self._t_grad
             if seg in _BWD and t_grad is not None and mark <= t_grad <= now:
-                rest = "comm" if nxt in ("bwd_return", "opt_pre") else "data"
+                rest = _AFTER_GRAD[nxt]
                 self._acc["backward"] += t_grad - mark
                 self._acc[rest] += now - t_grad
-                if event is not None:
-                    self._marks.append(("backward", self._grad_event))
-                    self._marks.append((rest, event))
+                self._marks.append(("backward", self._grad_event))
+                self._marks.append((rest, event))
             else:
                 name = _RESOLVE.get((seg, nxt)) or _resolve(seg, nxt)
                 self._acc[name] += now - mark
-                if event is not None:
-                    self._marks.append((name, event))
-        elif event is not None:
+                self._marks.append((name, event))
+        else:
             self._marks = [("start", event)]
         if self._eval_end is not None:
             self._take_eval()
         self._seg, self._mark = new_seg, now
         self._t_grad = None
-        if new_seg in _BWD and event is not None:
+        if new_seg in _BWD:
             self._grad_event = self.torch.cuda.Event(enable_timing=True)
         return now
 
@@ -668,8 +699,9 @@ class Instrument:
         now = self._transition("fwd_pre", new_seg)
         if first:
             self._step_start = now
-        self._samples += _batch_size(args, kwargs)
-        self._send_ready()
+        self._samples += _batch_size(self.torch.Tensor, args, kwargs)
+        if self._pending:
+            self._send_ready()
 
     def _training(self, module: Any) -> bool:
         return module.training and self.torch.is_grad_enabled()
@@ -684,7 +716,7 @@ class Instrument:
                 self._eval_forward(start=True)
                 return None
             self._training_fwd = True
-            key = id(ddp)
+            key = self._fwd_ddp = id(ddp)
             if key not in self._watches:
                 self._watches[key] = _GradWatch(self, list(ddp.module.parameters()))
             self._active.add(key)
@@ -702,6 +734,7 @@ class Instrument:
                 self._transition("inner_pre", "forward")
             elif not self._training_fwd and self._training(module):
                 self._training_fwd = True  # the inner module called without DDP
+                self._fwd_ddp = None
                 self._forward_start(args, kwargs, "forward")
             elif not self._training_fwd:
                 self._eval_forward(start=True)  # ``model.module(x)`` to evaluate
@@ -719,6 +752,13 @@ class Instrument:
             return None
         try:
             self._transition("fwd_post", "bwd")
+            self._training_fwd = False  # the rest of a DDP forward runs no inner hook
+            if self._outer_posts and self._fwd_ddp is not None:
+                # The inner hooks see this DDP module's forwards: its own post hook (one
+                # call per step) is not needed any more.
+                handle = self._outer_posts.pop(self._fwd_ddp, None)
+                if handle is not None:
+                    handle.remove()
         except Exception as exc:
             self._fail(exc)
         return None
@@ -735,6 +775,7 @@ class Instrument:
             if self._seg == "ddp_pre":  # DDP ran the inner forward without calling it
                 self._transition("fwd_post", "bwd")
             self._training_fwd = False
+            self._fwd_ddp = None
         except Exception as exc:
             self._fail(exc)
         return None
@@ -792,7 +833,8 @@ class Instrument:
             now = self._transition("opt_pre", "optimizer")
             if first:
                 self._step_start = now
-            self._send_ready()
+            if self._pending:
+                self._send_ready()
         except Exception as exc:
             self._fail(exc)
         return None
@@ -815,7 +857,8 @@ class Instrument:
         losses = self._losses
         host_losses: list[Any] = []
         loss: float | None = None
-        if self._cuda is not None:
+        cuda = self._cuda is not None
+        if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
             torch = self.torch
             for value in losses:
@@ -824,47 +867,50 @@ class Instrument:
                     host.copy_(value.detach(), non_blocking=True)
                     host_losses.append(host)
                 else:  # a loss computed on the host: read now, it costs nothing
-                    host_losses.append(float(value.detach()))
+                    host_losses.append(float(value.item()))
         elif losses:
-            numbers = [float(value.detach()) for value in losses]
-            loss = sum(numbers) / len(numbers)
+            if len(losses) == 1:
+                loss = float(losses[0].item())
+            else:
+                loss = sum(float(value.item()) for value in losses) / len(losses)
         self._transition("opt_post", "data")
         now = self._mark
-        start = self._step_start if self._step_start is not None else now
-        fields = {
-            "epoch": self._epoch,
-            "samples": self._samples,
-            "step_time": max(0.0, now - start),
-        }
+        start = self._step_start
+        step_time = max(0.0, now - start) if start is not None else 0.0
         custom = self._custom
-        read: Any  # a CudaStepRead, or the values themselves when known now (CPU)
-        if self._cuda is not None and len(self._marks) > 1:
+        read: Any  # a CudaStepRead, or (phases, loss) when known now (CPU)
+        if cuda and len(self._marks) > 1:
             read = CudaStepRead(self._marks, host_losses, custom)
             self._marks = [("start", self._marks[-1][1])]
         else:
             phases = self._acc
             if custom:
                 phases.update(custom)
-            read = {"phases": phases, "loss": loss}
-            if self._cuda is not None:
+            read = (phases, loss)
+            if cuda:
                 self._marks = self._marks[-1:]
         self._acc = dict.fromkeys(PHASES, 0.0)
         if custom:
             self._custom = {}
-        self._losses = []
-        self._samples = 0
+        if losses:
+            self._losses = []
+        samples, self._samples = self._samples, 0
         self._fwd_seen = False
         self._step_start = now
-        for key in self._active:
-            watch = self._watches.get(key)
-            if watch is not None:
-                watch.end_step()
-        self._active.clear()
-        if len(self._pending) >= MAX_PENDING:
-            old_fields, _ = self._pending.popleft()
-            self._deliver(old_fields, None)
-        self._pending.append((fields, read))
-        if type(read) is dict and self.steps_sent and not self.explicit:
+        active = self._active
+        if active:
+            watches = self._watches
+            for key in active:
+                watch = watches.get(key)
+                if watch is not None:
+                    watch.end_step()
+            active.clear()
+        pending = self._pending
+        if len(pending) >= MAX_PENDING:
+            old_epoch, old_samples, old_time, _ = pending.popleft()
+            self._deliver(old_epoch, old_samples, old_time, None, None)
+        pending.append((self._epoch, samples, step_time, read))
+        if type(read) is tuple and self.steps_sent and not self.explicit:
             # Only the first step waits for the next one (a script that calls ddptui.log
             # itself does so right after it); later ones go at once, so a rank that stalls
             # after a step has reported it.
@@ -875,9 +921,9 @@ class Instrument:
         whose values are readable now."""
         pending = self._pending
         while pending:
-            fields, read = pending[0]
-            if type(read) is dict:
-                values = read
+            epoch, samples, step_time, read = pending[0]
+            if type(read) is tuple:
+                phases, loss = read
             else:
                 try:
                     if not read.query():
@@ -885,11 +931,18 @@ class Instrument:
                     values = dict(read.values())
                 except Exception:
                     values = {}
+                phases, loss = values.get("phases"), values.get("loss")
             pending.popleft()
-            self._deliver(fields, values)
+            self._deliver(epoch, samples, step_time, phases, loss)
 
-    def _deliver(self, fields: dict[str, Any], values: dict[str, Any] | None) -> None:
-        phases = (values or {}).get("phases")
+    def _deliver(
+        self,
+        epoch: int | None,
+        samples: int,
+        step_time: float,
+        phases: dict[str, float] | None,
+        loss: float | None,
+    ) -> None:
         if self.explicit:
             if phases:
                 _add_into(self._carry, phases)
@@ -901,7 +954,7 @@ class Instrument:
 
             get_reporter = self._get_reporter = reporter_module.get_reporter
         reporter = get_reporter()
-        reporter.log(loss=(values or {}).get("loss"), phases=phases, **fields)
+        reporter.log(loss=loss, phases=phases, epoch=epoch, samples=samples, step_time=step_time)
         self.steps_sent += 1
         if self.steps_sent == 1:
             # Out at once (not batched): ddptui learns the rank is past its start-up even if
@@ -916,8 +969,8 @@ class Instrument:
             if self._pending:
                 time.sleep(0.001)
         while self._pending:
-            fields, _ = self._pending.popleft()
-            self._deliver(fields, None)
+            epoch, samples, step_time, _ = self._pending.popleft()
+            self._deliver(epoch, samples, step_time, None, None)
 
     def _at_exit(self) -> None:
         try:
@@ -974,6 +1027,8 @@ def _resolve(seg: str, nxt: str) -> str:
 _SEGMENTS = ("data", "after_bwd", "bwd", "ddp_pre", "forward", "optimizer", "other")
 _EVENTS = ("fwd_pre", "inner_pre", "fwd_post", "bwd_return", "opt_pre", "opt_post")
 _RESOLVE = {(seg, nxt): _resolve(seg, nxt) for seg in _SEGMENTS for nxt in _EVENTS}
+#: The phase of a gradient-split segment's rest (last gradient → event ``nxt``).
+_AFTER_GRAD = {nxt: "comm" if nxt in ("bwd_return", "opt_pre") else "data" for nxt in _EVENTS}
 
 
 def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
@@ -981,14 +1036,10 @@ def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
         total[name] = total.get(name, 0.0) + seconds
 
 
-def _batch_size(args: tuple, kwargs: dict) -> int:
-    """Dim 0 of the first tensor among the forward's arguments (one level into lists,
-    tuples and dicts); 0 when there is none."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return 0
-    tensor = torch.Tensor
-    for value in (*args, *kwargs.values()):
+def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
+    """Dim 0 of the first ``tensor`` (torch.Tensor) among the forward's arguments (one level
+    into lists, tuples and dicts); 0 when there is none."""
+    for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, tensor):
             return int(value.shape[0]) if value.dim() else 0
         if isinstance(value, list | tuple):

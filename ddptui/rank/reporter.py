@@ -207,20 +207,26 @@ class Reporter:
                 attempt=self.attempt,
                 **fields,
             )
-            if read is not None or self._pending:
-                self.dropped += self._pending.push(event, read)  # urgent once released
-            else:
-                self._batch.append(event)
-                self._urgent = self._urgent or urgent
-            if self._pending:
-                self._release(self._pending.pop_ready())
-            now = time.monotonic()
-            if (
-                self._urgent
-                or len(self._batch) >= protocol.MAX_BATCH_EVENTS
-                or now - self._flushed_at >= FLUSH_INTERVAL_S
-            ):
-                self._flush(now)
+            self._queue(event, urgent, read, time.monotonic())
+
+    def _queue(
+        self, event: protocol.AnyEvent, urgent: bool, read: pending.Read | None, now: float
+    ) -> None:
+        """With the lock held: put ``event`` in the batch (or, with ``read`` or events
+        waiting for theirs, in the pending queue); send the batch when urgent, full or due."""
+        if read is not None or self._pending:
+            self.dropped += self._pending.push(event, read)  # urgent once released
+            self._release(self._pending.pop_ready())
+        else:
+            self._batch.append(event)
+            if urgent:
+                self._urgent = True
+        if (
+            self._urgent
+            or now - self._flushed_at >= FLUSH_INTERVAL_S
+            or len(self._batch) >= protocol.MAX_BATCH_EVENTS
+        ):
+            self._flush(now)
 
     def _drop(self, now: float) -> bool:
         """Drop one event without making it, while the queue is known to be full."""
@@ -390,51 +396,70 @@ class Reporter:
             self._held = []
 
     # -- metrics -------------------------------------------------------------------------
-    def log(self, **values: Any) -> None:
+    def log(
+        self,
+        *,
+        epoch: int | None = None,
+        samples: Any = 0,
+        step: Any = None,
+        step_time: float | None = None,
+        samples_per_s: float | None = None,
+        phases: Any = None,
+        loss: Any = None,
+        **values: Any,
+    ) -> None:
+        """One training step (see :func:`ddptui.log`); ``values`` are the extra metrics."""
         if self._socket is None:
             return
         now = time.monotonic()
         if "device" not in self._announced:
             self.started()
-        epoch = values.pop("epoch", None)
         if epoch is not None and epoch != self._epoch:
             if self._epoch_open:
                 self._end_epoch()
             self._epoch = epoch
             self._epoch_started = self._last_step_at or now
             self._epoch_samples = 0
-        samples = int(values.pop("samples", 0) or 0)
+        samples = int(samples or 0)
         self.steps_logged += 1
-        step = values.pop("step", None)
         self._step = int(step) if step is not None else self._step + 1
-        step_time = values.pop("step_time", None)
         if step_time is None and self._last_step_at is not None:
             step_time = now - self._last_step_at
         self._last_step_at = now
-        samples_per_s = values.pop("samples_per_s", None)
         if samples_per_s is None and step_time and samples:
             samples_per_s = samples / step_time
-        phases = protocol.clean_phases(values.pop("phases", None))
+        if phases is not None:
+            phases = protocol.clean_phases(phases)
         self._epoch_samples += samples
         self._epoch_open = self._epoch is not None
         if now < self._full_until and self._drop(now):  # known full: not even made or read
             return
         device: list[tuple[Any, Any]] = []  # CUDA values, read later
-        loss = _number("loss", values.pop("loss", None), device)
+        if loss is not None and type(loss) is not float:
+            loss = _number("loss", loss, device)
         metrics = _metrics(values, device) if values else {}
-        self._send(
-            protocol.Step,
-            urgent=False,
-            read=pending.DeviceRead(device) if device else None,
-            step=self._step,
-            epoch=self._epoch,
-            loss=loss,
-            samples=samples,
-            samples_per_s=samples_per_s,
-            step_time=step_time,
-            metrics=metrics,
-            phases=phases,
-        )
+        read = pending.DeviceRead(device) if device else None
+        if self._muted:
+            return
+        with self._lock:  # as _send, without its keyword round trip (once per step)
+            seq = self._seq
+            self._seq += 1
+            event = protocol.Step(
+                run=self.run_id,
+                rank=self.rank,
+                t=time.time(),
+                seq=seq,
+                attempt=self.attempt,
+                step=self._step,
+                epoch=self._epoch,
+                loss=loss,
+                samples=samples,
+                samples_per_s=samples_per_s,
+                step_time=step_time,
+                metrics=metrics,
+                phases=phases,
+            )
+            self._queue(event, False, read, now)
 
     def beat(
         self,
@@ -553,7 +578,7 @@ def _number(name: str, value: Any, device: list[tuple[Any, Any]]) -> float | Non
         if value.device.type == "cuda":
             device.append((name, value))
             return None
-        return float(value.detach())  # a CPU tensor: read now
+        return float(value.item())  # a CPU tensor: read now
     return float(value)  # ints, numpy scalars
 
 
@@ -571,7 +596,7 @@ def _metrics(values: dict[str, Any], device: list[tuple[Any, Any]]) -> dict[str,
                 device.append(((_METRIC, name), value))
                 out[name] = None
             else:
-                out[name] = value.detach().item()
+                out[name] = value.item()
         elif hasattr(value, "item"):
             out[name] = value.item()
         else:
