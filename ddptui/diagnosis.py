@@ -40,6 +40,7 @@ CAUSES = (
     "communication",  # every rank waits for communication; no rank is late
     "hang",  # no progress; with stacks: the rank that is not in a collective
     "collective",  # in a hang, a rank that waits in a collective (a victim)
+    "desync",  # a rank entered a collective with other arguments than the others (Flight Recorder)
     "crash",  # the first rank to fail
     "consequence",  # a rank that failed because another one did
     "oom",  # a rank killed (SIGKILL) while memory was nearly exhausted

@@ -483,3 +483,35 @@ def explain(
     except ValueError as exc:
         return [], str(exc)
     return findings(db, traces, where), None
+
+
+# -- one call for the session ------------------------------------------------------------------
+def collect(
+    socket_dir: str | os.PathLike[str],
+    run_dir: str | os.PathLike[str],
+    ranks: Iterable[int],
+    world_size: int,
+    t: float,
+    stacks: Mapping[int, str] | None = None,
+    timeout: float = REQUEST_TIMEOUT_S,
+) -> tuple[list[Any], str]:
+    """Ask ``ranks`` for their traces, run torch's analyzer, and return the findings as
+    :class:`ddptui.diagnosis.Diagnosis` (cause ``hang`` or ``desync``, at ``t`` seconds)
+    with one line saying what was read (``Flight Recorder: traces of ranks 0, 1; …``).
+    ``stacks`` (rank -> faulthandler dump) says where a rank that never entered is instead."""
+    from ddptui.diagnosis import Diagnosis, classify_stack
+
+    answers = request_traces(socket_dir, ranks, timeout)
+    fresh = sorted(r for r, a in answers.items() if a == "ok")
+    traces, unreadable = load_traces(run_dir, fresh)
+    where = {rank: classify_stack(text).where for rank, text in (stacks or {}).items()}
+    found, why = explain(traces, world_size, where) if traces else ([], "no trace")
+    note = f"Flight Recorder: traces of {_ranks_text(traces)}" if traces else "Flight Recorder"
+    absent = {r: a for r, a in answers.items() if a != "ok"} | unreadable
+    if absent:
+        note += "; none from " + "; ".join(f"rank {r} ({a})" for r, a in sorted(absent.items()))
+    if why:
+        note += f"; {why}"
+    elif not found:
+        note += "; every collective matches across the ranks"
+    return [Diagnosis(f.rank, f.cause, f.detail, t) for f in found], note

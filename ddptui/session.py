@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddptui import protocol
+from ddptui import flight, flight_rank, protocol
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig, check_restart_checkpoint
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
@@ -164,6 +164,10 @@ class RunSession:
         #: The first failure another node reported (it tears this node down too).
         self.remote_failure: RankFailureInfo | None = None
         self._concluding = False
+        #: The private directory of the ranks' Flight Recorder sockets (None: recorder off).
+        self.fr_dir: Path | None = None
+        #: What the last Flight Recorder check read (one line), or None.
+        self.flight_note: str | None = None
 
     @property
     def join_line(self) -> str | None:
@@ -190,10 +194,16 @@ class RunSession:
             raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
         self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
         self.stats = self.collector.stats
+        if getattr(self.cfg, "flight_recorder", True):
+            try:
+                self.fr_dir = flight.make_socket_dir()
+            except OSError:
+                self.fr_dir = None  # the run goes on; hangs are judged without traces
         if self.cfg.multinode:
             self.launcher = self._start_host()
         else:
             self.launcher = make_launcher(self.cfg, self.collector.endpoint)
+        self._arm_flight(self.launcher)
         self.state.started_at = self.clock()
         self.state.begin_attempt(
             AttemptRecord(0, time.time(), resumed_from=self.cfg.resume or None)
@@ -274,6 +284,35 @@ class RunSession:
         if self.diagnoser.hang is not None and not self._hung:
             self._on_hang(now)
 
+    def _arm_flight(self, launcher: Launcher) -> None:
+        """Tell the ranks where to listen for Flight Recorder trace requests."""
+        if self.fr_dir is not None and hasattr(launcher, "extra_env"):
+            launcher.extra_env[flight_rank.SOCKET_DIR_ENV] = str(self.fr_dir)
+
+    def flight_check(self, now: float | None = None, record: bool = True) -> list[Diagnosis]:
+        """Ask every live rank for its Flight Recorder trace and name the rank and collective
+        that do not match (hang: never entered; desync: other arguments). Blocks up to
+        :data:`ddptui.flight.REQUEST_TIMEOUT_S`; safe from any thread. ``record``: keep the
+        findings as diagnoses (a verdict); else only return them (the user asked)."""
+        if self.fr_dir is None:
+            self.flight_note = "Flight Recorder off (--no-flight-recorder)"
+            return []
+        now = self.clock() if now is None else now
+        with self._lock:
+            ranks = [r for r, v in self.state.ranks.items() if v.state == "started"]
+            t = self.state.elapsed(now)
+            stacks = dict(self.stacks)
+        found, note = flight.collect(
+            self.fr_dir, self.run_dir, ranks, self.cfg.world_size, t, stacks=stacks
+        )
+        with self._lock:
+            self.flight_note = note
+            if record:
+                for diagnosis in found:
+                    self.diagnoser.record(diagnosis)
+                self._news += found
+        return found
+
     def _on_hang(self, now: float) -> None:
         """Capture every rank's stack, name the culprit, then stop the run (or keep it)."""
         from ddptui.stacks import capture_stacks
@@ -285,6 +324,7 @@ class RunSession:
         with self._lock:
             self.stacks = stacks
             self._news += self.diagnoser.explain_hang(stacks, self.state.elapsed(now))
+        self.flight_check(now)
         if self.on_hang != "keep" and self.launcher is not None and self.result is None:
             self._conclude(self.launcher.stop(), hung=True)
 
@@ -416,6 +456,7 @@ class RunSession:
                 AttemptRecord(number, time.time(), resumed_from=resume, resumed_from_epoch=epoch)
             )
         self.launcher = make_launcher(self.cfg, self.collector.endpoint, number, resume)
+        self._arm_flight(self.launcher)
         held = {signal.SIGINT, signal.SIGTERM}
         old = signal.pthread_sigmask(signal.SIG_BLOCK, held)  # no signal between start and
         try:  # remembering the process
@@ -548,6 +589,7 @@ class RunSession:
         if self.collector is not None:
             self.collector.close()
             self.collector = None
+        flight.remove_socket_dir(self.fr_dir)
         if self._events_file is not None:
             try:
                 self._events_file.close()

@@ -35,6 +35,7 @@ from pathlib import Path
 from ddptui.argv import split_passthrough
 from ddptui.constants import ATTEMPT_ENV, PARENT_PID_ENV, RESTART_COUNT_ENV, THREADS_ENV
 from ddptui.cpus import threads_per_rank
+from ddptui.flight_rank import start_trace_server
 from ddptui.instrument import install_rank
 from ddptui.rundir import RunDir
 
@@ -108,6 +109,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
 
         torch.set_num_threads(threads)
     install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
+    start_trace_server(run_dir, rank)  # Flight Recorder traces on ddptui's request
 
 
 def report_failure(error: str, trace: str | None) -> None:

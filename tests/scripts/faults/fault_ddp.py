@@ -1,0 +1,115 @@
+"""A small DDP script (no ddptui import) with one fault on one rank, for the fault matrix.
+
+``FAULT`` picks the fault; ``FAULT_RANK`` (default: the last rank) commits it at step
+``FAULT_STEP`` (default 6) of ``FAULT_STEPS`` (default 12). Each step is a DDP step plus a
+metrics ``all_reduce`` of the loss, as training scripts do.
+
+Faults: ``extra`` (one all_reduce more), ``skip`` (the metrics all_reduce left out), ``sleep``
+(sleeps ``FAULT_SLEEP_S``, default 3600, just before the metrics all_reduce), ``shape`` (the
+metrics all_reduce with another shape), ``dtype`` (with another dtype), ``loader`` (a
+DataLoader worker that deadlocks), ``kill`` (SIGKILL to itself), ``loop`` (an endless Python
+loop). Healthy controls: ``slow_start`` (sleeps ``FAULT_SLEEP_S`` before the first step, on
+every rank), ``slow_step`` (one step ``FAULT_SLEEP_S`` longer, on every rank), ``uneven``
+(the last batch is smaller), ``none``.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+FAULT = os.environ.get("FAULT", "none")
+STEPS = int(os.environ.get("FAULT_STEPS", "12"))
+STEP = int(os.environ.get("FAULT_STEP", "6"))
+SLEEP_S = float(os.environ.get("FAULT_SLEEP_S", "3600"))
+BATCH = 8
+
+
+class Points(Dataset):
+    """Random points; with ``loader``, the faulty rank's worker deadlocks at item ``at``."""
+
+    def __init__(self, size, deadlock_at=None):
+        self.x = torch.randn(size, 16, generator=torch.Generator().manual_seed(0))
+        self.deadlock_at = deadlock_at
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        if self.deadlock_at is not None and index >= self.deadlock_at:
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()  # a worker that deadlocks: it never returns this item
+        return self.x[index], self.x[index].sum(0, keepdim=True)
+
+
+def load_batch(batches):
+    return next(batches)
+
+
+def report_loss(loss):
+    """The metrics all_reduce of every step."""
+    total = loss.detach().reshape(1)
+    dist.all_reduce(total)
+    return total
+
+
+def spin():
+    n = 0
+    while True:
+        n += 1
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bad = rank == int(os.environ.get("FAULT_RANK", world - 1))
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    size = STEPS * BATCH - (3 if FAULT == "uneven" else 0)
+    data = Points(size, deadlock_at=(STEP - 1) * BATCH if FAULT == "loader" and bad else None)
+    loader = DataLoader(data, batch_size=BATCH, num_workers=1 if FAULT == "loader" else 0)
+    batches = iter(loader)
+    if FAULT == "slow_start":
+        time.sleep(SLEEP_S)
+    for step in range(1, STEPS + 1):
+        at = step == STEP
+        if at and FAULT == "slow_step":
+            time.sleep(SLEEP_S)
+        x, y = load_batch(batches)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if at and bad:
+            if FAULT == "extra":
+                dist.all_reduce(torch.ones(1))
+            elif FAULT == "sleep":
+                time.sleep(SLEEP_S)
+            elif FAULT == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif FAULT == "loop":
+                spin()
+        if at and bad and FAULT == "skip":
+            continue
+        if at and bad and FAULT == "shape":
+            dist.all_reduce(torch.ones(3))
+        elif at and bad and FAULT == "dtype":
+            dist.all_reduce(loss.detach().reshape(1).double())
+        else:
+            report_loss(loss)
+    dist.barrier()
+    print(f"rank {rank} done", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
