@@ -327,6 +327,8 @@ def _values(sizes: list[list[int]], dtypes: list[str]) -> str:
         return "no data"
     kinds = sorted(set(dtypes))
     noun = _DTYPE_NOUNS.get(kinds[0], f"{kinds[0]} values") if len(kinds) == 1 else "values"
+    if n == 1 and noun.endswith("s"):
+        noun = noun[:-1]  # "1 float"
     return f"{n:,} {noun}"
 
 

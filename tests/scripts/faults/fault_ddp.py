@@ -8,11 +8,13 @@ Faults: ``extra`` (one all_reduce more), ``skip`` (the metrics all_reduce left o
 (sleeps ``FAULT_SLEEP_S``, default 3600, just before the metrics all_reduce), ``shape`` (the
 metrics all_reduce with another shape), ``dtype`` (with another dtype), ``loader`` (a
 DataLoader worker that deadlocks), ``kill`` (SIGKILL to itself), ``loop`` (an endless Python
-loop). Healthy controls: ``slow_start`` (sleeps ``FAULT_SLEEP_S`` before the first step, on
-every rank), ``slow_step`` (one step ``FAULT_SLEEP_S`` longer, on every rank), ``uneven``
-(the last batch is smaller), ``none``.
+loop). Healthy controls: ``slow_start`` (``FAULT_SLEEP_S`` of busy preparation before the
+first step, on every rank), ``slow_step`` (one step ``FAULT_SLEEP_S`` of busy work longer, on
+every rank), ``uneven`` (the last batch is smaller), ``none``. ``FAULT_MARK`` names a file the
+faulty rank writes when it commits the fault (time, rank, the collective's sequence number).
 """
 
+import json
 import os
 import signal
 import threading
@@ -48,6 +50,18 @@ class Points(Dataset):
         return self.x[index], self.x[index].sum(0, keepdim=True)
 
 
+def mark(rank):
+    """Write down the fault: when, on which rank, and the sequence number of the collective it
+    concerns (the next one this rank enters; torch's own count), for the fault matrix."""
+    path = os.environ.get("FAULT_MARK")
+    if not path:
+        return
+    status = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(False, True, "gloo"))
+    enqueued = max(int(s["last_enqueued_collective"]) for s in status["pg_status"].values())
+    with open(path, "w") as f:
+        json.dump({"t": time.time(), "rank": rank, "seq": enqueued + 1}, f)
+
+
 def load_batch(batches):
     return next(batches)
 
@@ -57,6 +71,15 @@ def report_loss(loss):
     total = loss.detach().reshape(1)
     dist.all_reduce(total)
     return total
+
+
+def prepare(seconds):
+    """Busy preparation (building a dataset, say): the CPU works, the stack moves."""
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n = sum(range(1000)) + n % 7
+    return n
 
 
 def spin():
@@ -79,16 +102,20 @@ def main():
     loader = DataLoader(data, batch_size=BATCH, num_workers=1 if FAULT == "loader" else 0)
     batches = iter(loader)
     if FAULT == "slow_start":
-        time.sleep(SLEEP_S)
+        prepare(SLEEP_S)
     for step in range(1, STEPS + 1):
         at = step == STEP
         if at and FAULT == "slow_step":
-            time.sleep(SLEEP_S)
+            prepare(SLEEP_S)
+        if at and bad and FAULT == "loader":
+            mark(rank)
         x, y = load_batch(batches)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if at and bad and FAULT not in ("loader", "none", "uneven"):
+            mark(rank)
         if at and bad:
             if FAULT == "extra":
                 dist.all_reduce(torch.ones(1))
