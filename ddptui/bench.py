@@ -808,7 +808,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``ddptui bench``: exit 0 when every runnable configuration was measured, 1 when one
     failed, 2 for bad options, 128 + signal when interrupted (results so far are written)."""
     from ddptui.config import ConfigError
-    from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
+    from ddptui.headless import Interrupted, signals_interrupt
+    from ddptui.launch.signals import signals_deferred
     from ddptui.rundir import RunDirError
 
     out = out or sys.stdout

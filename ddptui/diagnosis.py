@@ -27,10 +27,11 @@ import re
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ddptui.constants import PHASES
+from ddptui.frames import Frame, StackInfo, classify
 
 #: Every cause a diagnosis can name.
 CAUSES = (
@@ -209,17 +210,36 @@ def _straggler(
 
 
 # -- hangs -------------------------------------------------------------------------------------
+# A verdict needs evidence, never silence alone: a rank is *stuck* when its heartbeat shows a
+# stack (and steps and collectives) that has not moved for the limit while its process used
+# almost no CPU. A rank preparing (tokenising, compiling), computing a long step or waiting on
+# a busy peer moves its stack or burns CPU; a rank blocked in a collective or a deadlock does
+# neither.
+#
+# How the default limit was chosen: 60 s, or 20 typical step times when that is longer. A
+# healthy rank rarely stands still, CPU idle, for a minute: a step, an evaluation pass or a
+# checkpoint keeps the stack moving or the CPU busy; and a minute names a hang long before
+# torch's own collective timeouts end the run (10 min for NCCL, 30 min for gloo) with less to
+# say. Before a rank's first step the default is :data:`PREPARE_HANG_S` instead: one rank
+# downloading or indexing data while its peers wait at a barrier is normal start-up. An
+# explicit ``--hang-timeout`` applies before and after the first step alike.
+
 #: The default hang limit: at least this many seconds...
 HANG_MIN_S = 60.0
 #: ...and at least this many typical step times.
 HANG_STEPS = 20
-#: Before a rank's first step (imports, data loading, rendezvous) it gets at least this long.
-HANG_STARTUP_S = 60.0
+#: The default limit before a rank's first step (unless ``--hang-timeout`` is given).
+PREPARE_HANG_S = 300.0
+#: A rank standing still used less than this share of one core: its CPU idles.
+IDLE_CPU_SHARE = 0.1
+#: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
+BEAT_LATE = 3
 
 
 def hang_limit(state: Any, hang_timeout: float | None = None) -> float | None:
-    """Seconds without progress after which a rank is hung: ``hang_timeout`` when given (0
-    turns hang detection off: None), else the larger of 60 s and 20x the median step time."""
+    """Seconds a rank may stand still (after its first step) before it counts as stuck:
+    ``hang_timeout`` when given (0 turns hang detection off: None), else the larger of 60 s
+    and 20x the median step time."""
     if hang_timeout is not None:
         return float(hang_timeout) if hang_timeout > 0 else None
     typical = [v.typical_step_time for v in state.ranks.values() if v.typical_step_time is not None]
@@ -227,60 +247,79 @@ def hang_limit(state: Any, hang_timeout: float | None = None) -> float | None:
     return max(HANG_MIN_S, HANG_STEPS * median)
 
 
-def hung_ranks(state: Any, now: float, limit: float | None) -> dict[int, float]:
-    """Running ranks silent for longer than ``limit`` (rank -> seconds without an event).
+def prepare_limit(limit: float | None, hang_timeout: float | None = None) -> float | None:
+    """The limit before a rank's first step: ``--hang-timeout`` when given, else the larger
+    of the running limit and :data:`PREPARE_HANG_S`."""
+    if limit is None:
+        return None
+    return limit if hang_timeout is not None else max(limit, PREPARE_HANG_S)
 
-    A rank that has not stepped yet gets at least :data:`HANG_STARTUP_S`; a rank that never
-    said anything counts from the run's start. Nothing is hung once the run has ended.
+
+@dataclass(frozen=True)
+class Stuck:
+    """Evidence that one rank is stuck: how long it stood still and what it did meanwhile."""
+
+    rank: int
+    seconds: float
+    #: CPU seconds it used while standing still (None: not known from its heartbeat).
+    cpu: float | None
+    #: Where its main thread is (its heartbeat's frame), and the collective it waits in.
+    frame: str | None = None
+    waiting: str | None = None
+    #: ``heartbeat``: its own beats showed it; ``silent``: its beats stopped (the GIL held or
+    #: the process stopped) and ddptui's own CPU sample of it idles.
+    how: str = "heartbeat"
+
+    def describe(self) -> str:
+        where = f" in {self.waiting}" if self.waiting else ""
+        where += f" at {self.frame}" if self.frame else ""
+        if self.how == "silent":
+            return f"rank {self.rank}{where}: heartbeat silent for {self.seconds:.0f} s, CPU idle"
+        cpu = "" if self.cpu is None else f", {self.cpu:.1f} CPU s"
+        return f"rank {self.rank}{where}: stack unchanged for {self.seconds:.0f} s{cpu}"
+
+
+def stuck_ranks(
+    state: Any,
+    now: float,
+    limit: float | None,
+    before_first_step: float | None = None,
+    cpu_percent: Mapping[int, float] | None = None,
+    beat_s: float = 2.0,
+) -> dict[int, Stuck]:
+    """The live ranks with evidence of being stuck (rank -> :class:`Stuck`).
+
+    From the rank's heartbeat: its stack, steps and collectives have not moved for the limit
+    (``before_first_step`` until its first step) and it used under :data:`IDLE_CPU_SHARE` of
+    a core meanwhile. A rank whose beats stopped coming (its heartbeat thread cannot run:
+    the GIL is held, or the process is stopped) is stuck only when it stood still up to its
+    last beat and ddptui's own sample of its CPU (``cpu_percent``) idles. A rank that sends
+    no beats at all (an older ddptui, or a rank that has not announced itself) is never
+    judged: silence is not evidence. Nothing is stuck once the run has ended.
     """
     if limit is None or state.outcome:
         return {}
-    hung: dict[int, float] = {}
+    stuck: dict[int, Stuck] = {}
     for rank, view in state.ranks.items():
-        if view.state not in ("pending", "started"):
+        if view.state != "started" or view.beat_at is None or view.still_since is None:
             continue
-        since = view.last_seen if view.last_seen is not None else state.started_at
-        if since is None:
+        allowed = limit if view.step > 0 else (before_first_step or limit)
+        late = now - view.beat_at > BEAT_LATE * beat_s
+        if late:
+            quiet = now - view.still_since
+            cpu = (cpu_percent or {}).get(rank)
+            if quiet >= allowed and cpu is not None and cpu < IDLE_CPU_SHARE * 100:
+                stuck[rank] = Stuck(rank, quiet, None, view.frame, view.waiting, "silent")
             continue
-        allowed = limit if view.step > 0 else max(limit, HANG_STARTUP_S)
-        quiet = now - since
-        if quiet > allowed:
-            hung[rank] = quiet
-    return hung
-
-
-@dataclass(frozen=True)
-class Frame:
-    file: str
-    line: int
-    func: str
-
-    @property
-    def short(self) -> str:
-        return f"{self.func} ({self.file.rsplit('/', 1)[-1]}:{self.line})"
-
-
-@dataclass(frozen=True)
-class StackInfo:
-    """Where one rank's main thread is: in a collective (and which), or elsewhere."""
-
-    in_collective: bool
-    #: The collective (``all_reduce``, ``barrier``, ``DDP gradient all-reduce``…) or None.
-    collective: str | None
-    #: The innermost frame of the script (or, without one, the innermost frame).
-    where: str
-    frames: tuple[Frame, ...] = field(default=(), repr=False)
+        still = view.still_for or 0.0
+        used = view.cpu_while_still
+        if still >= allowed and used is not None and used < IDLE_CPU_SHARE * still:
+            stuck[rank] = Stuck(rank, still, used, view.frame, view.waiting)
+    return stuck
 
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
-_COLLECTIVE_FUNC = re.compile(
-    r"all_?reduce|barrier|broadcast|all_?gather|gather|scatter|reduce_?scatter|all_?to_?all"
-    r"|^wait|_wait$|^recv|^send|isend|irecv|monitored_barrier|_sync_buffers|sync_module_states"
-    r"|_verify_param_shape",
-    re.I,
-)
-_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "/ddptui/")
 
 
 def parse_stacks(text: str) -> list[list[Frame]]:
@@ -310,39 +349,10 @@ def main_thread(threads: list[list[Frame]]) -> list[Frame]:
     return threads[-1] if threads else []
 
 
-def _is_library(frame: Frame) -> bool:
-    """torch, installed packages, the standard library, ddptui, and code without a file."""
-    return frame.file.startswith("<") or any(part in frame.file for part in _LIBRARY)
-
-
 def classify_stack(text: str) -> StackInfo:
-    """Whether a rank's main thread sits in a collective, from its faulthandler dump.
-
-    Walks from the innermost frame outwards up to the first frame of the script: a frame of
-    ``torch/distributed/``, DDP's own (buffer broadcast, bucket rebuild), autograd's backward
-    (where DDP waits for the gradient all-reduce) or a function named like a collective
-    (``all_reduce``, ``barrier``, ``broadcast``, ``wait``…) in torch means a collective.
-    """
-    frames = main_thread(parse_stacks(text))
-    if not frames:
-        return StackInfo(False, None, "no Python stack")
-    user = next((f for f in frames if not _is_library(f)), None)
-    where = (user or frames[0]).short
-    for frame in frames:
-        if frame is user:
-            break
-        path = frame.file.replace("\\", "/")
-        if "/torch/" not in path:
-            continue
-        if "/torch/distributed/" in path:
-            return StackInfo(True, frame.func, where, tuple(frames))
-        if path.endswith("torch/nn/parallel/distributed.py"):
-            return StackInfo(True, f"DDP {frame.func}", where, tuple(frames))
-        if "/torch/autograd/" in path and frame.func in ("_engine_run_backward", "backward"):
-            return StackInfo(True, "DDP gradient all-reduce, in backward", where, tuple(frames))
-        if _COLLECTIVE_FUNC.search(frame.func):
-            return StackInfo(True, frame.func, where, tuple(frames))
-    return StackInfo(False, None, where, tuple(frames))
+    """Whether a rank's main thread sits in a collective, from its faulthandler dump (see
+    :func:`ddptui.frames.classify`)."""
+    return classify(main_thread(parse_stacks(text)))
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
@@ -358,7 +368,7 @@ def diagnose_hang(
     (all in collectives: mismatched collectives or a lost peer; or no stacks) the hang is
     reported for the run as a whole."""
     quiet = max(hung.values()) if hung else 0.0
-    head = f"no progress for {quiet:.0f} s on {_ranks_text(hung)} (limit {limit:g} s)"
+    head = f"{_ranks_text(hung)} stood still for {quiet:.0f} s, CPU idle (limit {limit:g} s)"
     infos = {rank: classify_stack(text) for rank, text in sorted(stacks.items())}
     waiting = {r: i for r, i in infos.items() if i.in_collective}
     culprits = {r: i for r, i in infos.items() if not i.in_collective}
@@ -544,9 +554,29 @@ def diagnose_crash(
     else:
         everyone = sorted(ends, key=lambda e: (e.t is None, e.t or 0.0, e.rank))
         cause = everyone[0]
-    out = [_cause_diagnosis(cause, memory, rss, t)]
+    first = _cause_diagnosis(cause, memory, rss, t)
+    line = _error_line(cause)
+    # A rank that failed with an error of its own (not one a lost peer produces) is its own
+    # failure, never a consequence: the same bug hitting two ranks is two failures.
+    own = [e for e in primaries if e is not cause]
+    same = [e for e in own if not e.killed and not cause.killed and _error_line(e) == line]
+    if same:
+        ranks = [cause.rank, *(e.rank for e in same)]
+        names = ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+        first = Diagnosis(
+            cause.rank, "crash", f"ranks {names} failed with the same error: {line}", t
+        )
+    out = [first]
+    for end in own:
+        detail = (
+            f"rank {end.rank} failed in its own code with the same error as rank {cause.rank} "
+            f"(not a consequence): {line}"
+            if end in same
+            else f"rank {end.rank} also failed on its own (not a consequence): {_error_line(end)}"
+        )
+        out.append(Diagnosis(end.rank, "crash", detail, t))
     for end in ends:
-        if end is cause:
+        if end is cause or end in own:
             continue
         out.append(
             Diagnosis(
@@ -633,6 +663,8 @@ class Diagnoser:
         #: The hang found (the first one), with the ranks and how long they were quiet.
         self.hang: Diagnosis | None = None
         self.hung: dict[int, float] = {}
+        #: The evidence behind the hang, per stuck rank.
+        self.stuck: dict[int, Stuck] = {}
         self.limit: float | None = None
         self._candidate: tuple[int | None, str] | None = None
         self._held = 0
@@ -664,14 +696,17 @@ class Diagnoser:
                 found.append(finding)
         if self.hang is None:
             limit = hang_limit(state, self.hang_timeout)
-            hung = hung_ranks(state, now, limit)
-            if hung and limit is not None:
-                self.limit, self.hung = limit, hung
+            before = prepare_limit(limit, self.hang_timeout)
+            stuck = stuck_ranks(state, now, limit, before, cpu_percent)
+            if stuck and limit is not None:
+                stepped = any(state.ranks[rank].step > 0 for rank in stuck)
+                self.limit = limit if stepped else (before or limit)
+                self.stuck = stuck
+                self.hung = {rank: s.seconds for rank, s in stuck.items()}
                 self.hang = Diagnosis(
                     None,
                     "hang",
-                    f"no progress for {max(hung.values()):.0f} s on {_ranks_text(hung)} "
-                    f"(limit {limit:g} s)",
+                    "; ".join(s.describe() for s in stuck.values()) + f" (limit {self.limit:g} s)",
                     t,
                 )
                 found.append(self.hang)

@@ -19,6 +19,7 @@ from ddptui.config import RunConfig, resume_command
 from ddptui.constants import PHASES
 from ddptui.diagnosis import Diagnosis
 from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.launch.signals import signals_deferred
 from ddptui.rundir import RunDirError, rank_log_name
 from ddptui.session import RunSession
 from ddptui.state import RunState
@@ -55,7 +56,8 @@ def diagnosis_line(diagnosis: Diagnosis) -> str:
 def progress_line(state: RunState, now: float) -> str:
     """One line of live status, shared by the periodic print and the terminal bar."""
     epoch = state.current_epoch
-    epochs = f"{epoch or '-'}/{state.epochs or '?'}"
+    epochs = "-" if epoch is None else str(epoch)
+    epochs += f"/{state.epochs}" if state.epochs else ""
     last = state.last_eval
     parts = [
         f"[{fmt_duration(state.elapsed(now)):>6}]",
@@ -65,6 +67,16 @@ def progress_line(state: RunState, now: float) -> str:
         f"acc {fmt_num(last.accuracy if last else None)}",
         f"ETA {fmt_duration(state.eta(now))}",
     ]
+    preparing = [v for v in state.ranks.values() if v.activity == "preparing"]
+    if preparing and not state.outcome:
+        first = preparing[0]
+        where = f" at {first.frame}" if first.frame else ""
+        who = (
+            f"rank {first.rank}"
+            if len(preparing) == 1
+            else f"{len(preparing)} ranks, rank {first.rank}"
+        )
+        parts.append(f"preparing ({who}{where})")
     problems = state.health(now)
     if problems:
         parts.append("; ".join(f"rank {r} {why}" for r, why in sorted(problems.items())))
@@ -102,10 +114,8 @@ class HeadlessConsole:
             if isinstance(event, protocol.Status):
                 if event.state == "started" and event.rank not in self._announced:
                     self._announced.add(event.rank)
-                    self.line(
-                        f"rank {event.rank} started: pid {event.pid} on {event.host}, "
-                        f"device {event.device}"
-                    )
+                    device = f", device {event.device}" if event.device else ""
+                    self.line(f"rank {event.rank} started: pid {event.pid} on {event.host}{device}")
                 elif event.state == "failed":
                     self.line(f"rank {event.rank} failed: {event.error}")
             elif isinstance(event, protocol.Eval) and event.rank == min(state.ranks):
@@ -156,26 +166,27 @@ class HeadlessConsole:
     def summary(self, session: RunSession, now: float) -> None:
         state = session.state
         stats = session.stats
-        last = state.last_eval
-        acc = (
-            f"final accuracy {fmt_num(last.accuracy)} (epoch {last.epoch})"
-            if last
-            else "no evaluation received"
-        )
         rejected = f", {stats.rejected} rejected" if stats.rejected else ""
         verdict = state.outcome or "ended"
+        if verdict == "finished" and not any(v.step for v in state.ranks.values()):
+            verdict = "finished without a step"
         self.line(
-            f"run {verdict} after {fmt_duration(state.elapsed(now))}: {acc}; "
+            f"run {verdict} after {fmt_duration(state.elapsed(now))}: "
+            f"{eval_summary(state, bool(session.cfg.script))}; "
             f"{state.samples_total:,} samples; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )
         for line in phase_table(state):
             self.line(line)
         if state.outcome == "hung":
-            self.line(
-                "HUNG: the run was torn down (exit code 3); every rank's stack is in "
-                "summary.json and stacks-rank-N.txt"
+            captured = sorted(session.stacks)
+            where = (
+                f"the stacks of {'rank' if len(captured) == 1 else 'ranks'} "
+                f"{', '.join(map(str, captured))} are in summary.json and stacks-rank-N.txt"
+                if captured
+                else "no rank's stack could be captured"
             )
+            self.line(f"HUNG: the run was torn down (exit code 3); {where}")
         failure = state.failure
         if len(state.attempts) > 1:
             self.line(f"{len(state.attempts)} attempts ({len(state.attempts) - 1} restarts)")
@@ -191,6 +202,17 @@ class HeadlessConsole:
         if state.outcome == "stopped" and session.files.checkpoint.is_file():
             self.line(f"to continue: ddptui --resume {session.run_dir}")
             self.line(f"         or: {resume_command(session.cfg)}")
+
+
+def eval_summary(state: RunState, script: bool) -> str:
+    """The evaluation part of the run's last line: the final accuracy, or plainly that none
+    was reported (and, for a script, how to report one)."""
+    last = state.last_eval
+    if last is not None:
+        return f"final accuracy {fmt_num(last.accuracy)} (epoch {last.epoch})"
+    if script:
+        return "the script reports no evaluation (ddptui.log_eval(epoch=…, accuracy=…) adds it)"
+    return "no evaluation received"
 
 
 def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
@@ -243,18 +265,6 @@ def signals_interrupt() -> Iterator[SignalGuard]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back while processes are being started, so no signal can land
-    between starting a process and remembering it; a held signal is delivered on exit."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSession) -> None:

@@ -364,6 +364,12 @@ class Instrument:
         if self.torch is not None:
             return
         self.torch = torch
+        if not self._atexit:
+            # Registered after the reporter's exit handler (the rank entry creates the
+            # reporter first), so it runs before it: the last steps go out before the reporter
+            # closes, however few steps the script took.
+            self._atexit = True
+            atexit.register(self._at_exit)
         steps = [
             self._attach_optimizer,
             self._attach_ddp,
@@ -741,9 +747,6 @@ class Instrument:
 
             get_reporter = self._get_reporter = reporter_module.get_reporter
         reporter = get_reporter()
-        if not self._atexit:  # after the reporter's own: runs before it at exit
-            self._atexit = True
-            atexit.register(self._at_exit)
         reporter.log(loss=(values or {}).get("loss"), phases=phases, **fields)
         self.steps_sent += 1
         if self.steps_sent == 1:

@@ -96,6 +96,44 @@ class Status(Event, tag="status"):
     node: int | None = None
 
 
+#: Most GPUs one node sample may describe.
+MAX_NODE_GPUS = 64
+ShortText = Annotated[str, msgspec.Meta(max_length=128)]
+#: Longest frame description (``func (file.py:line)``) a heartbeat carries.
+MAX_FRAME_CHARS = 300
+#: Most process groups one heartbeat describes.
+MAX_BEAT_GROUPS = 16
+
+
+class CollectiveMark(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A rank's progress through one process group's collectives (torch's Flight Recorder):
+    the last one it started (its op and sequence number) and the last one that completed."""
+
+    pg: ShortText
+    op: ShortText | None = None
+    started: NonNegInt | None = None
+    completed: NonNegInt | None = None
+
+
+class Beat(Event, tag="beat"):
+    """A rank's heartbeat, every few seconds from a thread of its own (it needs nothing of the
+    main thread, which may be blocked in a collective): where the main thread is, whether its
+    stack moved, the process's CPU time, and its collectives. It is the evidence a hang
+    verdict stands on: a stack that has not moved while the CPU idles."""
+
+    #: The script's innermost frame of the main thread, ``func (file.py:line)``.
+    frame: Annotated[str, msgspec.Meta(max_length=MAX_FRAME_CHARS)] | None = None
+    #: The collective the main thread waits in (``all_reduce``, ``barrier``…), if any.
+    waiting: ShortText | None = None
+    #: A digest of the main thread's whole stack: unchanged means the stack has not moved.
+    digest: Annotated[str, msgspec.Meta(max_length=32)] | None = None
+    #: CPU seconds the process has used (all threads).
+    cpu: float | None = None
+    #: Steps the rank has taken so far (0: still preparing).
+    steps: NonNegInt = 0
+    collectives: Annotated[list[CollectiveMark], msgspec.Meta(max_length=MAX_BEAT_GROUPS)] = []
+
+
 class Step(Event, tag="step"):
     """One training step on one rank."""
 
@@ -137,11 +175,6 @@ class LogLine(Event, tag="log"):
     line: Annotated[str, msgspec.Meta(max_length=4096)]
 
 
-#: Most GPUs one node sample may describe.
-MAX_NODE_GPUS = 64
-ShortText = Annotated[str, msgspec.Meta(max_length=128)]
-
-
 class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=False):
     """One GPU of a node sample (None: the field is not available there)."""
 
@@ -169,8 +202,8 @@ class NodeSample(Event, tag="node"):
     gpu_reason: Annotated[str, msgspec.Meta(max_length=200)] | None = None
 
 
-AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample
-KINDS = ("status", "step", "eval", "epoch", "log", "node")
+AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat
+KINDS = ("status", "step", "eval", "epoch", "log", "node", "beat")
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _batch_decoder = msgspec.msgpack.Decoder(
@@ -220,7 +253,7 @@ def _float_fields(cls: type) -> tuple[str, ...]:
 
 
 _FLOAT_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: _float_fields(cls) for cls in (Status, Step, Eval, EpochEnd, LogLine, NodeSample)
+    cls: _float_fields(cls) for cls in (Status, Step, Eval, EpochEnd, LogLine, NodeSample, Beat)
 }
 _KIND_FLOAT_FIELDS = {cls.__struct_config__.tag: f for cls, f in _FLOAT_FIELDS.items()}
 #: The float fields' values of an event, as a tuple (one getter per kind: to_json is hot).
@@ -295,6 +328,9 @@ def implausible(event: AnyEvent, world_size: int | None = None) -> str | None:
                 return f"local_rank {event.local_rank} outside world size {event.world_size}"
     elif kind is NodeSample:
         return _implausible_node(event)
+    elif kind is Beat:
+        if event.cpu is not None and not 0.0 <= event.cpu <= MAX_SECONDS:
+            return f"cpu {event.cpu!r}"
     return None
 
 

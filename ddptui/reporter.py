@@ -110,6 +110,8 @@ class Reporter:
         self._seq = 0
         self.attempt = attempt_from_env()
         self._step = 0
+        #: Steps sent so far (0: the rank is still preparing).
+        self.steps_logged = 0
         self._epoch: int | None = None
         self._epoch_started = time.monotonic()
         self._epoch_samples = 0
@@ -283,13 +285,17 @@ class Reporter:
         device_uuid: str | None = None,
         epochs: int | None = None,
         steps_per_epoch: int | None = None,
+        guess_device: bool = True,
     ) -> None:
         """Announce this rank: pid, host, local rank, device, and what it knows of the plan
         (epochs, steps per epoch). Sent on the first call, and again only when a later call
-        adds something new (a trainer learns its steps per epoch once its data is loaded)."""
+        adds something new (a trainer learns its steps per epoch once its data is loaded).
+
+        The rank entry announces the rank before the script runs, with ``guess_device``
+        False (the script has not chosen its device yet); the first later call names it."""
         if self._socket is None:
             return
-        if not self._started_sent and device is None:
+        if device is None and guess_device and "device" not in self._announced:
             device, device_uuid = _current_device()
         given = {
             "device": device,
@@ -372,7 +378,7 @@ class Reporter:
         if self._socket is None:
             return
         now = time.monotonic()
-        if not self._started_sent:
+        if "device" not in self._announced:
             self.started()
         epoch = values.pop("epoch", None)
         if epoch is not None and epoch != self._epoch:
@@ -382,6 +388,7 @@ class Reporter:
             self._epoch_started = self._last_step_at or now
             self._epoch_samples = 0
         samples = int(values.pop("samples", 0) or 0)
+        self.steps_logged += 1
         step = values.pop("step", None)
         self._step = int(step) if step is not None else self._step + 1
         step_time = values.pop("step_time", None)
@@ -411,6 +418,40 @@ class Reporter:
             step_time=step_time,
             metrics=metrics,
             phases=phases,
+        )
+
+    def beat(
+        self,
+        frame: str | None,
+        waiting: str | None,
+        digest: str | None,
+        cpu: float | None,
+        collectives: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Send a heartbeat (see :mod:`ddptui.heartbeat`); callable from any thread."""
+        if self._socket is None:
+            return
+        marks = []
+        for mark in (collectives or [])[: protocol.MAX_BEAT_GROUPS]:
+            try:
+                marks.append(
+                    protocol.CollectiveMark(
+                        pg=str(mark.get("pg", "?"))[:128],
+                        op=None if mark.get("op") is None else str(mark["op"])[:128],
+                        started=_seq_or_none(mark.get("started")),
+                        completed=_seq_or_none(mark.get("completed")),
+                    )
+                )
+            except (AttributeError, TypeError, ValueError):
+                continue
+        self._send(
+            protocol.Beat,
+            frame=frame[: protocol.MAX_FRAME_CHARS] if frame else None,
+            waiting=waiting[:128] if waiting else None,
+            digest=digest[:32] if digest else None,
+            cpu=cpu if cpu is not None and 0.0 <= cpu <= protocol.MAX_SECONDS else None,
+            steps=self.steps_logged,
+            collectives=marks,
         )
 
     def log_eval(self, **values: Any) -> None:
@@ -454,6 +495,13 @@ class Reporter:
         )
         self._epoch_samples = 0
         self._epoch_open = False
+
+
+def _seq_or_none(value: Any) -> int | None:
+    """A collective sequence number as the wire takes it (a non-negative int), else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 def _node_rank() -> int | None:

@@ -26,6 +26,7 @@ from ddptui.config import RunConfig, check_restart_checkpoint
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
 from ddptui.diagnosis import Diagnoser, Diagnosis, diagnose_crash, diagnoses_for_summary, rank_ends
 from ddptui.launch import Launcher, LaunchResult, Rendezvous
+from ddptui.launch.signals import signals_deferred
 from ddptui.rundir import (
     EXIT_CODES,
     RunDir,
@@ -145,6 +146,7 @@ class RunSession:
         self.on_hang = getattr(cfg, "on_hang", "stop")
         #: Every rank's Python stack (rank -> text), captured when the run hung.
         self.stacks: dict[int, str] = {}
+        self._beat_steps: dict[int, int] = {}  # rank -> steps at its last beat
         self.probe = None
         self._news: list[Diagnosis] = []
         self._next_diagnosis = 0.0
@@ -366,10 +368,21 @@ class RunSession:
             failure, error=f"{where}: {failure.error}" if failure.error else where
         )
 
+    def _kept(self, event: protocol.AnyEvent) -> bool:
+        """Whether ``event`` goes into events.jsonl: all but the heartbeats of a rank that
+        stepped since its previous beat (those say nothing the steps do not; the beats of a
+        rank preparing, evaluating or standing still are kept for replay)."""
+        if type(event) is not protocol.Beat:
+            return True
+        previous = self._beat_steps.get(event.rank)
+        self._beat_steps[event.rank] = event.steps
+        return previous is None or previous == event.steps
+
     def _record(self, events: list[protocol.AnyEvent]) -> None:
         if self._events_file is not None:
             try:
-                self._events_file.write(b"".join(protocol.to_json(e) + b"\n" for e in events))
+                lines = (protocol.to_json(e) + b"\n" for e in events if self._kept(e))
+                self._events_file.write(b"".join(lines))
                 self._events_file.flush()
             except OSError as exc:
                 self._fail_run_dir(exc)
@@ -457,12 +470,8 @@ class RunSession:
             )
         self.launcher = make_launcher(self.cfg, self.collector.endpoint, number, resume)
         self._arm_flight(self.launcher)
-        held = {signal.SIGINT, signal.SIGTERM}
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)  # no signal between start and
-        try:  # remembering the process
+        with signals_deferred():  # no signal between start and remembering the process
             self.launcher.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return True
 
     def _resume_point(self) -> tuple[str | None, int | None]:
@@ -598,6 +607,18 @@ class RunSession:
             self._events_file = None
         if self.launcher is not None and self.summary is None:
             self._write_summary()
+        self._remove_empty_stack_files()
+
+    def _remove_empty_stack_files(self) -> None:
+        """Every rank opens its ``stacks-rank-N.txt`` at start (faulthandler needs the file
+        then); one that no dump was written to says nothing and goes."""
+        for rank in self.state.ranks:
+            path = self.files.stacks(rank)
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_size == 0:
+                    path.unlink()
+            except OSError:
+                continue
 
     def _write_summary(self) -> None:
         state = self.state

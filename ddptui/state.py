@@ -113,6 +113,42 @@ class RankView:
     recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
     #: The latest step's phases in seconds (built-in and custom), when the rank sends them.
     phases: dict[str, float] | None = None
+    # -- from the rank's heartbeat (``beat`` events) --
+    #: The script's innermost frame of the main thread, ``func (file.py:line)``.
+    frame: str | None = None
+    #: The collective the main thread waits in, if any.
+    waiting: str | None = None
+    #: When the last beat arrived (None: the rank sends none).
+    beat_at: float | None = None
+    #: The process's CPU seconds at the last beat.
+    cpu: float | None = None
+    #: Since when neither the stack, the steps nor the collectives moved; the CPU seconds then.
+    still_since: float | None = None
+    cpu_since: float | None = None
+    #: Per process group: the last collective started (op, #seq) and the last completed.
+    collectives: tuple = ()
+    _digest: str | None = field(default=None, repr=False)
+
+    @property
+    def activity(self) -> str:
+        """The state to show: ``preparing`` for a live rank that has not stepped yet."""
+        if self.state == "started" and self.step == 0:
+            return "preparing"
+        return self.state
+
+    @property
+    def still_for(self) -> float | None:
+        """Seconds (up to the last beat) that the stack, steps and collectives stood still."""
+        if self.still_since is None or self.beat_at is None:
+            return None
+        return max(0.0, self.beat_at - self.still_since)
+
+    @property
+    def cpu_while_still(self) -> float | None:
+        """CPU seconds the process used while it stood still (up to the last beat)."""
+        if self.cpu is None or self.cpu_since is None:
+            return None
+        return max(0.0, self.cpu - self.cpu_since)
 
     @property
     def typical_step_time(self) -> float | None:
@@ -267,6 +303,23 @@ class RunState:
         if phases:
             view.phases = phases
             self.phase_history.add(view.rank, phases)
+        view.still_since, view.cpu_since = now, view.cpu  # a step is progress
+
+    def _on_beat(self, view: RankView, ev: protocol.Beat, now: float) -> None:
+        if view.state == "pending":
+            view.state = "started"  # a beat says the rank is alive, whatever came before
+        marks = tuple((m.pg, m.op, m.started, m.completed) for m in ev.collectives)
+        moved = (
+            view.still_since is None
+            or ev.digest is None
+            or ev.digest != view._digest
+            or marks != view.collectives
+        )
+        view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
+        view._digest, view.collectives = ev.digest, marks
+        view.cpu = ev.cpu
+        if moved or view.cpu_since is None or (ev.cpu is not None and ev.cpu < view.cpu_since):
+            view.still_since, view.cpu_since = now, ev.cpu
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
         # Every rank reports the same all-reduced result; the first one to arrive counts (a
@@ -375,7 +428,7 @@ class RunState:
         not repeat) and the progress made in that time (after ``--resume`` the epochs done
         before do not count); None until it can be estimated."""
         if self.outcome:
-            return 0.0
+            return 0.0 if self.outcome == "finished" else None
         progress = self.progress()
         if progress is None or self.first_step_at is None:
             return None

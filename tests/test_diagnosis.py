@@ -20,7 +20,8 @@ from ddptui.diagnosis import (
     diagnoses_for_summary,
     find_straggler,
     hang_limit,
-    hung_ranks,
+    prepare_limit,
+    stuck_ranks,
     rank_ends,
 )
 from ddptui.state import RankFailureInfo, RunState
@@ -221,32 +222,104 @@ def test_hang_limit(step_time, timeout, limit):
     assert hang_limit(state, timeout) == limit
 
 
-def test_hung_ranks_are_running_ranks_silent_past_the_limit():
-    state = RunState("r", 4)
-    state.started_at = 0.0
-    state.apply(step_event(0, 0, None), now=100.0)
-    state.apply(step_event(1, 0, None), now=90.0)
-    state.apply(protocol.Status(run="r", rank=2, t=0, seq=0, state="finished"), now=10.0)
-    # rank 3 never said anything: counted from the start, with the start-up allowance
-    assert hung_ranks(state, 105.0, 10.0) == {1: 15.0, 3: 105.0}
-    assert hung_ranks(state, 105.0, None) == {}
-    assert hung_ranks(state, 50.0, 10.0) == {}
+def beat(rank, seq, digest="d0", cpu=1.0, frame="main (train.py:9)", waiting=None, steps=0):
+    return protocol.Beat(
+        run="r",
+        rank=rank,
+        t=0.0,
+        seq=seq,
+        digest=digest,
+        cpu=cpu,
+        frame=frame,
+        waiting=waiting,
+        steps=steps,
+    )
+
+
+def beating(state, rank, start, end, every=2.0, digest=lambda t: "d0", cpu=lambda t: 1.0):
+    """Beats of ``rank`` from ``start`` to ``end`` (now), with the digest and CPU given."""
+    t = start
+    while t <= end + 1e-9:
+        state.apply(beat(rank, int(t * 10), digest(t), cpu(t)), now=t)
+        t += every
+
+
+def announced(world):
+    state = RunState("r", world)
+    for rank in range(world):
+        status = protocol.Status(run="r", rank=rank, t=0, seq=0, state="started", pid=10 + rank)
+        state.apply(status, now=0.0)
+    return state
+
+
+def test_silence_alone_is_never_a_hang():
+    state = announced(3)
+    state.apply(step_event(0, 1, None), now=1.0)  # then nothing at all for 500 s
+    assert stuck_ranks(state, 500.0, 10.0, 10.0) == {}
+    assert stuck_ranks(state, 500.0, 10.0, 10.0, cpu_percent={0: 0.0, 1: 0.0, 2: 0.0}) == {}
+
+
+def test_a_busy_preparing_rank_is_not_stuck_however_long():
+    """Tokenising before the first step: the stack stays in one function, the CPU is busy."""
+    state = announced(2)
+    beating(state, 0, 0.5, 200.0, cpu=lambda t: t * 0.98)
+    beating(state, 1, 0.5, 200.0, digest=lambda t: f"d{int(t)}", cpu=lambda t: 0.0)
+    assert stuck_ranks(state, 200.0, 10.0, 10.0) == {}
+
+
+def test_a_still_idle_rank_is_stuck_after_the_limit_and_not_before():
+    state = announced(2)
+    beating(state, 0, 0.5, 30.0, digest=lambda t: "a" if t < 15 else "b", cpu=lambda t: 3.0)
+    beating(state, 1, 0.5, 30.0, digest=lambda t: f"d{int(t)}", cpu=lambda t: t)
+    assert stuck_ranks(state, 30.0, 20.0, 20.0) == {}  # still for 14 s only
+    (stuck,) = stuck_ranks(state, 30.0, 10.0, 10.0).values()
+    assert stuck.rank == 0 and 11 <= stuck.seconds <= 16 and stuck.cpu == 0.0
+    assert "rank 0 at main (train.py:9): stack unchanged for 12 s" in stuck.describe()
+
+
+def test_a_step_is_progress():
+    state = announced(1)
+    beating(state, 0, 0.5, 20.0)
+    state.apply(step_event(0, 500, None), now=20.5)
+    beating(state, 0, 22.5, 28.5)
+    assert stuck_ranks(state, 28.6, 10.0, 10.0) == {}
+
+
+def test_before_the_first_step_the_default_limit_is_the_longer_preparation_one():
+    assert prepare_limit(60.0, None) == 300.0
+    assert prepare_limit(600.0, None) == 600.0
+    assert prepare_limit(10.0, 10.0) == 10.0  # --hang-timeout holds before the first step too
+    assert prepare_limit(None, 0) is None
+
+
+def test_a_rank_whose_heartbeat_stopped_is_stuck_only_when_its_cpu_idles():
+    state = announced(2)
+    beating(state, 0, 0.5, 10.5)  # then its beats stop (the GIL held, or stopped)
+    beating(state, 1, 0.5, 40.0, digest=lambda t: f"d{int(t)}", cpu=lambda t: t)
+    assert stuck_ranks(state, 40.0, 20.0, 20.0) == {}  # CPU not sampled: no evidence
+    assert stuck_ranks(state, 40.0, 20.0, 20.0, cpu_percent={0: 100.0}) == {}
+    (stuck,) = stuck_ranks(state, 40.0, 20.0, 20.0, cpu_percent={0: 0.0}).values()
+    assert stuck.how == "silent" and stuck.rank == 0
     state.set_outcome("failed")
-    assert hung_ranks(state, 500.0, 10.0) == {}
+    assert stuck_ranks(state, 40.0, 20.0, 20.0, cpu_percent={0: 0.0}) == {}
 
 
-def test_diagnoser_reports_the_hang_once():
-    state = RunState("r", 2)
-    state.started_at = 0.0
+def test_diagnoser_reports_the_hang_once_with_its_evidence():
+    state = announced(2)
     for rank in (0, 1):
-        state.apply(step_event(rank, 0, None), now=1.0)
+        state.apply(step_event(rank, 1, None), now=1.0)
     d = Diagnoser(hang_timeout=10)
-    assert d.check(state, 5.0) == []
-    (hang,) = d.check(state, 12.0)
+    beating(state, 0, 2.0, 8.0)
+    beating(state, 1, 2.0, 8.0)
+    assert d.check(state, 8.0) == []
+    beating(state, 0, 10.0, 14.0)
+    beating(state, 1, 10.0, 14.0)
+    (hang,) = d.check(state, 14.0)
     assert hang.cause == "hang" and hang.rank is None
-    assert "no progress for 11 s on ranks 0, 1 (limit 10 s)" in hang.detail
+    assert "rank 0 at main (train.py:9): stack unchanged for 12 s" in hang.detail
+    assert hang.detail.endswith("(limit 10 s)")
     assert d.check(state, 20.0) == []
-    assert d.hung == {0: 11.0, 1: 11.0}
+    assert set(d.hung) == {0, 1}
 
 
 # -- stacks -----------------------------------------------------------------------------------
@@ -355,7 +428,7 @@ def test_diagnose_hang_names_the_rank_outside_the_collective():
     assert [(d.rank, d.cause) for d in out] == [(1, "hang"), (0, "collective"), (2, "collective")]
     assert out[0].detail.startswith(
         "rank 1 hung outside any collective, in stall_forever (train.py:12), while "
-        "ranks 0, 2 wait in a collective (all_reduce); no progress for 13 s"
+        "ranks 0, 2 wait in a collective (all_reduce); ranks 0, 1, 2 stood still for 13 s"
     )
 
 
@@ -530,3 +603,24 @@ def test_clean_phases(given, cleaned):
     if cleaned:  # what is left always passes the wire's validation
         event = protocol.Step(step=1, phases=cleaned, **BASE)
         protocol.decode_batch(protocol.encode_batch([event]))
+
+
+def test_the_same_error_raised_by_two_ranks_is_two_failures_not_a_consequence():
+    boom = "RuntimeError: injected failure"
+    ends = [RankEnd(0, t=1.0, error=boom), RankEnd(1, t=1.2, error=boom)]
+    first, second = diagnose_crash(ends, launcher_rank=0)
+    assert (first.rank, first.cause) == (0, "crash")
+    assert first.detail == f"ranks 0 and 1 failed with the same error: {boom}"
+    assert (second.rank, second.cause) == (1, "crash")
+    assert "not a consequence" in second.detail and "consequence of" not in second.detail
+
+
+def test_only_a_lost_peer_error_is_a_consequence_and_another_own_error_is_its_own():
+    ends = [
+        RankEnd(0, t=1.0, error="ValueError: bad batch"),
+        RankEnd(1, t=1.1, error="KeyError: 'x'"),
+        RankEnd(2, t=1.3, error=RESET),
+    ]
+    out = diagnose_crash(ends, launcher_rank=0)
+    assert [(d.rank, d.cause) for d in out] == [(0, "crash"), (1, "crash"), (2, "consequence")]
+    assert out[1].detail == "rank 1 also failed on its own (not a consequence): KeyError: 'x'"

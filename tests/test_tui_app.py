@@ -314,7 +314,7 @@ async def test_straggler_is_highlighted_with_the_reason():
         health = app.screen.query_one(HealthLine)
         assert health.display
         assert "rank 1 straggler: step time 200 ms" in str(health.content)
-        assert app.screen.query_one(RankTable).shown[1][-1] == "⚠ straggler"
+        assert app.screen.query_one(RankTable).shown[1][-2] == "⚠ straggler"
 
 
 async def test_logs_filter_by_rank_and_toggle():

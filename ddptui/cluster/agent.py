@@ -12,8 +12,9 @@ from ddptui.cluster.addresses import route_address, split_endpoint
 from ddptui.cluster.join import LOST_AFTER_S, STATUS_EVERY_S, Channel
 from ddptui.collector import Collector
 from ddptui.config import RunConfig
-from ddptui.headless import Interrupted, signals_deferred, signals_interrupt
+from ddptui.headless import Interrupted, signals_interrupt
 from ddptui.launch import Launcher, LaunchResult, Rendezvous
+from ddptui.launch.signals import signals_deferred
 from ddptui.rundir import EXIT_CODES, write_json_atomic
 from ddptui.session import make_launcher
 from ddptui.state import RankFailureInfo

@@ -33,7 +33,13 @@ import traceback
 from pathlib import Path
 
 from ddptui.argv import split_passthrough
-from ddptui.constants import ATTEMPT_ENV, PARENT_PID_ENV, RESTART_COUNT_ENV, THREADS_ENV
+from ddptui.constants import (
+    ATTEMPT_ENV,
+    ENDPOINT_ENV,
+    PARENT_PID_ENV,
+    RESTART_COUNT_ENV,
+    THREADS_ENV,
+)
 from ddptui.cpus import threads_per_rank
 from ddptui.flight_rank import start_trace_server
 from ddptui.instrument import install_rank
@@ -97,6 +103,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         os.close(fd)
         sys.stdout.reconfigure(line_buffering=True)
         sys.stderr.reconfigure(line_buffering=True)
+    announce()  # before anything slow: the rank is seen (pid, host) from its first second
     if os.environ.get(ATTEMPT_ENV):
         # torchrun sets its own restart count (0: ddptui starts a new torchrun per attempt);
         # the script is told ddptui's attempt number under torchrun's name.
@@ -110,6 +117,22 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         torch.set_num_threads(threads)
     install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
     start_trace_server(run_dir, rank)  # Flight Recorder traces on ddptui's request
+
+
+def announce() -> None:
+    """Tell ddptui this rank is alive (pid, host, local rank) and start its heartbeat, before
+    the script's own code (and torch) loads; a no-op when nobody listens."""
+    if not os.environ.get(ENDPOINT_ENV):
+        return
+    try:
+        from ddptui import heartbeat
+        from ddptui.reporter import get_reporter
+
+        reporter = get_reporter()
+        reporter.started(guess_device=False)
+        heartbeat.start(reporter)
+    except Exception:  # pragma: no cover - telemetry never stops a rank from running
+        pass
 
 
 def report_failure(error: str, trace: str | None) -> None:
@@ -172,7 +195,9 @@ def exit_after_success(code: int) -> None:
     """
     atexit._run_exitfuncs()
     for obj in gc.get_objects():  # what interpreter shutdown would have flushed
-        if isinstance(obj, io.IOBase):
+        # type(), not isinstance(): isinstance reads ``__class__``, which some objects compute
+        # (torch's deprecated ``reduce_op`` warns when touched)
+        if issubclass(type(obj), io.IOBase):
             try:
                 if not obj.closed:
                     obj.flush()

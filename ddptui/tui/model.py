@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddptui.formatting import fmt_duration, fmt_num
-from ddptui.state import RankFailureInfo, RunState
+from ddptui.state import RankFailureInfo, RankView, RunState
 
 #: Most points drawn per chart line (more would not fit a terminal's width anyway).
 MAX_POINTS = 240
@@ -40,6 +40,9 @@ class RankRow:
     problem: str | None
     #: Node rank (multi-node runs), None when the rank did not say.
     node: int | None = None
+    #: Where the rank is when that says something: its frame while it prepares (before its
+    #: first step) or while it stands still, and the collective it waits in.
+    where: str = ""
     #: Raw numbers behind the formatted cells, for node summaries and ordering.
     step_time_s: float | None = None
     samples_per_s_value: float | None = None
@@ -62,6 +65,7 @@ class RankRow:
             self.step_time,
             self.last_seen,
             self.state,
+            self.where,
         )
 
 
@@ -162,8 +166,8 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         problem = problems.get(rank)
         if view.state == "failed":
             problem = view.error or "failed"
-        step = f"{view.epoch if view.epoch is not None else '-'}/{view.step}"
-        shown_state = view.state
+        step = f"{view.epoch if view.epoch is not None else '-'}/{view.steps_in_epoch}"
+        shown_state = view.activity
         rows.append(
             RankRow(
                 node=view.node,
@@ -181,6 +185,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 last_seen=_ago(seen_at, view.last_seen),
                 state=shown_state,
                 problem=problem,
+                where=where_cell(view, state.outcome is not None),
             )
         )
         devices[rank] = (view.pid, view.device_uuid)
@@ -211,6 +216,21 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     )
 
 
+#: A live rank whose stack stood still this long shows where it is.
+STILL_SHOWN_S = 5.0
+
+
+def where_cell(view: RankView, ended: bool) -> str:
+    """The rank's frame, while it prepares or stands still (live runs only)."""
+    if ended or view.state != "started" or not view.frame:
+        return ""
+    still = view.still_for or 0.0
+    if view.activity != "preparing" and still < STILL_SHOWN_S:
+        return ""
+    waits = f"{view.waiting} ← " if view.waiting else ""
+    return f"{waits}{view.frame}"
+
+
 def attempt_label(state: RunState) -> str:
     """The attempt and why each restart happened; empty for a run that never restarted."""
     refused = f"not restarted: {state.restart_refused}" if state.restart_refused else ""
@@ -233,7 +253,16 @@ def attempt_label(state: RunState) -> str:
 RANK_ORDER_MAX = 16
 
 #: How bad a rank's state is, worst first (lower is worse).
-SEVERITY = ("failed", "silent", "straggler", "stopped", "pending", "started", "finished")
+SEVERITY = (
+    "failed",
+    "silent",
+    "straggler",
+    "stopped",
+    "pending",
+    "preparing",
+    "started",
+    "finished",
+)
 _SEVERITY_INDEX = {name: i for i, name in enumerate(SEVERITY)}
 
 
@@ -349,6 +378,7 @@ RANK_COLUMNS = (
     "step time",
     "last seen",
     "state",
+    "where",
 )
 NODE_COLUMNS = ("node", *RANK_COLUMNS)
 
@@ -412,6 +442,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
                     _ms(node.mean_step_time),
                     "",
                     node.worst,
+                    "",
                 ),
                 node.worst,
             )

@@ -32,6 +32,7 @@ _GAP = "  "
 
 STATE_STYLE = {
     "pending": "dim",
+    "preparing": "cyan",
     "started": "green",
     "finished": "bold green",
     "failed": "bold red",
@@ -62,7 +63,7 @@ def _styled(line: TableLine) -> tuple[tuple[str, ...], str, str]:
     line_style = ""
     if row.problem:
         line_style = "red" if row.state == "failed" else "yellow"
-    return (*line.cells[:-1], label), line_style, state_style
+    return (*line.cells[:-2], label, line.cells[-1]), line_style, state_style  # state, where
 
 
 class RankTable(ScrollView, can_focus=True):
@@ -153,14 +154,16 @@ class RankTable(ScrollView, can_focus=True):
     def _render(self, line: tuple[tuple[str, ...], str, str]) -> Strip:
         cells, line_style, state_style = line
         base = self._base or self.rich_style
-        first = _line(self._columns[:-1], cells[:-1], self._widths[:-1]) + _GAP
+        # the state cell (second last) has its own style; "where" (last) is plain
+        first = _line(self._columns[:-2], cells[:-2], self._widths[:-2]) + _GAP
         return Strip(
             [
                 Segment(first, base + Style.parse(line_style) if line_style else base),
                 Segment(
-                    cells[-1].ljust(self._widths[-1]),
+                    cells[-2].ljust(self._widths[-2]) + _GAP,
                     base + Style.parse(state_style) if state_style else base,
                 ),
+                Segment(cells[-1].ljust(self._widths[-1]), base),
             ]
         )
 

@@ -1,0 +1,114 @@
+"""A rank's heartbeat: every :data:`BEAT_S` seconds, from a thread of its own, where the main
+thread is and whether it moved (runs inside every rank; stdlib only).
+
+The main thread may be blocked in a collective (in C++, GIL released) or busy preparing data
+before its first step; either way this thread reads its frames with ``sys._current_frames``
+(no ptrace, no signal) and sends a ``beat`` event: the script's innermost frame, the
+collective it waits in if any, a digest of the whole stack, the process's CPU seconds, the
+steps so far and, when the Flight Recorder is on, the last collective started and completed
+per process group. ddptui judges a hang on this evidence (a stack that has not moved while
+the CPU idles), never on silence alone. It costs one frame walk every two seconds.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ddptui.frames import Frame, classify
+
+#: Seconds between two beats.
+BEAT_S = 2.0
+#: The first beat comes this soon after the start (the rank's frame shows at once).
+FIRST_BEAT_S = 0.5
+#: Most frames of the main thread looked at (innermost first).
+MAX_FRAMES = 200
+
+_collectives: Callable[[], list[dict[str, Any]]] | None = None
+_beat: Heartbeat | None = None
+
+
+def set_collectives_source(source: Callable[[], list[dict[str, Any]]] | None) -> None:
+    """Where beats read the collectives' progress from (the Flight Recorder, when on): a
+    function returning ``[{"pg", "op", "started", "completed"}, …]``; None: none."""
+    global _collectives
+    _collectives = source
+
+
+def main_frames(main_ident: int | None = None) -> list[Frame]:
+    """The main thread's frames, innermost first (empty when it has none)."""
+    ident = threading.main_thread().ident if main_ident is None else main_ident
+    frame = sys._current_frames().get(ident)  # noqa: SLF001 - the documented way to sample
+    frames: list[Frame] = []
+    while frame is not None and len(frames) < MAX_FRAMES:
+        code = frame.f_code
+        frames.append(Frame(code.co_filename, frame.f_lineno or 0, code.co_name))
+        frame = frame.f_back
+    return frames
+
+
+def digest(frames: list[Frame]) -> str:
+    """A short digest of a stack: equal stacks, equal digests."""
+    text = "\n".join(f"{f.file}:{f.line}:{f.func}" for f in frames)
+    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
+
+
+class Heartbeat:
+    """The thread that sends this rank's beats through ``reporter`` until stopped."""
+
+    def __init__(self, reporter: Any, interval: float = BEAT_S) -> None:
+        self.reporter = reporter
+        self.interval = interval
+        self.main_ident = threading.main_thread().ident
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddptui-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def beat(self) -> None:
+        """Sample the main thread and send one beat."""
+        frames = main_frames(self.main_ident)
+        info = classify(frames)
+        marks: list[dict[str, Any]] = []
+        if _collectives is not None:
+            try:
+                marks = list(_collectives() or [])
+            except Exception:  # the recorder is optional; a beat never fails for it
+                marks = []
+        self.reporter.beat(
+            frame=info.where if frames else None,
+            waiting=info.collective if info.in_collective else None,
+            digest=digest(frames) if frames else None,
+            cpu=time.process_time(),
+            collectives=marks,
+        )
+
+    def _run(self) -> None:
+        wait = min(FIRST_BEAT_S, self.interval)
+        while not self._stop.wait(wait):
+            wait = self.interval
+            try:
+                self.beat()
+            except Exception:  # telemetry never takes a rank down
+                pass
+
+
+def start(reporter: Any, interval: float = BEAT_S) -> Heartbeat | None:
+    """Start this process's heartbeat (once; None when the reporter sends nowhere). It stops
+    before the reporter closes at exit."""
+    global _beat
+    if _beat is not None or not getattr(reporter, "enabled", False):
+        return _beat
+    _beat = Heartbeat(reporter, interval).start()
+    atexit.register(_beat.stop)  # registered after the reporter's handler: runs before it
+    return _beat
