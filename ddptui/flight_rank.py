@@ -13,8 +13,8 @@ the recorder (a C++ call that does not need the main thread), writes ``fr-rank-N
 the run directory atomically, and answers ``ok`` (or ``error <why>``). Requests are capped,
 validated and time-limited; nothing a peer sends can block the rank or end it.
 
-:func:`progress` is the cheap part, for the rank's beat: per process group the last collective
-enqueued and the last completed (torch's ``pg_status``, a few microseconds; no entries).
+:data:`progress` is the cheap part, for the rank's heartbeat: per process group the last
+collective started and the last completed (torch's ``pg_status``, a few microseconds).
 
 Light to import: nothing here imports torch; torch is used only when the script already did.
 """
@@ -165,29 +165,78 @@ def write_trace(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return path
 
 
-def progress() -> dict[str, dict[str, int]]:
-    """Per process group (torch's pg id): ``{"enqueued": N, "completed": M}``, the sequence
-    number of the last collective this rank entered and of the last one that completed. A
-    rank with ``enqueued > completed`` is inside collective ``enqueued``. Empty when nothing
-    is recorded (no torch.distributed yet, recorder off). Costs a few microseconds."""
-    c10d = _c10d()
-    if c10d is None:
-        return {}
-    out: dict[str, dict[str, int]] = {}
-    for backend in BACKENDS:
-        try:
-            doc = json.loads(c10d._dump_fr_trace_json(False, True, backend))
-        except Exception:
-            continue
-        for pg, status in (doc.get("pg_status") or {}).items():
+class Progress:
+    """Per process group, the last collective this rank started and the last that completed,
+    for the rank's heartbeat: ``[{"pg", "op", "started", "completed"}, …]``.
+
+    The sequence numbers come from torch's ``pg_status`` (a few microseconds). The op costs a
+    full dump (milliseconds for 2,000 entries), so it is looked up only for a collective that
+    is still the last one started at the next beat (a rank that may be stuck), once per
+    collective; otherwise it is None."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int] = {}  # group -> last started, at the previous beat
+        self._ops: dict[tuple[str, int], tuple[str | None, str]] = {}  # -> (op, group name)
+
+    def __call__(self) -> list[dict[str, Any]]:
+        c10d = _c10d()
+        if c10d is None:
+            return []
+        marks: list[dict[str, Any]] = []
+        seen: dict[str, int] = {}
+        for backend in BACKENDS:
             try:
-                enqueued = int(status["last_enqueued_collective"])
-                completed = int(status["last_completed_collective"])
-            except (KeyError, TypeError, ValueError):
+                doc = json.loads(c10d._dump_fr_trace_json(False, True, backend))
+            except Exception:
                 continue
-            if enqueued >= 0 or completed >= 0:
-                out[f"{backend}:{pg}"] = {"enqueued": enqueued, "completed": completed}
-    return out
+            for pg, status in (doc.get("pg_status") or {}).items():
+                try:
+                    started = int(status["last_enqueued_collective"])
+                    completed = int(status["last_completed_collective"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if started < 0:
+                    continue
+                key = f"{backend}:{pg}"
+                seen[key] = started
+                op, name = self._ops.get((key, started), (None, pg))
+                if started > completed and self._seen.get(key) == started and op is None:
+                    op, name = self._lookup(c10d, backend, pg, started)
+                    self._ops = {(key, started): (op, name)}  # only the current one is kept
+                marks.append(
+                    {
+                        "pg": name,
+                        "op": op,
+                        "started": started,
+                        "completed": completed if completed >= 0 else None,
+                    }
+                )
+        self._seen = seen
+        return marks
+
+    @staticmethod
+    def _lookup(c10d: Any, backend: str, pg: str, seq: int) -> tuple[str | None, str]:
+        """The op of collective ``seq`` of group ``pg`` and the group's name, from a dump."""
+        try:
+            doc = json.loads(c10d._dump_fr_trace_json(True, True, backend))
+        except Exception:
+            return None, pg
+        for entry in reversed(doc.get("entries") or []):
+            group = entry.get("process_group") or [None, None]
+            if str(entry.get("pg_id")) == pg and entry.get("collective_seq_id") == seq:
+                name = str(entry.get("profiling_name", ""))
+                return name.rpartition(":")[2].split(" ")[0] or None, str(group[1] or pg)
+        return None, pg
+
+
+#: The heartbeat's source of collective progress (see :class:`Progress`).
+progress = Progress()
+
+
+def recording() -> bool:
+    """Whether torch's recorder is on in this process (``TORCH_FR_BUFFER_SIZE`` not 0)."""
+    value = os.environ.get(BUFFER_ENV) or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or ""
+    return value.strip() not in ("0", "-0")
 
 
 def _private_dir(path: str) -> bool:

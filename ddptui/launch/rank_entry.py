@@ -32,6 +32,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ddptui import flight_rank
 from ddptui.argv import split_passthrough
 from ddptui.constants import (
     ATTEMPT_ENV,
@@ -41,7 +42,6 @@ from ddptui.constants import (
     THREADS_ENV,
 )
 from ddptui.cpus import threads_per_rank
-from ddptui.flight_rank import start_trace_server
 from ddptui.instrument import install_rank
 from ddptui.rundir import RunDir
 
@@ -116,7 +116,11 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
 
         torch.set_num_threads(threads)
     install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
-    start_trace_server(run_dir, rank)  # Flight Recorder traces on ddptui's request
+    if flight_rank.recording():
+        from ddptui import heartbeat
+
+        flight_rank.start_trace_server(run_dir, rank)  # traces on ddptui's request
+        heartbeat.set_collectives_source(flight_rank.progress)  # progress in every beat
 
 
 def announce() -> None:
