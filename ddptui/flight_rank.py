@@ -176,7 +176,8 @@ class Progress:
 
     def __init__(self) -> None:
         self._seen: dict[str, int] = {}  # group -> last started, at the previous beat
-        self._ops: dict[tuple[str, int], tuple[str | None, str]] = {}  # -> (op, group name)
+        self._ops: dict[tuple[str, int], str | None] = {}  # (group, seq) -> op
+        self._names: dict[str, str] = {}  # group -> its name (``default_pg``), looked up once
 
     def __call__(self) -> list[dict[str, Any]]:
         c10d = _c10d()
@@ -199,13 +200,14 @@ class Progress:
                     continue
                 key = f"{backend}:{pg}"
                 seen[key] = started
-                op, name = self._ops.get((key, started), (None, pg))
-                if started > completed and self._seen.get(key) == started and op is None:
-                    op, name = self._lookup(c10d, backend, pg, started)
-                    self._ops = {(key, started): (op, name)}  # only the current one is kept
+                op = self._ops.get((key, started))
+                stuck = started > completed and self._seen.get(key) == started
+                if key not in self._names or (stuck and op is None):
+                    op, self._names[key] = self._lookup(c10d, backend, pg, started)
+                    self._ops = {(key, started): op}  # only the current one is kept
                 marks.append(
                     {
-                        "pg": name,
+                        "pg": self._names[key],
                         "op": op,
                         "started": started,
                         "completed": completed if completed >= 0 else None,
@@ -216,17 +218,23 @@ class Progress:
 
     @staticmethod
     def _lookup(c10d: Any, backend: str, pg: str, seq: int) -> tuple[str | None, str]:
-        """The op of collective ``seq`` of group ``pg`` and the group's name, from a dump."""
+        """From one dump: the op of collective ``seq`` of group ``pg`` (None when not there)
+        and the group's name (its id when unnamed)."""
         try:
             doc = json.loads(c10d._dump_fr_trace_json(True, True, backend))
         except Exception:
             return None, pg
+        op, name = None, pg
         for entry in reversed(doc.get("entries") or []):
+            if str(entry.get("pg_id")) != pg:
+                continue
             group = entry.get("process_group") or [None, None]
-            if str(entry.get("pg_id")) == pg and entry.get("collective_seq_id") == seq:
-                name = str(entry.get("profiling_name", ""))
-                return name.rpartition(":")[2].split(" ")[0] or None, str(group[1] or pg)
-        return None, pg
+            name = str(group[1] or pg)
+            if entry.get("collective_seq_id") == seq:
+                profiling = str(entry.get("profiling_name", ""))
+                op = profiling.rpartition(":")[2].split(" ")[0] or None
+                break
+        return op, name
 
 
 #: The heartbeat's source of collective progress (see :class:`Progress`).
