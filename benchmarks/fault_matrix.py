@@ -148,8 +148,11 @@ def judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, code)
             f"exit {code}",
         )
     first = verdicts[0]
-    found = _OP.search(first["detail"])
-    where = _WHERE.search(first["detail"])
+    # a crash names the rank; the collective comes from the ranks' traces (``collective``)
+    context = [d for d in diagnoses if d.get("cause") == "collective" and "#" in d["detail"]]
+    named_by = first if "#" in first["detail"] or not context else context[0]
+    found = _OP.search(named_by["detail"])
+    where = _WHERE.search(named_by["detail"])
     latency = None
     if mark is not None:
         for t, line in lines:

@@ -517,3 +517,64 @@ def collect(
     elif not found:
         note += "; every collective matches across the ranks"
     return [Diagnosis(f.rank, f.cause, f.detail, t) for f in found], note
+
+
+def _inside(doc: dict) -> dict | None:
+    """The collective a rank's trace says it was inside (started, not completed), or None."""
+    status = doc.get("pg_status") or {}
+    for entry in reversed(doc["entries"]):
+        pg = status.get(str(entry.get("pg_id", entry["process_group"][0]))) or {}
+        try:
+            completed = int(pg.get("last_completed_collective", -1))
+        except (TypeError, ValueError):
+            completed = -1
+        return entry if entry["collective_seq_id"] > completed else None
+    return None
+
+
+def at_crash(
+    run_dir: str | os.PathLike[str],
+    pids: Mapping[int, int | None],
+    world_size: int,
+    t: float,
+    failed: Iterable[int] = (),
+    errors: Mapping[int, str] | None = None,
+) -> list[Any]:
+    """After a crash: what the traces the ranks left (a rank writes its own when it fails
+    with an exception; one killed outright leaves none) say. torch's analyzer's findings when
+    it has any; else, per rank that was inside a collective, a ``collective`` line naming it
+    (``rank 0 was in all_reduce #17 (default_pg, 1 float, from train.py:72) when rank 1
+    failed; rank 1 left no trace``). A rank whose own error is a collective's (``errors``:
+    rank -> its error line; gloo marks a failed collective completed) failed in its last
+    collective. Only traces of this attempt's processes (their pid)."""
+    from ddptui.diagnosis import CONSEQUENCE, Diagnosis
+
+    found, _ = load_traces(run_dir, pids)
+    traces = {r: d for r, d in found.items() if pids.get(r) and d.get("pid") == pids[r]}
+    if not traces:
+        return []
+    findings_, _why = explain(traces, world_size)
+    if findings_:
+        return [Diagnosis(f.rank, f.cause, f.detail, t) for f in findings_]
+    failed = sorted(set(failed))
+    silent = sorted(set(pids) - set(traces))
+    out = []
+    errors = errors or {}
+    for rank, doc in sorted(traces.items()):
+        entry, verb = _inside(doc), "was in"
+        if entry is None and doc["entries"] and CONSEQUENCE.search(errors.get(rank) or ""):
+            entry, verb = doc["entries"][-1], "failed in"
+        if entry is None:
+            continue
+        line = f"rank {rank} {verb} {_op(entry['profiling_name'])} #{entry['collective_seq_id']}"
+        line += f" ({entry['process_group'][1] or entry['process_group'][0]}, "
+        line += _values(entry["input_sizes"], entry["input_dtypes"])
+        origin = _origin(entry.get("frames") or [])
+        line += f"{', ' + origin if origin else ''})"
+        others = [r for r in failed if r != rank]
+        if others:
+            line += f" when {_ranks_text(others)} failed"
+        if silent:
+            line += f"; {_ranks_text(silent)} left no trace"
+        out.append(Diagnosis(rank, "collective", line, t))
+    return out

@@ -342,6 +342,20 @@ class RunSession:
             rss,
             t=state.elapsed(self.clock()),
         )
+        if self.fr_dir is not None:  # the collective each rank was in, from its trace
+            pids = {r: v.pid for r, v in state.ranks.items()}
+            failed = [r for r, v in state.ranks.items() if v.state == "failed"]
+            if failure is not None and failure.rank is not None:
+                failed.append(failure.rank)
+            errors = {r: v.error for r, v in state.ranks.items() if v.error}
+            found += flight.at_crash(
+                self.run_dir,
+                pids,
+                self.cfg.world_size,
+                state.elapsed(self.clock()),
+                failed,
+                errors,
+            )
         for diagnosis in found:
             self.diagnoser.record(diagnosis)
         self._news += found

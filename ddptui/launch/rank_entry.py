@@ -39,6 +39,7 @@ from ddptui.constants import (
     ENDPOINT_ENV,
     PARENT_PID_ENV,
     RESTART_COUNT_ENV,
+    RUN_DIR_ENV,
     THREADS_ENV,
 )
 from ddptui.cpus import threads_per_rank
@@ -140,7 +141,15 @@ def announce() -> None:
 
 
 def report_failure(error: str, trace: str | None) -> None:
-    """Tell ddptui that this rank failed (once; a no-op when nobody listens)."""
+    """Tell ddptui that this rank failed (once; a no-op when nobody listens), and leave its
+    Flight Recorder trace in the run directory: after a crash it tells in which collective
+    each rank was (a rank killed outright leaves none)."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if run_dir and flight_rank.recording():
+        try:
+            flight_rank.write_trace(run_dir, int(os.environ.get("RANK", "0")))
+        except Exception:  # the trace is a bonus; the failure report is not
+            pass
     try:
         from ddptui.reporter import get_reporter
 
