@@ -91,22 +91,19 @@ def _c10d() -> Any | None:
 
 
 def _dump_backend(c10d: Any, backend: str) -> dict | None:
-    """One backend's recorder with Python stacks, as plain data (None: nothing recorded)."""
-    try:
-        raw = c10d._dump_fr_trace(True, True, False, backend)
-    except TypeError:  # an older torch: only NCCL's recorder, under its old name
-        if backend != "nccl" or not hasattr(c10d, "_dump_nccl_trace"):
-            return None
+    """One backend's recorder with Python stacks, as plain data (None: nothing recorded).
+    NCCL's recorder is also asked under its older name when the newer call has nothing."""
+    calls = [lambda: c10d._dump_fr_trace(True, True, False, backend)]
+    if backend == "nccl" and hasattr(c10d, "_dump_nccl_trace"):
+        calls.append(lambda: c10d._dump_nccl_trace(True, True, False))
+    for call in calls:
         try:
-            raw = c10d._dump_nccl_trace(True, True, False)
+            doc = _loads(bytes(call()))
         except Exception:
-            return None
-    except Exception:
-        return None
-    doc = _loads(bytes(raw))
-    if doc is None or not doc.get("entries"):
-        return None
-    return doc
+            continue
+        if doc is not None and doc.get("entries"):
+            return doc
+    return None
 
 
 def _plain(value: Any) -> Any:
@@ -165,6 +162,21 @@ def write_trace(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return path
 
 
+def _status(c10d: Any, backend: str) -> dict:
+    """A backend's recorder without its entries (``pg_status``: a few microseconds)."""
+    calls = [lambda: c10d._dump_fr_trace_json(False, True, backend)]
+    if backend == "nccl" and hasattr(c10d, "_dump_nccl_trace_json"):
+        calls.append(lambda: c10d._dump_nccl_trace_json(False, True))
+    for call in calls:
+        try:
+            doc = json.loads(call())
+        except Exception:
+            continue
+        if isinstance(doc, dict) and doc.get("pg_status"):
+            return doc
+    return {}
+
+
 class Progress:
     """Per process group, the last collective this rank started and the last that completed,
     for the rank's heartbeat: ``[{"pg", "op", "started", "completed"}, …]``.
@@ -186,10 +198,7 @@ class Progress:
         marks: list[dict[str, Any]] = []
         seen: dict[str, int] = {}
         for backend in BACKENDS:
-            try:
-                doc = json.loads(c10d._dump_fr_trace_json(False, True, backend))
-            except Exception:
-                continue
+            doc = _status(c10d, backend)
             for pg, status in (doc.get("pg_status") or {}).items():
                 try:
                     started = int(status["last_enqueued_collective"])
