@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "faults" / "fault_ddp.py"
 #: fault -> what a right verdict names: the op (None: any), or None for a healthy control.
 FAULTS: dict[str, str | None] = {
-    "extra": "all_reduce",
+    "extra": "broadcast",  # named first: "rank 1 called broadcast #N where rank 0 …"
     "skip": "all_reduce",
     "sleep": "all_reduce",
     "shape": "all_reduce",
@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", default="2", help="world sizes, comma-separated (2,4)")
     p.add_argument("--hang-timeout", type=float, default=6.0)
     p.add_argument("--faults", default=",".join([*FAULTS, *HEALTHY]))
+    p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
     args = p.parse_args(argv)
     faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in faults if f not in FAULTS and f not in HEALTHY]
@@ -213,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix="fault-matrix-") as tmp:
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            tmp = args.keep
         for world in [int(w) for w in args.world.split(",")]:
             for launcher in args.launchers.split(","):
                 for fault in faults:

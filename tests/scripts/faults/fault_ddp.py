@@ -4,9 +4,9 @@
 ``FAULT_STEP`` (default 6) of ``FAULT_STEPS`` (default 12). Each step is a DDP step plus a
 metrics ``all_reduce`` of the loss, as training scripts do.
 
-Faults: ``extra`` (one all_reduce more), ``skip`` (the metrics all_reduce left out), ``sleep``
-(sleeps ``FAULT_SLEEP_S``, default 3600, just before the metrics all_reduce), ``shape`` (the
-metrics all_reduce with another shape), ``dtype`` (with another dtype), ``loader`` (a
+Faults: ``extra`` (one collective more: a broadcast), ``skip`` (the metrics all_reduce left
+out), ``sleep`` (sleeps ``FAULT_SLEEP_S``, default 3600, just before the metrics all_reduce),
+``shape`` (the metrics all_reduce with another shape), ``dtype`` (with another dtype), ``loader`` (a
 DataLoader worker that deadlocks), ``kill`` (SIGKILL to itself), ``loop`` (an endless Python
 loop). Healthy controls: ``slow_start`` (``FAULT_SLEEP_S`` of busy preparation before the
 first step, on every rank), ``slow_step`` (one step ``FAULT_SLEEP_S`` of busy work longer, on
@@ -118,7 +118,7 @@ def main():
             mark(rank)
         if at and bad:
             if FAULT == "extra":
-                dist.all_reduce(torch.ones(1))
+                dist.broadcast(torch.ones(1), src=0)  # a collective the others never call
             elif FAULT == "sleep":
                 time.sleep(SLEEP_S)
             elif FAULT == "kill":
