@@ -407,7 +407,13 @@ def findings(
     out: list[Finding] = []
     for coll in db.collectives:
         missing = sorted(coll.missing_ranks or ())
-        wrong = coll.mismatch_collectives or {}
+        # A state that differs (one rank's NCCL kernel started, another's only scheduled) is
+        # timing, not a desync: only another op, shape or dtype is.
+        wrong = {
+            r: c
+            for r, c in (coll.mismatch_collectives or {}).items()
+            if _mismatch_kind(c) != "COLLECTIVE_STATE_MISMATCH"
+        }
         if not missing and not wrong:
             continue
         op, seq, group = _op(coll.collective_name), coll.collective_seq_id, _group(coll.pg_desc)
@@ -449,6 +455,12 @@ def findings(
             out.append(Finding(rank, "desync", op, seq, group, line))
         break  # after the first mismatch torch stops pairing: later ones are not evidence
     return out
+
+
+def _mismatch_kind(coll: Any) -> str | None:
+    info = getattr(coll, "type_of_mismatch", None)
+    state = getattr(info, "state", None)
+    return getattr(state, "name", None)
 
 
 def _entry_of(traces: Mapping[int, dict], rank: int, coll: Any) -> dict | None:

@@ -44,6 +44,8 @@ DRAIN_SECONDS = 0.5
 DIAGNOSE_EVERY_S = 1.0
 #: How long to wait for the ranks' stack dumps after a hang.
 STACKS_TIMEOUT_S = 5.0
+#: Every rank still for this long inside a collective: ask for the traces (a desync?).
+FLIGHT_WATCH_S = 2.0
 #: After a stop with a checkpoint was asked: this long without any event from the ranks and
 #: the front ends fall back to tearing the run down.
 STOP_PATIENCE_S = 30.0
@@ -170,6 +172,7 @@ class RunSession:
         self.fr_dir: Path | None = None
         #: What the last Flight Recorder check read (one line), or None.
         self.flight_note: str | None = None
+        self._flight_asked: tuple | None = None  # the waits the last live check was about
 
     @property
     def join_line(self) -> str | None:
@@ -285,6 +288,8 @@ class RunSession:
             self._news += found
         if self.diagnoser.hang is not None and not self._hung:
             self._on_hang(now)
+        elif not self._hung:
+            self._flight_watch(now)
 
     def _arm_flight(self, launcher: Launcher) -> None:
         """Tell the ranks where to listen for Flight Recorder trace requests."""
@@ -314,6 +319,40 @@ class RunSession:
                     self.diagnoser.record(diagnosis)
                 self._news += found
         return found
+
+    def _flight_watch(self, now: float) -> None:
+        """Before any timeout: when every live rank has stood still for a beat inside a
+        collective (its heartbeat's Flight Recorder progress), ask for the traces once; a
+        desync torch's analyzer finds (another op, shape or dtype at the same number) is
+        evidence enough to give the verdict (and, with ``--on-hang stop``, end the run)."""
+        if self.fr_dir is None:
+            return
+        with self._lock:
+            live = {r: v for r, v in self.state.ranks.items() if v.state == "started"}
+            waits = []
+            for rank, view in sorted(live.items()):
+                inside = tuple(
+                    (pg, started)
+                    for pg, _op, started, completed in view.collectives
+                    if started is not None and (completed is None or completed < started)
+                )
+                if not inside or (view.still_for or 0.0) < FLIGHT_WATCH_S:
+                    return
+                waits.append((rank, inside))
+        key = tuple(waits)
+        if len(waits) < 2 or key == self._flight_asked:
+            return
+        self._flight_asked = key
+        desync = [d for d in self.flight_check(now, record=False) if d.cause == "desync"]
+        if not desync:
+            return
+        with self._lock:
+            for diagnosis in desync:
+                self.diagnoser.record(diagnosis)
+            self._news += desync
+        self._hung = True
+        if self.on_hang != "keep" and self.launcher is not None and self.result is None:
+            self._conclude(self.launcher.stop(), hung=True)
 
     def _on_hang(self, now: float) -> None:
         """Capture every rank's stack, name the culprit, then stop the run (or keep it)."""
