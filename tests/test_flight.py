@@ -253,3 +253,10 @@ def test_progress_and_dump_in_a_real_gloo_group():
     assert [e["input_sizes"] for e in reduces] == [[[4]]] * 3
     assert any(f["filename"] == "<string>" for f in reduces[-1]["frames"])
     assert flight.parse_trace(json.dumps({"rank": 0, "version": "2.10", **got}))
+
+
+def test_a_state_that_differs_is_timing_not_a_desync():
+    t = copy.deepcopy(traces("healthy"))
+    last_all_reduce(t[1])["state"] = "started"  # one rank's kernel started, the other's not
+    found, why = flight.explain(t, 2)
+    assert found == [] and why is None
