@@ -6,7 +6,7 @@ and one with it off (0). They take turns: a block of steps on one, then a block 
 alternating, so both see the same machine (load drifts on a shared box). Each step is a DDP
 forward/backward/optimizer step of about 10 ms on CPU plus a metrics all_reduce of the loss.
 
-    uv run python benchmarks/bench_flight_recorder.py [--blocks 20] [--steps 30] [--width 384]
+    uv run python benchmarks/bench_flight_recorder.py [--blocks 20] [--steps 30] [--width 576]
 
 Prints the median step time of each and the ratio on/off (the goal: at most 1.01).
 """
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=20, help="blocks per side")
     p.add_argument("--steps", type=int, default=30, help="steps per block")
-    p.add_argument("--width", type=int, default=384, help="hidden width (sets the step time)")
+    p.add_argument("--width", type=int, default=576, help="hidden width (sets the step time)")
     p.add_argument("--warmup", type=int, default=2, help="blocks per side not counted")
     args = p.parse_args(argv)
     ctx = mp.get_context("spawn")
