@@ -45,6 +45,8 @@ BENCH_LAUNCHERS = (*LAUNCHERS, DP)
 DEFAULT_STEPS = 100
 MAX_REPEAT = 100
 MAX_CONFIGURATIONS = 256
+#: Seconds --until-stable may add (a week).
+MAX_UNTIL_STABLE_S = 7 * 24 * 3600
 #: Seconds between memory samples of the ranks.
 SAMPLE_INTERVAL_S = 0.25
 #: Seconds between progress lines (when not on a terminal).
@@ -66,7 +68,10 @@ CSV_COLUMNS = (
     "samples_per_s_min",
     "samples_per_s_max",
     "spread_pct",
+    "stable",
+    "interval_from",
     "efficiency",
+    "efficiency_note",
     "time_to_first_step_s",
     "peak_rss_mib_per_rank",
     "peak_rss_mib_max",
@@ -100,6 +105,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     length.add_argument("--epochs", help="train N epochs per run (also reports final accuracy)")
     p.add_argument("--repeat", default="1", help="runs per configuration: median and spread")
+    p.add_argument(
+        "--until-stable",
+        metavar="SECONDS",
+        help="after the planned runs, repeat each configuration whose samples/s is unstable "
+        f"(interval wider than ±{benchmath.STABLE_SPREAD:.0%}) until it is stable or SECONDS "
+        "more have passed",
+    )
     p.add_argument("--bench-dir", help="where to write (default runs/bench-<timestamp>)")
     g = p.add_argument_group("run options (the same for every configuration)")
     g.add_argument("--trainer", help="built-in trainer (default synthetic)")
@@ -154,6 +166,8 @@ class BenchOptions:
     target: str
     #: What ran the bench: GPUs, or why there were none.
     devices: str = ""
+    #: Seconds of extra repeats for unstable configurations (--until-stable), or None.
+    until_stable: float | None = None
 
 
 def _split(text: str | None) -> list[str]:
@@ -202,6 +216,13 @@ def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
     from ddptui.config import ConfigError, Machine, build_config, parse_int
 
     repeat = parse_int("repeat", args.repeat, 1)
+    until_stable = None
+    if getattr(args, "until_stable", None) is not None:
+        until_stable = float(parse_int("until_stable", args.until_stable, 1))
+        if until_stable > MAX_UNTIL_STABLE_S:
+            raise UsageError(
+                f"--until-stable must be at most {MAX_UNTIL_STABLE_S}, got {until_stable:.0f}"
+            )
     if repeat > MAX_REPEAT:
         raise UsageError(f"--repeat must be at most {MAX_REPEAT}, got {repeat}")
     steps = None if args.steps is None else parse_int("steps", args.steps, 1)
@@ -291,7 +312,16 @@ def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
         if machine.cuda_devices
         else f"no GPU ({machine.cuda_reason})"
     )
-    return BenchOptions(tuple(plan), bench_dir, steps, epochs, repeat, base.target_label, devices)
+    return BenchOptions(
+        tuple(plan),
+        bench_dir,
+        steps,
+        epochs,
+        repeat,
+        base.target_label,
+        devices,
+        until_stable,
+    )
 
 
 # -- measuring one run ------------------------------------------------------------------------
@@ -337,6 +367,8 @@ class Measurement:
     gpu: dict[int, int] = field(default_factory=dict)
     accuracy: float | None = None
     steps: int = 0
+    #: samples/s with the interval from this run's own step times (benchmath.run_interval).
+    interval: benchmath.Spread | None = None
     #: Why the run does not count (it failed, or was interrupted), or None.
     problem: str | None = None
     #: Something worth saying that does not void the figures.
@@ -349,14 +381,14 @@ class Measurement:
 
 def figures_from_run(
     run_dir: Path, run_id: str | None, steps: int | None
-) -> tuple[float | None, int]:
-    """Steady-state samples/s from a run directory's step events (steps up to ``steps``), and
-    the fewest steps any rank logged."""
+) -> tuple[benchmath.Spread | None, int]:
+    """Steady-state samples/s with its interval from a run directory's step events (steps up
+    to ``steps``; see :func:`benchmath.run_interval`), and the fewest steps any rank logged."""
     from ddptui.rundir import iter_events
 
     by_rank = benchmath.group_steps(benchmath.step_points(iter_events(run_dir, run_id)), steps)
     fewest = min((len(v) for v in by_rank.values()), default=0)
-    return benchmath.run_rate(by_rank), fewest
+    return benchmath.run_interval(by_rank), fewest
 
 
 class Cancelled(Exception):
@@ -437,7 +469,8 @@ def measure(
         # Only a run trained to its end has a final accuracy (a --steps run is cut short).
         if steps is None and last is not None and last.accuracy is not None:
             result.accuracy = last.accuracy if math.isfinite(last.accuracy) else None
-        result.samples_per_s, result.steps = figures_from_run(result.run_dir, cfg.run_id, steps)
+        result.interval, result.steps = figures_from_run(result.run_dir, cfg.run_id, steps)
+        result.samples_per_s = None if result.interval is None else result.interval.median
         expected = "stopped" if steps is not None else "finished"
         if state.outcome == "failed":
             failure = state.failure
@@ -479,11 +512,29 @@ class Row:
     steps: int | None
     run_dirs: tuple[Path, ...]
     fastest: bool = False
+    #: Why there is no efficiency (a figure is unstable, superlinear noise, no x1), or "".
+    efficiency_note: str = ""
+
+    @property
+    def stable(self) -> bool:
+        """The samples/s figure has an interval within ``benchmath.STABLE_SPREAD``."""
+        return self.rate is not None and self.rate.stable
 
 
-def build_rows(results: Sequence[ConfigResult]) -> list[Row]:
-    """Figures per configuration: medians over good repeats, efficiency against the same
-    group's world size 1, and the fastest configuration marked."""
+def _run_figure(m: Measurement) -> benchmath.Spread | None:
+    if m.interval is not None:
+        return m.interval
+    if m.samples_per_s is None:
+        return None
+    value = m.samples_per_s
+    return benchmath.Spread(value, value, value, 1, benchmath.FROM_NOTHING)
+
+
+def build_rows(results: Sequence[ConfigResult], cores: int | None = None) -> list[Row]:
+    """Figures per configuration: medians over good repeats (or one run's own interval),
+    efficiency against the same group's world size 1 where both figures are stable and it is
+    no more than the machine can give (``cores``: usable CPU cores, for ranks on the CPU), and
+    the fastest configuration marked."""
     rows: list[Row] = []
     for res in results:
         good = [m for m in res.runs if m.ok]
@@ -514,7 +565,7 @@ def build_rows(results: Sequence[ConfigResult]) -> list[Row]:
                 planned=res.planned,
                 status=status,
                 reason=reason,
-                rate=benchmath.spread(m.samples_per_s for m in good),
+                rate=benchmath.figure([f for f in map(_run_figure, good) if f is not None]),
                 efficiency=None,
                 time_to_first_step=benchmath.median(m.time_to_first_step for m in good),
                 rss=rss,
@@ -525,7 +576,7 @@ def build_rows(results: Sequence[ConfigResult]) -> list[Row]:
             )
         )
     base = {
-        r.planned.group: r.rate.median
+        r.planned.group: r.rate
         for r in rows
         if r.rate is not None and r.planned.world_size == 1 and r.planned.launcher != DP
     }
@@ -533,12 +584,20 @@ def build_rows(results: Sequence[ConfigResult]) -> list[Row]:
     best = max(measured, key=lambda r: r.rate.median) if measured else None  # type: ignore[union-attr]
     out = []
     for r in rows:
-        eff = None
+        eff = benchmath.Efficiency(None)
         if r.rate is not None and r.planned.world_size and r.planned.launcher != DP:
-            eff = benchmath.efficiency(
-                r.rate.median, r.planned.world_size, base.get(r.planned.group)
+            on_cpu = getattr(r.planned.cfg, "device", "cpu") != "cuda"
+            eff = benchmath.efficiency_verdict(
+                r.rate,
+                r.planned.world_size,
+                base.get(r.planned.group),
+                cores=cores if on_cpu else None,
             )
-        out.append(dataclasses.replace(r, efficiency=eff, fastest=r is best))
+        out.append(
+            dataclasses.replace(
+                r, efficiency=eff.value, efficiency_note=eff.reason, fastest=r is best
+            )
+        )
     return out
 
 
@@ -550,17 +609,32 @@ def _mib(values: dict[int, int]) -> str:
     return f"{high:,.0f} MiB" if round(low) == round(high) else f"{low:,.0f}–{high:,.0f} MiB"
 
 
+#: How an unstable figure is marked in the table, the dashboard and bench.md.
+UNSTABLE = "unstable"
+
+
 def _rate(spread: benchmath.Spread | None) -> str:
+    """``1,500 ±4%``; an unstable figure says so (``209 ±37% unstable``); a figure with no
+    interval at all says that (``209 no interval``)."""
     if spread is None:
         return "--"
     text = f"{spread.median:,.0f}"
-    if spread.count > 1:
-        text += f" ({spread.low:,.0f}–{spread.high:,.0f})"
-    return text
+    width = spread.half_width
+    text += " no interval" if width is None else f" ±{width:.0%}"
+    return text if spread.stable else f"{text} {UNSTABLE}"
 
 
 def _pct(value: float | None) -> str:
     return "--" if value is None else f"{value:.0%}"
+
+
+def _efficiency(row: Row) -> str:
+    """The efficiency, or ``-- (why)`` when it was refused."""
+    if row.efficiency is not None:
+        return _pct(row.efficiency)
+    if row.efficiency_note and row.efficiency_note != "not measured":
+        return f"-- ({row.efficiency_note})"
+    return "--"
 
 
 def _acc(value: float | None) -> str:
@@ -586,7 +660,7 @@ def table_cells(row: Row) -> tuple[str, ...]:
     return (
         row.planned.label + (" *" if row.fastest else ""),
         _rate(row.rate),
-        _pct(row.efficiency),
+        _efficiency(row),
         _secs(row.time_to_first_step),
         _mib(row.rss),
         _mib(row.gpu),
@@ -645,8 +719,11 @@ def csv_text(rows: Sequence[Row]) -> str:
                 num(rate.median if rate else None, 1),
                 num(rate.low if rate else None, 1),
                 num(rate.high if rate else None, 1),
-                num(100 * rate.relative if rate else None, 1),
+                num(100 * rate.half_width if rate and rate.half_width is not None else None, 1),
+                "" if rate is None else ("true" if rate.stable else "false"),
+                "" if rate is None else rate.source,
                 num(r.efficiency),
+                r.efficiency_note,
                 num(r.time_to_first_step),
                 " ".join(f"{r.rss[k] / MiB:.0f}" for k in sorted(r.rss)),
                 num(max(r.rss.values()) / MiB if r.rss else None, 0),
@@ -691,15 +768,21 @@ def about_lines(opts: BenchOptions) -> list[str]:
     from ddptui.cpus import usable_cpus
 
     length = f"{opts.steps} steps" if opts.steps is not None else f"{opts.epochs} epochs"
-    repeat = "1 run" if opts.repeat == 1 else f"median of {opts.repeat} runs (range in brackets)"
+    repeat = "1 run" if opts.repeat == 1 else f"median of {opts.repeat} runs"
+    if opts.until_stable is not None:
+        repeat += f", unstable ones repeated for up to {opts.until_stable:.0f} s more"
     return [
         f"{opts.target}, {length} per configuration, {repeat}, on {usable_cpus()} CPU cores "
         f"and {opts.devices or 'no GPU'} of {_hostname()}.",
         f"samples/s: steady state, all ranks together; each rank's first "
         f"max({benchmath.MIN_WARMUP_STEPS}, {benchmath.WARMUP_FRACTION:.0%}) steps and the "
-        "first step of each later epoch excluded. efficiency: samples/s / (world size x "
-        "samples/s at world size 1, same other options). first step: launch to the first "
-        "step. Memory: peak per rank (its process tree).",
+        "first step of each later epoch excluded. ± is a "
+        f"{benchmath.CONFIDENCE:.0%} interval: over the repeats (their range below five), or, "
+        "for one run, over the rates of its windows of steps; wider than "
+        f"±{benchmath.STABLE_SPREAD:.0%}: {UNSTABLE}. efficiency: samples/s / (world size x "
+        "samples/s at world size 1, same other options), only from two stable figures and "
+        "never above what the cores can give (else -- and why). first step: launch to the "
+        "first step. Memory: peak per rank (its process tree).",
     ]
 
 
@@ -739,7 +822,7 @@ class BenchRunner:
     def run_config(self, res: ConfigResult, repeat: int) -> Measurement:
         planned = res.planned
         name = f"{self.results.index(res) + 1:02d}-{planned.slug}"
-        if self.opts.repeat > 1:
+        if self.opts.repeat > 1 or repeat > 0:
             name += f"-r{repeat + 1}"
         cfg = dataclasses.replace(
             planned.cfg, run_dir=str(self.opts.bench_dir / name), run_id=f"{self.bench_id}-{name}"
@@ -748,14 +831,43 @@ class BenchRunner:
         res.runs.append(measurement)
         return measure(cfg, self.opts.steps, result=measurement, **self.measure_kwargs)
 
+    def jobs(
+        self, clock: Callable[[], float] = time.monotonic
+    ) -> Iterator[tuple[ConfigResult, int]]:
+        """What to run next, as (configuration, repeat index): every runnable configuration
+        ``repeat`` times, round-robin; then, with ``until_stable``, again each one whose
+        figure is measured but unstable, round-robin, until all are stable, the budget (from
+        the end of the planned runs) is spent, or a configuration has ``MAX_REPEAT`` runs."""
+        for repeat in range(self.opts.repeat):
+            for res in self.runnable:
+                yield res, repeat
+        if self.opts.until_stable is None:
+            return
+        deadline = clock() + self.opts.until_stable
+        while clock() < deadline:
+            rows = self.rows()
+            unstable = [
+                res
+                for res, row in zip(self.results, rows, strict=True)
+                if row.status == "measured" and not row.stable and len(res.runs) < MAX_REPEAT
+            ]
+            if not unstable:
+                return
+            for res in unstable:
+                if clock() >= deadline:
+                    return
+                yield res, len(res.runs)
+
     def rows(self) -> list[Row]:
-        return build_rows(self.results)
+        from ddptui.cpus import usable_cpus
+
+        return build_rows(self.results, cores=usable_cpus())
 
 
 def _describe(m: Measurement) -> str:
     if not m.ok:
         return m.problem or "not measured"
-    parts = [f"{m.samples_per_s:,.0f} samples/s", f"first step {_secs(m.time_to_first_step)}"]
+    parts = [f"{_rate(_run_figure(m))} samples/s", f"first step {_secs(m.time_to_first_step)}"]
     if m.accuracy is not None:
         parts.append(f"accuracy {m.accuracy:.4f}")
     if m.note:
@@ -826,6 +938,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     runner = BenchRunner(opts, starting=signals_deferred)
     todo = runner.runnable
     total = len(todo) * opts.repeat
+    more = "+" if opts.until_stable is not None else ""
     out.write(
         f"ddptui bench: {len(opts.plan)} configurations ({len(todo)} to run, "
         f"{len(opts.plan) - len(todo)} skipped) -> {opts.bench_dir}\n"
@@ -839,16 +952,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     with signals_interrupt() as guard:
         runner.measure_kwargs["tearing_down"] = lambda: held_signals(guard)
         try:
-            for repeat in range(opts.repeat):
-                for res in todo:
-                    n += 1
-                    label = res.planned.label
-                    out.write(f"[{n}/{total}] {label}: running…\n")
-                    out.flush()
-                    runner.measure_kwargs["on_progress"] = ProgressPrinter(out, label, opts.steps)
-                    m = runner.run_config(res, repeat)
-                    out.write(f"[{n}/{total}] {label}: {_describe(m)}\n")
-                    out.flush()
+            for res, repeat in runner.jobs():
+                n += 1
+                label = res.planned.label
+                out.write(f"[{n}/{total}{more}] {label}: running…\n")
+                out.flush()
+                runner.measure_kwargs["on_progress"] = ProgressPrinter(out, label, opts.steps)
+                m = runner.run_config(res, repeat)
+                out.write(f"[{n}/{total}{more}] {label}: {_describe(m)}\n")
+                out.flush()
         except Interrupted as exc:
             guard.armed = False
             out.write(f"interrupted ({exc}): every run was stopped\n")

@@ -198,7 +198,12 @@ class Collector:
                 for event in batch:
                     if event.run != run_id:
                         stats.foreign += 1
-                    elif implausible(event, world_size) is not None:
+                        continue
+                    if world_size is not None and event.rank >= world_size:
+                        grown = protocol.grown_world(event, world_size)
+                        if grown is not None:  # a script spawned its own ranks
+                            world_size = self.world_size = grown
+                    if implausible(event, world_size) is not None:
                         stats.implausible += 1
                     else:
                         events.append(event)

@@ -42,7 +42,7 @@ PARENT_PID_ENV = "DDPTUI_PARENT_PID"
 # -- diagnosis ---------------------------------------------------------------------------------
 #: The built-in phases of a training step, in order; together they make up the whole step
 #: (see ddptui.instrument). Custom ``ddptui.phase`` names are carried beside them.
-PHASES = ("data", "forward", "backward", "comm", "optimizer", "other")
+PHASES = ("data", "forward", "backward", "comm", "optimizer", "other", "eval")
 #: Set to 1 to run ranks without the zero-code instrumentation hooks (``--no-instrument``).
 NO_INSTRUMENT_ENV = "DDPTUI_NO_INSTRUMENT"
 #: What ``--on-hang`` may do with a hung run: tear it down (exit code 3) or keep it running.

@@ -72,9 +72,14 @@ WINDOW = 30
 #: Steps a rank needs in its window before it is judged.
 MIN_STEPS = 5
 #: The victims' comm share must exceed the culprit's by this much (share of the step)...
-WAIT_GAP = 0.10
-#: ...and be at least this much.
-MIN_VICTIM_WAIT = 0.15
+#: A quarter of the step: two healthy ranks sharing busy cores differ by 10-15 points of
+#: comm share from scheduling alone, and a verdict must stand on more than that.
+WAIT_GAP = 0.25
+#: ...and be at least this much...
+MIN_VICTIM_WAIT = 0.25
+#: ...and the culprit's own extra work (its non-comm phases above the others') must account
+#: for at least this share of the gap: a rank that waits less without working more is noise.
+EXPLAINED_GAP = 0.5
 #: Every rank waiting at least this share of its step in comm, with no culprit: comm-bound.
 COMM_BOUND = 0.30
 #: A compute straggler getting less than this share of one core while computing: ``host``.
@@ -147,7 +152,13 @@ def find_straggler(
     victims_wait = statistics.median(shares[r]["comm"] for r in others)
     gap = victims_wait - shares[culprit]["comm"]
     if gap >= WAIT_GAP and victims_wait >= MIN_VICTIM_WAIT:
-        return _straggler(culprit, others, shares, victims_wait, cpu_percent, t)
+        extra = sum(
+            max(0.0, shares[culprit][p] - statistics.median(shares[r][p] for r in others))
+            for p in PHASES
+            if p not in ("comm", "eval")
+        )
+        if extra >= EXPLAINED_GAP * gap:
+            return _straggler(culprit, others, shares, victims_wait, cpu_percent, t)
     everyone = statistics.median(shares[r]["comm"] for r in judged)
     if everyone >= COMM_BOUND:
         return Diagnosis(
@@ -173,7 +184,8 @@ def _straggler(
     def typical(phase: str) -> float:
         return statistics.median(shares[r][phase] for r in others)
 
-    excess = {p: mine[p] - typical(p) for p in PHASES if p != "comm"}
+    # comm is where victims wait; an evaluation pass is no part of the step's own work
+    excess = {p: mine[p] - typical(p) for p in PHASES if p not in ("comm", "eval")}
     compute_phases = ("forward", "backward", "optimizer", "other")
     compute_excess = sum(excess[p] for p in compute_phases)
     victims = f"the other ranks wait {_pct(victims_wait)} of their step in communication"

@@ -59,7 +59,9 @@ def classify(frames: list[Frame] | tuple[Frame, ...]) -> StackInfo:
     if not frames:
         return StackInfo(False, None, "no Python stack")
     user = next((f for f in frames if not is_library(f.file)), None)
-    where = (user or frames[0]).short
+    # without a frame of the script (torch still importing, say): the innermost real file
+    shown = user or next((f for f in frames if not f.file.startswith("<")), frames[0])
+    where = shown.short
     for frame in frames:
         if frame is user:
             break

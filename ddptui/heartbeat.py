@@ -103,6 +103,12 @@ class Heartbeat:
                 pass
 
 
+def stop() -> None:
+    """Stop this process's heartbeat, if it has one (a spawner that only waits now)."""
+    if _beat is not None:
+        _beat.stop()
+
+
 def start(reporter: Any, interval: float = BEAT_S) -> Heartbeat | None:
     """Start this process's heartbeat (once; None when the reporter sends nowhere). It stops
     before the reporter closes at exit."""

@@ -89,6 +89,28 @@ MAX_PENDING = 64
 #: Losses remembered per step (gradient accumulation); more are not averaged in.
 MAX_LOSSES = 8
 
+#: ``torch.distributed`` functions a script may call itself, timed as ``comm``.
+COLLECTIVES = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+)
 _FALSE = ("", "0", "false", "no", "off")
 _BWD = ("bwd", "after_bwd")  # segments that may hold gradients
 
@@ -357,6 +379,10 @@ class Instrument:
         self._carry: dict[str, float] = {}
         self._atexit = False
         self._get_reporter: Callable[[], Any] | None = None
+        self._in_collective = False  # inside a timed collective (nested ones are not timed)
+        # an evaluation pass (forwards without grad, or in eval mode) since the last segment
+        self._eval_start: float | None = None
+        self._eval_end: float | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, torch: Any) -> None:
@@ -376,6 +402,9 @@ class Instrument:
             self._attach_backward,
             self._attach_scaler,
             self._attach_sampler,
+            self._attach_collectives,
+            self._attach_spawn,
+            self._attach_process_group,
         ]
         for attach in steps:
             try:
@@ -464,6 +493,95 @@ class Instrument:
 
         self._patch(DistributedSampler, "set_epoch", set_epoch)
 
+    def _attach_collectives(self, torch: Any) -> None:
+        """Time the collectives a script calls itself (a ``barrier``, metric ``all_reduce``s
+        between forward and backward): their time is ``comm``, taken out of the phase they
+        were called in. Host time, so CPU ranks only (on GPU a collective's call returns
+        before the device has done it)."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name in COLLECTIVES:
+            original = c10d.__dict__.get(name)
+            if original is None or not callable(original):
+                continue
+            wrapper = self._collective_wrapper(original)
+            self._patch(c10d, name, wrapper)
+            if dist.__dict__.get(name) is original:
+                self._patch(dist, name, wrapper)
+
+    def _attach_spawn(self, torch: Any) -> None:
+        """Workers the script spawns with ``torch.multiprocessing`` are instrumented too, and
+        this process, which only waits for them from then on, goes quiet (ddptui.spawned)."""
+        import torch.multiprocessing as tmp
+
+        spawn_module = sys.modules["torch.multiprocessing.spawn"]
+        original = spawn_module.start_processes
+
+        @functools.wraps(original)
+        def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            from ddptui import spawned
+
+            target = spawned.wrap_target(fn)
+            if target is not fn:
+                spawned.became_spawner()
+            return original(target, *args, **kwargs)
+
+        self._patch(spawn_module, "start_processes", start_processes)
+        if tmp.__dict__.get("start_processes") is original:
+            self._patch(tmp, "start_processes", start_processes)
+
+    def _attach_process_group(self, torch: Any) -> None:
+        """Learn this process's rank from the process group it creates (a worker the script
+        spawned knows it only then; so does a script that passes its own rank)."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        original = c10d.init_process_group
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                from ddptui import spawned
+
+                spawned.on_process_group(dist.get_rank(), dist.get_world_size())
+            except Exception:  # telemetry never changes how a rank runs
+                pass
+            return result
+
+        self._patch(c10d, "init_process_group", init_process_group)
+        if dist.__dict__.get("init_process_group") is original:
+            self._patch(dist, "init_process_group", init_process_group)
+
+    def _collective_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        inst = self
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if inst._in_collective or inst.disabled or inst._cuda is not None:
+                return original(*args, **kwargs)
+            inst._in_collective = True
+            start = inst.clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inst._in_collective = False
+                inst._collective_time(start)
+
+        return collective
+
+    def _collective_time(self, start: float) -> None:
+        """A collective called from Python took ``start`` → now: count it as ``comm`` and out
+        of the segment it interrupted (its start moves forward by as much)."""
+        if self._mark is None:
+            return  # before the first step: nothing is being timed
+        spent = max(0.0, self.clock() - max(start, self._mark))
+        self._acc["comm"] += spent
+        self._mark += spent
+        if self._eval_start is not None and self._eval_end is None:
+            self._eval_start += spent  # an evaluation's metric all_reduce: comm, not eval
+
     def watch(self, ddp: Any) -> None:
         """Hook one ``DistributedDataParallel`` module (done for every DDP module created once
         the hooks are installed; call it for one created before)."""
@@ -518,11 +636,37 @@ class Instrument:
                     self._marks.append((name, event))
         elif event is not None:
             self._marks = [("start", event)]
+        if self._eval_end is not None:
+            self._take_eval()
         self._seg, self._mark = new_seg, now
         self._t_grad = None
         if new_seg in _BWD and event is not None:
             self._grad_event = self.torch.cuda.Event(enable_timing=True)
         return now
+
+    def _take_eval(self) -> None:
+        """The evaluation pass that ran in the segment just closed (first evaluation forward
+        to the last one's end, its data loading between them included) is ``eval``, out of
+        the time of the ``data`` segment it interrupted. CPU only (GPU phases are device
+        time, where the pass shows as the device's own work)."""
+        start, end = self._eval_start, self._eval_end
+        self._eval_start = self._eval_end = None
+        if start is None or end is None or self._cuda is not None:
+            return
+        spent = min(max(0.0, end - start), self._acc["data"])
+        self._acc["data"] -= spent
+        self._acc["eval"] += spent
+
+    def _eval_forward(self, start: bool) -> None:
+        """An evaluation forward of a DDP module begins (``start``) or ends."""
+        if self._mark is None:
+            return  # before the first training step: not part of any step
+        now = self.clock()
+        if start:
+            if self._eval_start is None:  # the pass's first forward
+                self._eval_start = now
+        elif self._eval_start is not None:
+            self._eval_end = now
 
     def _forward_start(self, args: tuple, kwargs: dict, new_seg: str) -> None:
         self._ddp_seen = True
@@ -544,6 +688,7 @@ class Instrument:
             return None
         try:
             if not self._training(ddp):
+                self._eval_forward(start=True)
                 return None
             self._training_fwd = True
             key = id(ddp)
@@ -565,13 +710,19 @@ class Instrument:
             elif not self._training_fwd and self._training(module):
                 self._training_fwd = True  # the inner module called without DDP
                 self._forward_start(args, kwargs, "forward")
+            elif not self._training_fwd:
+                self._eval_forward(start=True)  # ``model.module(x)`` to evaluate
         except Exception as exc:
             self._fail(exc)
         return None
 
     def _inner_post(self, module: Any, args: tuple, output: Any) -> None:
         self.hook_calls += 1
-        if self.disabled or not self._training_fwd:
+        if self.disabled:
+            return None
+        if not self._training_fwd:
+            if not self._training(module):
+                self._eval_forward(start=False)
             return None
         try:
             self._transition("fwd_post", "bwd")
@@ -581,7 +732,11 @@ class Instrument:
 
     def _outer_post(self, ddp: Any, args: tuple, output: Any) -> None:
         self.hook_calls += 1
-        if self.disabled or not self._training_fwd:
+        if self.disabled:
+            return None
+        if not self._training_fwd:
+            if not self._training(ddp):
+                self._eval_forward(start=False)
             return None
         try:
             if self._seg == "ddp_pre":  # DDP ran the inner forward without calling it
@@ -716,6 +871,11 @@ class Instrument:
             old_fields, _ = self._pending.popleft()
             self._deliver(old_fields, None)
         self._pending.append((fields, read))
+        if type(read) is dict and self.steps_sent and not self.explicit:
+            # Only the first step waits for the next one (a script that calls ddptui.log
+            # itself does so right after it); later ones go at once, so a rank that stalls
+            # after a step has reported it.
+            self._send_ready()
 
     def _send_ready(self) -> None:
         """Send (or, in explicit mode, keep for the next explicit log) the finished steps

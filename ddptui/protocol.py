@@ -350,6 +350,21 @@ def _implausible_node(event: NodeSample) -> str | None:
     return None
 
 
+#: Largest world a run may grow to when a script spawns its own ranks (ddptui.spawned).
+MAX_GROWN_WORLD = 1024
+
+
+def grown_world(event: AnyEvent, world_size: int) -> int | None:
+    """The larger world size a rank announces when the script spawned its own ranks (a
+    ``started`` status whose ``world_size`` exceeds the run's, with its rank inside it, up to
+    :data:`MAX_GROWN_WORLD`), else None."""
+    if type(event) is not Status or event.state != "started" or event.world_size is None:
+        return None
+    if world_size < event.world_size <= MAX_GROWN_WORLD and event.rank < event.world_size:
+        return event.world_size
+    return None
+
+
 def encode_batch(events: list[AnyEvent]) -> bytes:
     """Wire encoding of one message: a msgpack list of events."""
     return _msgpack_encoder.encode(events)

@@ -120,6 +120,7 @@ class Reporter:
         self._started_sent = False
         self._announced: dict[str, Any] = {}  # what the started status has told so far
         self._finished_sent = False
+        self._muted = False
         self._lock = threading.Lock()
         self._full_until = 0.0  # until then, drop without trying (queue full, or nobody there)
         self._batch: list[protocol.AnyEvent] = []
@@ -165,6 +166,12 @@ class Reporter:
     def enabled(self) -> bool:
         return self._socket is not None
 
+    def mute(self) -> None:
+        """Send nothing more from this process (a spawner whose workers are the ranks now);
+        what is batched goes out first."""
+        self.flush()
+        self._muted = True
+
     # -- sending -------------------------------------------------------------------------
     def _send(
         self,
@@ -178,7 +185,7 @@ class Reporter:
         ``read``: the event's device values in flight; it waits for them (and holds back the
         events after it) in the pending queue.
         """
-        if self._socket is None:
+        if self._socket is None or self._muted:
             return
         with self._lock:
             seq = self._seq

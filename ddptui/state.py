@@ -190,6 +190,14 @@ class RunState:
         #: Why a failed run was not restarted although restarts were left (one line).
         self.restart_refused: str | None = None
 
+    def grow(self, world_size: int) -> None:
+        """The run has ``world_size`` ranks after all: the script spawned its own (one
+        process per GPU), and they announced themselves with the world of their process
+        group. New ranks start ``pending``."""
+        for rank in range(self.world_size, world_size):
+            self.ranks[rank] = RankView(rank, attempt=self.attempt)
+        self.world_size = max(self.world_size, world_size)
+
     @property
     def attempt(self) -> int:
         """The current attempt number (0 first)."""
@@ -229,9 +237,13 @@ class RunState:
             self.node_samples[event.node] = event
             return
         view = self.ranks.get(event.rank)
-        if view is None:  # not a rank of this run: no row, no effect
-            self.events_ignored += 1
-            return
+        if view is None:
+            grown = protocol.grown_world(event, self.world_size)
+            if grown is None:  # not a rank of this run: no row, no effect
+                self.events_ignored += 1
+                return
+            self.grow(grown)
+            view = self.ranks[event.rank]
         now = event.t if now is None else now
         if event.attempt != view.attempt:
             if event.attempt < view.attempt:  # late news from an attempt already over

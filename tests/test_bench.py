@@ -113,8 +113,12 @@ def _planned(ws, amp="off", backend="gloo", launcher="spawn", skip=None):
     return bench.Planned(ws, launcher, backend, amp, cfg=None if skip else object(), skip=skip)
 
 
-def _m(rate, ttfs=2.0, rss=(100, 110), outcome="stopped", problem=None, accuracy=None):
+def _m(rate, ttfs=2.0, rss=(100, 110), outcome="stopped", problem=None, accuracy=None, pm=0.02):
+    """A run measured at ``rate`` samples/s, its own interval ±``pm`` (None: no interval)."""
     mib = bench.MiB
+    interval = None
+    if rate is not None and pm is not None:
+        interval = benchmath.Spread(rate, rate * (1 - pm), rate * (1 + pm), 8, "steps")
     return bench.Measurement(
         Path(f"/runs/{rate}"),
         outcome=outcome,
@@ -124,6 +128,7 @@ def _m(rate, ttfs=2.0, rss=(100, 110), outcome="stopped", problem=None, accuracy
         accuracy=accuracy,
         steps=60,
         problem=problem,
+        interval=interval,
     )
 
 
@@ -132,7 +137,7 @@ def _results():
         bench.ConfigResult(_planned(1), [_m(1000.0, rss=(100,))]),
         bench.ConfigResult(_planned(2), [_m(1500.0)]),
         bench.ConfigResult(_planned(1, "bf16"), [_m(500.0, rss=(90,))]),
-        bench.ConfigResult(_planned(2, "bf16"), [_m(900.0, ttfs=3.0), _m(800.0), _m(1000.0)]),
+        bench.ConfigResult(_planned(2, "bf16"), [_m(900.0, ttfs=3.0), _m(880.0), _m(920.0)]),
         bench.ConfigResult(_planned(1, backend="nccl", skip="backend nccl needs a CUDA GPU")),
         bench.ConfigResult(_planned(4), [_m(None, outcome="failed", problem="failed: rank 3")]),
     ]
@@ -144,7 +149,8 @@ def test_rows_efficiency_against_the_same_options_at_world_size_one():
     assert by_label["x1 spawn gloo amp off"].efficiency == pytest.approx(1.0)
     assert by_label["x2 spawn gloo amp off"].efficiency == pytest.approx(0.75)
     bf16 = by_label["x2 spawn gloo amp bf16"]
-    assert bf16.rate.median == 900.0 and (bf16.rate.low, bf16.rate.high) == (800.0, 1000.0)
+    assert bf16.rate.median == 900.0 and (bf16.rate.low, bf16.rate.high) == (880.0, 920.0)
+    assert bf16.rate.source == "repeats" and bf16.stable
     assert bf16.efficiency == pytest.approx(900 / (2 * 500))
     assert bf16.time_to_first_step == 2.0  # median of 3.0, 2.0, 2.0
     assert [r.planned.label for r in rows if r.fastest] == ["x2 spawn gloo amp off"]
@@ -161,8 +167,9 @@ def test_table_marks_the_fastest_and_explains_the_rest():
     measured = [ln for ln in lines if ln.startswith("x") and "spawn" in ln]
     assert len(measured) == 4
     assert next(ln for ln in measured if ln.startswith("x2 spawn gloo amp off *"))
-    assert "900 (800–1,000)" in table  # median (range) of repeats
-    assert "75%" in table
+    assert "900 ±2%" in table  # median of repeats, and their range
+    assert "1,500 ±2%" in table  # one run: its own interval
+    assert "75%" in table and "unstable" not in table
     assert "x1 spawn nccl amp off: skipped: backend nccl needs a CUDA GPU" in table
     assert "x4 spawn gloo amp off: failed: failed: rank 3" in table
 
@@ -178,6 +185,7 @@ def test_csv_has_one_row_per_configuration():
         "0.750",
         "2.000",
     )
+    assert (two["spread_pct"], two["stable"], two["interval_from"]) == ("2.0", "true", "steps")
     assert two["peak_rss_mib_per_rank"] == "100 110" and two["fastest"] == "yes"
     skipped = next(r for r in rows if r["status"] == "skipped")
     assert skipped["samples_per_s"] == "" and "nccl" in skipped["reason"]
@@ -234,6 +242,9 @@ def test_plan_with_gpus_defaults_and_dp(tmp_path):
         (["--world-size", ","], "--world-size needs at least one value"),
         (["--repeat", "0"], "--repeat must be at least 1"),
         (["--repeat", "1000"], "--repeat must be at most 100"),
+        (["--until-stable", "0"], "--until-stable must be at least 1"),
+        (["--until-stable", "soon"], "--until-stable must be a whole number"),
+        (["--until-stable", "99999999"], "--until-stable must be at most 604800"),
         (["--steps", "1e400"], "--steps must be a whole number"),
         (["--steps", "5", "--epochs", "2"], "not allowed with argument"),
         (["--trainer", "nope"], "unknown trainer 'nope'"),
@@ -439,7 +450,9 @@ def test_bench_on_cpu_measures_four_configurations_and_skips_the_rest(
     assert len(done) == 4
     for row in done:
         assert float(row["samples_per_s"]) > 0 and float(row["time_to_first_step_s"]) > 0
-        assert float(row["efficiency"]) > 0 and row["steps_per_rank"] == "60"
+        assert row["steps_per_rank"] == "60" and row["stable"] in ("true", "false")
+        # An efficiency is there only from stable figures (this machine may be busy).
+        assert float(row["efficiency"]) > 0 if row["efficiency"] else row["efficiency_note"]
         assert float(row["peak_rss_mib_max"]) > 10
         run_dir = Path(row["run_dirs"])
         assert (run_dir / "summary.json").is_file()
@@ -459,5 +472,5 @@ def test_run_reports_usage_errors_itself_when_wired_into_another_parser(capsys):
 
 def test_markdown_marks_the_fastest_and_lists_the_rest():
     text = bench.markdown_text(bench.build_rows(_results()), "ddptui bench", ["about"])
-    assert "| **x2 spawn gloo amp off** \\* | **1,500** | **75%** |" in text
+    assert "| **x2 spawn gloo amp off** \\* | **1,500 ±2%** | **75%** |" in text
     assert "- x1 spawn nccl amp off: skipped: backend nccl needs a CUDA GPU" in text

@@ -30,7 +30,7 @@ async def test_bench_screen_runs_the_matrix_and_charts_it(tmp_path):
         sessions.append(FakeSession(cfg, world=cfg.world_size))
         return sessions[-1]
 
-    opts = _opts(tmp_path, "--steps", "20")
+    opts = _opts(tmp_path, "--steps", "40")  # enough steps for an interval
     app = BenchApp(opts, session_factory=factory, sampler_factory=FakeSampler)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = app.screen
@@ -40,8 +40,8 @@ async def test_bench_screen_runs_the_matrix_and_charts_it(tmp_path):
         assert screen.code == 0 and len(sessions) == 2
         shown = screen.table_rows(screen.runner.rows())
         assert [c[1] for c in shown] == ["measured", "measured", "skipped", "skipped"]
-        assert shown[0][:3] == ("x1 spawn gloo amp off", "measured", "800")
-        assert shown[1][:5] == ("x2 spawn gloo amp off *", "measured", "1,600", "100%", "1.0s")
+        assert shown[0][:3] == ("x1 spawn gloo amp off", "measured", "800 ±0%")
+        assert shown[1][:5] == ("x2 spawn gloo amp off *", "measured", "1,600 ±0%", "100%", "1.0s")
         assert shown[2][6].startswith("AMP fp16 needs a CUDA GPU")
         assert screen.now_line().startswith("bench done — results in")
         assert screen.query_one(SamplesChart).plt is not None
@@ -77,3 +77,17 @@ async def test_quitting_stops_the_run_in_progress_and_keeps_results(tmp_path):
     assert len(sessions) == 1 and sessions[0].calls == ["start", "stop-interrupted", "close"]
     rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
     assert [r["status"] for r in rows] == ["interrupted", "not run", "skipped", "skipped"]
+
+
+def test_the_dashboard_marks_unstable_figures_and_says_why_there_is_no_efficiency(tmp_path):
+    from tests.test_bench_stability import _measured, _noisy, _tight
+
+    screen = BenchScreen(_opts(tmp_path, "--steps", "100"))
+    one, two = screen.runner.results[:2]
+    one.runs.append(_measured(_noisy(seed=3), ranks=1))
+    two.runs.append(_measured(_tight(), ranks=2))
+    rows = screen.runner.rows()
+    shown = screen.table_rows(rows)
+    assert shown[0][2].endswith("unstable") and "unstable" not in shown[1][2]
+    assert shown[1][3].startswith("-- (x1 unstable (±")
+    assert [r.stable for r in rows[:2]] == [False, True]

@@ -21,8 +21,8 @@ from ddptui.diagnosis import (
     find_straggler,
     hang_limit,
     prepare_limit,
-    stuck_ranks,
     rank_ends,
+    stuck_ranks,
 )
 from ddptui.state import RankFailureInfo, RunState
 
@@ -624,3 +624,19 @@ def test_only_a_lost_peer_error_is_a_consequence_and_another_own_error_is_its_ow
     out = diagnose_crash(ends, launcher_rank=0)
     assert [(d.rank, d.cause) for d in out] == [(0, "crash"), (1, "crash"), (2, "consequence")]
     assert out[1].detail == "rank 1 also failed on its own (not a consequence): KeyError: 'x'"
+
+
+@pytest.mark.parametrize(
+    "culprit_phases",
+    [
+        # two healthy ranks on busy shared cores: 14 points less comm, a bit more compute
+        phases(forward=0.40, backward=0.37, comm=0.23),
+        # much less comm, but no more work of its own in the step (an evaluation pass)
+        phases(forward=0.30, backward=0.33, comm=0.05, eval=0.32),
+    ],
+)
+def test_scheduling_noise_is_no_straggler(culprit_phases):
+    victim = phases(forward=0.30, backward=0.33, comm=0.37)
+    state = live_state({0: victim, 1: culprit_phases})
+    found = find_straggler(state.phase_history)
+    assert found is None or (found.rank, found.cause) == (None, "communication")

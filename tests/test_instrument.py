@@ -138,6 +138,7 @@ def test_phases_partition_each_step_exactly(inst):
             "comm": 0.0,  # one rank: nobody to wait for (fake time does not pass)
             "other": 0.001,
             "optimizer": 0.003,
+            "eval": 0.0,
         }
         assert phases == pytest.approx(expected, abs=1e-9)
         assert log["step_time"] == pytest.approx(sum(expected.values()), abs=1e-9)
@@ -153,7 +154,9 @@ def test_steps_are_sent_one_step_late_then_at_exit(inst):
     train_step(model, opt, clock)
     assert inst.fake.logs == []  # held until the next step starts: an explicit log may follow
     train_step(model, opt, clock)
-    assert len(inst.fake.logs) == 1
+    # the first step went when the second began; the second as it ended (no explicit log
+    # came: a rank that stalls after a step has reported it)
+    assert len(inst.fake.logs) == 2
     assert inst.fake.flushes == 1  # the first step goes out at once, not batched
     inst.flush()
     assert len(inst.fake.logs) == 2
@@ -181,7 +184,7 @@ def test_explicit_log_wins_and_gets_the_phases(inst, monkeypatch):
     assert fake.logs[3]["phases"] == {"mine": 1.0}
 
 
-def test_evaluation_forwards_are_not_timed(inst):
+def test_an_evaluation_pass_is_its_own_phase(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = TimedSGD(model.parameters(), clock)
@@ -195,8 +198,38 @@ def test_evaluation_forwards_are_not_timed(inst):
     inst.flush()
     second = inst.fake.logs[1]
     assert second["samples"] == 6
-    assert second["phases"]["data"] == pytest.approx(0.025)  # 0.005 + two eval forwards
+    # the two evaluation forwards (0.010 each) are `eval`, no longer folded into `data`
+    assert second["phases"]["eval"] == pytest.approx(0.020)
+    assert second["phases"]["data"] == pytest.approx(0.005)
     assert second["phases"]["forward"] == pytest.approx(0.010)
+    assert sum(second["phases"][p] for p in PHASES) == pytest.approx(second["step_time"])
+
+
+def test_collectives_the_script_calls_are_comm_not_the_phase_they_interrupt(inst):
+    """An ImageNet-style loop: a barrier and metric all_reduces between forward and backward."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    assert dist.all_reduce is c10d.all_reduce  # one wrapper under both names
+    assert dist.barrier.__wrapped__.__module__ == "torch.distributed.distributed_c10d"
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    collective = inst._collective_wrapper(lambda *a, **k: clock.advance(0.007))
+    train_step(model, opt, clock)
+    clock.advance(0.005)
+    loss = model(torch.randn(6, 4)).pow(2).mean()
+    collective()  # the barrier: 7 ms
+    collective()  # the metrics' all_reduce: 7 ms
+    opt.zero_grad()
+    loss.backward()
+    clock.advance(0.001)
+    opt.step()
+    inst.flush()
+    second = inst.fake.logs[1]
+    assert second["phases"]["comm"] == pytest.approx(0.014)
+    assert second["phases"]["backward"] == pytest.approx(0.020)  # as without them
+    assert sum(second["phases"][p] for p in PHASES) == pytest.approx(second["step_time"])
 
 
 def test_gradient_accumulation_sums_samples_and_averages_losses(inst):
@@ -320,6 +353,7 @@ def test_gpu_phases_come_from_events_read_only_once_complete(inst):
             "comm": 0.0,
             "other": 0.001,
             "optimizer": 0.003,
+            "eval": 0.0,
         }
         assert log["phases"] == pytest.approx(expected, abs=1e-9)
         assert log["step_time"] == pytest.approx(sum(expected.values()), abs=1e-9)

@@ -3,6 +3,7 @@ launches it, the table and charts show it to the end, and quitting leaves no pro
 
 from __future__ import annotations
 
+import json
 import os
 
 import psutil
@@ -110,3 +111,7 @@ async def test_quitting_a_live_run_confirms_and_leaves_no_process(tmp_path):
         await pilot.pause(0.3)
     assert source.result is not None and source.result.stopped
     assert _leftovers(run_id) == []
+    # the app's exit code is the one summary.json records (130: stopped), as headless gives
+    summary = json.loads((source.session.run_dir / "summary.json").read_text())
+    assert app.exit_code() == summary["exit_code"] == 130
+    assert app.return_value == 130  # what run_dashboard returns as the exit code

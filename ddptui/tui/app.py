@@ -23,6 +23,7 @@ from textual.screen import Screen
 
 from ddptui.config import RunConfig, new_run_id
 from ddptui.monitor.pcie import pcie_interval
+from ddptui.rundir import EXIT_CODES
 from ddptui.session import RunSession
 from ddptui.tui.machine import HostInfo, detect_host
 from ddptui.tui.screens.confirm import ConfirmScreen
@@ -211,9 +212,14 @@ class DdpTuiApp(App[int]):
         return [s for s in self.live_sources if s.running]
 
     def exit_code(self) -> int:
-        """1 when a launched run failed, else 0."""
+        """The exit code headless would give: 1 when a launched run failed, else that of the
+        last run (0 finished, 3 hung, 130 stopped, as its summary.json says), 0 without one."""
         failed = any(s.state.outcome == "failed" or s.error for s in self.live_sources)
-        return 1 if failed else 0
+        if failed:
+            return 1
+        if not self.live_sources:
+            return 0
+        return EXIT_CODES.get(self.live_sources[-1].state.outcome or "", 0)
 
     async def action_quit(self) -> None:
         running = self.running_sources

@@ -544,6 +544,9 @@ class ChartData:
     epochs: int | None = None
     #: Steps (the loss chart's x) at which each restarted attempt began.
     restarts: tuple[float, ...] = ()
+    #: No evaluation came although a rank finished an epoch (or the run ended after steps):
+    #: the script reports none.
+    no_eval: bool = False
 
 
 def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
@@ -581,6 +584,10 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
             [thin(list(v.sps_series), per_rank) for v in state.ranks.values()],
             state.started_at,
             max_points,
+        ),
+        no_eval=not state.evals
+        and any(
+            v.epochs_done or (state.outcome == "finished" and v.step) for v in state.ranks.values()
         ),
         epochs=state.epochs,
         restarts=tuple(float(a.first_step) for a in state.attempts[1:]),

@@ -8,6 +8,9 @@ Fault injection through environment variables (rank R, epochs counted from 1):
 * ``PLAIN_HANG_RANK=R``, ``PLAIN_HANG_EPOCH=E``: rank R stops for good at the start of E.
 * ``PLAIN_FAIL_RANK=R``, ``PLAIN_FAIL_EPOCH=E``: rank R raises at the start of epoch E.
 
+* ``PLAIN_PREPARE_S=S``: every rank prepares for S seconds of CPU work (hashing, as a
+  tokeniser or an index build would) after ``init_process_group``, before its first step.
+
 Sizes: ``PLAIN_EPOCHS`` (default 2), ``PLAIN_STEPS`` (steps per epoch, default 20),
 ``PLAIN_BATCH`` (default 16).
 """
@@ -61,9 +64,20 @@ def stall_forever():
         time.sleep(1)
 
 
+def prepare(seconds):
+    """Host work before the first step: busy, its stack inside this one function."""
+    import hashlib
+
+    digest, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        digest = hashlib.sha256(digest + b"token").digest()
+    return digest
+
+
 def main():
     dist.init_process_group("gloo")  # env:// from the launcher
     rank, world = dist.get_rank(), dist.get_world_size()
+    prepare(float(os.environ.get("PLAIN_PREPARE_S", "0")))
     torch.manual_seed(0)
     model = DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))

@@ -55,9 +55,11 @@ class SamplesChart(PlotextPlot):
         else:
             labels = [r.planned.label for r in measured]
             values = [r.rate.median for r in measured]  # type: ignore[union-attr]
-            colors = ["green" if r.fastest else "cyan" for r in measured]
+            colors = [
+                "green" if r.fastest else ("cyan" if r.stable else "yellow") for r in measured
+            ]
             plt.bar(labels, values, orientation="horizontal", color=colors, width=0.4)
-            plt.title("steady-state samples/s (green: fastest)")
+            plt.title("steady-state samples/s (green: fastest, yellow: unstable)")
         self.refresh()
 
 
@@ -117,19 +119,20 @@ class BenchScreen(Screen):
         runner = self.runner
         runner.measure_kwargs["cancelled"] = self.cancel.is_set
         try:
-            for repeat in range(self.opts.repeat):
-                for res in runner.runnable:
-                    if self.cancel.is_set():
-                        raise Cancelled
-                    index = runner.results.index(res)
+            for res, repeat in runner.jobs():
+                if self.cancel.is_set():
+                    raise Cancelled
+                index = runner.results.index(res)
 
-                    def progress(state: Any, index: int = index) -> None:
-                        self.current = (index, state)
+                def progress(state: Any, index: int = index) -> None:
+                    self.current = (index, state)
 
-                    runner.measure_kwargs["on_progress"] = progress
-                    self.current = (index, None)
-                    runner.run_config(res, repeat)
-                    self.finished_runs += 1
+                runner.measure_kwargs["on_progress"] = progress
+                self.current = (index, None)
+                runner.run_config(res, repeat)
+                self.finished_runs += 1
+                if self.finished_runs >= self.total:  # --until-stable: runs beyond the plan
+                    self.total = self.finished_runs + 1
         except Cancelled:
             self.code = 130
         except Exception as exc:  # a run directory that cannot be written, a bug: say so
@@ -184,7 +187,7 @@ class BenchScreen(Screen):
             status = cells[1]
             table.add_row(cells[0], Text(status, style=STATUS_STYLE.get(status, "")), *cells[2:])
         self.query_one("#bench-table", Static).update(table)
-        self.query_one(ProgressBar).update(progress=self.finished_runs)
+        self.query_one(ProgressBar).update(total=max(1, self.total), progress=self.finished_runs)
         self.query_one("#bench-now", Static).update(self.now_line())
         self.query_one(SamplesChart).show(rows)
 

@@ -38,9 +38,13 @@ class _Chart(PlotextPlot):
         plt.clear_figure()
         plt.title(self.title)
         if not self.draw(data):
-            self._plot_empty()
+            self._plot_empty(self.empty_message(data))
             return
         self.refresh()
+
+    def empty_message(self, data: ChartData) -> str:
+        """What the chart says while it has nothing to draw."""
+        return "no data yet"
 
     def signature(self, data: ChartData) -> Any:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -108,7 +112,12 @@ class AccuracyChart(_Chart):
     title = "eval accuracy"
 
     def signature(self, data: ChartData) -> Any:
-        return (data.epochs, tuple(zip(*data.accuracy, strict=True)))
+        return (data.epochs, data.no_eval, tuple(zip(*data.accuracy, strict=True)))
+
+    def empty_message(self, data: ChartData) -> str:
+        if data.no_eval:
+            return "none reported (ddptui.log_eval(epoch=…, accuracy=…) reports one)"
+        return "no data yet"
 
     def draw(self, data: ChartData) -> bool:
         epochs, accuracy = data.accuracy

@@ -22,6 +22,7 @@ PHASE_STYLES = {
     "comm": "red",
     "optimizer": "magenta",
     "other": "bright_black",
+    "eval": "cyan",
 }
 #: Ranks drawn at most (the ones waiting least in communication first: the likely culprits).
 MAX_BARS = 8

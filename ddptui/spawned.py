@@ -1,0 +1,76 @@
+"""Ranks a script starts itself: ``torch.multiprocessing.spawn`` workers (one process per GPU,
+the shape of many public DDP scripts, and of the one-process-per-node Slurm scripts that
+spawn their workers and read ``SLURM_*``). Runs inside training processes; stdlib only.
+
+ddptui starts the script's process (the *spawner*); the spawner starts the real ranks. The
+instrumentation wraps ``start_processes`` so that each worker runs :func:`spawned_worker`
+first: it installs the same hooks as the rank entry does, and the worker's rank and world
+size are learned from the process group it creates (``init_process_group`` is wrapped), so
+the workers are the run's ranks. The spawner itself goes quiet once it has spawned: it only
+waits, and is never judged (no heartbeat, no status of its own; the launcher still sees how
+it exits).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ddptui.constants import ENDPOINT_ENV
+
+#: Set in a worker that a script spawned (its rank is known only from its process group).
+SPAWNED_ENV = "DDPTUI_SPAWNED"
+
+
+def spawned_worker(fn: Callable[..., Any], index: int, *args: Any) -> Any:
+    """What a spawned worker runs instead of ``fn(index, *args)``: the hooks, then ``fn``."""
+    os.environ[SPAWNED_ENV] = "1"
+    # its index among the workers of this node: the local rank (the GPU) in these scripts
+    os.environ["LOCAL_RANK"] = str(index)
+    from ddptui import instrument
+    from ddptui.reporter import get_reporter
+
+    # The reporter first (its exit handler then runs last, after the hooks flushed the last
+    # step); it sends nothing until the worker's process group names its rank.
+    get_reporter()
+    instrument.install()
+    return fn(index, *args)
+
+
+def wrap_target(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as the workers should run it (picklable when ``fn`` is, as spawn needs)."""
+    if not os.environ.get(ENDPOINT_ENV):
+        return fn
+    return functools.partial(spawned_worker, fn)
+
+
+def became_spawner() -> None:
+    """This process now only waits for workers it spawned: stop its heartbeat and mute its
+    reporter, so it is neither shown nor judged as the rank its workers now are."""
+    from ddptui import heartbeat
+    from ddptui.reporter import get_reporter
+
+    heartbeat.stop()
+    get_reporter().mute()
+
+
+def on_process_group(rank: int, world_size: int) -> None:
+    """A process group was created in this process: this process is rank ``rank`` of
+    ``world_size``. A spawned worker (or a script that passed its own rank) is announced
+    under that rank now, with its heartbeat."""
+    env_rank = os.environ.get("RANK")
+    spawned = bool(os.environ.get(SPAWNED_ENV))
+    if not spawned and env_rank == str(rank):
+        return
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+    if not os.environ.get(ENDPOINT_ENV):
+        return
+    from ddptui import heartbeat
+    from ddptui.reporter import get_reporter
+
+    reporter = get_reporter()
+    reporter.rank = rank
+    reporter.started(guess_device=False)
+    heartbeat.start(reporter)

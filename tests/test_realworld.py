@@ -1,0 +1,352 @@
+"""The real-world tier: DDP scripts in the shapes public ones have (pytorch/examples'
+ddp-tutorial-series, ddp/example.py and minGPT-ddp; KaiiZhang/DDP-Tutorial;
+tczhangzhi/pytorch-distributed), written for these tests, run unmodified under ddptui.
+
+Each script runs once (``tests/realworld_runs.py``: a few at a time, in the background) and
+many small tests read that run: ddptui exits as plain torchrun would, counts every step of
+every rank as the script does, shows the loss the script has, takes the epochs from
+``set_epoch``, names no straggler or hang on a healthy run and records ``finished``. Fault
+variants of the Trainer-class script: a rank killed, a rank raising, a rank hung before its
+first step and mid-run.
+
+Plain torchrun's exit code is taken from each script's contract (0 when every rank reaches its
+end, 1 when a rank raises or is killed) rather than from a second run of every script: that
+would double the tier's time, and on this torch a plain torchrun run of a healthy script exits
+1 now and then (a rank aborts in native teardown after its last line, "terminate called
+without an active exception"), which ddptui's rank entry avoids. That every rank reached its
+end is checked from the script's own last line.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ddptui.net import free_port
+from tests.realworld_runs import RunPool, RunResult, RunSpec
+from tests.trainer_data import write_imagefolder, write_mnist
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realworld"), pytest.mark.timeout(400)]
+
+#: Runs going at once: each is ddptui + a launcher + 2 ranks importing torch on 2 cores.
+PARALLEL = 3
+#: Diagnoses a healthy run must not get (``communication``, a note on the run, is allowed).
+VERDICTS = {"input", "compute", "host", "hang", "collective", "crash", "consequence", "oom"}
+LONG_PREP_HANG_TIMEOUT = 4
+SLOW_FIRST_HANG_TIMEOUT = 2
+FAULT_HANG_TIMEOUT = 5
+FAULT_STEP = 7  # the step before which a mid-run fault strikes (of 24)
+
+
+def _snapshot_args(work: Path) -> list[str]:
+    return ["2", "1", "--snapshot_path", str(work / "snapshot.pt")]
+
+
+def _fault(kind: str, step: int) -> dict[str, str]:
+    return {"RW_FAULT": kind, "RW_FAULT_RANK": "1", "RW_FAULT_STEP": str(step)}
+
+
+def _slurm_env(work: Path) -> dict[str, str]:
+    """What srun would give the one task of a one-node job."""
+    return {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NTASKS": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_LOCALID": "0",
+    }
+
+
+SPECS = {
+    spec.name: spec
+    for spec in [
+        RunSpec("trainer", "snapshot_trainer.py", args=_snapshot_args),
+        RunSpec("gpt", "gpt_dataclass.py", args=lambda w: [f"trainer.snapshot_path={w}/gpt.pt"]),
+        RunSpec(
+            "mnist",
+            "mnist_tqdm.py",
+            args=lambda w: ["--data", str(w)],
+            setup=lambda w: write_mnist(w, train=160, test=40),
+            launcher="spawn",
+            cost=1.5,
+        ),
+        RunSpec(
+            "imagenet",
+            "imagenet_meters.py",
+            args=lambda w: ["--data", str(w / "images"), "--out", str(w), "-a", "tiny_mlp"],
+            setup=lambda w: write_imagefolder(w / "images", tuple("abcdef"), train=16, val=4),
+            cost=1.5,
+        ),
+        RunSpec(
+            "spawner",
+            "spawn_workers.py",
+            args=lambda w: ["--dist-url", f"tcp://127.0.0.1:{free_port()}"],
+            world_size=1,
+            cost=1.5,
+        ),
+        RunSpec(
+            "slurm_node",
+            "slurm_node.py",
+            args=lambda w: ["--dist-file", str(w / "rendezvous"), "--out", str(w)],
+            env=_slurm_env,
+            world_size=1,
+            cost=1.5,
+        ),
+        RunSpec("one_step", "one_step.py"),
+        RunSpec(
+            "long_prep",
+            "long_prep.py",
+            args=lambda w: ["--prep-seconds", str(2 * LONG_PREP_HANG_TIMEOUT)],
+            hang_timeout=LONG_PREP_HANG_TIMEOUT,
+            cost=3,
+        ),
+        RunSpec(
+            "slow_first_step",
+            "slow_first_step.py",
+            args=lambda w: ["--compile-seconds", "2.5", "--data-seconds", "0.1"],
+            hang_timeout=SLOW_FIRST_HANG_TIMEOUT,
+            cost=2,
+        ),
+        RunSpec(
+            "trainer_kill",
+            "snapshot_trainer.py",
+            args=_snapshot_args,
+            env=lambda w: _fault("kill", FAULT_STEP),
+            plain_exit=1,
+        ),
+        RunSpec(
+            "trainer_raise",
+            "snapshot_trainer.py",
+            args=_snapshot_args,
+            env=lambda w: _fault("raise", FAULT_STEP),
+            plain_exit=1,
+        ),
+        RunSpec(
+            "trainer_hang_start",
+            "snapshot_trainer.py",
+            args=_snapshot_args,
+            env=lambda w: _fault("hang", 1),
+            hang_timeout=FAULT_HANG_TIMEOUT,
+            plain_exit=None,
+            cost=2.5,
+        ),
+        RunSpec(
+            "trainer_hang_mid",
+            "snapshot_trainer.py",
+            args=_snapshot_args,
+            env=lambda w: _fault("hang", FAULT_STEP),
+            hang_timeout=FAULT_HANG_TIMEOUT,
+            plain_exit=None,
+            cost=2.5,
+        ),
+    ]
+}
+HEALTHY = [name for name, spec in SPECS.items() if spec.plain_exit == 0]
+HANGS = ["trainer_hang_start", "trainer_hang_mid"]
+
+
+@pytest.fixture(scope="session")
+def realworld(request, tmp_path_factory):
+    """The pool of runs the selected tests of this module read (each run once)."""
+    here = Path(__file__)
+    wanted = {
+        item.callspec.params["run_name"]
+        for item in request.session.items
+        if item.path == here
+        and "run_name" in getattr(getattr(item, "callspec", None), "params", {})
+    }
+    pool = RunPool(SPECS, wanted, tmp_path_factory.mktemp("realworld"), PARALLEL)
+    yield pool
+    pool.close()
+    if pool.finished_at is not None:
+        print(f"\nreal-world tier: {len(wanted)} runs in {pool.finished_at - pool.started:.0f} s")
+
+
+@pytest.fixture
+def run(realworld, run_name) -> RunResult:
+    return realworld.result(run_name)
+
+
+def ddptui_losses(run: RunResult) -> dict[int, float | None]:
+    """The loss of each rank's last step as ddptui recorded it (None: no step recorded)."""
+    last = {rank: run.steps(rank)[-1:] for rank in run.facts}
+    return {rank: steps[0]["loss"] if steps else None for rank, steps in last.items()}
+
+
+# -- every healthy script ----------------------------------------------------------------------
+@pytest.mark.parametrize("run_name", HEALTHY)
+def test_exits_as_plain_torchrun_and_finishes(run):
+    facts = run.facts
+    assert run.returncode == run.spec.plain_exit, run.describe()
+    assert sorted(facts) == list(range(run.spec.ranks)), "a rank did not reach its end"
+    assert all(f["world"] == run.spec.ranks for f in facts.values())
+    summary = run.summary
+    assert (summary["outcome"], summary["exit_code"]) == ("finished", 0), run.describe()
+    assert summary["failure"] is None
+
+
+@pytest.mark.parametrize("run_name", HEALTHY)
+def test_every_step_of_every_rank_is_counted(run):
+    facts = run.facts
+    stepping = sorted({e["rank"] for e in run.events if e["kind"] == "step"})
+    assert stepping == list(range(run.spec.ranks)), run.describe()
+    for rank, own in facts.items():
+        steps = run.steps(rank)
+        assert len(steps) == own["steps"], f"rank {rank}"
+        assert [e["step"] for e in steps] == list(range(1, own["steps"] + 1))
+    by_rank = {r["rank"]: r["steps"] for r in run.summary["ranks"]}
+    assert by_rank == {rank: own["steps"] for rank, own in facts.items()}
+
+
+@pytest.mark.parametrize("run_name", HEALTHY)
+def test_the_loss_is_the_one_the_script_has(run):
+    facts = run.facts
+    assert ddptui_losses(run) == {rank: own["last_loss"] for rank, own in facts.items()}
+
+
+@pytest.mark.parametrize("run_name", HEALTHY)
+def test_epochs_come_from_set_epoch(run):
+    for rank, own in run.facts.items():
+        seen = Counter(e["epoch"] for e in run.steps(rank))
+        if own["epoch_steps"]:
+            assert dict(seen) == own["epoch_steps"], f"rank {rank}"
+        else:  # no DistributedSampler, no epoch
+            assert set(seen) == {None}
+
+
+@pytest.mark.parametrize("run_name", HEALTHY)
+def test_a_healthy_run_gets_no_verdict(run):
+    verdicts = [d for d in run.summary["diagnoses"] if d["cause"] in VERDICTS]
+    assert verdicts == [], run.describe()
+    assert "hang:" not in run.stdout
+
+
+@pytest.mark.parametrize("run_name", list(SPECS))
+def test_the_run_leaves_no_process_behind(run):
+    assert run.leftovers == [], run.describe()
+
+
+# -- shapes, one by one ------------------------------------------------------------------------
+@pytest.mark.parametrize("run_name", ["trainer"])
+def test_trainer_snapshots_are_written_as_under_torchrun(run):
+    assert (run.work / "snapshot.pt").stat().st_size > 0
+    assert "Training snapshot saved at" in (run.run_dir / "rank-0.log").read_text()
+
+
+@pytest.mark.parametrize("run_name", ["gpt"])
+def test_gpt_evaluation_forwards_are_not_steps(run):
+    """The eval pass goes through the same DDP model (grad off, train mode): no step."""
+    assert all(own["eval_batches"] > 0 for own in run.facts.values())
+    assert all(len(run.steps(rank)) == own["steps"] for rank, own in run.facts.items())
+
+
+@pytest.mark.parametrize("run_name", ["mnist"])
+def test_mnist_tqdm_bar_and_rank0_prints_reach_the_log(run):
+    log = (run.run_dir / "rank-0.log").read_text(errors="replace")
+    assert "it/s]" in log and "Evaluate accuracy is" in log
+    assert run.summary["final_eval"] is None  # the script reports no evaluation to ddptui
+    assert all(own["evaluated"] == 40 for own in run.facts.values())
+
+
+@pytest.mark.parametrize("run_name", ["imagenet"])
+def test_imagenet_barrier_and_metric_all_reduces_count_as_comm(run):
+    """Between forward and backward: a barrier and 3 all_reduces, which dwarf this tiny MLP's
+    own backward; they are communication, not backward compute. Were they counted in
+    ``backward``, it would hold at least the time the script itself measured around them."""
+    for rank, own in run.facts.items():
+        phases = [e["phases"] for e in run.steps(rank)[2:]]
+        comm = statistics.median(p["comm"] for p in phases)
+        backward = statistics.median(p["backward"] for p in phases)
+        shares = f"rank {rank}: comm {comm:.6f} s, backward {backward:.6f} s"
+        assert comm > backward, shares
+        assert backward < own["median_sync_s"], f"{shares}, collectives {own['median_sync_s']}"
+
+
+@pytest.mark.parametrize("run_name", ["imagenet"])
+def test_imagenet_per_rank_losses_average_to_the_scripts_reduced_loss(run):
+    losses = ddptui_losses(run)
+    reduced = {own["last_reduced_loss"] for own in run.facts.values()}
+    assert len(reduced) == 1  # all-reduced: the same on every rank
+    assert statistics.mean(losses.values()) == pytest.approx(reduced.pop(), rel=1e-6)
+    out = run.work
+    assert (out / "checkpoint.pth.tar").exists() and (out / "model_best.pth.tar").exists()
+
+
+@pytest.mark.parametrize("run_name", ["spawner", "slurm_node"])
+def test_spawned_workers_are_the_ranks(run):
+    """ddptui started one process; the workers it spawned formed the process group: they are
+    ranks 0 and 1 of world size 2, each its own process."""
+    started = [e for e in run.events if e["kind"] == "status" and e.get("state") == "started"]
+    last = {e["rank"]: e for e in started}
+    assert sorted(last) == [0, 1], run.describe()
+    assert {e.get("world_size") for e in last.values()} == {2}
+    assert last[0]["pid"] != last[1]["pid"]
+
+
+@pytest.mark.parametrize("run_name", ["slurm_node"])
+def test_slurm_node_spawner_writes_its_csv(run):
+    rows = (run.work / "distributed.csv").read_text().splitlines()
+    assert len(rows) == 2  # one per epoch, from global rank 0
+
+
+@pytest.mark.parametrize("run_name", ["one_step"])
+def test_one_step_example_reports_its_step(run):
+    for rank in (0, 1):
+        steps = run.steps(rank)
+        assert [e["step"] for e in steps] == [1], run.describe()
+    assert run.summary["final_eval"] is None
+
+
+@pytest.mark.parametrize("run_name", ["long_prep"])
+def test_long_preparation_is_not_a_hang(run):
+    """Every rank busy tokenising for twice the hang timeout before its first step."""
+    assert all(own["prep_s"] >= 2 * LONG_PREP_HANG_TIMEOUT for own in run.facts.values())
+    assert run.summary["outcome"] == "finished", run.describe()
+
+
+@pytest.mark.parametrize("run_name", ["slow_first_step"])
+def test_a_slow_first_step_is_no_straggler_and_no_hang(run):
+    for own in run.facts.values():
+        assert own["first_step_s"] >= 10 * own["median_step_s"]
+        assert own["first_step_s"] > SLOW_FIRST_HANG_TIMEOUT
+    assert run.summary["outcome"] == "finished", run.describe()
+
+
+# -- faults of the Trainer-class script ----------------------------------------------------------
+@pytest.mark.parametrize("run_name", ["trainer_kill"])
+def test_a_killed_rank_fails_the_run_and_is_named(run):
+    assert run.returncode == run.spec.plain_exit == 1, run.describe()
+    summary = run.summary
+    assert (summary["outcome"], summary["exit_code"]) == ("failed", 1)
+    assert summary["failure"]["rank"] == 1
+    assert "SIGKILL" in summary["failure"]["how"]
+    first = [d for d in summary["diagnoses"] if d["cause"] in ("crash", "oom")]
+    assert [d["rank"] for d in first] == [1]
+
+
+@pytest.mark.parametrize("run_name", ["trainer_raise"])
+def test_a_raising_rank_fails_the_run_with_its_error(run):
+    assert run.returncode == run.spec.plain_exit == 1, run.describe()
+    summary = run.summary
+    assert (summary["outcome"], summary["exit_code"]) == ("failed", 1)
+    assert summary["failure"]["rank"] == 1
+    assert f"injected failure on rank 1 at step {FAULT_STEP}" in summary["failure"]["error"]
+    assert "RuntimeError" in summary["failure"]["traceback"]
+    crash = [d for d in summary["diagnoses"] if d["cause"] == "crash"]
+    assert [d["rank"] for d in crash] == [1]
+    assert len(run.steps(1)) == FAULT_STEP - 1
+
+
+@pytest.mark.parametrize("run_name", HANGS)
+def test_a_hung_rank_is_named_and_the_run_torn_down(run):
+    assert run.returncode == 3, run.describe()
+    summary = run.summary
+    assert (summary["outcome"], summary["exit_code"]) == ("hung", 3)
+    hangs = [d for d in summary["diagnoses"] if d["cause"] == "hang"]
+    assert [d["rank"] for d in hangs] == [1], summary["diagnoses"]
+    assert not any(d["rank"] == 0 and d["cause"] == "hang" for d in summary["diagnoses"])
+    before = 0 if run.spec.name == "trainer_hang_start" else FAULT_STEP - 1
+    assert len(run.steps(1)) == before
