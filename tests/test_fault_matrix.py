@@ -31,6 +31,14 @@ def test_a_rank_that_sleeps_before_a_collective_is_named_with_the_collective(tmp
     assert row.latency is not None and row.latency < 60, row
 
 
+def test_an_extra_collective_is_a_desync_named_before_the_hang_timeout(tmp_path):
+    row = fault_matrix.run_case("extra", "spawn", 2, 30.0, tmp_path, timeout=90)
+    assert row.note == "fault: rank 1 #17", row
+    assert (row.verdict, row.rank, row.op, row.seq) == ("desync", 1, "broadcast", 17), row
+    assert row.where == "fault_ddp.py:121", row  # the broadcast in the script
+    assert row.latency is not None and row.latency < 30, row  # not the hang timeout
+
+
 def test_a_long_busy_preparation_gets_no_verdict(tmp_path):
     row = fault_matrix.run_case("slow_start", "spawn", 2, HANG_TIMEOUT, tmp_path, timeout=90)
     assert (row.verdict, row.ok) == ("none", True), row
