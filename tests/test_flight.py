@@ -260,3 +260,35 @@ def test_a_state_that_differs_is_timing_not_a_desync():
     last_all_reduce(t[1])["state"] = "started"  # one rank's kernel started, the other's not
     found, why = flight.explain(t, 2)
     assert found == [] and why is None
+
+
+# -- after a crash ---------------------------------------------------------------------------
+def crash_dir(tmp_path, case, ranks):
+    for rank in ranks:
+        (tmp_path / f"fr-rank-{rank}.json").write_text(
+            (FIXTURES / case / f"fr-rank-{rank}.json").read_text()
+        )
+    return {r: json.loads((tmp_path / f"fr-rank-{r}.json").read_text())["pid"] for r in ranks}
+
+
+def test_after_a_crash_the_survivors_trace_names_the_collective_it_was_in(tmp_path):
+    pids = crash_dir(tmp_path, "hang", [0])
+    found = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 9.0, failed=[1])
+    assert [(d.rank, d.cause, d.t) for d in found] == [(0, "collective", 9.0)]
+    assert found[0].detail == (
+        "rank 0 was in all_reduce #8 (default_pg, 36 floats, DDP bucket, from "
+        "record_fixtures.py:51) when rank 1 failed; rank 1 left no trace"
+    )
+
+
+def test_a_rank_that_failed_in_a_collective_is_named_in_its_last_one(tmp_path):
+    pids = crash_dir(tmp_path, "healthy", [0])  # gloo marks a failed collective completed
+    errors = {0: "RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:9141"}
+    found = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 1.0, [0, 1], errors)
+    assert found[0].detail.startswith("rank 0 failed in barrier #8 (default_pg, no data, from ")
+    assert flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 1.0, [1]) == []  # not in one
+
+
+def test_a_trace_of_an_earlier_process_is_not_evidence(tmp_path):
+    crash_dir(tmp_path, "hang", [0])
+    assert flight.at_crash(tmp_path, {0: 1, 1: 2}, 2, 1.0, [1]) == []
