@@ -37,8 +37,9 @@ from ddptui.flight_rank import REQUEST, socket_path, trace_name
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 #: Longest answer line read from a rank.
 MAX_ANSWER = 256
-#: How long one request may take (the rank dumps and writes its file before it answers).
-REQUEST_TIMEOUT_S = 5.0
+#: How long one request may take (the rank dumps and writes its file before it answers; the
+#: first dump of a full buffer symbolizes its stacks: about 1 s for 2,000 entries, measured).
+REQUEST_TIMEOUT_S = 10.0
 #: At most this many requests in flight at once.
 MAX_PARALLEL = 32
 _DIR_PREFIX = "ddptui-fr-"
