@@ -692,6 +692,8 @@ class RunSession:
             duration_s=duration,
         )
         self.summary.update(diagnoses_for_summary(self.diagnoser.diagnoses, self.stacks))
+        if self.flight_note:  # what the last Flight Recorder check could read, and not
+            self.summary["flight_recorder"] = self.flight_note
         try:
             write_summary(self.run_dir, self.summary)
         except OSError as exc:
