@@ -80,14 +80,11 @@ def _loads(data: bytes) -> dict | None:
 
 
 def _c10d() -> Any | None:
-    """torch's c10d bindings, when the script has imported torch.distributed (else None)."""
-    if "torch.distributed" not in sys.modules:
-        return None
-    try:
-        import torch._C._distributed_c10d as c10d
-    except Exception:  # pragma: no cover - a torch built without distributed
-        return None
-    return c10d
+    """torch's c10d bindings once the script has loaded them (else None). Taken from
+    ``sys.modules``, never imported here: a heartbeat thread importing while the main thread
+    imports torch would wait on its import lock."""
+    module = sys.modules.get("torch._C._distributed_c10d")
+    return module if hasattr(module, "_dump_fr_trace_json") else None
 
 
 def _dump_backend(c10d: Any, backend: str) -> dict | None:
