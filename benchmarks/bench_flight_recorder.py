@@ -8,7 +8,8 @@ forward/backward/optimizer step of about 10 ms on CPU plus a metrics all_reduce 
 
     uv run python benchmarks/bench_flight_recorder.py [--blocks 20] [--steps 30] [--width 576]
 
-Prints the median step time of each and the ratio on/off (the goal: at most 1.01).
+Prints the median step time of each and the ratio on/off (the goal: at most 1.01), then what
+recording adds to one collective (a 1-rank group, alternating fresh processes).
 """
 
 from __future__ import annotations
@@ -82,6 +83,43 @@ def worker(rank, port, buffer, width, inbox, outbox):
     dist.destroy_process_group()
 
 
+_ONE_COLLECTIVE = """
+import statistics, time, torch, torch.distributed as dist
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+t = torch.ones(1)
+for _ in range(500):
+    dist.all_reduce(t)
+times = []
+for _ in range(30):
+    t0 = time.perf_counter()
+    for _ in range(200):
+        dist.all_reduce(t)
+    times.append((time.perf_counter() - t0) / 200)
+print(statistics.median(times))
+"""
+
+
+def per_collective(rounds: int = 4) -> dict[str, float]:
+    """Median seconds per 1-float all_reduce on a 1-rank gloo group, recording off and on
+    (fresh processes, alternating): what recording adds to each collective, with less noise
+    than a step on a shared machine."""
+    import subprocess
+
+    got: dict[str, list[float]] = {"0": [], "2000": []}
+    for _ in range(rounds):
+        for buffer in got:
+            out = subprocess.run(
+                [sys.executable, "-c", _ONE_COLLECTIVE],
+                env={**os.environ, "TORCH_FR_BUFFER_SIZE": buffer},
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            got[buffer].append(float(out.stdout.strip().splitlines()[-1]))
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=20, help="blocks per side")
@@ -138,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"ratio on/off: {on / off:.4f} (median of steps); per-block ratios: median "
         f"{statistics.median(block_ratio):.4f}, quartiles {spread[0]:.4f}..{spread[2]:.4f}"
+    )
+    one = per_collective()
+    added = one["2000"] - one["0"]
+    print(
+        f"one all_reduce (1 float, 1 rank): off {one['0'] * 1e6:.1f} us, on "
+        f"{one['2000'] * 1e6:.1f} us: recording adds {added * 1e6:.1f} us per collective"
     )
     return 0
 
