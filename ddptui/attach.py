@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from ddptui.commands import command_main, fail
+from ddptui.commands import command_main, fail, no_terminal
 from ddptui.formatting import fmt_duration
+
+#: Unreadable run directories named one by one in the listing (the rest are counted).
+MAX_NOTES = 10
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +31,12 @@ def main(argv: list[str] | None = None) -> int:
 def list_live(root: Path, out: TextIO) -> int:
     from ddptui.liveruns import live_runs
 
-    entries = live_runs(root)
+    skipped: list[str] = []
+    entries = live_runs(root, skipped)
+    for note in skipped[:MAX_NOTES]:
+        out.write(f"skipped: {note}\n")
+    if len(skipped) > MAX_NOTES:
+        out.write(f"skipped {len(skipped) - MAX_NOTES} more unreadable run directories\n")
     if not entries:
         out.write(f"no live runs under {root}/\n")
         return 0
@@ -42,18 +50,19 @@ def list_live(root: Path, out: TextIO) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ddptui.rundir import RunDir, RunDirError, read_config
+    from ddptui.rundir import RunDirError, read_config, require_events
 
     out = out or sys.stdout
     if args.run_dir is None:
         return list_live(Path(args.runs_root), out)
     run_dir = Path(args.run_dir)
-    if not RunDir(run_dir).events.is_file():
-        return fail(f"not a run directory (no events.jsonl): {run_dir}")
     try:
+        require_events(run_dir)
         read_config(run_dir)
     except RunDirError as exc:
         return fail(str(exc))
+    if no_terminal("attach runs in a terminal"):
+        return fail(no_terminal("attach runs in a terminal"))
     try:
         from ddptui.tui.screens.attach import run_attach
     except ImportError as exc:

@@ -25,6 +25,7 @@ import csv
 import dataclasses
 import io
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ddptui import benchmath
-from ddptui.commands import UsageError, command_main, fail
+from ddptui import benchmath, rundir, safeio
+from ddptui.commands import UsageError, command_main, fail, no_terminal
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, LAUNCHERS
 from ddptui.formatting import fmt_duration
 
@@ -52,6 +53,8 @@ SAMPLE_INTERVAL_S = 0.25
 #: Seconds between progress lines (when not on a terminal).
 PROGRESS_EVERY_S = 5.0
 CSV_FILE = "bench.csv"
+#: Files that make a directory a run's: a bench never writes into one (or into one below it).
+RUN_MARKERS = (rundir.CONFIG_FILE, rundir.EVENTS_FILE)
 MD_FILE = "bench.md"
 MiB = 1024 * 1024
 
@@ -170,16 +173,21 @@ class BenchOptions:
     until_stable: float | None = None
 
 
-def _split(text: str | None) -> list[str]:
+def _split(name: str, text: str | None) -> list[str]:
+    """The comma-separated values of ``--name``; an empty one (``1,,2``) is refused, not
+    dropped: it is a typo, and the bench would silently run something else."""
     if text is None:
         return []
-    return [part.strip() for part in str(text).split(",") if part.strip()]
+    parts = [part.strip() for part in str(text).split(",")]
+    if any(parts) and not all(parts):
+        raise UsageError(f"--{name} has an empty value in {safeio.shown(text, 60)!r}")
+    return [part for part in parts if part]
 
 
 def _choices(name: str, text: str | None, allowed: Sequence[str]) -> list[str | None]:
     from ddptui.config import parse_choice
 
-    values = _split(text)
+    values = _split(name, text)
     if text is not None and not values:
         raise UsageError(f"--{name} needs at least one value")
     return [parse_choice(name, v, list(allowed)) for v in values] or [None]
@@ -234,7 +242,11 @@ def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
     backends = _choices("backend", args.backend, BACKEND_CHOICES)
     amps = _choices("amp", args.amp, AMP_MODES)
     launchers = _choices("launcher", args.launcher, BENCH_LAUNCHERS)
-    sizes_text = _split(args.world_size)
+    if launchers == [DP] and (args.world_size is not None or args.backend is not None):
+        raise UsageError(
+            "--launcher dp runs one process on every GPU: it takes no --world-size or --backend"
+        )
+    sizes_text = _split("world-size", args.world_size)
     if args.world_size is not None and not sizes_text:
         raise UsageError("--world-size needs at least one value")
     sizes = [parse_int("world_size", v, 1) for v in sizes_text]
@@ -242,11 +254,19 @@ def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
         raise UsageError(f"the matrix has more than {MAX_CONFIGURATIONS} configurations")
 
     bench_dir = Path(args.bench_dir or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    bench_dir = bench_dir.expanduser().resolve()
-    if bench_dir.exists() and not bench_dir.is_dir():
-        raise UsageError(f"bench directory is a file: {bench_dir}")
-    if (bench_dir / CSV_FILE).exists():
-        raise UsageError(f"bench directory already holds a bench: {bench_dir}")
+    try:
+        bench_dir = bench_dir.expanduser().resolve()
+        there = safeio.path_state(bench_dir)
+        has_csv = os.path.lexists(bench_dir / CSV_FILE)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise UsageError(f"--bench-dir {safeio.shown(args.bench_dir)}: {why}") from None
+    if there is not None and not safeio.is_dir(bench_dir):
+        raise UsageError(f"bench directory is a file: {safeio.shown(bench_dir)}")
+    if any(safeio.is_file(d / name) for d in (bench_dir, bench_dir.parent) for name in RUN_MARKERS):
+        raise UsageError(f"--bench-dir {safeio.shown(bench_dir)} is (inside) a run directory")
+    if has_csv:
+        raise UsageError(f"bench directory already holds a bench: {safeio.shown(bench_dir)}")
 
     machine = machine or Machine.detect()
     if not sizes:
@@ -797,12 +817,13 @@ def write_results(bench_dir: Path, rows: Sequence[Row], about: Sequence[str]) ->
 
     try:
         bench_dir.mkdir(parents=True, exist_ok=True)
-        (bench_dir / CSV_FILE).write_text(csv_text(rows), encoding="utf-8")
-        (bench_dir / MD_FILE).write_text(
-            markdown_text(rows, "ddptui bench", about), encoding="utf-8"
-        )
+        csv_doc, md_doc = csv_text(rows), markdown_text(rows, "ddptui bench", about)
+        safeio.write_output(bench_dir / CSV_FILE, lambda f: f.write(csv_doc))
+        safeio.write_output(bench_dir / MD_FILE, lambda f: f.write(md_doc))
     except OSError as exc:
-        raise RunDirError(f"cannot write {bench_dir}: {exc.strerror or exc}") from None
+        raise RunDirError(
+            f"cannot write {safeio.shown(bench_dir)}: {exc.strerror or exc}"
+        ) from None
 
 
 # -- running the matrix ----------------------------------------------------------------------
@@ -930,6 +951,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         return fail(str(exc))
     if not args.no_ui:
+        if no_terminal():
+            return fail(no_terminal())
         try:
             from ddptui.tui.screens.bench import run_bench_dashboard
         except ImportError as exc:

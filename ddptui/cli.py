@@ -18,7 +18,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddptui.commands import USAGE_ERROR, CommandParser, UsageError, command_main, fail
+from ddptui.commands import (
+    USAGE_ERROR,
+    CommandParser,
+    UsageError,
+    command_main,
+    fail,
+    no_terminal,
+    tolerant_output,
+)
 from ddptui.config import ConfigError, build_config
 from ddptui.constants import AMP_MODES, BACKEND_CHOICES, DEVICE_CHOICES, JOB_LAUNCHERS
 
@@ -119,6 +127,7 @@ COMMANDS: dict[str, Command] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    tolerant_output()
     word = argv[0] if argv else ""
     try:
         if word in COMMANDS:
@@ -264,7 +273,33 @@ def run_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Options that only a built-in trainer takes (a --script reads its own arguments after --).
+_TRAINER_ONLY = ("trainer", "model")
+
+
+def command_line_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the run command line as a whole, before any value is judged: an
+    option given an empty value (on the command line a blank is a mistake, not "default"),
+    or options that contradict each other. None when there is nothing."""
+    for key, value in vars(args).items():
+        if isinstance(value, str) and not value.strip():
+            return f"--{key.replace('_', '-')} needs a value (it was given an empty one)"
+    if args.no_ui and args.start:
+        return "--start is for the dashboard; --no-ui always starts at once"
+    if args.script is not None:
+        for key in _TRAINER_ONLY:
+            if getattr(args, key) is not None:
+                return (
+                    f"--script runs your own script: --{key} is for the built-in trainers "
+                    "(pass your script's options after --)"
+                )
+    return None
+
+
 def run_command(args: argparse.Namespace) -> int:
+    problem = command_line_problem(args)
+    if problem:
+        return fail(problem)
     if args.print_sbatch:
         return _print_sbatch(args)
     raw = {k: v for k, v in vars(args).items() if k not in ("no_ui", "start", "print_sbatch")}
@@ -325,12 +360,32 @@ def continue_run_dir(raw: dict) -> dict:
     return merged
 
 
+#: Options --print-sbatch leaves to the allocation (not checked here, passed through).
+_ALLOCATION_OPTIONS = (
+    "no_ui", "start", "print_sbatch", "launcher", "nnodes", "nproc_per_node", "rdzv_endpoint",
+    "bind", "device", "backend", "amp", "world_size", "oversubscribe", "script_args",
+)  # fmt: skip
+#: Fields whose problems --print-sbatch reports: they are wrong on any machine.
+_JOB_INDEPENDENT = frozenset(
+    {"trainer", "script", "model", "epochs", "batch_size", "lr", "seed", "max_restarts",
+     "hang_timeout", "on_hang", "workers", "init_method"}
+)  # fmt: skip
+
+
 def _print_sbatch(args: argparse.Namespace) -> int:
     """``--launcher slurm --print-sbatch``: the sbatch script for the same options."""
     if (args.launcher or "").strip().lower() != "slurm":
         return fail("--print-sbatch goes with --launcher slurm")
     from ddptui.cluster.slurm import sbatch_script
-    from ddptui.config import parse_int
+    from ddptui.config import check_options, parse_int
+
+    # The same checks as a run, but only of values that do not depend on the allocation the
+    # job will get (its nodes, GPUs and Slurm environment are not here yet).
+    raw = {k: v for k, v in vars(args).items() if k not in _ALLOCATION_OPTIONS}
+    raw["script_args"] = tuple(getattr(args, "script_args", ()))
+    for problem in check_options(raw, deep=False):
+        if problem.field in _JOB_INDEPENDENT:
+            return fail(str(problem))
 
     nnodes = None if args.nnodes is None else parse_int("nnodes", args.nnodes, 1)
     nproc = (
@@ -387,6 +442,8 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 def _dashboard(mode: str, **kwargs) -> int:
+    if no_terminal():
+        return fail(no_terminal())
     try:
         from ddptui.tui.app import run_dashboard
     except ImportError as exc:

@@ -13,6 +13,8 @@ from ddptui.argv import split_passthrough
 
 #: Exit code of a usage error (bad option or value), before anything starts.
 USAGE_ERROR = 2
+#: Longest error line printed.
+MAX_MESSAGE = 600
 
 
 class UsageError(Exception):
@@ -29,8 +31,37 @@ class CommandParser(argparse.ArgumentParser):
 def fail(message: str, code: int = USAGE_ERROR) -> int:
     """Print ``ddptui: error: MESSAGE`` (one line) on stderr; return ``code``."""
     text = " ".join(str(message).split())
+    if len(text) > MAX_MESSAGE:  # a safety net: every echoed value is clipped where it is shown
+        text = text[: MAX_MESSAGE - 1] + "…"
     print(f"ddptui: error: {text}", file=sys.stderr)
     return code
+
+
+def tolerant_output() -> None:
+    """Let stdout and stderr replace what their encoding cannot hold (``PYTHONIOENCODING=ascii``
+    and an em dash) instead of raising in the middle of a line."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):  # closed or detached: nothing to print to anyway
+                pass
+
+
+def no_terminal(hint: str = "use --no-ui") -> str | None:
+    """Why the dashboard cannot run here (stdin or stdout is not a terminal), or None.
+
+    Textual would otherwise write escape codes into a pipe or a file and wait for keys
+    that never come."""
+    for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)):
+        try:
+            tty = stream is not None and stream.isatty()
+        except (AttributeError, ValueError, OSError):
+            tty = False
+        if not tty:
+            return f"the dashboard needs a terminal ({name} is not one); {hint}"
+    return None
 
 
 def command_main(

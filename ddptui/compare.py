@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ddptui import benchmath
-from ddptui.commands import command_main, fail
+from ddptui.commands import command_main, fail, no_terminal
 from ddptui.formatting import fmt_duration, fmt_num
 
 #: Most runs one comparison holds.
@@ -90,11 +90,10 @@ class RunFacts:
 
 def load_facts(run_dir: str | Path) -> RunFacts:
     """Read one run (raises RunDirError with a one-line message)."""
-    from ddptui.rundir import RunDir, RunDirError, iter_events, load_run
+    from ddptui.rundir import iter_events, load_run, require_events
 
     path = Path(run_dir)
-    if not RunDir(path).events.is_file():
-        raise RunDirError(f"not a run directory (no events.jsonl): {path}")
+    require_events(path)
     config, state, summary = load_run(path)
     by_rank = benchmath.group_steps(benchmath.step_points(iter_events(path, state.run_id)))
     return RunFacts(
@@ -211,6 +210,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out = out or sys.stdout
         out.write("\n".join(format_comparison(runs)) + "\n")
         return 0
+    if no_terminal():
+        return fail(no_terminal())
     try:
         from ddptui.tui.screens.compare import run_compare
     except ImportError as exc:

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import importlib
 import io
+import ipaddress
 import math
 import os
 import re
@@ -815,6 +816,8 @@ def _check_checkpoint(path: str, spec: TrainerSpec, model: str | None) -> None:
             f"--resume {path} holds a {_shown(saved_model)} model, but this run trains "
             f"{wanted!r}{hint}",
         )
+    if header["body_problem"]:  # after trainer and model: those say best what to do
+        raise ConfigError("resume", f"--resume {path} is not usable: {header['body_problem']}")
 
 
 def check_restart_checkpoint(cfg: RunConfig, path: str) -> tuple[str | None, int | None]:
@@ -864,11 +867,35 @@ def _checkpoint_header(path: str, mtime_ns: int, size: int) -> tuple[str | None,
         return "is not a trainer checkpoint (no epoch, config and model in it)", None
     if not isinstance(config, dict) or not isinstance(state["epoch"], int):
         return "is not a trainer checkpoint (its config or epoch is malformed)", None
+    body = _checkpoint_body_problem(state, torch)
     return None, {
         "trainer": config.get("trainer"),
         "model": config.get("model"),
-        "epoch": state["epoch"],
+        "epoch": state["epoch"] if body is None else None,
+        "body_problem": body,
     }
+
+
+def _checkpoint_body_problem(state: dict, torch: Any) -> str | None:
+    """What in a checkpoint's body would make every rank fail on resume (None: nothing):
+    the whole file is checked before launch, not only its header."""
+    epoch = state["epoch"]
+    if isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCHS:
+        return f"its epoch {_num(epoch)} is not in 0..{MAX_EPOCHS}"
+    model = state["model"]
+    if not isinstance(model, dict) or not model:
+        return "it holds no model weights"
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()):
+        return "its model weights are not a state_dict of named tensors"
+    if not isinstance(state.get("optimizer"), dict):
+        return "it holds no optimizer state"
+    partial = state.get("partial")
+    if partial is not None and not (
+        isinstance(partial, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in partial.values())
+    ):
+        return "its record of a stopped epoch is malformed"
+    return None
 
 
 def check_init_method(text: Any) -> str:
@@ -884,10 +911,14 @@ def check_init_method(text: Any) -> str:
             raise ConfigError("init_method", "--init-method env:// takes nothing after it")
         return value
     if scheme == "tcp":
-        parts = urllib.parse.urlsplit(value)
         try:
+            parts = urllib.parse.urlsplit(value)
             port = parts.port
-        except ValueError:
+        except ValueError:  # a bracket that does not close: 'Invalid IPv6 URL'
+            if "[" in value and "]" not in value.partition("[")[2]:
+                raise ConfigError(
+                    "init_method", f"--init-method {_shown(value)}: an IPv6 host needs a closing ]"
+                ) from None
             raise ConfigError(
                 "init_method",
                 f"--init-method {_shown(value)}: the port must be a number from 1 to 65535",
@@ -903,9 +934,16 @@ def check_init_method(text: Any) -> str:
             )
         if parts.path not in ("", "/"):
             raise ConfigError("init_method", f"--init-method {_shown(value)} has a path")
+        _check_tcp_host(value, parts.hostname, port)
         return value
     if scheme == "file":
-        parts = urllib.parse.urlsplit(value)
+        try:
+            parts = urllib.parse.urlsplit(value)
+        except ValueError:  # 'Invalid IPv6 URL': a '[' in the host part
+            raise ConfigError(
+                "init_method",
+                f"--init-method {_shown(value)} needs an absolute path: file:///dir/name",
+            ) from None
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise ConfigError(
                 "init_method",
@@ -929,6 +967,24 @@ def check_init_method(text: Any) -> str:
             raise ConfigError("init_method", f"--init-method {path}: {_why(exc)}") from None
         return value
     raise ConfigError("init_method", f"{usage}, got {_shown(value)}")
+
+
+def _check_tcp_host(value: str, host: str, port: int) -> None:
+    """The host of ``tcp://HOST:PORT`` must be an address or a name with the same rule as
+    ``--rdzv-endpoint`` (so ``256.256.256.256`` is refused here, not after a hang)."""
+    from ddptui.cluster.addresses import split_endpoint
+
+    try:
+        split_endpoint(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    except ValueError as exc:
+        raise ConfigError("init_method", f"--init-method {_shown(value)} {exc}") from None
+    if all(part.isdigit() for part in host.split(".")):  # dotted digits: must be IPv4
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ConfigError(
+                "init_method", f"--init-method {_shown(value)}: {host} is not an IPv4 address"
+            ) from None
 
 
 def _check_run_dir(text: Any, run_id: str) -> str:
@@ -1013,7 +1069,8 @@ def _parse_hang_timeout(text: Any) -> float:
     if not 0 <= value <= MAX_HANG_TIMEOUT_S:  # False for NaN too
         raise ConfigError(
             "hang_timeout",
-            f"--hang-timeout must be 0 (off) or seconds up to {MAX_HANG_TIMEOUT_S:g}, got {text!r}",
+            f"--hang-timeout must be 0 (off) or seconds up to {MAX_HANG_TIMEOUT_S:g}, "
+            f"got {_shown(text)}",
         )
     return value
 

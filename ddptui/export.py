@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from ddptui import protocol
+from ddptui import protocol, safeio
 from ddptui.commands import UsageError, command_main, fail
 
 CSV_COLUMNS = (
@@ -64,10 +64,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_events(run_dir: Path) -> Iterator[protocol.AnyEvent]:
     """The run's events (its own run id only). Raises RunDirError for a bad directory."""
-    from ddptui.rundir import RunDir, RunDirError, iter_events, read_config
+    from ddptui.rundir import iter_events, read_config, require_events
 
-    if not RunDir(run_dir).events.is_file():
-        raise RunDirError(f"not a run directory (no events.jsonl): {run_dir}")
+    require_events(run_dir)
     config = read_config(run_dir)
     return iter_events(run_dir, config.get("run_id") or Path(run_dir).name)
 
@@ -131,25 +130,22 @@ def write_csv(events: Iterable[protocol.AnyEvent], out: TextIO) -> int:
 
 
 def export_csv(run_dir: Path, target: str, stdout: TextIO | None = None) -> int:
-    """Write the CSV to ``target`` (a file, written whole or not at all, or ``-``)."""
+    """Write the CSV to ``target`` (``-``: stdout); see :func:`ddptui.safeio.write_output` for
+    how a file, a device, a FIFO or a symlink is written. Raises :class:`UsageError` (exit 2)
+    when ``target`` may not be written (a file of a run directory, a directory) and
+    :class:`OSError` when writing fails."""
     events = run_events(run_dir)
     if target == "-":
         return write_csv(events, stdout or sys.stdout)
     path = Path(target).expanduser()
-    if path.is_dir():
-        raise UsageError(f"--csv names a directory: {path}")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if safeio.is_dir(path):
+        raise UsageError(f"--csv names a directory: {safeio.shown(path)}")
+    if not safeio.is_dir(Path(os.path.realpath(path)).parent):
+        raise UsageError(f"cannot write {safeio.shown(path)}: no such directory")
     try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            rows = write_csv(events, f)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return rows
+        return safeio.write_output(path, lambda f: write_csv(events, f))
+    except safeio.UnsafeFile as exc:
+        raise UsageError(f"--csv {safeio.shown(path)}: {exc.strerror}") from None
 
 
 # -- TensorBoard ------------------------------------------------------------------------------
@@ -217,14 +213,18 @@ def export_tensorboard(run_dir: Path, target: str) -> int:
             f"--tensorboard needs the tensorboard package ({TENSORBOARD_HINT})"
         ) from None
     path = Path(target).expanduser()
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--tensorboard names a file: {path}")
+    try:
+        there = safeio.path_state(path)
+    except OSError as exc:
+        raise UsageError(f"--tensorboard {safeio.shown(path)}: {exc.strerror}") from None
+    if there is not None and not safeio.is_dir(path):
+        raise UsageError(f"--tensorboard names a file: {safeio.shown(path)}")
     events = run_events(run_dir)
     count = 0
     try:
         writer = SummaryWriter(log_dir=str(path))
     except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot write {safeio.shown(path)}: {exc.strerror or exc}") from None
     try:
         for tag, value, step, wall_time in tensorboard_scalars(events):
             writer.add_scalar(tag, value, global_step=step, walltime=wall_time)
@@ -242,12 +242,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if args.csv is not None:
             rows = export_csv(run_dir, args.csv, out)
             if args.csv != "-":
-                print(f"{rows} rows -> {args.csv}", file=out or sys.stdout)
+                print(f"{rows} rows -> {safeio.shown(args.csv)}", file=out or sys.stdout)
         else:
             count = export_tensorboard(run_dir, args.tensorboard)
-            print(f"{count} scalars -> {args.tensorboard}", file=out or sys.stdout)
+            print(f"{count} scalars -> {safeio.shown(args.tensorboard)}", file=out or sys.stdout)
     except (RunDirError, UsageError) as exc:
         return fail(str(exc))
+    except OSError as exc:  # the output could not be written (ENOSPC, EROFS, EACCES): exit 1
+        target = args.csv if args.csv is not None else args.tensorboard
+        return fail(f"cannot write {safeio.shown(target)}: {exc.strerror or exc}", 1)
     return 0
 
 

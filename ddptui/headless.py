@@ -29,6 +29,10 @@ BAR_EVERY_S = 0.5
 BAR_WIDTH = 24
 
 
+#: Implausible seq jumps named in the summary (one line each).
+MAX_JUMPS_SHOWN = 4
+
+
 def phase_table(state: RunState) -> list[str]:
     """Each rank's recent phase breakdown (median share of the step), as aligned lines; empty
     when no rank sent phases."""
@@ -178,6 +182,11 @@ class HeadlessConsole:
             f"{state.samples_total:,} samples; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )
+        for rank, before, after in state.seq_jumps[:MAX_JUMPS_SHOWN]:
+            self.line(
+                f"rank {rank}'s event seq jumped from {before:,} to {after:,}: not drops, a "
+                "forged or corrupt event (counted as one gap)"
+            )
         for line in phase_table(state):
             self.line(line)
         if state.outcome == "hung":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from ddptui import safeio
 from ddptui.constants import RUN_ID_ENV
 from ddptui.rundir import RunDir, RunDirError, read_config
 
@@ -96,18 +97,24 @@ def _candidates(root: Path) -> list[Path]:
     return found
 
 
-def unfinished_runs(root: str | os.PathLike[str] = "runs") -> list[RunEntry]:
-    """Run directories under ``root`` with events but no summary.json, newest first."""
+def unfinished_runs(
+    root: str | os.PathLike[str] = "runs", skipped: list[str] | None = None
+) -> list[RunEntry]:
+    """Run directories under ``root`` with events but no summary.json, newest first. A run
+    whose files cannot be read is left out; with ``skipped``, a one-line note on it is
+    appended there."""
     entries = []
     now = time.time()
     for path in _candidates(Path(root)):
         files = RunDir(path)
-        if files.summary.exists():
+        if os.path.lexists(files.summary):
             continue
         try:
             config = read_config(path)
             mtime = files.events.stat().st_mtime
-        except (RunDirError, OSError):
+        except (RunDirError, OSError) as exc:
+            if skipped is not None:
+                skipped.append(str(exc) if isinstance(exc, RunDirError) else safeio.why(exc))
             continue
         run_id = str(config.get("run_id") or path.name)
         entries.append(RunEntry(path, run_id, config, max(0.0, now - mtime)))
@@ -115,8 +122,11 @@ def unfinished_runs(root: str | os.PathLike[str] = "runs") -> list[RunEntry]:
     return entries
 
 
-def live_runs(root: str | os.PathLike[str] = "runs") -> list[RunEntry]:
-    """Unfinished runs under ``root`` that a live process still carries, newest first."""
-    entries = unfinished_runs(root)
+def live_runs(
+    root: str | os.PathLike[str] = "runs", skipped: list[str] | None = None
+) -> list[RunEntry]:
+    """Unfinished runs under ``root`` that a live process still carries, newest first
+    (``skipped``: as for :func:`unfinished_runs`)."""
+    entries = unfinished_runs(root, skipped)
     alive = alive_run_ids(e.run_id for e in entries)
     return [e for e in entries if e.run_id in alive]

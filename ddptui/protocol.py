@@ -119,7 +119,8 @@ class Beat(Event, tag="beat"):
     """A rank's heartbeat, every few seconds from a thread of its own (it needs nothing of the
     main thread, which may be blocked in a collective): where the main thread is, whether its
     stack moved, the process's CPU time, and its collectives. It is the evidence a hang
-    verdict stands on: a stack that has not moved while the CPU idles."""
+    verdict stands on: a stack that has not moved while the CPU idles. Its ``seq`` repeats the
+    rank's last one (beats are not counted: a lost beat is no dropped event)."""
 
     #: The script's innermost frame of the main thread, ``func (file.py:line)``.
     frame: Annotated[str, msgspec.Meta(max_length=MAX_FRAME_CHARS)] | None = None

@@ -149,8 +149,10 @@ class Reporter:
                 sock.connect(endpoint)
             except zmq.ZMQError as exc:
                 # A bad DDPTUI_ENDPOINT disables telemetry; training goes on.
+                shown = endpoint if len(endpoint) <= 80 else f"{endpoint[:77]}..."
+                why = str(exc).partition(" (addr=")[0][:120]  # zmq repeats the whole address
                 print(
-                    f"ddptui: telemetry off: cannot use DDPTUI_ENDPOINT {endpoint[:200]!r} ({exc})",
+                    f"ddptui: telemetry off: cannot use DDPTUI_ENDPOINT {shown!r} ({why})",
                     file=sys.stderr,
                 )
                 sock.close(linger=0)
@@ -178,6 +180,7 @@ class Reporter:
         cls: type[protocol.Event],
         urgent: bool = True,
         read: pending.Read | None = None,
+        counted: bool = True,
         **fields: Any,
     ) -> None:
         """Queue one event; send the batch when ``urgent``, full, or due.
@@ -188,8 +191,13 @@ class Reporter:
         if self._socket is None or self._muted:
             return
         with self._lock:
-            seq = self._seq
-            self._seq += 1  # a dropped event still takes its number: the gap shows the drop
+            if counted:
+                seq = self._seq
+                self._seq += 1  # a dropped event still takes its number: the gap shows the drop
+            else:
+                # a heartbeat repeats the last number: beats are not data, a lost one is no
+                # drop, and events.jsonl may leave them out without making a gap
+                seq = max(0, self._seq - 1)
             event = cls(
                 run=self.run_id,
                 rank=self.rank,
@@ -453,6 +461,7 @@ class Reporter:
                 continue
         self._send(
             protocol.Beat,
+            counted=False,
             frame=frame[: protocol.MAX_FRAME_CHARS] if frame else None,
             waiting=waiting[:128] if waiting else None,
             digest=digest[:32] if digest else None,

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
+
+from ddptui import safeio
 
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.json"
@@ -26,6 +29,22 @@ SUMMARY_FILE = "summary.json"
 LAUNCHER_LOG = "launcher.log"
 RESULT_FILE = "launcher-result.json"
 CHECKPOINT_FILE = "checkpoint.pt"
+
+
+#: Most bytes of config.json read back.
+MAX_CONFIG_BYTES = 1024 * 1024
+#: Most bytes of summary.json (or launcher-result.json) read back.
+MAX_SUMMARY_BYTES = 16 * 1024 * 1024
+#: Longest line of events.jsonl read back (longer lines are skipped, like malformed ones).
+MAX_EVENT_LINE = 4 * 1024 * 1024
+
+_RUN_FILE = re.compile(r"(rank-\d+\.log|stacks-rank-\d+\.txt|\..*\.tmp)")
+
+
+def is_run_file_name(name: str) -> bool:
+    """Whether ``name`` is one of the files a run directory holds (or a temp file of one)."""
+    fixed = (EVENTS_FILE, CONFIG_FILE, SUMMARY_FILE, LAUNCHER_LOG, RESULT_FILE, CHECKPOINT_FILE)
+    return name in fixed or _RUN_FILE.fullmatch(name) is not None
 
 
 def rank_log_name(rank: int | None) -> str:
@@ -78,8 +97,26 @@ class RunDir:
         return self.path / stacks_name(rank)
 
     def holds_run(self) -> bool:
-        """Whether a run was started here (its events file exists)."""
-        return self.events.exists()
+        """Whether a run was started here (its events file exists; any path that cannot hold
+        one, too long or unreadable, is no run)."""
+        try:
+            return os.path.lexists(self.events)
+        except (OSError, ValueError):
+            return False
+
+
+def require_events(run_dir: str | os.PathLike[str]) -> None:
+    """Raise :class:`RunDirError` (one line) unless ``run_dir`` holds a regular events.jsonl."""
+    path = RunDir(run_dir).events
+    try:
+        with safeio.open_regular(path):
+            pass
+    except (FileNotFoundError, NotADirectoryError):
+        raise RunDirError(
+            f"not a run directory (no events.jsonl): {safeio.shown(run_dir)}"
+        ) from None
+    except OSError as exc:
+        raise RunDirError(f"cannot read {safeio.shown(path)}: {exc.strerror or exc}") from None
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
@@ -204,13 +241,22 @@ def summarize(
         "epochs": state.epochs,
         "duration_s": _finite(duration_s),
         "samples": state.samples_total,
-        "events": dict(events or {}),
+        "events": _events_doc(state, events),
         "ranks": ranks,
         "failure": failure_doc,
         "attempts": attempts,
         "restarts": max(0, len(attempts) - 1),
         "restart_refused": getattr(state, "restart_refused", None),
     }
+
+
+def _events_doc(state, events: dict[str, int] | None) -> dict:
+    """summary.json's ``events``: the counts given, and any implausible seq jump by name."""
+    doc: dict = dict(events or {})
+    jumps = getattr(state, "seq_jumps", [])
+    if jumps:
+        doc["seq_jumps"] = [{"rank": r, "from": a, "to": b} for r, a, b in jumps[:100]]
+    return doc
 
 
 def _attempt_doc(record) -> dict:
@@ -294,10 +340,8 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict | None:
     """``summary.json`` if present and well-formed (else None: derive it from the events)."""
     path = RunDir(run_dir).summary
     try:
-        if path.stat().st_size > 16 * 1024 * 1024:
-            return None
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        doc = safeio.read_json(path, MAX_SUMMARY_BYTES)
+    except (OSError, ValueError):  # missing, not a regular file, too large or deep, not JSON
         return None
     if not isinstance(doc, dict) or doc.get("outcome") not in OUTCOMES:
         return None
@@ -321,27 +365,27 @@ def read_config(run_dir: str | os.PathLike[str]) -> dict:
     not an object, or its world size is not a whole number in 1..MAX_WORLD_SIZE.
     """
     path = RunDir(run_dir).config
+    shown = safeio.shown(path)
     try:
-        if path.stat().st_size > 1024 * 1024:
-            raise RunDirError(f"{path}: too large to be a run's config.json")
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunDirError(f"not a run directory (no config.json): {run_dir}") from None
+        doc = safeio.read_json(path, MAX_CONFIG_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
+        where = safeio.shown(run_dir)
+        raise RunDirError(f"not a run directory (no config.json): {where}") from None
     except OSError as exc:
-        raise RunDirError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RunDirError(f"{path} is not valid JSON ({exc})") from None
+        raise RunDirError(f"cannot read {shown}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise RunDirError(f"{shown} is not valid JSON ({safeio.shown(exc, 200)})") from None
     if not isinstance(doc, dict):
-        raise RunDirError(f"{path} is not a JSON object")
+        raise RunDirError(f"{shown} is not a JSON object")
     world = doc.get("world_size", 1)
     if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_WORLD_SIZE:
         raise RunDirError(
-            f"{path}: world_size must be a whole number from 1 to "
+            f"{shown}: world_size must be a whole number from 1 to "
             f"{MAX_WORLD_SIZE}, got {str(world)[:40]!r}"
         )
     run_id = doc.get("run_id")
     if run_id is not None and not isinstance(run_id, str):
-        raise RunDirError(f"{path}: run_id must be a string")
+        raise RunDirError(f"{shown}: run_id must be a string")
     epochs = doc.get("epochs")
     if epochs is not None and (
         isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
@@ -360,21 +404,22 @@ def iter_events(run_dir: str | os.PathLike[str], run_id: str | None = None):
     that do not parse are skipped (a crash may leave the last line half-written)."""
     from ddptui import protocol
 
+    path = RunDir(run_dir).events
     try:
-        f = open(RunDir(run_dir).events, "rb")
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise RunDirError(f"cannot read {RunDir(run_dir).events}: {exc.strerror}") from None
-    with f:
-        for line in f:
-            if line.strip():
+        with safeio.open_regular(path) as f:
+            for line in safeio.read_lines(f, MAX_EVENT_LINE):
+                if not line.strip():
+                    continue
                 try:
                     event = protocol.from_json(line)
                 except protocol.InvalidEvent:
                     continue
                 if run_id is None or event.run == run_id:
                     yield event
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:  # not a regular file (a FIFO, a device), unreadable
+        raise RunDirError(f"cannot read {safeio.shown(path)}: {exc.strerror or exc}") from None
 
 
 def load_run(run_dir: str | os.PathLike[str]):

@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddptui import flight, flight_rank, protocol
+from ddptui import flight, flight_rank, protocol, safeio
 from ddptui.collector import Collector, CollectorStats
 from ddptui.config import RunConfig, check_restart_checkpoint
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
 from ddptui.diagnosis import Diagnoser, Diagnosis, diagnose_crash, diagnoses_for_summary, rank_ends
-from ddptui.launch import Launcher, LaunchResult, Rendezvous
+from ddptui.launch import Launcher, LaunchResult, Rendezvous, tail_lines
 from ddptui.launch.signals import signals_deferred
 from ddptui.rundir import (
     EXIT_CODES,
@@ -173,6 +173,8 @@ class RunSession:
         #: What the last Flight Recorder check read (one line), or None.
         self.flight_note: str | None = None
         self._flight_asked: tuple | None = None  # the waits the last live check was about
+        #: The run directory was deleted while the run was live (nothing more is written).
+        self.run_dir_deleted = False
 
     @property
     def join_line(self) -> str | None:
@@ -194,7 +196,7 @@ class RunSession:
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.files.config, self.cfg.to_json_dict())
-            self._events_file = open(self.events_path, "ab")
+            self._events_file = safeio.LineAppender(self.events_path)  # whole lines or none
         except OSError as exc:
             raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
         self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
@@ -435,18 +437,62 @@ class RunSession:
         if self._events_file is not None:
             try:
                 lines = (protocol.to_json(e) + b"\n" for e in events if self._kept(e))
-                self._events_file.write(b"".join(lines))
-                self._events_file.flush()
+                self._events_file.append(b"".join(lines))
             except OSError as exc:
                 self._fail_run_dir(exc)
+            else:
+                self._check_run_dir()
         now = self.clock()
         with self._lock:
             for event in events:
                 self.state.apply(event, now)
 
-    def _fail_run_dir(self, exc: OSError) -> None:
+    def _rank_cause(self, failure: RankFailureInfo | None) -> RankFailureInfo | None:
+        """A failure the launcher reports without a rank (its driver died too, say on a
+        read-only run directory) when a rank reported its own error first: that rank's
+        error, traceback and log are the cause to show, not the driver's traceback."""
+        if failure is None or failure.rank is not None or failure.signal is not None:
+            return failure
+        if self.fault is not None:
+            return failure
+        with self._lock:
+            failed = [v for _, v in sorted(self.state.ranks.items()) if v.state == "failed"]
+        first = next((v for v in failed if v.error), None)
+        if first is None:
+            return failure
+        return RankFailureInfo(
+            rank=first.rank,
+            error=first.error,
+            traceback=getattr(first, "traceback", None),
+            stderr_tail=tuple(tail_lines(self.files.rank_log(first.rank))),
+        )
+
+    def _check_run_dir(self) -> bool:
+        """Whether the run directory is still there; when it was deleted (or replaced) under
+        the live run, fail the run saying which files are gone. True while it is there."""
+        if self._events_file is None or not self._events_file.deleted():
+            return True
+        gone = [
+            path.name
+            for path in (self.files.config, self.files.events)
+            if not os.path.lexists(path)
+        ]
+        self.run_dir_deleted = True
+        self._fail_run_dir(
+            None,
+            f"run directory {self.run_dir} was deleted while the run was live "
+            f"({', '.join(gone) + ' gone' if gone else 'events.jsonl replaced'})",
+        )
+        if self.result is not None and self.state.outcome in ("finished", "stopped"):  # at the end
+            with self._lock:
+                self.state.set_outcome(
+                    "failed", RankFailureInfo(rank=None, error=self.fault), now=self.clock()
+                )
+        return False
+
+    def _fail_run_dir(self, exc: OSError | None, fault: str | None = None) -> None:
         """The run directory broke: keep what is on disk, stop every worker, say why."""
-        self.fault = os_error_message(self.events_path, exc)
+        self.fault = fault or os_error_message(self.events_path, exc)
         broken, self._events_file = self._events_file, None
         try:
             broken.close()
@@ -609,6 +655,7 @@ class RunSession:
             failure = self._placed(failure)
         if self.fault is not None and failure is None:
             failure = RankFailureInfo(rank=None, error=self.fault)
+        failure = self._rank_cause(failure)
         asked = self.checkpoint_stop_at is not None and self.fault is None
         outcome = decide_outcome(
             failed=remote or self.fault is not None or not (result.ok or result.stopped),
@@ -653,6 +700,8 @@ class RunSession:
             self.collector = None
         flight.remove_socket_dir(self.fr_dir)
         if self._events_file is not None:
+            self._check_run_dir()
+        if self._events_file is not None:
             try:
                 self._events_file.close()
             except OSError as exc:
@@ -694,6 +743,8 @@ class RunSession:
         self.summary.update(diagnoses_for_summary(self.diagnoser.diagnoses, self.stacks))
         if self.flight_note:  # what the last Flight Recorder check could read, and not
             self.summary["flight_recorder"] = self.flight_note
+        if self.run_dir_deleted:  # writing it would recreate a directory holding only it
+            return
         try:
             write_summary(self.run_dir, self.summary)
         except OSError as exc:

@@ -27,6 +27,11 @@ STARTUP_SILENT_S = 60.0
 _RECENT = 10  # steps in the rolling step-time window
 
 
+#: Largest seq gap counted as dropped events; a bigger jump (a rank's telemetry queue holds far
+#: fewer events) is a forged or corrupt seq and counts as one gap.
+MAX_SEQ_GAP = 100_000
+
+
 @dataclass(frozen=True)
 class EvalPoint:
     epoch: int | None
@@ -100,6 +105,8 @@ class RankView:
     last_seq: int = -1
     events: int = 0
     gaps: int = 0  # events missing according to seq numbers (dropped on the way)
+    #: The first implausible seq jump (from, to): counted as one gap, not as that many drops.
+    seq_jump: tuple[int, int] | None = None
     reporter_dropped: int = 0
     epochs_done: int = 0
     attempt: int = 0  # the attempt this rank's latest events came from
@@ -255,7 +262,12 @@ class RunState:
         self.last_event_at = now
         self.events_applied += 1
         if event.seq > view.last_seq + 1 and view.last_seq >= -1:
-            view.gaps += event.seq - view.last_seq - 1
+            gap = event.seq - view.last_seq - 1
+            if gap > MAX_SEQ_GAP:  # a forged or corrupt seq, not drops: one gap, named
+                view.gaps += 1
+                view.seq_jump = view.seq_jump or (view.last_seq, event.seq)
+            else:
+                view.gaps += gap
         view.last_seq = max(view.last_seq, event.seq)
         view.last_seen = now
         view.events += 1
@@ -454,6 +466,11 @@ class RunState:
     @property
     def dropped(self) -> int:
         return sum(max(v.gaps, v.reporter_dropped) for v in self.ranks.values())
+
+    @property
+    def seq_jumps(self) -> list[tuple[int, int, int]]:
+        """``(rank, from seq, to seq)`` of every rank whose seq jumped implausibly far."""
+        return [(r, *v.seq_jump) for r, v in sorted(self.ranks.items()) if v.seq_jump]
 
     def health(self, now: float) -> dict[int, str]:
         """Ranks that need attention, with why: stragglers and silent ranks."""

@@ -385,10 +385,17 @@ def test_python_scripts_pass(tmp_path):
 
 
 # -- the checkpoint given to --resume: its header, read before launch --------------------------
-def _checkpoint(path, trainer="synthetic", model="smallcnn", **extra):
+def _checkpoint(path, trainer="synthetic", model="smallcnn", weights=None, **extra):
+    """A trainer checkpoint; ``weights`` replaces its model state_dict, ``extra`` its keys."""
     import torch
 
-    state = {"epoch": 2, "config": {"trainer": trainer, "model": model}, "model": {}, **extra}
+    state = {
+        "epoch": 2,
+        "config": {"trainer": trainer, "model": model},
+        "model": {"fc.weight": torch.zeros(2, 2)} if weights is None else weights,
+        "optimizer": {"state": {}, "param_groups": []},
+        **extra,
+    }
     torch.save(state, path)
     return path
 
@@ -405,6 +412,12 @@ def _checkpoint(path, trainer="synthetic", model="smallcnn", **extra):
         ),
         (lambda p: _checkpoint(p, trainer="mnist"), "was saved by the 'mnist' trainer, not"),
         (lambda p: _checkpoint(p, model="resnet18"), "holds a 'resnet18' model, but this run"),
+        (lambda p: _checkpoint(p, epoch=10**30), "its epoch 10000000… (31 digits) is not in"),
+        (lambda p: _checkpoint(p, epoch=-1), "its epoch -1 is not in 0..1000000"),
+        (lambda p: _checkpoint(p, weights={}), "it holds no model weights"),
+        (lambda p: _checkpoint(p, weights={"w": 1.0}), "not a state_dict of named tensors"),
+        (lambda p: _checkpoint(p, optimizer=None), "it holds no optimizer state"),
+        (lambda p: _checkpoint(p, partial={"epoch": "x"}), "record of a stopped epoch"),
     ],
 )
 def test_resume_header_is_checked_before_launch(tmp_path, make, message):

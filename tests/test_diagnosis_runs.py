@@ -106,7 +106,7 @@ def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
     named = {d["rank"]: d for d in summary["diagnoses"]}
     assert named[1]["cause"] == "hang" and "stall_forever (plain_ddp.py:" in named[1]["detail"]
     assert named[0]["cause"] == "collective"
-    quiet = int(re.search(r"no progress for (\d+) s", named[1]["detail"]).group(1))
+    quiet = int(re.search(r"stood still for (\d+) s", named[1]["detail"]).group(1))
     assert 10 <= quiet < 30
     assert "hang: rank 1 hung outside any collective" in proc.stdout
     replay = subprocess.run(

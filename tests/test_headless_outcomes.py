@@ -21,14 +21,14 @@ class _FillsUp:
     def __init__(self, real, room):
         self.real, self.room = real, room
 
-    def write(self, data):
+    def append(self, data):
         if len(data) > self.room:
             raise OSError(errno.ENOSPC, "No space left on device")
         self.room -= len(data)
-        return self.real.write(data)
+        return self.real.append(data)
 
-    def flush(self):
-        self.real.flush()
+    def deleted(self):
+        return self.real.deleted()
 
     def close(self):
         self.real.close()

@@ -4,7 +4,7 @@ import io
 
 from ddptui import protocol
 from ddptui.config import Machine, build_config
-from ddptui.headless import HeadlessConsole, gpu_preflight, progress_line
+from ddptui.headless import HeadlessConsole, eval_summary, gpu_preflight, progress_line
 from ddptui.state import RunState
 from tests.fake_nvml import FakeGpu, FakeNvml, GiB
 
@@ -117,3 +117,38 @@ def test_progress_bar_never_wraps_the_terminal():
         HeadlessConsole(out, tty=True, width=width).tick(state, now=10.0)
         drawn = out.getvalue().removeprefix("\r\x1b[2K")
         assert 0 < len(drawn) < width and "\n" not in drawn
+
+
+def test_epoch_zero_is_shown_and_an_unknown_total_is_not_a_question_mark():
+    state = RunState("r", 1)
+    state.apply(step(0, 0, 0), now=1.0)
+    line = progress_line(state, 2.0)
+    assert "epoch 0  " in line and "/?" not in line
+    state.epochs = 20
+    state.apply(step(0, 1, 19), now=3.0)
+    assert "epoch 19/20" in progress_line(state, 4.0)
+
+
+def test_a_preparing_rank_is_shown_with_its_frame():
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(
+            protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started", pid=9), now=0.0
+        )
+    beat = protocol.Beat(run="r", rank=1, t=0.0, seq=1, frame="tokenize (prep.py:12)", cpu=1.0)
+    state.apply(beat, now=1.0)
+    assert "preparing (2 ranks, rank 0)" in progress_line(state, 2.0)
+    state.apply(step(0, 2, 1), now=3.0)
+    assert "preparing (rank 1 at tokenize (prep.py:12))" in progress_line(state, 4.0)
+
+
+def test_no_evaluation_is_said_plainly_with_how_to_add_one():
+    state = RunState("r", 1)
+    assert eval_summary(state, script=False) == "no evaluation received"
+    assert eval_summary(state, script=True) == (
+        "the script reports no evaluation (ddptui.log_eval(epoch=…, accuracy=…) adds it)"
+    )
+    state.apply(
+        protocol.Eval(run="r", rank=0, t=0.0, seq=0, epoch=1, accuracy=0.5, count=10), now=1.0
+    )
+    assert eval_summary(state, script=True) == "final accuracy 0.5000 (epoch 1)"

@@ -80,3 +80,26 @@ def test_a_muted_reporter_sends_nothing_more():
         finally:
             rep.close()
     assert [(type(e).__name__, getattr(e, "state", None)) for e in got] == [("Status", "started")]
+
+
+def test_beats_repeat_the_last_sequence_number_so_leaving_them_out_is_no_gap():
+    with Collector("r", world_size=1) as collector:
+        rep = Reporter(collector.endpoint, "r", rank=0)
+        try:
+            rep._send(protocol.Step, step=1)
+            rep.beat("main (x.py:1)", None, "d", 1.0)
+            rep._send(protocol.Step, step=2)
+            rep.flush()
+            got = []
+            for _ in range(100):
+                got += collector.poll(0.05)
+                if len(got) >= 3:
+                    break
+        finally:
+            rep.close()
+    assert [(type(e).__name__, e.seq) for e in got] == [("Step", 0), ("Beat", 0), ("Step", 1)]
+    replayed = RunState("r", 1)
+    for event in got:
+        if type(event) is not protocol.Beat:  # events.jsonl keeps few beats
+            replayed.apply(event, now=1.0)
+    assert replayed.dropped == 0

@@ -200,3 +200,23 @@ def test_replayed_script_run_header_is_honest():
     label = setup_label(source.config, [row.device for row in frame.rows])
     assert "amp: script's" in label and "amp off" not in label
     assert amp_label(source.config) == "amp: script's"
+
+
+def test_rank_table_counts_steps_within_the_epoch_and_shows_preparing():
+    from ddptui import protocol
+    from ddptui.state import RunState
+    from ddptui.tui.model import run_frame
+
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(
+            protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started", pid=9), now=0.0
+        )
+    for seq, epoch in enumerate([1, 1, 1, 2, 2], start=1):
+        state.apply(protocol.Step(run="r", rank=0, t=0.0, seq=seq, step=seq, epoch=epoch), now=1.0)
+    state.apply(
+        protocol.Beat(run="r", rank=1, t=0.0, seq=1, frame="build_index (data.py:41)"), now=1.0
+    )
+    rows = {row.rank: row for row in run_frame(state, 2.0).rows}
+    assert rows[0].epoch_step == "2/2" and rows[0].state == "started"
+    assert rows[1].state == "preparing" and rows[1].where == "build_index (data.py:41)"

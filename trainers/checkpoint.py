@@ -9,6 +9,8 @@ those whose writer is no longer alive.
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import re
 from pathlib import Path
@@ -22,16 +24,46 @@ def temp_path(path: Path, pid: int) -> Path:
     return path.with_name(f".{path.name}.{pid}.tmp")
 
 
+class _NotingWriter(io.BufferedWriter):
+    """A file that remembers the first OSError of a write: torch.save reports a failed write
+    as ``RuntimeError: unexpected pos …``, which names neither the errno nor the file."""
+
+    error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return super().write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+
+def _write_error(exc: OSError, temp: Path) -> OSError:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    why = (exc.strerror or str(exc)) + (f" ({name})" if name else "")
+    return OSError(exc.errno, f"cannot write checkpoint: {why}", str(temp))
+
+
 def save_atomic(state: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """``torch.save`` ``state`` to ``path`` atomically (temp file, fsync, ``os.replace``)."""
+    """``torch.save`` ``state`` to ``path`` atomically (temp file, fsync, ``os.replace``).
+    A failed write raises OSError naming the errno (``ENOSPC``) and the temp file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = temp_path(path, os.getpid())
     try:
-        with open(temp, "wb") as file:
+        file = _NotingWriter(io.FileIO(temp, "wb"))
+        try:
             torch.save(state, file)
             file.flush()
             os.fsync(file.fileno())
+            file.close()
+        except BaseException as exc:
+            with contextlib.suppress(OSError):  # buffered bytes that cannot land either
+                file.close()
+            error = exc if isinstance(exc, OSError) else file.error
+            if isinstance(exc, RuntimeError | OSError) and error is not None:
+                raise _write_error(error, temp) from exc
+            raise
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

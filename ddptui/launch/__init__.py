@@ -17,7 +17,6 @@ If ddptui itself dies, the driver and the ranks follow it (``rank_entry.die_with
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from ddptui import safeio
 from ddptui.constants import (
     ENDPOINT_ENV,
     LAUNCHERS,
@@ -39,7 +39,7 @@ from ddptui.constants import (
     RUN_DIR_ENV,
     RUN_ID_ENV,
 )
-from ddptui.rundir import RunDir
+from ddptui.rundir import MAX_SUMMARY_BYTES, RunDir
 from ddptui.state import RankFailureInfo
 
 STDERR_TAIL_LINES = 15
@@ -152,7 +152,7 @@ class ProcessIdentity:
 def tail_lines(path: Path, n: int = STDERR_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
     """Last ``n`` lines of a text file (reads at most ``max_bytes`` from its end)."""
     try:
-        with open(path, "rb") as f:
+        with safeio.open_regular(path) as f:  # a FIFO or device in its place: nothing to show
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
@@ -167,15 +167,22 @@ def read_failure(run_dir: Path) -> RankFailureInfo | None:
     """The first failing rank as the driver recorded it in the run directory, with the tail
     of that rank's log; None when the driver recorded no rank failure."""
     try:
-        info = json.loads(RunDir(run_dir).result.read_text())
+        info = safeio.read_json(RunDir(run_dir).result, MAX_SUMMARY_BYTES)
     except (OSError, ValueError):
         return None
-    rank = info.get("rank")
+    if not isinstance(info, dict):
+        return None
+
+    def typed(key: str, kind: type):
+        value = info.get(key)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    rank = typed("rank", int)
     return RankFailureInfo(
         rank=rank,
-        exit_code=info.get("exit_code"),
-        signal=info.get("signal"),
-        error=info.get("error"),
+        exit_code=typed("exit_code", int),
+        signal=typed("signal", str),
+        error=typed("error", str),
         stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(rank))) if rank is not None else (),
     )
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddptui import protocol
+from ddptui import protocol, safeio
 from ddptui.liveruns import run_is_alive
 from ddptui.rundir import RunDir, load_run, read_config
 from ddptui.state import RunState
@@ -107,7 +107,7 @@ class FollowSource(RunSource):
 
     def _read_new(self) -> int:
         try:
-            with open(self.files.events, "rb") as f:
+            with safeio.open_regular(self.files.events) as f:  # a FIFO: nothing, never a wait
                 f.seek(self._offset)
                 data = f.read(MAX_READ)
         except OSError:

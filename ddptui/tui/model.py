@@ -211,7 +211,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         elapsed=fmt_duration(state.elapsed(now)),
         eta=fmt_duration(state.eta(now)),
         progress=state.progress(),
-        epoch=f"{epoch if epoch is not None else '-'}/{state.epochs or '?'}",
+        epoch=("-" if epoch is None else str(epoch)) + (f"/{state.epochs}" if state.epochs else ""),
         summary="  ".join(parts),
         rows=tuple(rows),
         problems=problems,

@@ -12,6 +12,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Log, Select
 
+from ddptui import safeio
+
 #: Lines kept per rank and shown in the pane.
 MAX_LINES = 1000
 #: Most bytes read from one file per poll; a first look at a big file reads only its end.
@@ -53,7 +55,7 @@ class LogFollower:
         if path is None:
             return []
         try:
-            with open(path, "rb") as f:
+            with safeio.open_regular(path) as f:  # a FIFO or device: no lines, never a wait
                 size = os.fstat(f.fileno()).st_size
                 offset = self._offsets.get(rank)
                 skip_partial = False

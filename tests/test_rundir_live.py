@@ -1,0 +1,147 @@
+"""A live run's directory under attack (issue 23): deleted mid-run, its disk full, its
+checkpoint unwritable. Each case says what happened in one line and fails the run (exit 1);
+nothing on disk is torn. Two small real runs (synthetic trainer, world size 2, cleaned up)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import time
+
+import pytest
+
+from ddptui import protocol
+from ddptui.config import build_config
+from ddptui.rundir import RunDir
+from ddptui.session import RunSession
+from ddptui.state import RankFailureInfo
+from tests.helpers import processes_of_run
+from tests.test_safeio import small_tmpfs
+
+SMALL = ("--train-size", "3000", "--test-size", "200")
+
+
+def _cfg(run_dir, epochs=3):
+    return build_config(
+        {"run_dir": str(run_dir), "epochs": str(epochs), "world_size": "2", "script_args": SMALL}
+    )
+
+
+def _events_on_disk(run_dir) -> int:
+    try:
+        return RunDir(run_dir).events.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
+@pytest.mark.slow
+def test_a_run_directory_deleted_mid_run_fails_the_run_and_is_not_recreated(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = _cfg(run_dir)
+    session = RunSession(cfg)
+    try:
+        session.start()
+        deadline = time.monotonic() + 120
+        while _events_on_disk(run_dir) < 30 and time.monotonic() < deadline:
+            assert session.poll() is None, "the run ended before it could be deleted"
+            session.pump(0.1)
+        shutil.rmtree(run_dir)
+        while session.poll() is None and time.monotonic() < deadline:
+            session.pump(0.1)
+        assert session.result is not None and processes_of_run(cfg.run_id) == []
+    finally:
+        session.close()
+    assert session.outcome == "failed" and session.exit_code == 1
+    assert session.fault is not None and "\n" not in session.fault
+    assert f"run directory {run_dir} was deleted while the run was live" in session.fault
+    assert "config.json, events.jsonl gone" in session.fault
+    assert not RunDir(run_dir).summary.exists()  # no directory made up of a summary alone
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_run_leaves_only_whole_lines(tmp_path):
+    with small_tmpfs(tmp_path / "disk", size="200k") as disk:
+        (disk / "ballast").write_bytes(b"\0" * 150_000)  # about 50 KB left: events fill it
+        run_dir = disk / "run"
+        cfg = _cfg(run_dir, epochs=1)
+        session = RunSession(cfg)
+        try:
+            session.start()
+            deadline = time.monotonic() + 120
+            while session.poll() is None and time.monotonic() < deadline:
+                session.pump(0.1)
+            assert session.result is not None and processes_of_run(cfg.run_id) == []
+        finally:
+            session.close()
+        assert session.outcome == "failed" and session.exit_code == 1
+        assert "ENOSPC" in session.state.failure.describe()
+        data = RunDir(run_dir).events.read_bytes()
+        assert data.endswith(b"\n")
+        assert all(protocol.from_json(line) for line in data.splitlines())
+
+
+def test_a_checkpoint_on_a_full_disk_names_enospc_and_the_file(tmp_path):
+    import torch
+
+    from trainers.checkpoint import save_atomic
+
+    with small_tmpfs(tmp_path / "disk", size="64k") as disk:
+        with pytest.raises(OSError) as info:
+            save_atomic({"w": torch.zeros(100_000)}, disk / "checkpoint.pt")
+        assert info.value.errno == errno.ENOSPC
+        assert "(ENOSPC)" in str(info.value) and ".checkpoint.pt." in str(info.value)
+        assert list(disk.iterdir()) == []  # the temp file is gone
+
+
+def test_a_ranks_own_error_is_the_cause_not_the_drivers_exit(tmp_path):
+    """Read-only run directory: rank 0 fails on its checkpoint temp file and the driver dies
+    writing its record; the failure shown is rank 0's error, with rank 0's log."""
+    session = RunSession(_cfg(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    RunDir(tmp_path / "run").rank_log(0).write_text("OSError: [Errno 30] Read-only file system\n")
+    error = "OSError: [Errno 30] Read-only file system: '/r/.checkpoint.pt.7.tmp'"
+    for rank, state in ((0, "failed"), (1, "started")):
+        session.state.apply(
+            protocol.Status(run=session.cfg.run_id, rank=rank, t=1.0, seq=0, state=state)
+            if state != "failed"
+            else protocol.Status(
+                run=session.cfg.run_id, rank=rank, t=1.0, seq=0, state=state, error=error
+            )
+        )
+    cause = session._rank_cause(RankFailureInfo(rank=None, exit_code=1, stderr_tail=("driver",)))
+    assert cause.rank == 0 and cause.error == error
+    assert cause.stderr_tail == ("OSError: [Errno 30] Read-only file system",)
+    assert "rank 0" in cause.describe() and "launcher" not in cause.describe()
+    signalled = RankFailureInfo(rank=None, signal="SIGKILL")
+    assert session._rank_cause(signalled) is signalled  # a kill is its own cause
+
+
+def test_the_summary_of_a_run_names_a_seq_jump(tmp_path):
+    from ddptui.rundir import summarize
+
+    session = RunSession(_cfg(tmp_path / "run"))
+    for seq in (0, 1, 1_000_000):
+        session.state.apply(
+            protocol.Step(run=session.cfg.run_id, rank=0, t=1.0, seq=seq, epoch=1, step=seq)
+        )
+    doc = json.loads(json.dumps(summarize(session.state, "finished")))
+    assert doc["events"]["seq_jumps"] == [{"rank": 0, "from": 1, "to": 1_000_000}]
+    assert session.state.dropped == 1
+
+
+def test_a_run_directory_deleted_after_the_last_event_still_fails_the_run(tmp_path):
+    from ddptui import safeio
+    from ddptui.launch import LaunchResult
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    session = RunSession(_cfg(run_dir))
+    session._events_file = safeio.LineAppender(RunDir(run_dir).events)
+    session.result = LaunchResult(0)
+    session.state.set_outcome("finished")
+    shutil.rmtree(run_dir)
+    session.close()
+    assert session.outcome == "failed" and session.exit_code == 1
+    assert "was deleted while the run was live (config.json, events.jsonl gone)" in session.fault
+    assert not run_dir.exists()
