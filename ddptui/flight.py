@@ -567,8 +567,11 @@ def at_crash(
     if not traces:
         return []
     findings_, _why = explain(traces, world_size)
-    if findings_:
-        return [Diagnosis(f.rank, f.cause, f.detail, t) for f in findings_]
+    if findings_:  # after a crash, a rank that never entered is the one that failed: context
+        return [
+            Diagnosis(f.rank, "desync" if f.cause == "desync" else "collective", f.detail, t)
+            for f in findings_
+        ]
     failed = sorted(set(failed))
     silent = sorted(set(pids) - set(traces))
     out = []

@@ -227,7 +227,13 @@ before = flight_rank.progress()
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 for _ in range(3):
     dist.all_reduce(torch.ones(4))
-after = flight_rank.progress()
+import time
+deadline = time.monotonic() + 10  # gloo marks a collective completed a moment after it returns
+while True:
+    after = flight_rank.progress()
+    if after[-1]["completed"] == after[-1]["started"] or time.monotonic() > deadline:
+        break
+    time.sleep(0.01)
 doc = flight_rank.dump_trace(0)
 print(json.dumps({"before": before, "after": after, "entries": doc["entries"],
                   "backends": doc["backends"]}))
