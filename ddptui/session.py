@@ -352,8 +352,8 @@ class RunSession:
             for diagnosis in desync:
                 self.diagnoser.record(diagnosis)
             self._news += desync
-        self._hung = True
         if self.on_hang != "keep" and self.launcher is not None and self.result is None:
+            self._hung = True  # (kept running: a later hang still gets its stacks)
             self._conclude(self.launcher.stop(), hung=True)
 
     def _on_hang(self, now: float) -> None:
