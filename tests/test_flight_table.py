@@ -72,3 +72,42 @@ def test_groups_are_judged_apart():
         state.apply(beat(0, i + 1, 4, 3, "barrier", group="tp"), now=t)
         state.apply(beat(1, i + 1, 9, 9, group="default_pg"), now=t)
     assert behind_ranks(state) == {}  # rank 1 is not in group tp's progress at all
+
+
+# -- the session's live desync check -------------------------------------------------------
+def test_every_rank_still_in_a_collective_asks_for_traces_once_and_a_desync_is_a_verdict(
+    tmp_path, monkeypatch
+):
+    from ddptui import flight
+    from ddptui.config import Machine, build_config
+    from ddptui.diagnosis import Diagnosis
+    from ddptui.session import RunSession
+
+    cpu = Machine(0, "no GPU", 2)
+    cfg = build_config({"run_dir": str(tmp_path / "run"), "on_hang": "keep"}, cpu)
+    session = RunSession(cfg)
+    session.fr_dir = tmp_path  # as if the ranks listened there
+    line = "rank 1 called broadcast #17 (1 float) where rank 0 called all_reduce #17: a desync"
+    asked = []
+
+    def collect(socket_dir, run_dir, ranks, world, t, stacks=None):
+        asked.append(sorted(ranks))
+        return [Diagnosis(1, "desync", line, t)], "Flight Recorder: traces of ranks 0, 1"
+
+    monkeypatch.setattr(flight, "collect", collect)
+    state = session.state
+    for rank in (0, 1):
+        status = protocol.Status(run="r", rank=rank, t=0, seq=0, state="started", pid=10 + rank)
+        state.apply(status, now=0.0)
+    state.apply(beat(0, 1, 17, 16, "all_reduce"), now=1.0)
+    state.apply(beat(1, 1, 17, 16, "broadcast"), now=1.0)
+    session._flight_watch(1.0)
+    assert asked == []  # not still for a beat yet
+    for t in (3.0, 5.0):
+        state.apply(beat(0, int(t), 17, 16, "all_reduce"), now=t)
+        state.apply(beat(1, int(t), 17, 16, "broadcast"), now=t)
+        session._flight_watch(t)
+    assert asked == [[0, 1]]  # once for these waits
+    assert [(d.rank, d.cause) for d in session.diagnoser.diagnoses] == [(1, "desync")]
+    assert session.take_diagnoses()[0].detail == line
+    assert session.flight_note == "Flight Recorder: traces of ranks 0, 1"
