@@ -67,10 +67,58 @@ def make_socket_dir() -> Path:
             continue
         if len(os.path.join(base, _DIR_PREFIX + "X" * 10, "99999.sock").encode()) > 100:
             continue
+        remove_stale_socket_dirs(base)
         path = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX, dir=base))
         os.chmod(path, 0o700)
         return path
     raise OSError("no writable directory with a short enough path for the trace sockets")
+
+
+#: A socket directory left this long by a ddptui that was killed (its close never ran) goes.
+STALE_AFTER_S = 24 * 3600
+
+
+def remove_stale_socket_dirs(base: str) -> None:
+    """Remove this user's socket directories that a killed ddptui left behind: named and
+    private like one, a day old, holding nothing but sockets nobody listens on."""
+    import stat
+    import time
+
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(_DIR_PREFIX):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if (
+                not stat.S_ISDIR(info.st_mode)
+                or stat.S_IMODE(info.st_mode) != 0o700
+                or info.st_uid != os.getuid()
+                or time.time() - info.st_mtime < STALE_AFTER_S
+            ):
+                continue
+            inside = list(Path(entry.path).iterdir())
+            if any(not p.name.endswith(".sock") or _listening(p) for p in inside):
+                continue
+            remove_socket_dir(entry.path)
+        except OSError:
+            continue
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
+        except OSError:
+            return True  # cannot tell: leave it
+    return True
 
 
 def remove_socket_dir(path: str | os.PathLike[str] | None) -> None:

@@ -9,6 +9,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,19 @@ def test_a_rank_that_failed_in_a_collective_is_named_in_its_last_one(tmp_path):
 def test_a_trace_of_an_earlier_process_is_not_evidence(tmp_path):
     crash_dir(tmp_path, "hang", [0])
     assert flight.at_crash(tmp_path, {0: 1, 1: 2}, 2, 1.0, [1]) == []
+
+
+def test_socket_dirs_a_killed_ddptui_left_are_removed_a_day_later(tmp_path):
+    old = tmp_path / "ddptui-fr-old"
+    old.mkdir(mode=0o700)
+    (old / "0.sock").touch()  # nobody listens
+    fresh = tmp_path / "ddptui-fr-new"
+    fresh.mkdir(mode=0o700)
+    other = tmp_path / "ddptui-fr-mine"
+    other.mkdir(mode=0o700)
+    (other / "notes.txt").touch()  # not what ddptui leaves: not ours to remove
+    day_ago = time.time() - flight.STALE_AFTER_S - 60
+    for path in (old, other):
+        os.utime(path, (day_ago, day_ago))
+    flight.remove_stale_socket_dirs(str(tmp_path))
+    assert not old.exists() and fresh.exists() and other.exists()
