@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import tempfile
 import threading
@@ -600,6 +601,7 @@ def at_crash(
     t: float,
     failed: Iterable[int] = (),
     errors: Mapping[int, str] | None = None,
+    first: tuple[int | None, Iterable[str]] | None = None,
 ) -> list[Any]:
     """After a crash: what the traces the ranks left (a rank writes its own when it fails
     with an exception; one killed outright leaves none) say. torch's analyzer's findings when
@@ -607,13 +609,17 @@ def at_crash(
     (``rank 0 was in all_reduce #17 (default_pg, 1 float, from train.py:72) when rank 1
     failed; rank 1 left no trace``). A rank whose own error is a collective's (``errors``:
     rank -> its error line; gloo marks a failed collective completed) failed in its last
-    collective. Only traces of this attempt's processes (their pid)."""
+    collective. Only traces of this attempt's processes (their pid). ``first`` (the rank that
+    failed first, its last stderr lines): when gloo aborted it for receiving more bytes than
+    its collective expected, a ``desync`` line for the run says so with what the others
+    were in (which side erred, gloo does not say)."""
     from ddptui.diagnosis import CONSEQUENCE, Diagnosis
 
     found, _ = load_traces(run_dir, pids)
     traces = {r: d for r, d in found.items() if pids.get(r) and d.get("pid") == pids[r]}
+    aborted = _gloo_mismatch(first)
     if not traces:
-        return []
+        return [Diagnosis(None, "desync", aborted, t)] if aborted else []
     findings_, _why = explain(traces, world_size)
     if findings_:  # after a crash, a rank that never entered is the one that failed: context
         return [
@@ -641,4 +647,27 @@ def at_crash(
         if silent:
             line += f"; {_ranks_text(silent)} left no trace"
         out.append(Diagnosis(rank, "collective", line, t))
+    if aborted:
+        seen = "; ".join(d.detail.split(" when ")[0] for d in out)
+        out.insert(0, Diagnosis(None, "desync", aborted + (f"; {seen}" if seen else ""), t))
     return out
+
+
+_GLOO_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
+
+
+def _gloo_mismatch(first: tuple[int | None, Iterable[str]] | None) -> str | None:
+    """``rank 0 aborted: gloo received 2,320 bytes where its collective expected 4 …`` from
+    the first failed rank's stderr, or None."""
+    if first is None or first[0] is None:
+        return None
+    for line in first[1]:
+        match = _GLOO_MISMATCH.search(line)
+        if match:
+            got, want = int(match.group(1)), int(match.group(2))
+            return (
+                f"a desync: rank {first[0]} aborted when gloo received {got:,} bytes where its "
+                f"collective expected {want:,} (another op, shape or dtype on a peer, or a "
+                "collective left out)"
+            )
+    return None

@@ -396,6 +396,7 @@ class RunSession:
                 state.elapsed(self.clock()),
                 failed,
                 errors,
+                (failure.rank, failure.stderr_tail) if failure is not None else None,
             )
         for diagnosis in found:
             self.diagnoser.record(diagnosis)

@@ -315,3 +315,31 @@ def test_socket_dirs_a_killed_ddptui_left_are_removed_a_day_later(tmp_path):
         os.utime(path, (day_ago, day_ago))
     flight.remove_stale_socket_dirs(str(tmp_path))
     assert not old.exists() and fresh.exists() and other.exists()
+
+
+GLOO_ABORT = (
+    "  what():  [enforce fail at pair.cc:464] op.preamble.length <= op.nbytes. 2320 vs 4. "
+    "Received data size doesn't match expected size. Is there a distributed collective "
+    "mismatch in your code?"
+)
+
+
+def test_a_rank_gloo_aborted_for_a_size_mismatch_is_a_desync_with_what_the_others_were_in(
+    tmp_path,
+):
+    pids = crash_dir(tmp_path, "hang", [0])
+    found = flight.at_crash(
+        tmp_path, {0: pids[0], 1: 4242}, 2, 3.0, [1], first=(1, ["terminate called", GLOO_ABORT])
+    )
+    assert [(d.rank, d.cause) for d in found] == [(None, "desync"), (0, "collective")]
+    assert found[0].detail == (
+        "a desync: rank 1 aborted when gloo received 2,320 bytes where its collective "
+        "expected 4 (another op, shape or dtype on a peer, or a collective left out); rank 0 "
+        "was in all_reduce #8 (default_pg, 36 floats, DDP bucket, from record_fixtures.py:51)"
+    )
+    no_traces = flight.at_crash(
+        tmp_path / "none", {0: 1, 1: 2}, 2, 3.0, [1], first=(1, [GLOO_ABORT])
+    )
+    assert [(d.rank, d.cause) for d in no_traces] == [(None, "desync")]
+    other = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 3.0, [1], first=(1, ["Killed"]))
+    assert [d.cause for d in other] == ["collective"]
