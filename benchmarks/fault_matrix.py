@@ -148,8 +148,8 @@ def judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, code)
             f"exit {code}",
         )
     first = verdicts[0]
-    # a crash names the rank; the collective comes from the ranks' traces (``collective``)
-    context = [d for d in diagnoses if d.get("cause") == "collective" and "#" in d["detail"]]
+    # a crash names the rank; the collective comes from the ranks' traces (``context``)
+    context = [d for d in diagnoses if d.get("cause") == "context" and "#" in d["detail"]]
     named_by = first if "#" in first["detail"] or not context else context[0]
     found = _OP.search(named_by["detail"])
     where = _WHERE.search(named_by["detail"])

@@ -623,7 +623,7 @@ def at_crash(
     findings_, _why = explain(traces, world_size)
     if findings_:  # after a crash, a rank that never entered is the one that failed: context
         return [
-            Diagnosis(f.rank, "desync" if f.cause == "desync" else "collective", f.detail, t)
+            Diagnosis(f.rank, "desync" if f.cause == "desync" else "context", f.detail, t)
             for f in findings_
         ]
     failed = sorted(set(failed))
@@ -646,7 +646,7 @@ def at_crash(
             line += f" when {_ranks_text(others)} failed"
         if silent:
             line += f"; {_ranks_text(silent)} left no trace"
-        out.append(Diagnosis(rank, "collective", line, t))
+        out.append(Diagnosis(rank, "context", line, t))
     if aborted:
         seen = "; ".join(d.detail.split(" when ")[0] for d in out)
         out.insert(0, Diagnosis(None, "desync", aborted + (f"; {seen}" if seen else ""), t))
@@ -657,7 +657,7 @@ _GLOO_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match 
 
 
 def _gloo_mismatch(first: tuple[int | None, Iterable[str]] | None) -> str | None:
-    """``rank 0 aborted: gloo received 2,320 bytes where its collective expected 4 …`` from
+    """``rank 0 aborted: gloo received 2,320 bytes where its collective expected 4, …`` from
     the first failed rank's stderr, or None."""
     if first is None or first[0] is None:
         return None
@@ -666,8 +666,8 @@ def _gloo_mismatch(first: tuple[int | None, Iterable[str]] | None) -> str | None
         if match:
             got, want = int(match.group(1)), int(match.group(2))
             return (
-                f"a desync: rank {first[0]} aborted when gloo received {got:,} bytes where its "
-                f"collective expected {want:,} (another op, shape or dtype on a peer, or a "
+                f"rank {first[0]} aborted: gloo received {got:,} bytes where its collective "
+                f"expected {want:,}, a desync (another op, shape or dtype on a peer, or a "
                 "collective left out)"
             )
     return None

@@ -281,7 +281,7 @@ def crash_dir(tmp_path, case, ranks):
 def test_after_a_crash_the_survivors_trace_names_the_collective_it_was_in(tmp_path):
     pids = crash_dir(tmp_path, "hang", [0])
     found = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 9.0, failed=[1])
-    assert [(d.rank, d.cause, d.t) for d in found] == [(0, "collective", 9.0)]
+    assert [(d.rank, d.cause, d.t) for d in found] == [(0, "context", 9.0)]
     assert found[0].detail == (
         "rank 0 was in all_reduce #8 (default_pg, 36 floats, DDP bucket, from "
         "record_fixtures.py:51) when rank 1 failed; rank 1 left no trace"
@@ -331,15 +331,15 @@ def test_a_rank_gloo_aborted_for_a_size_mismatch_is_a_desync_with_what_the_other
     found = flight.at_crash(
         tmp_path, {0: pids[0], 1: 4242}, 2, 3.0, [1], first=(1, ["terminate called", GLOO_ABORT])
     )
-    assert [(d.rank, d.cause) for d in found] == [(None, "desync"), (0, "collective")]
+    assert [(d.rank, d.cause) for d in found] == [(None, "desync"), (0, "context")]
     assert found[0].detail == (
-        "a desync: rank 1 aborted when gloo received 2,320 bytes where its collective "
-        "expected 4 (another op, shape or dtype on a peer, or a collective left out); rank 0 "
-        "was in all_reduce #8 (default_pg, 36 floats, DDP bucket, from record_fixtures.py:51)"
+        "rank 1 aborted: gloo received 2,320 bytes where its collective expected 4, a desync "
+        "(another op, shape or dtype on a peer, or a collective left out); rank 0 was in "
+        "all_reduce #8 (default_pg, 36 floats, DDP bucket, from record_fixtures.py:51)"
     )
     no_traces = flight.at_crash(
         tmp_path / "none", {0: 1, 1: 2}, 2, 3.0, [1], first=(1, [GLOO_ABORT])
     )
     assert [(d.rank, d.cause) for d in no_traces] == [(None, "desync")]
     other = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 3.0, [1], first=(1, ["Killed"]))
-    assert [d.cause for d in other] == ["collective"]
+    assert [d.cause for d in other] == ["context"]
