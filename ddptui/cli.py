@@ -247,6 +247,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no zero-code hooks in the ranks (steps only from ddptui.log)",
     )
+    d.add_argument(
+        "--no-flight-recorder",
+        action="store_true",
+        help="ranks do not record their collectives (torch's Flight Recorder, which names "
+        "the rank and collective of a hang or desync)",
+    )
     g.add_argument(
         "--max-restarts",
         metavar="N",

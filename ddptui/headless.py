@@ -54,6 +54,8 @@ def phase_table(state: RunState) -> list[str]:
 
 def diagnosis_line(diagnosis: Diagnosis) -> str:
     label = "hang" if diagnosis.cause in ("hang", "collective") else "diagnosis"
+    if diagnosis.cause == "desync":
+        label = "desync"
     return f"{label}: {diagnosis.detail}"
 
 

@@ -204,11 +204,16 @@ def test_more_cuda_ranks_than_gpus_is_refused_whatever_the_backend(
     assert "--device cpu" in message
 
 
+def device_env(cfg):
+    """The rank environment but the Flight Recorder's size (tested in test_flight.py)."""
+    return {k: v for k, v in cfg.rank_environment().items() if k != "TORCH_FR_BUFFER_SIZE"}
+
+
 def test_device_cpu_on_a_gpu_machine_runs_gloo_cpu_ranks(tmp_path):
     cfg = build_config({"device": "cpu", "world_size": "8", "run_dir": str(tmp_path)}, FOUR_GPUS)
     assert (cfg.device, cfg.backend, cfg.world_size, cfg.workers) == ("cpu", "gloo", 8, 0)
     assert "--device cpu" in " ".join(cfg.trainer_argv())
-    assert cfg.rank_environment() == {"DDPTUI_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    assert device_env(cfg) == {"DDPTUI_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     default = build_config({"device": "cpu", "run_dir": str(tmp_path)}, FOUR_GPUS)
     assert default.world_size == 2
 
@@ -241,7 +246,7 @@ def test_device_refusals(raw, machine, field, message, tmp_path):
 def test_fp16_and_sync_bn_fine_on_cuda_ranks(tmp_path):
     cfg = build_config({"amp": "fp16", "sync_bn": True, "run_dir": str(tmp_path)}, ONE_GPU)
     assert (cfg.device, cfg.amp, cfg.sync_bn) == ("cuda", "fp16", True)
-    assert cfg.rank_environment() == {"DDPTUI_DEVICE": "cuda"}
+    assert device_env(cfg) == {"DDPTUI_DEVICE": "cuda"}
 
 
 def test_cpu_world_size_is_capped_at_four_ranks_per_usable_core(tmp_path):

@@ -93,6 +93,14 @@ def test_compute_straggler_under_spawn(tmp_path):
     assert named and all(r == 1 and c in ("compute", "host") for r, c in named), named
 
 
+def first_per_rank(diagnoses):
+    """Each rank's first diagnosis (the verdict; what the ranks' traces add follows it)."""
+    out = {}
+    for d in diagnoses:
+        out.setdefault(d["rank"], d)
+    return out
+
+
 def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
     env = {"PLAIN_EPOCHS": "3", "PLAIN_STEPS": "5", "PLAIN_HANG_RANK": "1", "PLAIN_HANG_EPOCH": "2"}
     proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "10")
@@ -103,8 +111,10 @@ def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
     assert set(stacks) == {"0", "1"}
     assert "in stall_forever" in stacks["1"]
     assert classify_stack(stacks["0"]).in_collective
-    named = {d["rank"]: d for d in summary["diagnoses"]}
+    named = first_per_rank(summary["diagnoses"])  # the Flight Recorder's lines come after
     assert named[1]["cause"] == "hang" and "stall_forever (plain_ddp.py:" in named[1]["detail"]
+    flight = [d["detail"] for d in summary["diagnoses"] if "never entered" in d["detail"]]
+    assert flight and flight[0].startswith("rank 1 never entered all_reduce #"), flight
     assert named[0]["cause"] == "collective"
     quiet = int(re.search(r"stood still for (\d+) s", named[1]["detail"]).group(1))
     assert 10 <= quiet < 30
@@ -126,7 +136,7 @@ def test_crash_names_the_first_rank_and_its_consequences(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert summary["failure"]["rank"] == 1
     assert "injected failure on rank 1" in summary["failure"]["error"]
-    causes = {d["rank"]: d for d in summary["diagnoses"]}
+    causes = first_per_rank(summary["diagnoses"])  # the Flight Recorder's lines come after
     assert causes[1]["cause"] == "crash"
     assert "rank 1 failed first: RuntimeError: injected failure on rank 1" in causes[1]["detail"]
     if 0 in causes:  # rank 0 failed too (connection closed by peer) before the teardown

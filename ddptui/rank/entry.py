@@ -38,8 +38,10 @@ from ddptui.constants import (
     ENDPOINT_ENV,
     PARENT_PID_ENV,
     RESTART_COUNT_ENV,
+    RUN_DIR_ENV,
     THREADS_ENV,
 )
+from ddptui.rank import flight_recorder
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.instrument import install_rank
 from ddptui.runfiles import RunDir
@@ -115,6 +117,11 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
 
         torch.set_num_threads(threads)
     install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
+    if flight_recorder.recording():
+        from ddptui import heartbeat
+
+        flight_recorder.start_trace_server(run_dir, rank)  # traces on ddptui's request
+        heartbeat.set_collectives_source(flight_recorder.progress)  # progress in every beat
 
 
 def announce() -> None:
@@ -134,7 +141,15 @@ def announce() -> None:
 
 
 def report_failure(error: str, trace: str | None) -> None:
-    """Tell ddptui that this rank failed (once; a no-op when nobody listens)."""
+    """Tell ddptui that this rank failed (once; a no-op when nobody listens), and leave its
+    Flight Recorder trace in the run directory: after a crash it tells in which collective
+    each rank was (a rank killed outright leaves none)."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if run_dir and flight_recorder.recording():
+        try:
+            flight_recorder.write_trace(run_dir, int(os.environ.get("RANK", "0")))
+        except Exception:  # the trace is a bonus; the failure report is not
+            pass
     try:
         # only a failing rank needs it here: the entry stays light (msgspec, the protocol)
         from ddptui.rank.reporter import get_reporter

@@ -266,6 +266,7 @@ def _build(
         hang_timeout=hang_timeout,
         on_hang=on_hang,
         instrument=not bool(raw.get("no_instrument")),
+        flight_recorder=not bool(raw.get("no_flight_recorder")),
         nnodes=nnodes,
         rdzv_endpoint=rdzv_endpoint,
         bind=bind,

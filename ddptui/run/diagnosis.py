@@ -41,6 +41,8 @@ CAUSES = (
     "communication",  # every rank waits for communication; no rank is late
     "hang",  # no progress; with stacks: the rank that is not in a collective
     "collective",  # in a hang, a rank that waits in a collective (a victim)
+    "desync",  # a rank entered a collective with other arguments than the others (Flight Recorder)
+    "context",  # after a crash: the collective a rank was in, from its Flight Recorder trace
     "crash",  # the first rank to fail
     "consequence",  # a rank that failed because another one did
     "oom",  # a rank killed (SIGKILL) while memory was nearly exhausted

@@ -23,6 +23,8 @@ from ddptui.constants import (
     DEVICE_ENV,
     NO_INSTRUMENT_ENV,
 )
+from ddptui.rank.flight_recorder import BUFFER_ENV as FR_BUFFER_ENV
+from ddptui.rank.flight_recorder import DEFAULT_BUFFER as FR_DEFAULT_BUFFER
 from ddptui.run.registry import DEFAULT_TRAINER
 from ddptui.runfiles import RunDir
 
@@ -105,6 +107,8 @@ class RunConfig:
     on_hang: str = "stop"
     #: Zero-code instrumentation hooks in every rank (``--no-instrument`` turns them off).
     instrument: bool = True
+    #: torch's Flight Recorder in every rank (``--no-flight-recorder`` turns it off).
+    flight_recorder: bool = True
     #: Multi-node runs (torchrun's c10d rendezvous): nodes, the rendezvous HOST:PORT that
     #: node 0 hosts, and the address the telemetry and join sockets bind on node 0.
     nnodes: int = 1
@@ -159,12 +163,18 @@ class RunConfig:
         no rank creates a CUDA context on a GPU it does not use. A script that wants the GPUs
         runs with ``--device cuda`` (or ``auto``). ``--no-instrument`` sets
         ``DDPTUI_NO_INSTRUMENT=1`` (the rank entry then installs no zero-code hooks).
+        Collectives are recorded by torch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``, unless
+        the user set it); ``--no-flight-recorder`` sets it to 0.
         """
         env = {DEVICE_ENV: self.device}
         if self.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         if not self.instrument:
             env[NO_INSTRUMENT_ENV] = "1"
+        if not self.flight_recorder:
+            env[FR_BUFFER_ENV] = "0"
+        elif FR_BUFFER_ENV not in os.environ:
+            env[FR_BUFFER_ENV] = str(FR_DEFAULT_BUFFER)
         return env
 
 

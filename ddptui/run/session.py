@@ -22,7 +22,9 @@ from pathlib import Path
 
 from ddptui import protocol, safeio
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
+from ddptui.rank import flight_recorder
 from ddptui.rank.stacks import capture_stacks
+from ddptui.run import flight
 from ddptui.run.check_files import check_restart_checkpoint
 from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.cluster.host import NodeHost
@@ -56,6 +58,8 @@ DRAIN_SECONDS = 0.5
 DIAGNOSE_EVERY_S = 1.0
 #: How long to wait for the ranks' stack dumps after a hang.
 STACKS_TIMEOUT_S = 5.0
+#: Every rank still for this long inside a collective: ask for the traces (a desync?).
+FLIGHT_WATCH_S = 2.0
 #: After a stop with a checkpoint was asked: this long without any event from the ranks and
 #: the front ends fall back to tearing the run down.
 STOP_PATIENCE_S = 30.0
@@ -178,6 +182,11 @@ class RunSession:
         #: The first failure another node reported (it tears this node down too).
         self.remote_failure: RankFailureInfo | None = None
         self._concluding = False
+        #: The private directory of the ranks' Flight Recorder sockets (None: recorder off).
+        self.fr_dir: Path | None = None
+        #: What the last Flight Recorder check read (one line), or None.
+        self.flight_note: str | None = None
+        self._flight_asked: tuple | None = None  # the waits the last live check was about
         #: The run directory was deleted while the run was live (nothing more is written).
         self.run_dir_deleted = False
 
@@ -206,10 +215,16 @@ class RunSession:
             raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
         self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
         self.stats = self.collector.stats
+        if getattr(self.cfg, "flight_recorder", True):
+            try:
+                self.fr_dir = flight.make_socket_dir()
+            except OSError:
+                self.fr_dir = None  # the run goes on; hangs are judged without traces
         if self.cfg.multinode:
             self.launcher = self._start_host()
         else:
             self.launcher = make_launcher(self.cfg, self.collector.endpoint)
+        self._arm_flight(self.launcher)
         self.state.started_at = self.clock()
         self.state.begin_attempt(
             AttemptRecord(0, time.time(), resumed_from=self.cfg.resume or None)
@@ -281,6 +296,71 @@ class RunSession:
             self._news += found
         if self.diagnoser.hang is not None and not self._hung:
             self._on_hang(now)
+        elif not self._hung:
+            self._flight_watch(now)
+
+    def _arm_flight(self, launcher: Launcher) -> None:
+        """Tell the ranks where to listen for Flight Recorder trace requests."""
+        if self.fr_dir is not None and hasattr(launcher, "extra_env"):
+            launcher.extra_env[flight_recorder.SOCKET_DIR_ENV] = str(self.fr_dir)
+
+    def flight_check(self, now: float | None = None, record: bool = True) -> list[Diagnosis]:
+        """Ask every live rank for its Flight Recorder trace and name the rank and collective
+        that do not match (hang: never entered; desync: other arguments). Blocks up to
+        :data:`ddptui.run.flight.REQUEST_TIMEOUT_S`; safe from any thread. ``record``: keep the
+        findings as diagnoses (a verdict); else only return them (the user asked)."""
+        if self.fr_dir is None:
+            self.flight_note = "Flight Recorder off (--no-flight-recorder)"
+            return []
+        now = self.clock() if now is None else now
+        with self._lock:
+            ranks = [r for r, v in self.state.ranks.items() if v.state == "started"]
+            t = self.state.elapsed(now)
+            stacks = dict(self.stacks)
+        found, note = flight.collect(
+            self.fr_dir, self.run_dir, ranks, self.cfg.world_size, t, stacks=stacks
+        )
+        with self._lock:
+            self.flight_note = note
+            if record:
+                for diagnosis in found:
+                    self.diagnoser.record(diagnosis)
+                self._news += found
+        return found
+
+    def _flight_watch(self, now: float) -> None:
+        """Before any timeout: when every live rank has stood still for a beat inside a
+        collective (its heartbeat's Flight Recorder progress), ask for the traces once; a
+        desync torch's analyzer finds (another op, shape or dtype at the same number) is
+        evidence enough to give the verdict (and, with ``--on-hang stop``, end the run)."""
+        if self.fr_dir is None:
+            return
+        with self._lock:
+            live = {r: v for r, v in self.state.ranks.items() if v.state == "started"}
+            waits = []
+            for rank, view in sorted(live.items()):
+                inside = tuple(
+                    (pg, started)
+                    for pg, _op, started, completed in view.collectives
+                    if started is not None and (completed is None or completed < started)
+                )
+                if not inside or (view.still_for or 0.0) < FLIGHT_WATCH_S:
+                    return
+                waits.append((rank, inside))
+        key = tuple(waits)
+        if len(waits) < 2 or key == self._flight_asked:
+            return
+        self._flight_asked = key
+        desync = [d for d in self.flight_check(now, record=False) if d.cause == "desync"]
+        if not desync:
+            return
+        with self._lock:
+            for diagnosis in desync:
+                self.diagnoser.record(diagnosis)
+            self._news += desync
+        if self.on_hang != "keep" and self.launcher is not None and self.result is None:
+            self._hung = True  # (kept running: a later hang still gets its stacks)
+            self._conclude(self.launcher.stop(), hung=True)
 
     def _on_hang(self, now: float) -> None:
         """Capture every rank's stack, name the culprit, then stop the run (or keep it)."""
@@ -291,6 +371,7 @@ class RunSession:
         with self._lock:
             self.stacks = stacks
             self._news += self.diagnoser.explain_hang(stacks, self.state.elapsed(now))
+        self.flight_check(now)
         if self.on_hang != "keep" and self.launcher is not None and self.result is None:
             self._conclude(self.launcher.stop(), hung=True)
 
@@ -306,6 +387,21 @@ class RunSession:
             rss,
             t=state.elapsed(self.clock()),
         )
+        if self.fr_dir is not None:  # the collective each rank was in, from its trace
+            pids = {r: v.pid for r, v in state.ranks.items()}
+            failed = [r for r, v in state.ranks.items() if v.state == "failed"]
+            if failure is not None and failure.rank is not None:
+                failed.append(failure.rank)
+            errors = {r: v.error for r, v in state.ranks.items() if v.error}
+            found += flight.at_crash(
+                self.run_dir,
+                pids,
+                self.cfg.world_size,
+                state.elapsed(self.clock()),
+                failed,
+                errors,
+                (failure.rank, failure.stderr_tail) if failure is not None else None,
+            )
         for diagnosis in found:
             self.diagnoser.record(diagnosis)
         self._news += found
@@ -477,6 +573,7 @@ class RunSession:
                 AttemptRecord(number, time.time(), resumed_from=resume, resumed_from_epoch=epoch)
             )
         self.launcher = make_launcher(self.cfg, self.collector.endpoint, number, resume)
+        self._arm_flight(self.launcher)
         with signals_deferred():  # no signal between start and remembering the process
             self.launcher.start()
         return True
@@ -606,6 +703,7 @@ class RunSession:
         if self.collector is not None:
             self.collector.close()
             self.collector = None
+        flight.remove_socket_dir(self.fr_dir)
         if self._events_file is not None:
             self._check_run_dir()
         if self._events_file is not None:
@@ -648,6 +746,8 @@ class RunSession:
             duration_s=duration,
         )
         self.summary.update(diagnoses_for_summary(self.diagnoser.diagnoses, self.stacks))
+        if self.flight_note:  # what the last Flight Recorder check could read, and not
+            self.summary["flight_recorder"] = self.flight_note
         if self.run_dir_deleted:  # writing it would recreate a directory holding only it
             return
         try:

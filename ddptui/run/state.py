@@ -337,7 +337,8 @@ class RunState:
             view.still_since is None
             or ev.digest is None
             or ev.digest != view._digest
-            or marks != view.collectives
+            # progress is the sequence numbers; an op or group name filled in later is not
+            or [m[2:] for m in marks] != [m[2:] for m in view.collectives]
         )
         view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
         view._digest, view.collectives = ev.digest, marks

@@ -43,6 +43,9 @@ class RankRow:
     #: Where the rank is when that says something: its frame while it prepares (before its
     #: first step) or while it stands still, and the collective it waits in.
     where: str = ""
+    #: Its last collective started and whether it completed, per process group (the Flight
+    #: Recorder's progress in its heartbeat): ``all_reduce #812 …`` (waiting) or ``#812 ✓``.
+    collective: str = ""
     #: Raw numbers behind the formatted cells, for node summaries and ordering.
     step_time_s: float | None = None
     samples_per_s_value: float | None = None
@@ -65,6 +68,7 @@ class RankRow:
             self.step_time,
             self.last_seen,
             self.state,
+            self.collective,
             self.where,
         )
 
@@ -158,6 +162,8 @@ def setup_label(config: dict[str, Any], rank_devices: Iterable[str | None] = ())
 def run_frame(state: RunState, now: float) -> RunFrame:
     """Snapshot the per-rank table and the header numbers (call with the state's lock held)."""
     problems = state.health(now)
+    if not state.outcome:  # a rank behind in the collectives the others wait in
+        problems = {**behind_ranks(state), **problems}
     # Once the run has ended, ages are measured at its end, not against a running clock.
     seen_at = state.finished_at if state.outcome and state.finished_at else now
     rows = []
@@ -186,6 +192,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 state=shown_state,
                 problem=problem,
                 where=where_cell(view, state.outcome is not None),
+                collective=collective_cell(view.collectives),
             )
         )
         devices[rank] = (view.pid, view.device_uuid)
@@ -214,6 +221,51 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         nodes=node_summaries(rows),
         attempt=attempt_label(state),
     )
+
+
+#: Ranks waiting in a collective for at least this long (about one heartbeat) make a rank that
+#: has not started it "behind".
+BEHIND_AFTER_S = 2.0
+
+
+def collective_cell(marks: Sequence[tuple]) -> str:
+    """``all_reduce #812 …`` (started, not completed) or ``#811 ✓`` (completed), per process
+    group (named when there are several); marks are ``(group, op, started, completed)``."""
+    parts = []
+    for group, op, started, completed in marks:
+        if started is None:
+            continue
+        done = completed is not None and completed >= started
+        name = f"{op} #{started}" if op else f"#{started}"
+        prefix = f"{group}: " if len(marks) > 1 else ""
+        parts.append(f"{prefix}{name} {'✓' if done else '…'}")
+    return "; ".join(parts)
+
+
+def behind_ranks(state: RunState) -> dict[int, str]:
+    """Live ranks that have not started a collective other ranks wait in (for at least
+    :data:`BEHIND_AFTER_S`), per process group: rank -> ``behind: …`` (a rank table problem).
+    From the heartbeats' Flight Recorder progress; ranks without it are left out."""
+    live = {r: v for r, v in state.ranks.items() if v.state == "started" and v.collectives}
+    waits: dict[str, dict[int, tuple[int, str | None]]] = {}
+    for rank, view in live.items():
+        if (view.still_for or 0.0) < BEHIND_AFTER_S:
+            continue
+        for group, op, started, completed in view.collectives:
+            if started is not None and (completed is None or completed < started):
+                waits.setdefault(group, {})[rank] = (started, op)
+    out: dict[int, str] = {}
+    for group, waiting in waits.items():
+        top = max(seq for seq, _ in waiting.values())
+        holders = sorted(r for r, (seq, _) in waiting.items() if seq == top)
+        op = next((o for r, (s_, o) in waiting.items() if s_ == top and o), None)
+        what = f"{op} #{top}" if op else f"#{top}"
+        who = ("rank " if len(holders) == 1 else "ranks ") + ", ".join(map(str, holders))
+        for rank, view in live.items():
+            mine = [m for m in view.collectives if m[0] == group and m[2] is not None]
+            if mine and mine[0][2] < top and rank not in out:
+                out[rank] = f"behind: at #{mine[0][2]} while {who} wait(s) in {what}"
+    return out
 
 
 #: A live rank whose stack stood still this long shows where it is.
@@ -256,6 +308,7 @@ RANK_ORDER_MAX = 16
 SEVERITY = (
     "failed",
     "silent",
+    "behind",
     "straggler",
     "stopped",
     "pending",
@@ -348,7 +401,7 @@ def node_summaries(rows: Sequence[RankRow]) -> tuple[NodeSummary, ...]:
                 min_loss=min(losses) if losses else None,
                 max_loss=max(losses) if losses else None,
                 worst=worst,
-                problems=sum(1 for r in members if severity(r) in SEVERITY[:3]),
+                problems=sum(1 for r in members if severity(r) in SEVERITY[:4]),
             )
         )
     return tuple(out)
@@ -378,6 +431,7 @@ RANK_COLUMNS = (
     "step time",
     "last seen",
     "state",
+    "collective",
     "where",
 )
 NODE_COLUMNS = ("node", *RANK_COLUMNS)
@@ -421,7 +475,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
         by_group.setdefault(row.group, []).append(row)
     order = sorted(
         range(len(frame.nodes)),
-        key=lambda i: (min(_SEVERITY_INDEX.get(frame.nodes[i].worst, 99), 3), i),
+        key=lambda i: (min(_SEVERITY_INDEX.get(frame.nodes[i].worst, 99), 4), i),
     )
     lines = []
     for i in order:
@@ -442,6 +496,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
                     _ms(node.mean_step_time),
                     "",
                     node.worst,
+                    "",
                     "",
                 ),
                 node.worst,

@@ -49,6 +49,7 @@ class RunScreen(Screen):
         Binding("f", "cycle_log_filter", "Log filter"),
         Binding("m", "toggle_loss", "Loss mean/ranks"),
         Binding("g", "monitor", "GPU monitor"),
+        Binding("c", "collectives", "Collectives"),
         Binding("q", "app.quit", "Quit"),
     ]
 
@@ -283,7 +284,7 @@ class RunScreen(Screen):
 
     # -- actions ------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "stop_run":  # hidden for a replay, greyed out once a live run ended
+        if action in ("stop_run", "collectives"):  # hidden for a replay, greyed out at the end
             if not isinstance(self.source, LiveSource):
                 return False
             return True if self.live_running else None
@@ -306,6 +307,29 @@ class RunScreen(Screen):
             assert isinstance(self.source, LiveSource)
             self.source.request_stop()
             self.refresh_view()
+
+    def action_collectives(self) -> None:
+        """Ask every rank for its Flight Recorder trace now and say what torch's analyzer
+        finds: the rank and collective that do not match, or that all match (a worker thread:
+        the ranks have a few seconds to answer)."""
+        if not self.live_running:
+            self.notify("the run is not running", severity="warning")
+            return
+        assert isinstance(self.source, LiveSource)
+        session = self.source.session
+
+        def check() -> None:
+            found = session.flight_check(record=False)
+            lines = [d.detail for d in found] or [session.flight_note or "no answer"]
+            self.app.call_from_thread(
+                self.notify,
+                "\n".join(lines),
+                title="Collectives",
+                severity="warning" if found else "information",
+                timeout=20,
+            )
+
+        self.run_worker(check, thread=True, exclusive=True, group="collectives")
 
     def action_restart(self) -> None:
         if not self.live_running:

@@ -44,6 +44,7 @@ NODE_STYLE = "bold cyan"
 NODE_STATE_STYLE = {
     "failed": "bold white on red",
     "silent": PROBLEM_STYLE,
+    "behind": PROBLEM_STYLE,
     "straggler": PROBLEM_STYLE,
 }
 

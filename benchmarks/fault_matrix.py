@@ -1,0 +1,234 @@
+"""The fault matrix: one fault on one rank, does ddptui name it right, and how fast?
+
+Runs ``tests/scripts/faults/fault_ddp.py`` (a plain DDP script, gloo on CPU) under
+``ddptui --no-ui`` once per fault and launcher, and prints one row per run: the verdict, the
+rank named, the op and ``#N`` named, the user's file:line named, and the seconds from the
+fault (the faulty rank writes down when it commits it) to the verdict's line on ddptui's
+console. A fault is named right when the rank, the op and the sequence number match what the
+faulty rank wrote down, within ``--hang-timeout`` + 5 s; a healthy control is right when no
+verdict is given and the run finishes.
+
+    uv run python benchmarks/fault_matrix.py [--launchers spawn,torchrun] [--world 2]
+        [--hang-timeout 6] [--faults sleep,loop,...]
+
+Every run's processes are found by run id and killed, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "faults" / "fault_ddp.py"
+#: fault -> what a right verdict names: the op (None: any), or None for a healthy control.
+FAULTS: dict[str, str | None] = {
+    "extra": "broadcast",  # named first: "rank 1 called broadcast #N where rank 0 …"
+    "skip": "all_reduce",
+    "sleep": "all_reduce",
+    "shape": "all_reduce",
+    "dtype": "all_reduce",
+    "loader": "all_reduce",
+    "kill": "all_reduce",
+    "loop": "all_reduce",
+}
+HEALTHY = ("slow_start", "slow_step", "uneven")
+_OP = re.compile(r"\b([a-z_]+) #(\d+)")
+_WHERE = re.compile(r"[\w.-]+\.py:\d+")
+
+
+@dataclass
+class Row:
+    fault: str
+    launcher: str
+    world: int
+    verdict: str
+    rank: int | None
+    op: str | None
+    seq: int | None
+    where: str | None
+    latency: float | None
+    ok: bool
+    note: str = ""
+
+
+def _kill_run(run_id: str) -> None:
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("DDPTUI_RUN_ID") == run_id:
+                proc.kill()
+        except (psutil.Error, OSError):
+            continue
+
+
+def run_case(
+    fault: str,
+    launcher: str,
+    world: int,
+    hang_timeout: float,
+    base: Path,
+    timeout: float = 120.0,
+) -> Row:
+    """One ddptui run with ``fault``; its row of the matrix."""
+    name = f"{fault}-{launcher}-{world}"
+    run_dir, mark_path = base / name, base / f"{name}.mark.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FAULT": fault, "FAULT_MARK": str(mark_path)}
+    if fault == "slow_start":
+        env["FAULT_SLEEP_S"] = str(2 * hang_timeout)
+    elif fault == "slow_step":
+        env["FAULT_SLEEP_S"] = "0.1"  # ten times a ~10 ms step
+    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(SCRIPT)]
+    cmd += ["--world-size", str(world), "--launcher", launcher, "--run-dir", str(run_dir)]
+    cmd += ["--hang-timeout", str(hang_timeout)]
+    lines: list[tuple[float, str]] = []
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+    )
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.time(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    finally:
+        reader.join(5)
+        try:
+            run_id = json.loads((run_dir / "config.json").read_text())["run_id"]
+            _kill_run(run_id)
+        except (OSError, ValueError, KeyError):
+            pass
+    return judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, proc.returncode)
+
+
+def judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, code) -> Row:
+    """The row: what ddptui said (summary.json), against what the faulty rank wrote down."""
+    try:
+        diagnoses = json.loads((run_dir / "summary.json").read_text()).get("diagnoses") or []
+    except (OSError, ValueError):
+        diagnoses = []
+    try:
+        mark = json.loads(mark_path.read_text())
+    except (OSError, ValueError):
+        mark = None
+    named = [d for d in diagnoses if d.get("cause") in ("hang", "desync") and "#" in d["detail"]]
+    verdicts = named or [
+        d for d in diagnoses if d.get("cause") in ("hang", "desync", "crash", "oom")
+    ]
+    if not verdicts:
+        healthy = fault in HEALTHY
+        return Row(
+            fault,
+            launcher,
+            world,
+            "none",
+            None,
+            None,
+            None,
+            None,
+            None,
+            healthy and code == 0,
+            f"exit {code}",
+        )
+    first = verdicts[0]
+    # a crash names the rank; the collective comes from the ranks' traces (``context``)
+    context = [d for d in diagnoses if d.get("cause") == "context" and "#" in d["detail"]]
+    named_by = first if "#" in first["detail"] or not context else context[0]
+    found = _OP.search(named_by["detail"])
+    where = _WHERE.search(named_by["detail"])
+    latency = None
+    if mark is not None:
+        for t, line in lines:
+            if first["detail"][:60] in line:
+                latency = t - mark["t"]
+                break
+    ok = False
+    if fault not in HEALTHY and mark is not None:
+        ok = (
+            first.get("rank") == mark["rank"]
+            and found is not None
+            and found.group(1) == FAULTS[fault]
+            and int(found.group(2)) == mark["seq"]
+            and latency is not None
+            and latency <= hang_timeout + 5
+        )
+    return Row(
+        fault,
+        launcher,
+        world,
+        first["cause"],
+        first.get("rank"),
+        found.group(1) if found else None,
+        int(found.group(2)) if found else None,
+        where.group(0) if where else None,
+        latency,
+        ok,
+        "" if mark is None else f"fault: rank {mark['rank']} #{mark['seq']}",
+    )
+
+
+def table(rows: list[Row]) -> str:
+    head = f"{'fault':<11}{'launcher':<10}{'ranks':>5}  {'verdict':<8}{'rank':>5}  {'op #N':<16}"
+    head += f"{'file:line':<20}{'s':>6}  right  truth"
+    out = [head, "-" * len(head)]
+    for r in rows:
+        op = f"{r.op} #{r.seq}" if r.op else "-"
+        lat = f"{r.latency:.1f}" if r.latency is not None else "-"
+        rank = "-" if r.rank is None else str(r.rank)
+        out.append(
+            f"{r.fault:<11}{r.launcher:<10}{r.world:>5}  {r.verdict:<8}{rank:>5}  {op:<16}"
+            f"{r.where or '-':<20}{lat:>6}  {'yes' if r.ok else 'NO':<5}  {r.note}"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--launchers", default="spawn,torchrun")
+    p.add_argument("--world", default="2", help="world sizes, comma-separated (2,4)")
+    p.add_argument("--hang-timeout", type=float, default=6.0)
+    p.add_argument("--faults", default=",".join([*FAULTS, *HEALTHY]))
+    p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
+    args = p.parse_args(argv)
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = [f for f in faults if f not in FAULTS and f not in HEALTHY]
+    if unknown:
+        print(f"fault_matrix: unknown fault {unknown[0]!r}", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fault-matrix-") as tmp:
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            tmp = args.keep
+        for world in [int(w) for w in args.world.split(",")]:
+            for launcher in args.launchers.split(","):
+                for fault in faults:
+                    row = run_case(fault, launcher, world, args.hang_timeout, Path(tmp))
+                    rows.append(row)
+                    print(table([row]).splitlines()[-1], flush=True)
+    print()
+    print(table(rows))
+    right = sum(r.ok for r in rows)
+    print(f"\n{right}/{len(rows)} right (hang timeout {args.hang_timeout:g} s)")
+    return 0 if right == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

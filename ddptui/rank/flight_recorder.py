@@ -1,0 +1,358 @@
+"""torch's Flight Recorder, inside a rank: recording on, traces on demand, progress per group.
+
+torch records every collective of a process group (gloo and NCCL) into a ring buffer of
+``TORCH_FR_BUFFER_SIZE`` entries: sequence number, op (``gloo:all_reduce``), input sizes and
+dtypes, process group, and the Python stack that issued it. ddptui sets the size in the rank
+environment (``--no-flight-recorder`` sets 0).
+
+ddptui asks a rank for its trace while the rank's main thread may be blocked inside a C++
+collective, where no Python signal handler runs. So :func:`start_trace_server` starts a daemon
+thread that waits on a Unix-domain socket in a private (0700) directory ddptui created
+(``DDPTUI_FR_DIR``, socket ``<rank>.sock``). A request is one line, ``dump``; the thread dumps
+the recorder (a C++ call that does not need the main thread), writes ``fr-rank-N.json`` into
+the run directory atomically, and answers ``ok`` (or ``error <why>``). Requests are capped,
+validated and time-limited; nothing a peer sends can block the rank or end it.
+
+:data:`progress` is the cheap part, for the rank's heartbeat: per process group the last
+collective started and the last completed (torch's ``pg_status``, a few microseconds).
+
+Light to import: nothing here imports torch; torch is used only when the script already did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import stat
+import struct
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+#: torch's variable for the recorder's ring buffer (entries per backend; 0 turns it off).
+BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+#: Entries ddptui asks for: torch's own default, written out so it is on whatever the default.
+DEFAULT_BUFFER = 2000
+#: The private directory ddptui made for the ranks' request sockets.
+SOCKET_DIR_ENV = "DDPTUI_FR_DIR"
+#: The one request there is.
+REQUEST = b"dump"
+#: Longest request line read (anything longer is refused).
+MAX_REQUEST = 64
+#: How long a connection may take to send its request.
+REQUEST_TIMEOUT_S = 2.0
+#: Backends whose recorders are dumped (each has its own recorder instance in torch).
+BACKENDS = ("gloo", "nccl")
+#: Version of the fr-rank-N.json layout ddptui writes (torch's own version is inside).
+TRACE_VERSION = 1
+
+_server: TraceServer | None = None
+
+
+def trace_name(rank: int) -> str:
+    """``fr-rank-N.json``: rank N's Flight Recorder trace in the run directory."""
+    return f"fr-rank-{rank}.json"
+
+
+def socket_path(directory: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` listens for trace requests."""
+    return Path(directory) / f"{rank}.sock"
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """torch's dump is a pickle of dicts, lists, strings and numbers: refuse any class."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused {module}.{name} in a Flight Recorder dump")
+
+
+def _loads(data: bytes) -> dict | None:
+    import io
+
+    try:
+        doc = _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _c10d() -> Any | None:
+    """torch's c10d bindings once the script has loaded them (else None). Taken from
+    ``sys.modules``, never imported here: a heartbeat thread importing while the main thread
+    imports torch would wait on its import lock."""
+    module = sys.modules.get("torch._C._distributed_c10d")
+    return module if hasattr(module, "_dump_fr_trace_json") else None
+
+
+def _dump_backend(c10d: Any, backend: str) -> dict | None:
+    """One backend's recorder with Python stacks, as plain data (None: nothing recorded).
+    NCCL's recorder is also asked under its older name when the newer call has nothing."""
+    calls = [lambda: c10d._dump_fr_trace(True, True, False, backend)]
+    if backend == "nccl" and hasattr(c10d, "_dump_nccl_trace"):
+        calls.append(lambda: c10d._dump_nccl_trace(True, True, False))
+    for call in calls:
+        try:
+            doc = _loads(bytes(call()))
+        except Exception:
+            continue
+        if doc is not None and doc.get("entries"):
+            return doc
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy (bytes become text; other keys become strings)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+def dump_trace(rank: int) -> dict:
+    """This rank's recorded collectives from every backend that recorded any, as one document:
+    ``{"ddptui_fr": 1, "rank", "version", "backends", "pg_config", "pg_status", "entries"}``
+    (entries as torch writes them, ``frames`` included)."""
+    c10d = _c10d()
+    out: dict[str, Any] = {
+        "ddptui_fr": TRACE_VERSION,
+        "rank": rank,
+        "pid": os.getpid(),
+        "version": None,
+        "backends": [],
+        "pg_config": {},
+        "pg_status": {},
+        "entries": [],
+    }
+    if c10d is None:
+        return out
+    for backend in BACKENDS:
+        doc = _dump_backend(c10d, backend)
+        if doc is None:
+            continue
+        out["backends"].append(backend)
+        out["version"] = out["version"] or doc.get("version")
+        out["pg_config"].update(_plain(doc.get("pg_config") or {}))
+        out["pg_status"].update(_plain(doc.get("pg_status") or {}))
+        out["entries"].extend(_plain(doc.get("entries") or []))
+    return out
+
+
+def write_trace(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Dump this rank's trace into ``RUN_DIR/fr-rank-N.json`` (temp file + rename)."""
+    path = Path(run_dir) / trace_name(rank)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(dump_trace(rank), f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _status(c10d: Any, backend: str) -> dict:
+    """A backend's recorder without its entries (``pg_status``: a few microseconds)."""
+    calls = [lambda: c10d._dump_fr_trace_json(False, True, backend)]
+    if backend == "nccl" and hasattr(c10d, "_dump_nccl_trace_json"):
+        calls.append(lambda: c10d._dump_nccl_trace_json(False, True))
+    for call in calls:
+        try:
+            doc = json.loads(call())
+        except Exception:
+            continue
+        if isinstance(doc, dict) and doc.get("pg_status"):
+            return doc
+    return {}
+
+
+class Progress:
+    """Per process group, the last collective this rank started and the last that completed,
+    for the rank's heartbeat: ``[{"pg", "op", "started", "completed"}, …]``.
+
+    The sequence numbers come from torch's ``pg_status`` (a few microseconds). The op costs a
+    full dump (milliseconds for 2,000 entries), so it is looked up only for a collective that
+    is still the last one started at the next beat (a rank that may be stuck), once per
+    collective; otherwise it is None."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int] = {}  # group -> last started, at the previous beat
+        self._ops: dict[tuple[str, int], str | None] = {}  # (group, seq) -> op
+        self._names: dict[str, str] = {}  # group -> its name (``default_pg``), looked up once
+
+    def __call__(self) -> list[dict[str, Any]]:
+        c10d = _c10d()
+        if c10d is None:
+            return []
+        marks: list[dict[str, Any]] = []
+        seen: dict[str, int] = {}
+        for backend in BACKENDS:
+            doc = _status(c10d, backend)
+            for pg, status in (doc.get("pg_status") or {}).items():
+                try:
+                    started = int(status["last_enqueued_collective"])
+                    completed = int(status["last_completed_collective"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if started < 0:
+                    continue
+                key = f"{backend}:{pg}"
+                seen[key] = started
+                op = self._ops.get((key, started))
+                stuck = started > completed and self._seen.get(key) == started
+                if key not in self._names or (stuck and op is None):
+                    op, self._names[key] = self._lookup(c10d, backend, pg, started)
+                    self._ops = {(key, started): op}  # only the current one is kept
+                marks.append(
+                    {
+                        "pg": self._names[key],
+                        "op": op,
+                        "started": started,
+                        "completed": completed if completed >= 0 else None,
+                    }
+                )
+        self._seen = seen
+        return marks
+
+    @staticmethod
+    def _lookup(c10d: Any, backend: str, pg: str, seq: int) -> tuple[str | None, str]:
+        """From one dump: the op of collective ``seq`` of group ``pg`` (None when not there)
+        and the group's name (its id when unnamed)."""
+        try:
+            doc = json.loads(c10d._dump_fr_trace_json(True, True, backend))
+        except Exception:
+            return None, pg
+        op, name = None, pg
+        for entry in reversed(doc.get("entries") or []):
+            if str(entry.get("pg_id")) != pg:
+                continue
+            group = entry.get("process_group") or [None, None]
+            name = str(group[1] or pg)
+            if entry.get("collective_seq_id") == seq:
+                profiling = str(entry.get("profiling_name", ""))
+                op = profiling.rpartition(":")[2].split(" ")[0] or None
+                break
+        return op, name
+
+
+#: The heartbeat's source of collective progress (see :class:`Progress`).
+progress = Progress()
+
+
+def recording() -> bool:
+    """Whether torch's recorder is on in this process (``TORCH_FR_BUFFER_SIZE`` not 0)."""
+    value = os.environ.get(BUFFER_ENV) or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or ""
+    return value.strip() not in ("0", "-0")
+
+
+def _private_dir(path: str) -> bool:
+    """A directory of this user's that nobody else can enter (ddptui made it 0700)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_uid == os.getuid()
+        and stat.S_IMODE(info.st_mode) & 0o077 == 0
+    )
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """The peer runs as this user (the directory's mode already says so; belt and braces)."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return True
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid == os.getuid()
+
+
+def _read_request(conn: socket.socket) -> bytes | None:
+    """One request line (without the newline), or None: too long, too slow, or closed."""
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    data = b""
+    try:
+        while b"\n" not in data:
+            chunk = conn.recv(MAX_REQUEST + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_REQUEST:
+                return None
+    except OSError:
+        return None
+    line, sep, _ = data.partition(b"\n")
+    return line.strip() if sep else None
+
+
+class TraceServer:
+    """The daemon thread that answers ``dump`` requests on ``<dir>/<rank>.sock``."""
+
+    def __init__(self, directory: str, run_dir: str, rank: int) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self.path = socket_path(directory, rank)
+        self.path.unlink(missing_ok=True)  # a previous attempt's socket
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock.bind(str(self.path))
+        self.sock.listen(4)
+        self.served = 0
+        self.thread = threading.Thread(target=self._serve, name="ddptui-fr", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            try:
+                with conn:
+                    self._answer(conn)
+            except Exception:  # a peer that went away mid-answer: wait for the next one
+                continue
+
+    def _answer(self, conn: socket.socket) -> None:
+        if not _same_user(conn):
+            return
+        request = _read_request(conn)
+        if request != REQUEST:
+            conn.sendall(b"error bad request\n")
+            return
+        try:
+            write_trace(self.run_dir, self.rank)
+        except Exception as exc:
+            conn.sendall(f"error {type(exc).__name__}: {exc}"[:200].encode() + b"\n")
+            return
+        self.served += 1
+        conn.sendall(b"ok\n")
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            self.path.unlink(missing_ok=True)
+
+
+def start_trace_server(run_dir: str | None, rank: int) -> TraceServer | None:
+    """Answer ddptui's trace requests from a daemon thread (once per process). A no-op (None)
+    without a run directory, without ``DDPTUI_FR_DIR`` or when that is not a private
+    directory of this user's, and when the socket cannot be made."""
+    global _server
+    directory = os.environ.get(SOCKET_DIR_ENV, "")
+    if _server is not None or not run_dir or not directory or not _private_dir(directory):
+        return _server
+    try:
+        _server = TraceServer(directory, run_dir, rank)
+    except OSError:
+        return None
+    return _server

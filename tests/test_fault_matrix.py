@@ -1,0 +1,52 @@
+"""A small subset of the fault matrix (benchmarks/fault_matrix.py) in test time: real ranks
+(gloo, CPU, 2 ranks) under ddptui, one fault on one rank; the verdict must name the rank, the
+op and its sequence number as the faulty rank wrote them down, with the user's file:line, and
+a healthy control must get no verdict. One after the other: on a loaded machine, runs side by
+side starve each other's CPU. The whole matrix (every fault, 4 ranks) is the script."""
+
+import importlib.util
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, read_events
+
+pytestmark = pytest.mark.slow
+
+_spec = importlib.util.spec_from_file_location(
+    "fault_matrix", ROOT / "benchmarks" / "fault_matrix.py"
+)
+fault_matrix = importlib.util.module_from_spec(_spec)
+sys.modules["fault_matrix"] = fault_matrix  # its dataclass looks its module up
+_spec.loader.exec_module(fault_matrix)
+
+HANG_TIMEOUT = 5.0
+
+
+def test_a_rank_that_sleeps_before_a_collective_is_named_with_the_collective(tmp_path):
+    row = fault_matrix.run_case("sleep", "torchrun", 2, HANG_TIMEOUT, tmp_path, timeout=90)
+    assert row.note == "fault: rank 1 #17", row  # what the faulty rank wrote down
+    assert (row.verdict, row.rank, row.op, row.seq) == ("hang", 1, "all_reduce", 17), row
+    assert row.where == "fault_ddp.py:72", row  # the all_reduce rank 0 waits in
+    assert row.latency is not None and row.latency < 60, row
+    # Live, before the verdict: rank 0's heartbeats said it waits in #17 (started, not
+    # completed) and rank 1's that it had started nothing after #16.
+    beats = [e for e in read_events(tmp_path / "sleep-torchrun-2") if e["kind"] == "beat"]
+    marks = [(e["rank"], m) for e in beats for m in e["collectives"]]
+    assert any(r == 0 and m["started"] == 17 and m["completed"] < 17 for r, m in marks), marks
+    assert any(r == 0 and m["op"] == "all_reduce" for r, m in marks), marks
+    assert any(r == 1 and m["started"] == 16 for r, m in marks), marks
+    assert not any(r == 1 and m["started"] > 16 for r, m in marks), marks
+
+
+def test_an_extra_collective_is_a_desync_named_before_the_hang_timeout(tmp_path):
+    row = fault_matrix.run_case("extra", "spawn", 2, 30.0, tmp_path, timeout=90)
+    assert row.note == "fault: rank 1 #17", row
+    assert (row.verdict, row.rank, row.op, row.seq) == ("desync", 1, "broadcast", 17), row
+    assert row.where == "fault_ddp.py:121", row  # the broadcast in the script
+    assert row.latency is not None and row.latency < 30, row  # not the hang timeout
+
+
+def test_a_long_busy_preparation_gets_no_verdict(tmp_path):
+    row = fault_matrix.run_case("slow_start", "spawn", 2, HANG_TIMEOUT, tmp_path, timeout=90)
+    assert (row.verdict, row.ok) == ("none", True), row

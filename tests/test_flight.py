@@ -1,0 +1,346 @@
+"""torch's Flight Recorder in ddptui: the findings from real recorded gloo traces (the
+fixtures under tests/data/fr were recorded by tests/data/fr/record_fixtures.py), the
+validation of trace files, the rank's trace server against bad requests, and the option."""
+
+import copy
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddptui.cli import run_parser
+from ddptui.rank import flight_recorder
+from ddptui.run import flight
+from ddptui.run.config import build_config
+from tests.helpers import ROOT
+
+FIXTURES = ROOT / "tests" / "data" / "fr"
+
+
+def traces(case):
+    found, missing = flight.load_traces(FIXTURES / case, [0, 1])
+    assert missing == {}
+    return found
+
+
+# -- findings from real traces ---------------------------------------------------------------
+def test_a_rank_that_never_entered_is_named_with_the_collective_and_both_sides():
+    found, why = flight.explain(traces("hang"), 2, {1: "load_batch (data.py:41)"})
+    assert why is None
+    assert [(f.rank, f.cause, f.op, f.seq, f.group) for f in found] == [
+        (1, "hang", "all_reduce", 8, "default_pg")
+    ]
+    assert found[0].detail == (
+        "rank 1 never entered all_reduce #8 (default_pg, 36 floats, DDP bucket, from "
+        "record_fixtures.py:51) that rank 0 waits in; rank 1 is in load_batch (data.py:41)"
+    )
+
+
+def test_without_a_stack_the_last_collective_of_the_missing_rank_is_said():
+    found, _ = flight.explain(traces("hang"), 2)
+    assert found[0].detail.endswith("; rank 1 last entered all_reduce #7")
+
+
+def test_another_collective_at_the_same_number_is_a_desync():
+    found, why = flight.explain(traces("desync_type"), 2)
+    assert why is None
+    assert [(f.rank, f.cause, f.seq) for f in found] == [(1, "desync", 8)]
+    assert found[0].detail == (
+        "rank 1 called broadcast #8 (40 floats, from record_fixtures.py:54) where rank 0 "
+        "called all_reduce #8 (36 floats, DDP bucket, from record_fixtures.py:55): a desync"
+    )
+
+
+def test_matching_traces_give_no_finding():
+    found, why = flight.explain(traces("healthy"), 2)
+    assert found == [] and why is None
+
+
+def last_all_reduce(doc):
+    return [e for e in doc["entries"] if e["profiling_name"] == "gloo:all_reduce"][-1]
+
+
+def test_another_shape_is_a_desync_named_with_both_sizes():
+    t = copy.deepcopy(traces("healthy"))
+    entry = last_all_reduce(t[1])
+    entry["input_sizes"] = entry["output_sizes"] = [[3]]
+    found, _ = flight.explain(t, 2)
+    seq = entry["collective_seq_id"]
+    assert [(f.rank, f.cause, f.seq) for f in found] == [(1, "desync", seq)]
+    assert found[0].detail.startswith(
+        f"rank 1 called all_reduce #{seq} with 3 floats (DDP bucket, from record_fixtures.py:"
+    )
+    assert "where rank 0 called it with 36 floats (DDP bucket" in found[0].detail
+    assert found[0].detail.endswith(": a desync")
+
+
+def test_another_dtype_is_a_desync():
+    t = copy.deepcopy(traces("healthy"))
+    entry = last_all_reduce(t[1])
+    entry["input_dtypes"] = entry["output_dtypes"] = ["Double"]
+    found, _ = flight.explain(t, 2)
+    assert [(f.rank, f.cause) for f in found] == [(1, "desync")]
+    assert "with 36 doubles" in found[0].detail and "with 36 floats" in found[0].detail
+
+
+def test_a_trace_torchs_analyzer_cannot_read_is_one_line_not_a_traceback(capfd):
+    t = copy.deepcopy(traces("healthy"))
+    t[1]["entries"][-1]["profiling_name"] = "gloo:frobnicate"
+    found, why = flight.explain(t, 2)
+    assert found == [] and why.startswith("torch's Flight Recorder analyzer failed:")
+    t = copy.deepcopy(traces("healthy"))
+    t[1]["version"] = "9.9"
+    assert flight.explain(t, 2)[1].startswith("the ranks' recorders differ in version")
+    assert flight.explain({}, 2)[1] == "no rank recorded a collective"
+    assert capfd.readouterr().err == ""  # torch's analyzer logs nothing into the console
+
+
+# -- trace files ---------------------------------------------------------------------------
+GOOD = (FIXTURES / "healthy" / "fr-rank-0.json").read_text()
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: "not json",
+        lambda d: json.dumps([1, 2]),
+        lambda d: json.dumps({**d, "rank": "0"}),
+        lambda d: json.dumps({**d, "entries": {}}),
+        lambda d: json.dumps({**d, "entries": [{**d["entries"][0], "collective_seq_id": "1"}]}),
+        lambda d: json.dumps({**d, "entries": [{**d["entries"][0], "process_group": ["0"]}]}),
+        lambda d: json.dumps({**d, "entries": [{**d["entries"][0], "profiling_name": "x"}]}),
+        lambda d: json.dumps({**d, "entries": [{**d["entries"][0], "input_sizes": [["a"]]}]}),
+        lambda d: json.dumps({**d, "entries": [{**d["entries"][0], "frames": [{"name": 1}]}]}),
+        lambda d: json.dumps({**d, "pg_status": []}),
+        lambda d: json.dumps({**d, "version": None}),
+    ],
+)
+def test_malformed_traces_are_refused(mutate):
+    with pytest.raises(flight.TraceError):
+        flight.parse_trace(mutate(json.loads(GOOD)))
+
+
+def test_load_says_why_a_rank_has_no_trace(tmp_path, monkeypatch):
+    (tmp_path / "fr-rank-0.json").write_text(GOOD)
+    (tmp_path / "fr-rank-1.json").write_text(GOOD)  # rank 0's trace under rank 1's name
+    (tmp_path / "fr-rank-2.json").write_text("{")
+    found, missing = flight.load_traces(tmp_path, [0, 1, 2, 3])
+    assert list(found) == [0]
+    assert missing[1] == "fr-rank-1.json: written by rank 0"
+    assert missing[2].startswith("fr-rank-2.json: not JSON")
+    assert missing[3] == "no trace file"
+    monkeypatch.setattr(flight, "MAX_TRACE_BYTES", 100)
+    assert "larger than 100 bytes" in flight.load_traces(tmp_path, [0])[1][0]
+
+
+def test_the_rank_refuses_a_pickle_that_names_a_class():
+    assert flight_recorder._loads(pickle.dumps({"entries": [{"a": 1}]})) == {"entries": [{"a": 1}]}
+    assert flight_recorder._loads(pickle.dumps({"x": Path("/")})) is None
+    assert flight_recorder._loads(b"garbage") is None
+
+
+# -- the rank's trace server ---------------------------------------------------------------
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    sockets = flight.make_socket_dir()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setattr(flight_recorder, "REQUEST_TIMEOUT_S", 0.3)
+    srv = flight_recorder.TraceServer(str(sockets), str(run_dir), 3)
+    yield srv, sockets, run_dir
+    srv.close()
+    flight.remove_socket_dir(sockets)
+    assert not sockets.exists()
+
+
+def raw_request(path, data, shut=True):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        conn.connect(str(path))
+        conn.sendall(data)
+        if shut:
+            conn.shutdown(socket.SHUT_WR)
+        return conn.recv(256)
+
+
+def test_a_dump_request_writes_the_trace_file_and_answers_ok(server):
+    srv, sockets, run_dir = server
+    assert oct(sockets.stat().st_mode & 0o777) == "0o700"
+    assert flight.request_traces(sockets, [3]) == {3: "ok"}
+    doc = flight.parse_trace((run_dir / "fr-rank-3.json").read_text())
+    assert doc["rank"] == 3 and doc["pid"] == os.getpid()
+    assert not list(run_dir.glob(".*tmp"))  # written through a temp file and a rename
+
+
+def test_bad_requests_get_no_trace_and_the_server_keeps_answering(server):
+    srv, sockets, run_dir = server
+    path = flight_recorder.socket_path(sockets, 3)
+    assert raw_request(path, b"rm -rf /\n") == b"error bad request\n"
+    assert raw_request(path, b"d" * 10_000) == b"error bad request\n"  # too long
+    assert raw_request(path, b"dump") == b"error bad request\n"  # no end of line
+    assert raw_request(path, b"", shut=False) == b"error bad request\n"  # says nothing
+    assert not (run_dir / "fr-rank-3.json").exists()
+    assert flight.request_traces(sockets, [3]) == {3: "ok"}
+    assert srv.thread.is_alive()
+
+
+def test_a_rank_without_a_socket_is_named_not_waited_for(tmp_path):
+    answers = flight.request_traces(tmp_path, [0, 1], timeout=1)
+    assert answers[0].startswith("no trace socket")
+
+
+def test_the_server_starts_only_in_a_private_directory(tmp_path, monkeypatch):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    monkeypatch.setenv(flight_recorder.SOCKET_DIR_ENV, str(open_dir))
+    monkeypatch.setattr(flight_recorder, "_server", None)
+    assert flight_recorder.start_trace_server(str(tmp_path), 0) is None
+    assert list(open_dir.iterdir()) == []
+
+
+# -- the option --------------------------------------------------------------------------
+def rank_env(*args):
+    raw = vars(run_parser().parse_args(["--no-ui", *args]))
+    return build_config(raw).rank_environment()
+
+
+def test_recording_is_on_by_default_and_off_with_the_option(monkeypatch):
+    monkeypatch.delenv(flight_recorder.BUFFER_ENV, raising=False)
+    assert rank_env()[flight_recorder.BUFFER_ENV] == "2000"
+    assert rank_env("--no-flight-recorder")[flight_recorder.BUFFER_ENV] == "0"
+    monkeypatch.setenv(flight_recorder.BUFFER_ENV, "500")  # the user's own size is kept
+    assert flight_recorder.BUFFER_ENV not in rank_env()
+
+
+# -- a real process group ----------------------------------------------------------------
+PROBE = """
+import json, os, sys
+import torch, torch.distributed as dist
+os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
+from ddptui.rank import flight_recorder
+before = flight_recorder.progress()
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+for _ in range(3):
+    dist.all_reduce(torch.ones(4))
+import time
+deadline = time.monotonic() + 10  # gloo marks a collective completed a moment after it returns
+while True:
+    after = flight_recorder.progress()
+    if after[-1]["completed"] == after[-1]["started"] or time.monotonic() > deadline:
+        break
+    time.sleep(0.01)
+doc = flight_recorder.dump_trace(0)
+print(json.dumps({"before": before, "after": after, "entries": doc["entries"],
+                  "backends": doc["backends"]}))
+"""
+
+
+def test_progress_and_dump_in_a_real_gloo_group():
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] == []  # no torch.distributed yet: nothing, and nothing imported
+    last = got["after"][-1]
+    assert (last["pg"], last["completed"]) == ("default_pg", last["started"])
+    assert got["backends"] == ["gloo"]
+    reduces = [e for e in got["entries"] if e["profiling_name"] == "gloo:all_reduce"]
+    assert [e["input_sizes"] for e in reduces] == [[[4]]] * 3
+    assert any(f["filename"] == "<string>" for f in reduces[-1]["frames"])
+    assert flight.parse_trace(json.dumps({"rank": 0, "version": "2.10", **got}))
+
+
+def test_a_state_that_differs_is_timing_not_a_desync():
+    t = copy.deepcopy(traces("healthy"))
+    last_all_reduce(t[1])["state"] = "started"  # one rank's kernel started, the other's not
+    found, why = flight.explain(t, 2)
+    assert found == [] and why is None
+
+
+# -- after a crash ---------------------------------------------------------------------------
+def crash_dir(tmp_path, case, ranks):
+    for rank in ranks:
+        (tmp_path / f"fr-rank-{rank}.json").write_text(
+            (FIXTURES / case / f"fr-rank-{rank}.json").read_text()
+        )
+    return {r: json.loads((tmp_path / f"fr-rank-{r}.json").read_text())["pid"] for r in ranks}
+
+
+def test_after_a_crash_the_survivors_trace_names_the_collective_it_was_in(tmp_path):
+    pids = crash_dir(tmp_path, "hang", [0])
+    found = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 9.0, failed=[1])
+    assert [(d.rank, d.cause, d.t) for d in found] == [(0, "context", 9.0)]
+    assert found[0].detail == (
+        "rank 0 was in all_reduce #8 (default_pg, 36 floats, DDP bucket, from "
+        "record_fixtures.py:51) when rank 1 failed; rank 1 left no trace"
+    )
+
+
+def test_a_rank_that_failed_in_a_collective_is_named_in_its_last_one(tmp_path):
+    pids = crash_dir(tmp_path, "healthy", [0])  # gloo marks a failed collective completed
+    errors = {0: "RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:9141"}
+    found = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 1.0, [0, 1], errors)
+    assert found[0].detail.startswith("rank 0 failed in barrier #8 (default_pg, no data, from ")
+    assert flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 1.0, [1]) == []  # not in one
+
+
+def test_a_trace_of_an_earlier_process_is_not_evidence(tmp_path):
+    crash_dir(tmp_path, "hang", [0])
+    assert flight.at_crash(tmp_path, {0: 1, 1: 2}, 2, 1.0, [1]) == []
+
+
+def test_socket_dirs_a_killed_ddptui_left_are_removed_a_day_later(tmp_path):
+    old = tmp_path / "ddptui-fr-old"
+    old.mkdir(mode=0o700)
+    (old / "0.sock").touch()  # nobody listens
+    fresh = tmp_path / "ddptui-fr-new"
+    fresh.mkdir(mode=0o700)
+    other = tmp_path / "ddptui-fr-mine"
+    other.mkdir(mode=0o700)
+    (other / "notes.txt").touch()  # not what ddptui leaves: not ours to remove
+    day_ago = time.time() - flight.STALE_AFTER_S - 60
+    for path in (old, other):
+        os.utime(path, (day_ago, day_ago))
+    flight.remove_stale_socket_dirs(str(tmp_path))
+    assert not old.exists() and fresh.exists() and other.exists()
+
+
+GLOO_ABORT = (
+    "  what():  [enforce fail at pair.cc:464] op.preamble.length <= op.nbytes. 2320 vs 4. "
+    "Received data size doesn't match expected size. Is there a distributed collective "
+    "mismatch in your code?"
+)
+
+
+def test_a_rank_gloo_aborted_for_a_size_mismatch_is_a_desync_with_what_the_others_were_in(
+    tmp_path,
+):
+    pids = crash_dir(tmp_path, "hang", [0])
+    found = flight.at_crash(
+        tmp_path, {0: pids[0], 1: 4242}, 2, 3.0, [1], first=(1, ["terminate called", GLOO_ABORT])
+    )
+    assert [(d.rank, d.cause) for d in found] == [(None, "desync"), (0, "context")]
+    assert found[0].detail == (
+        "rank 1 aborted: gloo received 2,320 bytes where its collective expected 4, a desync "
+        "(another op, shape or dtype on a peer, or a collective left out); rank 0 was in "
+        "all_reduce #8 (default_pg, 36 floats, DDP bucket, from record_fixtures.py:51)"
+    )
+    no_traces = flight.at_crash(
+        tmp_path / "none", {0: 1, 1: 2}, 2, 3.0, [1], first=(1, [GLOO_ABORT])
+    )
+    assert [(d.rank, d.cause) for d in no_traces] == [(None, "desync")]
+    other = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 3.0, [1], first=(1, ["Killed"]))
+    assert [d.cause for d in other] == ["context"]

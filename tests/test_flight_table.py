@@ -1,0 +1,114 @@
+"""The rank table's collective column and the rank that falls behind, live, from the Flight
+Recorder progress in every rank's heartbeat (pure: RunState + the table model)."""
+
+from ddptui import protocol
+from ddptui.run.state import RunState
+from ddptui.tui.model import behind_ranks, collective_cell, run_frame, severity
+
+
+def beat(rank, seq, started, completed, op=None, digest="d0", group="default_pg"):
+    return protocol.Beat(
+        run="r",
+        rank=rank,
+        t=0.0,
+        seq=seq,
+        digest=digest,
+        cpu=1.0,
+        frame="main (train.py:9)",
+        collectives=[
+            protocol.CollectiveMark(pg=group, op=op, started=started, completed=completed)
+        ],
+    )
+
+
+def announced(world):
+    state = RunState("r", world)
+    for rank in range(world):
+        status = protocol.Status(run="r", rank=rank, t=0, seq=0, state="started", pid=10 + rank)
+        state.apply(status, now=0.0)
+    return state
+
+
+def test_the_cell_says_the_last_collective_started_and_whether_it_completed():
+    assert collective_cell([("default_pg", "all_reduce", 812, 811)]) == "all_reduce #812 …"
+    assert collective_cell([("default_pg", None, 812, 812)]) == "#812 ✓"
+    two = [("default_pg", None, 5, 5), ("tp", "all_gather", 9, 8)]
+    assert collective_cell(two) == "default_pg: #5 ✓; tp: all_gather #9 …"
+    assert collective_cell([]) == ""
+
+
+def stuck_at(state, rank, started, completed, op=None, times=(1.0, 3.0, 5.0)):
+    for i, t in enumerate(times):
+        state.apply(beat(rank, i + 1, started, completed, op), now=t)
+
+
+def test_a_rank_that_has_not_started_what_the_others_wait_in_is_behind():
+    state = announced(3)
+    stuck_at(state, 0, 17, 16, "all_reduce")
+    stuck_at(state, 1, 17, 16, "all_reduce")
+    stuck_at(state, 2, 16, 16)
+    assert behind_ranks(state) == {2: "behind: at #16 while ranks 0, 1 wait(s) in all_reduce #17"}
+    frame = run_frame(state, 5.0)
+    row = frame.rows[2]
+    assert severity(row) == "behind" and row.collective == "#16 ✓"
+    assert frame.rows[0].collective == "all_reduce #17 …"
+    assert 2 in frame.problems
+
+
+def test_no_one_is_behind_in_a_moving_run_or_before_the_others_waited_a_beat():
+    state = announced(2)
+    state.apply(beat(0, 1, 17, 16, "all_reduce"), now=1.0)  # just entered
+    state.apply(beat(1, 1, 16, 16), now=1.0)
+    assert behind_ranks(state) == {}
+    for i, t in enumerate((3.0, 5.0, 7.0)):  # both move on every beat
+        state.apply(beat(0, i + 2, 18 + 2 * i, 17 + 2 * i), now=t)
+        state.apply(beat(1, i + 2, 17 + 2 * i, 17 + 2 * i), now=t)
+    assert behind_ranks(state) == {}
+
+
+def test_groups_are_judged_apart():
+    state = announced(2)
+    for i, t in enumerate((1.0, 3.0, 5.0)):
+        state.apply(beat(0, i + 1, 4, 3, "barrier", group="tp"), now=t)
+        state.apply(beat(1, i + 1, 9, 9, group="default_pg"), now=t)
+    assert behind_ranks(state) == {}  # rank 1 is not in group tp's progress at all
+
+
+# -- the session's live desync check -------------------------------------------------------
+def test_every_rank_still_in_a_collective_asks_for_traces_once_and_a_desync_is_a_verdict(
+    tmp_path, monkeypatch
+):
+    from ddptui.run import flight
+    from ddptui.run.config import build_config
+    from ddptui.run.diagnosis import Diagnosis
+    from ddptui.run.machine import Machine
+    from ddptui.run.session import RunSession
+
+    cpu = Machine(0, "no GPU", 2)
+    cfg = build_config({"run_dir": str(tmp_path / "run"), "on_hang": "keep"}, cpu)
+    session = RunSession(cfg)
+    session.fr_dir = tmp_path  # as if the ranks listened there
+    line = "rank 1 called broadcast #17 (1 float) where rank 0 called all_reduce #17: a desync"
+    asked = []
+
+    def collect(socket_dir, run_dir, ranks, world, t, stacks=None):
+        asked.append(sorted(ranks))
+        return [Diagnosis(1, "desync", line, t)], "Flight Recorder: traces of ranks 0, 1"
+
+    monkeypatch.setattr(flight, "collect", collect)
+    state = session.state
+    for rank in (0, 1):
+        status = protocol.Status(run="r", rank=rank, t=0, seq=0, state="started", pid=10 + rank)
+        state.apply(status, now=0.0)
+    state.apply(beat(0, 1, 17, 16, "all_reduce"), now=1.0)
+    state.apply(beat(1, 1, 17, 16, "broadcast"), now=1.0)
+    session._flight_watch(1.0)
+    assert asked == []  # not still for a beat yet
+    for t in (3.0, 5.0):
+        state.apply(beat(0, int(t), 17, 16, "all_reduce"), now=t)
+        state.apply(beat(1, int(t), 17, 16, "broadcast"), now=t)
+        session._flight_watch(t)
+    assert asked == [[0, 1]]  # once for these waits
+    assert [(d.rank, d.cause) for d in session.diagnoser.diagnoses] == [(1, "desync")]
+    assert session.take_diagnoses()[0].detail == line
+    assert session.flight_note == "Flight Recorder: traces of ranks 0, 1"
