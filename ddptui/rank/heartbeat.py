@@ -7,7 +7,7 @@ before its first step; either way this thread reads its frames with ``sys._curre
 collective it waits in if any, a digest of the whole stack, the process's CPU seconds, the
 steps so far and, when the Flight Recorder is on, the last collective started and completed
 per process group. ddptui judges a hang on this evidence (a stack that has not moved while
-the CPU idles), never on silence alone. It costs one frame walk every two seconds.
+the CPU idles), never on silence alone. It costs one frame walk a second.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from ddptui.rank.frames import Frame, classify
 
 #: Seconds between two beats.
-BEAT_S = 2.0
+BEAT_S = 1.0
 #: The first beat comes this soon after the start (the rank's frame shows at once).
 FIRST_BEAT_S = 0.5
 #: Most frames of the main thread looked at (innermost first).

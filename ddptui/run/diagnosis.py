@@ -32,6 +32,7 @@ from typing import Any
 
 from ddptui.constants import PHASES
 from ddptui.rank.frames import Frame, StackInfo, classify
+from ddptui.rank.heartbeat import BEAT_S
 
 #: Every cause a diagnosis can name.
 CAUSES = (
@@ -300,7 +301,7 @@ def stuck_ranks(
     limit: float | None,
     before_first_step: float | None = None,
     cpu_percent: Mapping[int, float] | None = None,
-    beat_s: float = 2.0,
+    beat_s: float = BEAT_S,
 ) -> dict[int, Stuck]:
     """The live ranks with evidence of being stuck (rank -> :class:`Stuck`).
 

@@ -60,6 +60,9 @@ DIAGNOSE_EVERY_S = 1.0
 STACKS_TIMEOUT_S = 5.0
 #: Every rank still for this long inside a collective: ask for the traces (a desync?).
 FLIGHT_WATCH_S = 2.0
+#: ...at most this often: a healthy run whose collectives are long (a slow network, a big
+#: model) must not pay a trace dump (about a second of a rank's CPU) on every one.
+FLIGHT_WATCH_EVERY_S = 30.0
 #: After a stop with a checkpoint was asked: this long without any event from the ranks and
 #: the front ends fall back to tearing the run down.
 STOP_PATIENCE_S = 30.0
@@ -187,6 +190,7 @@ class RunSession:
         #: What the last Flight Recorder check read (one line), or None.
         self.flight_note: str | None = None
         self._flight_asked: tuple | None = None  # the waits the last live check was about
+        self._flight_next = 0.0  # when the next watch request may go
         #: The run directory was deleted while the run was live (nothing more is written).
         self.run_dir_deleted = False
 
@@ -348,9 +352,10 @@ class RunSession:
                     return
                 waits.append((rank, inside))
         key = tuple(waits)
-        if len(waits) < 2 or key == self._flight_asked:
+        if len(waits) < 2 or key == self._flight_asked or now < self._flight_next:
             return
         self._flight_asked = key
+        self._flight_next = now + FLIGHT_WATCH_EVERY_S
         desync = [d for d in self.flight_check(now, record=False) if d.cause == "desync"]
         if not desync:
             return
