@@ -41,7 +41,7 @@ from ddptui.constants import (
     RUN_DIR_ENV,
     THREADS_ENV,
 )
-from ddptui.rank import flight_recorder
+from ddptui.rank import flight_recorder, heartbeat
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.instrument import install_rank
 from ddptui.runfiles import RunDir
@@ -118,8 +118,6 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         torch.set_num_threads(threads)
     install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
     if flight_recorder.recording():
-        from ddptui import heartbeat
-
         flight_recorder.start_trace_server(run_dir, rank)  # traces on ddptui's request
         heartbeat.set_collectives_source(flight_recorder.progress)  # progress in every beat
 
@@ -130,8 +128,7 @@ def announce() -> None:
     if not os.environ.get(ENDPOINT_ENV):
         return
     try:
-        from ddptui.rank import heartbeat
-        from ddptui.rank.reporter import get_reporter
+        from ddptui.rank.reporter import get_reporter  # loaded on use: keeps the entry light
 
         reporter = get_reporter()
         reporter.started(guess_device=False)
