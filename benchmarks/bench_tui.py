@@ -3,17 +3,20 @@
 A feeder process sends a synthetic run over the real telemetry path (ZeroMQ PUSH →
 the dashboard's Collector → events.jsonl → RunState), N ranks × R step events per second
 each. The dashboard runs in a pseudo-terminal (120x40) exactly as ``ddptui --start`` would,
-except that the feeder replaces the launcher. Measured:
+except that the feeder replaces the launcher; each rank also sends a heartbeat (``beat``)
+every 2 s. Measured, over ``--repeat`` runs (3 by default; the range is printed):
 
 * CPU of the dashboard process (all its threads: pump, monitor sampler, UI), as a percent of
-  one core, over a steady window; and the same for an ingest-only process (the same session
-  pumped with no UI), to show what the UI itself costs;
+  one core: its CPU seconds (user + system) per second of a steady window, so that other load
+  on the machine does not count; with ``--ingest-only`` the same for an ingest-only process
+  (the same session pumped with no UI), to show what the UI itself costs;
 * delay from an event's arrival in the dashboard (the pump thread receiving it) to the first
-  screen refresh that shows it (median, p95, max).
+  screen refresh that shows it (median, p95, max);
+* events lost: sent (by seq) against received, and seq gaps.
 
 Prints numbers; it is not a test. Usage::
 
-    uv run python benchmarks/bench_tui.py                      # 8 ranks x 50/s, 20 s
+    uv run python benchmarks/bench_tui.py                      # 8 ranks x 50/s, 3 x 20 s
     uv run python benchmarks/bench_tui.py --ranks 16 --seconds 30
 """
 
@@ -43,10 +46,11 @@ SIZE = (120, 40)
 
 
 # -- the feeder: a synthetic run over the real wire protocol ------------------------------------
-def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) -> None:
+def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, out: str) -> None:
     import zmq
 
     from ddptui import protocol
+    from ddptui.heartbeat import BEAT_S
 
     sock = zmq.Context().socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 1000)
@@ -76,6 +80,7 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) ->
         )
     start = time.monotonic()
     step = 0
+    ticks_per_beat = max(1, round(BEAT_S * rate))
     while True:
         step += 1
         due = start + step / rate
@@ -109,10 +114,21 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) ->
                         epoch=epoch, accuracy=1 - 0.5 / epoch, loss=0.1, count=1000, **common(rank)
                     )
                 )
+            if (step + rank) % ticks_per_beat == 0:  # a heartbeat every 2 s per rank
+                events.append(
+                    protocol.Beat(
+                        frame="train_step (train.py:42)",
+                        digest=f"{step:x}",
+                        cpu=time.process_time(),
+                        steps=step,
+                        **common(rank),
+                    )
+                )
             send(*events)
     for rank in range(ranks):
         send(protocol.Status(state="finished", **common(rank)))
     sock.close()
+    Path(out).write_text(json.dumps(seq))
 
 
 # -- the dashboard side ------------------------------------------------------------------------
@@ -124,7 +140,9 @@ def make_session_class():
     class FeedLauncher:
         """Launcher stand-in: runs the feeder instead of the ranks."""
 
-        def __init__(self, endpoint: str, run_id: str, ranks: int, rate: float, seconds: float):
+        def __init__(
+            self, endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, out: str
+        ):
             self.cmd = [
                 sys.executable,
                 __file__,
@@ -134,6 +152,7 @@ def make_session_class():
                 str(ranks),
                 str(rate),
                 str(seconds),
+                out,
             ]
             self.process: subprocess.Popen | None = None
 
@@ -157,6 +176,7 @@ def make_session_class():
         ranks = 8
         rate = 50.0
         seconds = 20.0
+        sent_path = ""
         arrivals: list[tuple[float, dict[int, int], int]] = []
 
         def start(self) -> None:
@@ -165,7 +185,12 @@ def make_session_class():
             self.collector = Collector(self.cfg.run_id)
             self.stats = self.collector.stats
             self.launcher = FeedLauncher(
-                self.collector.endpoint, self.cfg.run_id, self.ranks, self.rate, self.seconds
+                self.collector.endpoint,
+                self.cfg.run_id,
+                self.ranks,
+                self.rate,
+                self.seconds,
+                self.sent_path,
             )
             self.state.started_at = self.clock()
             self.launcher.start()
@@ -194,6 +219,7 @@ def child(args: argparse.Namespace) -> None:
         args.rate,
         args.seconds + WARMUP_S + 2,
     )
+    FeedSession.sent_path = str(Path(args.out).with_suffix(".sent.json"))
     run_dir = Path(tempfile.mkdtemp(prefix="bench-tui-"))
     cfg = RunConfig(
         world_size=args.ranks,
@@ -250,7 +276,13 @@ def child(args: argparse.Namespace) -> None:
     app = BenchApp("run", deps=deps, cfg=cfg, start=True, host_info=host)
     app.run()
     app.stop_everything()
-    Path(args.out).write_text(json.dumps({"paints": paints, "arrivals": FeedSession.arrivals}))
+    source = app.live_sources[0] if app.live_sources else None
+    received = {}
+    if source is not None:
+        received = {r: [v.events, v.gaps] for r, v in source.state.ranks.items()}
+    Path(args.out).write_text(
+        json.dumps({"paints": paints, "arrivals": FeedSession.arrivals, "received": received})
+    )
 
 
 class _NullSampler:
@@ -328,6 +360,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--rate", type=float, default=50.0, help="step events/s per rank")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window")
+    parser.add_argument("--repeat", type=int, default=3, help="runs (the range is printed)")
     parser.add_argument("--refresh-hz", type=float, default=4.5)
     parser.add_argument(
         "--no-monitor",
@@ -335,13 +368,15 @@ def main() -> None:
         help="no GPU/system sampling thread (to see what it costs)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--ingest-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ingest-only", action="store_true", help="also measure the session with no UI"
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--feed", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--feed", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.feed:
-        endpoint, run_id, ranks, rate, seconds = args.feed
-        feed(endpoint, run_id, int(ranks), float(rate), float(seconds))
+        endpoint, run_id, ranks, rate, seconds, out = args.feed
+        feed(endpoint, run_id, int(ranks), float(rate), float(seconds), out)
         return
     if args.child:
         child(args)
@@ -361,41 +396,94 @@ def main() -> None:
         common.append("--no-monitor")
     print(
         f"ddptui dashboard benchmark: {args.ranks} ranks x {args.rate:g} events/s "
-        f"({args.ranks * args.rate:g} events/s), refresh {args.refresh_hz:g} Hz, "
-        f"{args.seconds:g} s window, {os.cpu_count()} CPUs"
+        f"({args.ranks * args.rate:g} events/s), beats every 2 s per rank, refresh "
+        f"{args.refresh_hz:g} Hz, {args.repeat} x {args.seconds:g} s window, "
+        f"{os.cpu_count()} CPUs"
     )
-    ingest_cpu, _ = run_child([*common, "--ingest-only"], args.seconds, pty_mode=False)
-    ui_cpu, out = run_child(common, args.seconds, pty_mode=True)
+    runs, ingest = [], []
+    for i in range(args.repeat):
+        if args.ingest_only:
+            cpu, out = run_child([*common, "--ingest-only"], args.seconds, pty_mode=False)
+            out.unlink(missing_ok=True)
+            out.with_suffix(".sent.json").unlink(missing_ok=True)
+            ingest.append(cpu)
+        run = one_run(common, args.seconds)
+        if run is None:
+            print("no measurements: the dashboard did not run (see the child's output)")
+            return
+        runs.append(run)
+        print(
+            f"run {i + 1}/{args.repeat}: CPU {run['cpu']:5.1f} % of one core"
+            + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
+            + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
+            f" max {run['max']:.0f} ms, refreshes {run['refreshes']}, dropped {run['lost']} of"
+            f" {run['sent']} (seq gaps {run['gaps']})",
+            flush=True,
+        )
+    print_ranges(runs, GOAL_CPU, GOAL_P95_MS, ingest)
+
+
+GOAL_CPU = 7.0
+GOAL_P95_MS = 250.0
+
+
+def one_run(common: list[str], seconds: float) -> dict | None:
+    """One dashboard run: its CPU, event-to-screen delays and drops (None: it did not run)."""
+    cpu, out = run_child(common, seconds, pty_mode=True)
     data = json.loads(out.read_text())
+    out.unlink()
+    sent_path = out.with_suffix(".sent.json")
+    sent = json.loads(sent_path.read_text()) if sent_path.exists() else []
+    sent_path.unlink(missing_ok=True)
     # JSON turned the rank keys into strings: back to ints.
     paints = [(t, {int(r): s for r, s in shown.items()}) for t, shown in data["paints"]]
     arrivals = [(t, {int(r): s for r, s in newest.items()}, n) for t, newest, n in data["arrivals"]]
     if not arrivals or not paints:
-        print("no measurements: the dashboard did not run (see the child's output)")
-        return
+        return None
     first = arrivals[0][0]
-    waits = sorted(delays(paints, arrivals, first + WARMUP_S, first + WARMUP_S + args.seconds))
-    intervals = [b[0] - a[0] for a, b in zip(paints, paints[1:], strict=False)]
+    waits = sorted(delays(paints, arrivals, first + WARMUP_S, first + WARMUP_S + seconds))
+    waits = waits or [float("nan")]
+    received = {int(r): v for r, v in data.get("received", {}).items()}
+    return {
+        "cpu": cpu,
+        "median": statistics.median(waits) * 1000,
+        "p95": waits[int(0.95 * (len(waits) - 1))] * 1000,
+        "max": waits[-1] * 1000,
+        "refreshes": len(paints),
+        "lost": sum(max(0, n - received.get(r, [0])[0]) for r, n in enumerate(sent)),
+        "gaps": sum(v[1] for v in received.values()),
+        "sent": sum(sent),
+    }
+
+
+def print_ranges(
+    runs: list[dict], goal_cpu: float, goal_p95_ms: float, ingest: list[float] = ()
+) -> None:
+    """The range (min-max) over the runs of CPU, p95 delay and drops, against the goals."""
+
+    def span(key: str, fmt: str) -> str:
+        values = [r[key] for r in runs]
+        return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+    cpu_ok = max(r["cpu"] for r in runs) <= goal_cpu
+    p95_ok = max(r["p95"] for r in runs) <= goal_p95_ms
+    lost = max(r["lost"] + r["gaps"] for r in runs)
+    print(f"over {len(runs)} runs (min-max):")
     print(
-        f"CPU, dashboard process (pump + monitor + UI): {ui_cpu:5.1f} % of one core "
-        "(target <= 10 %)"
+        f"  CPU, dashboard process: {span('cpu', '.1f')} % of one core "
+        f"(goal <= {goal_cpu:g} %: {'ok' if cpu_ok else 'MISSED'})"
     )
-    print(f"CPU, ingest only (same session, no UI):        {ingest_cpu:5.1f} % of one core")
+    if ingest:
+        low, high = min(ingest), max(ingest)
+        print(f"  CPU, ingest only (same session, no UI): {low:.1f}-{high:.1f} % of one core")
     print(
-        f"CPU, the UI's share:                           {ui_cpu - ingest_cpu:5.1f} % of one core"
+        f"  event arrival -> on screen p95: {span('p95', '.0f')} ms "
+        f"(goal <= {goal_p95_ms:g} ms: {'ok' if p95_ok else 'MISSED'})"
     )
-    if waits:
-        p95 = waits[int(0.95 * (len(waits) - 1))]
-        print(
-            f"event arrival -> on screen: median {statistics.median(waits) * 1000:.0f} ms, "
-            f"p95 {p95 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms over {len(waits)} events "
-            "(target <= 250 ms)"
-        )
-    if intervals:
-        print(
-            f"refreshes: {len(paints)}, interval median "
-            f"{statistics.median(intervals) * 1000:.0f} ms, max {max(intervals) * 1000:.0f} ms"
-        )
+    print(
+        f"  events dropped: {span('lost', 'd')} (seq gaps {span('gaps', 'd')}) "
+        f"(goal 0: {'ok' if lost == 0 else 'MISSED'})"
+    )
 
 
 if __name__ == "__main__":
