@@ -82,7 +82,9 @@ def send(
         node = rank // per_node
         started = protocol.Status(
             state="started",
-            pid=os.getpid(),
+            # Node 0's ranks run here (a live process); another node's pid means nothing on
+            # this machine: one beyond the largest pid Linux gives (2**22).
+            pid=os.getpid() if node == 0 else (1 << 22) + 1 + rank,
             host=f"node-{node}",
             local_rank=rank % per_node,
             world_size=world,
@@ -130,6 +132,65 @@ def send(
         sock.send(protocol.encode_batch([protocol.Status(state="finished", **common(rank))]))
     sock.close()
     Path(out).write_text(json.dumps({str(r): n for r, n in seq.items()}))
+
+
+# -- where the dashboard's time goes -------------------------------------------------------------
+class StackSampler:
+    """Every thread's Python stack, sampled ``hz`` times a second (``--profile``): cheap
+    enough not to distort what it measures (unlike a tracing profiler, which multiplies the
+    cost of small calls), and it sees the pump thread as well as the UI."""
+
+    #: A thread whose innermost frame is one of these waits (it costs no CPU).
+    IDLE = {"select", "poll", "wait", "_poll", "sleep", "recv", "_wait_for_tstate_lock",
+            "_run_once", "read", "readinto", "run", "_pump", "get", "_worker"}  # fmt: skip
+
+    def __init__(self, hz: float = 200.0, depth: int = 12) -> None:
+        import collections
+        import threading
+
+        self.interval = 1 / hz
+        self.depth = depth
+        self.own: collections.Counter = collections.Counter()
+        self.cumulative: collections.Counter = collections.Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import threading
+
+        me, main = threading.get_ident(), threading.main_thread().ident
+        while not self._stop.wait(self.interval):
+            self.samples += 1
+            for ident, frame in sys._current_frames().items():
+                if ident == me or frame.f_code.co_name in self.IDLE:
+                    continue
+                seen = set()
+                f, depth = frame, 0
+                where = "ui " if ident == main else "bg "
+                leaf = f"{where}{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+                self.own[leaf] += 1
+                while f is not None and depth < self.depth:
+                    name = f"{where}{Path(f.f_code.co_filename).name}:{f.f_code.co_name}"
+                    if name not in seen:
+                        seen.add(name)
+                        self.cumulative[name] += 1
+                    f, depth = f.f_back, depth + 1
+
+    def report(self, top: int = 45) -> str:
+        n = max(1, self.samples)
+        lines = [f"stack samples: {self.samples} ({n * self.interval:.0f} s), % of one core"]
+        for title, counter in (("own", self.own), ("cumulative", self.cumulative)):
+            lines.append(f"-- {title}")
+            lines += [f"{100 * c / n:6.2f} %  {name}" for name, c in counter.most_common(top)]
+        return "\n".join(lines)
 
 
 # -- the dashboard side ----------------------------------------------------------------------------
@@ -243,11 +304,7 @@ def child(args: argparse.Namespace) -> None:
     )
     if args.no_monitor:
         deps.make_sampler = lambda interval: _NullSampler()
-    profiler = None
-    if args.profile:
-        import cProfile
-
-        profiler = cProfile.Profile()
+    profiler = StackSampler() if args.profile else None
 
     def on_frame(frame) -> None:
         shown = {}
@@ -262,11 +319,11 @@ def child(args: argparse.Namespace) -> None:
             self.set_timer(WARMUP_S + args.seconds + 4, self._finish)
             self.call_after_refresh(self._probe)
             if profiler is not None:
-                self.set_timer(WARMUP_S, lambda: profiler.enable())
+                self.set_timer(WARMUP_S, profiler.start)
 
         def _finish(self) -> None:
             if profiler is not None:
-                profiler.disable()
+                profiler.stop()
             self.exit(0)
 
         def _probe(self) -> None:
@@ -292,10 +349,7 @@ def child(args: argparse.Namespace) -> None:
                 if isinstance(v, int) and not isinstance(v, bool)
             }
     if profiler is not None:
-        import pstats
-
-        with open(out.with_suffix(".prof.txt"), "w") as f:
-            pstats.Stats(profiler, stream=f).sort_stats(args.profile_sort).print_stats(40)
+        out.with_suffix(".prof.txt").write_text(profiler.report())
     shutil.rmtree(run_dir, ignore_errors=True)  # 64k events: ~13 MB of events.jsonl
     out.write_text(
         json.dumps(
@@ -322,9 +376,8 @@ def main() -> None:
     parser.add_argument("--refresh-hz", type=float, default=4.5)
     parser.add_argument("--no-monitor", action="store_true", help="no system sampling thread")
     parser.add_argument(
-        "--profile", action="store_true", help="cProfile the UI thread (prints the top)"
+        "--profile", action="store_true", help="sample every thread's stack (prints the top)"
     )
-    parser.add_argument("--profile-sort", default="cumulative", help="pstats sort key")
     parser.add_argument(
         "--ingest-only", action="store_true", help="also measure the session with no UI"
     )
@@ -351,7 +404,7 @@ def main() -> None:
     if args.no_monitor:
         common.append("--no-monitor")
     if args.profile:
-        common += ["--profile", "--profile-sort", args.profile_sort]
+        common.append("--profile")
     print(
         f"ddptui scale benchmark: {world} ranks on {args.nodes} nodes x {args.rate:g} events/s "
         f"({world * args.rate:g} events/s) from {args.senders} sender processes over "

@@ -348,11 +348,36 @@ def run_child(
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
     ps = psutil.Process(proc.pid)
     time.sleep(WARMUP_S)
-    t0, c0 = time.monotonic(), sum(ps.cpu_times()[:2])
+    t0, c0, threads0 = time.monotonic(), sum(ps.cpu_times()[:2]), _thread_times(ps)
     time.sleep(seconds)
-    t1, c1 = time.monotonic(), sum(ps.cpu_times()[:2])
+    t1, c1, threads1 = time.monotonic(), sum(ps.cpu_times()[:2]), _thread_times(ps)
     proc.wait(timeout=60)
+    if os.environ.get("BENCH_THREADS"):  # where the process's CPU went, thread by thread
+        used = {tid: threads1[tid][1] - threads0.get(tid, ("", 0.0))[1] for tid in threads1}
+        print(
+            "  CPU by thread: "
+            + ", ".join(
+                f"{threads1[tid][0]} {100 * c / (t1 - t0):.1f} %"
+                for tid, c in sorted(used.items(), key=lambda kv: -kv[1])
+                if c > 0
+            )
+        )
     return 100.0 * (c1 - c0) / (t1 - t0), out
+
+
+def _thread_times(ps) -> dict[int, tuple[str, float]]:
+    """Thread id -> (its name as the kernel knows it, CPU seconds so far)."""
+    out = {}
+    try:
+        for t in ps.threads():
+            try:
+                name = Path(f"/proc/{ps.pid}/task/{t.id}/comm").read_text().strip()
+            except OSError:
+                name = "?"
+            out[t.id] = (f"{name}[{t.id}]", t.user_time + t.system_time)
+    except Exception:  # psutil.Error: the process ended
+        pass
+    return out
 
 
 def main() -> None:

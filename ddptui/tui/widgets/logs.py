@@ -29,6 +29,8 @@ class LogFollower:
         self._path_for_rank = path_for_rank
         self._offsets: dict[int, int] = {}
         self._partial: dict[int, bytes] = {}
+        #: Rank -> its log's path, asked for once (every rank, every poll adds up at scale).
+        self._paths: dict[int, Path] = {}
         self.by_rank: dict[int, deque[str]] = {}
         self.merged: deque[tuple[int, str]] = deque(maxlen=keep)
         self._keep = keep
@@ -49,9 +51,12 @@ class LogFollower:
         return [(rank, line) for line in self.by_rank.get(rank, ())]
 
     def _read(self, rank: int) -> list[str]:
-        path = self._path_for_rank(rank)
+        path = self._paths.get(rank)
         if path is None:
-            return []
+            path = self._path_for_rank(rank)
+            if path is None:
+                return []
+            self._paths[rank] = path
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
