@@ -141,8 +141,7 @@ class StackSampler:
     cost of small calls), and it sees the pump thread as well as the UI."""
 
     #: A thread whose innermost frame is one of these waits (it costs no CPU).
-    IDLE = {"select", "poll", "wait", "_poll", "sleep", "recv", "_wait_for_tstate_lock",
-            "_run_once", "read", "readinto", "run", "_pump", "get", "_worker"}  # fmt: skip
+    IDLE = {"select", "poll", "wait", "sleep", "_wait_for_tstate_lock", "_worker"}
 
     def __init__(self, hz: float = 200.0, depth: int = 12) -> None:
         import collections
