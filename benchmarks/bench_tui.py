@@ -217,7 +217,7 @@ def child(args: argparse.Namespace) -> None:
     FeedSession.ranks, FeedSession.rate, FeedSession.seconds = (
         args.ranks,
         args.rate,
-        args.seconds + WARMUP_S + 2,
+        args.seconds + WARMUP_S,  # it ends before the dashboard: everything sent arrives
     )
     FeedSession.sent_path = str(Path(args.out).with_suffix(".sent.json"))
     run_dir = Path(tempfile.mkdtemp(prefix="bench-tui-"))
@@ -231,7 +231,7 @@ def child(args: argparse.Namespace) -> None:
     if args.ingest_only:
         session = FeedSession(cfg)
         session.start()
-        deadline = time.monotonic() + WARMUP_S + args.seconds + 1
+        deadline = time.monotonic() + WARMUP_S + args.seconds + 3
         while time.monotonic() < deadline and session.poll() is None:
             session.pump(0.1)
         session.stop()
@@ -264,7 +264,7 @@ def child(args: argparse.Namespace) -> None:
         """The dashboard as ``ddptui --start`` runs it, plus a probe on each refresh."""
 
         def on_mount(self) -> None:  # Textual runs DdpTuiApp.on_mount as well
-            self.set_timer(WARMUP_S + args.seconds + 1, lambda: self.exit(0))
+            self.set_timer(WARMUP_S + args.seconds + 3, lambda: self.exit(0))
             self.call_after_refresh(self._probe)
 
         def _probe(self) -> None:
