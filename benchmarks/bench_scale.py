@@ -192,6 +192,54 @@ class StackSampler:
         return "\n".join(lines)
 
 
+def time_calls():
+    """Wrap the dashboard's drawing calls to add up the CPU time (of the thread that runs
+    them) spent in each, and how often they ran (``--profile``)."""
+    import collections
+
+    from textual.app import App
+    from textual.screen import Screen
+
+    from ddptui.tui.screens import run
+    from ddptui.tui.widgets import charts, failure, header, phases, ranks, system
+
+    totals: collections.Counter = collections.Counter()
+    counts: collections.Counter = collections.Counter()
+    targets = [
+        (run.RunScreen, "refresh_view"),
+        (run.RunScreen, "refresh_charts"),
+        (run.RunScreen, "refresh_slow"),
+        (run, "run_frame"),
+        (run, "chart_data"),
+        (ranks.RankTable, "show"),
+        (ranks.RankTable, "render_line"),
+        (ranks.HealthLine, "show"),
+        (header.RunHeader, "show"),
+        (phases.PhasePanel, "show"),
+        (failure.FailurePanel, "show"),
+        (system.SystemPanel, "show"),
+        (charts.LossChart, "show"),
+        (charts.AccuracyChart, "show"),
+        (charts.ThroughputChart, "show"),
+        (Screen, "_compositor_refresh"),
+        (App, "_display"),
+    ]
+    for owner, name in targets:
+        original = getattr(owner, name)
+        key = f"{getattr(owner, '__name__', owner)}.{name}"
+
+        def wrapped(*a, _original=original, _key=key, **k):
+            began = time.thread_time()
+            try:
+                return _original(*a, **k)
+            finally:
+                totals[_key] += time.thread_time() - began
+                counts[_key] += 1
+
+        setattr(owner, name, wrapped)
+    return totals, counts
+
+
 # -- the dashboard side ----------------------------------------------------------------------------
 def make_session_class(args: argparse.Namespace, sent_dir: Path):
     from ddptui.collector import Collector
@@ -304,6 +352,7 @@ def child(args: argparse.Namespace) -> None:
     if args.no_monitor:
         deps.make_sampler = lambda interval: _NullSampler()
     profiler = StackSampler() if args.profile else None
+    call_times = time_calls() if args.profile else None
 
     def on_frame(frame) -> None:
         shown = {}
@@ -348,7 +397,14 @@ def child(args: argparse.Namespace) -> None:
                 if isinstance(v, int) and not isinstance(v, bool)
             }
     if profiler is not None:
-        out.with_suffix(".prof.txt").write_text(profiler.report())
+        seconds = WARMUP_S + args.seconds + 4
+        lines = [f"CPU of the calling thread in (inclusive), % of one core over {seconds:g} s:"]
+        lines += [
+            f"{100 * t / seconds:6.2f} %  {name} ({calls[name]} calls)"
+            for name, t in sorted(call_times[0].items(), key=lambda kv: -kv[1])
+            for calls in [call_times[1]]
+        ]
+        out.with_suffix(".prof.txt").write_text(profiler.report() + "\n" + "\n".join(lines))
     shutil.rmtree(run_dir, ignore_errors=True)  # 64k events: ~13 MB of events.jsonl
     out.write_text(
         json.dumps(
