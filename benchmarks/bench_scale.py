@@ -3,7 +3,9 @@
 Simulated senders (a few processes, 64 ranks each by default) send over the real telemetry
 path (ZeroMQ PUSH → the dashboard's Collector → events.jsonl → RunState). Each rank's
 ``started`` Status names its host ``node-K`` and its node rank ``K`` (8 ranks per node), as
-a multi-node run's ranks do. The dashboard runs in a pseudo-terminal (120x40) exactly as
+a multi-node run's ranks do, and a pid: node 0's ranks a live one (the sender's), the other
+nodes' a pid no process here has (another machine's pid means nothing on this one). The
+dashboard runs in a pseudo-terminal (120x40) exactly as
 ``ddptui --start`` would, except that the senders replace the launcher (the method of
 ``bench_tui.py``). Each rank also sends a heartbeat (``beat``) every 2 s, as a real rank's
 heartbeat thread does. Measured, over ``--repeat`` runs (3 by default; the range is printed):
@@ -13,6 +15,10 @@ heartbeat thread does. Measured, over ``--repeat`` runs (3 by default; the range
   machine does not count;
 * delay from an event's arrival in the dashboard to the first refresh that shows it;
 * collector drops: per rank, events sent (by seq) against events received.
+
+``--profile`` adds where the time goes: every thread's stack, sampled, and the CPU time
+spent in each of the screen's drawing calls. ``BENCH_THREADS=1`` prints the CPU of each of
+the dashboard's threads.
 
 Prints numbers; it is not a test. Usage::
 
