@@ -248,6 +248,7 @@ def time_calls():
 
 # -- the dashboard side ----------------------------------------------------------------------------
 def make_session_class(args: argparse.Namespace, sent_dir: Path):
+    from ddptui import protocol
     from ddptui.collector import Collector
     from ddptui.launch import LaunchResult
     from ddptui.session import RunSession
@@ -308,11 +309,12 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
 
         def _record(self, events) -> None:
             super()._record(events)
-            newest: dict[int, int] = {}
-            for event in events:
-                step = getattr(event, "step", None)
-                if step is not None:
-                    newest[event.rank] = max(step, newest.get(event.rank, 0))
+            # What the table will show for each rank that stepped: (epoch, step in epoch), as
+            # the state has it now (the event's own step goes on across epochs; the table's
+            # count starts again at each).
+            ranks = {event.rank for event in events if type(event) is protocol.Step}
+            newest = {r: (self.state.ranks[r].epoch or 0, self.state.ranks[r].steps_in_epoch)
+                      for r in ranks}  # fmt: skip
             if newest:
                 self.arrivals.append((time.monotonic(), newest, len(events)))
 
@@ -363,9 +365,9 @@ def child(args: argparse.Namespace) -> None:
     def on_frame(frame) -> None:
         shown = {}
         for row in frame.rows:
-            step = row.epoch_step.rsplit("/", 1)[-1]
-            if step.isdigit():
-                shown[row.rank] = int(step)
+            epoch, _, step = row.epoch_step.partition("/")
+            if epoch.isdigit() and step.isdigit():
+                shown[row.rank] = (int(epoch), int(step))
         paints.append((time.monotonic(), shown))
 
     class BenchApp(DdpTuiApp):
@@ -375,7 +377,14 @@ def child(args: argparse.Namespace) -> None:
             if profiler is not None:
                 self.set_timer(WARMUP_S, profiler.start)
 
+        hard_deadline = time.monotonic() + WARMUP_S + args.seconds + 20
+
         def _finish(self) -> None:
+            # Wait (a little) for the senders to end: they write what they sent as they end.
+            running = self.live_sources and self.live_sources[0].running
+            if running and time.monotonic() < self.hard_deadline:
+                self.set_timer(0.5, self._finish)
+                return
             if profiler is not None:
                 profiler.stop()
             self.exit(0)
@@ -487,7 +496,8 @@ def main() -> None:
             f"run {i + 1}/{args.repeat}: CPU {run['cpu']:5.1f} % of one core"
             + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
             + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
-            f" max {run['max']:.0f} ms, refreshes {run['refreshes']}, dropped {run['lost']} of"
+            f" max {run['max']:.0f} ms ({run['events']} events), refreshes {run['refreshes']},"
+            f" dropped {run['lost']} of"
             f" {run['sent']} (seq gaps {run['gaps']}, ranks heard {run['ranks']}/{world}),"
             f" {run['batches']} batches ({run['per_batch']:.0f} events each)",
             flush=True,
@@ -524,6 +534,7 @@ def one_run(common: list[str], args: argparse.Namespace, world: int) -> dict | N
         "median": statistics.median(waits) * 1000,
         "p95": waits[int(0.95 * (len(waits) - 1))] * 1000,
         "max": waits[-1] * 1000,
+        "events": len(waits),
         "refreshes": len(paints),
         "lost": sum(max(0, m) for m in missing.values()),
         "gaps": sum(v[2] for v in received.values()),

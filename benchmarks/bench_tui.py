@@ -133,6 +133,7 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, ou
 
 # -- the dashboard side ------------------------------------------------------------------------
 def make_session_class():
+    from ddptui import protocol
     from ddptui.collector import Collector
     from ddptui.launch import LaunchResult
     from ddptui.session import RunSession
@@ -197,11 +198,12 @@ def make_session_class():
 
         def _record(self, events) -> None:
             super()._record(events)
-            newest: dict[int, int] = {}
-            for event in events:
-                step = getattr(event, "step", None)
-                if step is not None:
-                    newest[event.rank] = max(step, newest.get(event.rank, 0))
+            # What the table will show for each rank that stepped: (epoch, step in epoch), as
+            # the state has it now (the event's own step goes on across epochs; the table's
+            # count starts again at each).
+            ranks = {event.rank for event in events if type(event) is protocol.Step}
+            newest = {r: (self.state.ranks[r].epoch or 0, self.state.ranks[r].steps_in_epoch)
+                      for r in ranks}  # fmt: skip
             if newest:
                 self.arrivals.append((time.monotonic(), newest, len(events)))
 
@@ -255,17 +257,27 @@ def child(args: argparse.Namespace) -> None:
     def on_frame(frame) -> None:
         shown = {}
         for row in frame.rows:
-            step = row.epoch_step.rsplit("/", 1)[-1]
-            if step.isdigit():
-                shown[row.rank] = int(step)
+            epoch, _, step = row.epoch_step.partition("/")
+            if epoch.isdigit() and step.isdigit():
+                shown[row.rank] = (int(epoch), int(step))
         paints.append((time.monotonic(), shown))
 
     class BenchApp(DdpTuiApp):
         """The dashboard as ``ddptui --start`` runs it, plus a probe on each refresh."""
 
+        hard_deadline = time.monotonic() + WARMUP_S + args.seconds + 20
+
         def on_mount(self) -> None:  # Textual runs DdpTuiApp.on_mount as well
-            self.set_timer(WARMUP_S + args.seconds + 3, lambda: self.exit(0))
+            self.set_timer(WARMUP_S + args.seconds + 3, self._finish)
             self.call_after_refresh(self._probe)
+
+        def _finish(self) -> None:
+            # Wait (a little) for the feeder to end: it writes what it sent as it ends.
+            running = self.live_sources and self.live_sources[0].running
+            if running and time.monotonic() < self.hard_deadline:
+                self.set_timer(0.5, self._finish)
+                return
+            self.exit(0)
 
         def _probe(self) -> None:
             if isinstance(self.screen, RunScreen):
@@ -310,7 +322,7 @@ def delays(paints, arrivals, start: float, end: float) -> list[float]:
             continue
         i = bisect.bisect_left(times, arrived)
         for t, shown in paints[i:]:
-            if all(shown.get(r, -1) >= s for r, s in newest.items()):
+            if all(r in shown and shown[r] >= s for r, s in newest.items()):
                 out.extend([t - arrived] * count)
                 break
     return out
@@ -441,7 +453,8 @@ def main() -> None:
             f"run {i + 1}/{args.repeat}: CPU {run['cpu']:5.1f} % of one core"
             + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
             + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
-            f" max {run['max']:.0f} ms, refreshes {run['refreshes']}, dropped {run['lost']} of"
+            f" max {run['max']:.0f} ms ({run['events']} events), refreshes {run['refreshes']},"
+            f" dropped {run['lost']} of"
             f" {run['sent']} (seq gaps {run['gaps']})",
             flush=True,
         )
@@ -474,6 +487,7 @@ def one_run(common: list[str], seconds: float) -> dict | None:
         "median": statistics.median(waits) * 1000,
         "p95": waits[int(0.95 * (len(waits) - 1))] * 1000,
         "max": waits[-1] * 1000,
+        "events": len(waits),
         "refreshes": len(paints),
         "lost": sum(max(0, n - received.get(r, [0])[0]) for r, n in enumerate(sent)),
         "gaps": sum(v[1] for v in received.values()),
