@@ -243,6 +243,29 @@ def time_calls():
                 counts[_key] += 1
 
         setattr(owner, name, wrapped)
+    # Which widgets the compositor paints, and at what cost.
+    from textual.widget import Widget
+
+    original_lines = Widget.render_lines
+
+    def render_lines(self, crop):
+        began = time.thread_time()
+        try:
+            return original_lines(self, crop)
+        finally:
+            key = f"Widget.render_lines[{type(self).__name__}]"
+            totals[key] += time.thread_time() - began
+            counts[key] += 1
+
+    Widget.render_lines = render_lines
+    original_refresh = Widget.refresh
+
+    def refresh(self, *regions, **kwargs):
+        if kwargs.get("layout"):  # a layout makes the compositor paint the whole screen
+            counts[f"Widget.refresh(layout=True)[{type(self).__name__}]"] += 1
+        return original_refresh(self, *regions, **kwargs)
+
+    Widget.refresh = refresh
     return totals, counts
 
 
@@ -387,6 +410,11 @@ def child(args: argparse.Namespace) -> None:
                 return
             if profiler is not None:
                 profiler.stop()
+            if os.environ.get("BENCH_THREADS"):  # thread names, for the parent's breakdown
+                import threading
+
+                names = {t.native_id: t.name for t in threading.enumerate()}
+                out.with_suffix(".threads.json").write_text(json.dumps(names))
             self.exit(0)
 
         def _probe(self) -> None:
@@ -419,6 +447,7 @@ def child(args: argparse.Namespace) -> None:
             for name, t in sorted(call_times[0].items(), key=lambda kv: -kv[1])
             for calls in [call_times[1]]
         ]
+        lines += [f"{n:6d} x  {name}" for name, n in call_times[1].items() if "layout" in name]
         out.with_suffix(".prof.txt").write_text(profiler.report() + "\n" + "\n".join(lines))
     shutil.rmtree(run_dir, ignore_errors=True)  # 64k events: ~13 MB of events.jsonl
     out.write_text(

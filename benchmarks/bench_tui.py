@@ -366,6 +366,14 @@ def run_child(
     proc.wait(timeout=60)
     if os.environ.get("BENCH_THREADS"):  # where the process's CPU went, thread by thread
         used = {tid: threads1[tid][1] - threads0.get(tid, ("", 0.0))[1] for tid in threads1}
+        named = out.with_suffix(".threads.json")  # Python's names, where the child wrote them
+        if named.exists():
+            names = {int(k): v for k, v in json.loads(named.read_text()).items()}
+            named.unlink()
+            threads1 = {
+                tid: (f"{names[tid]}[{tid}]" if tid in names else name, c)
+                for tid, (name, c) in threads1.items()
+            }
         print(
             "  CPU by thread: "
             + ", ".join(
