@@ -8,7 +8,9 @@ nodes' a pid no process here has (another machine's pid means nothing on this on
 dashboard runs in a pseudo-terminal (120x40) exactly as
 ``ddptui --start`` would, except that the senders replace the launcher (the method of
 ``bench_tui.py``). Each rank also sends a heartbeat (``beat``) every 2 s, as a real rank's
-heartbeat thread does. Measured, over ``--repeat`` runs (3 by default; the range is printed):
+heartbeat thread does, and each step its phases (data, forward, backward, comm, optimizer),
+as the built-in trainers and the hooks do. Measured, over ``--repeat`` runs (3 by default;
+the range is printed):
 
 * CPU of the dashboard process (all threads: pump, monitor sampler, UI), % of one core: the
   process's CPU seconds (user + system) per second of the window, so that other load on the
@@ -122,6 +124,14 @@ def send(
                 samples=32,
                 samples_per_s=32 / step_time,
                 step_time=step_time,
+                # Where the step went, as the built-in trainers and the hooks report it.
+                phases={
+                    "data": 0.05 * step_time,
+                    "forward": 0.3 * step_time,
+                    "backward": 0.4 * step_time,
+                    "comm": (0.2 - 0.0001 * rank) * step_time,
+                    "optimizer": (0.05 + 0.0001 * rank) * step_time,
+                },
                 **common(rank),
             )
             sock.send(protocol.encode_batch([event]))  # one message per rank per step
