@@ -3,8 +3,9 @@
 A feeder process sends a synthetic run over the real telemetry path (ZeroMQ PUSH →
 the dashboard's Collector → events.jsonl → RunState), N ranks × R step events per second
 each. The dashboard runs in a pseudo-terminal (120x40) exactly as ``ddptui --start`` would,
-except that the feeder replaces the launcher; each rank also sends a heartbeat (``beat``)
-every 2 s. Measured, over ``--repeat`` runs (3 by default; the range is printed):
+except that the feeder replaces the launcher; each step carries its phases (data, forward,
+backward, comm, optimizer), and each rank also sends a heartbeat (``beat``) every 2 s.
+Measured, over ``--repeat`` runs (3 by default; the range is printed):
 
 * CPU of the dashboard process (all its threads: pump, monitor sampler, UI), as a percent of
   one core: its CPU seconds (user + system) per second of a steady window, so that other load
@@ -100,6 +101,14 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, ou
                     samples=32,
                     samples_per_s=32 / step_time,
                     step_time=step_time,
+                    # Where the step went, as the built-in trainers and the hooks report it.
+                    phases={
+                        "data": 0.05 * step_time,
+                        "forward": 0.3 * step_time,
+                        "backward": 0.4 * step_time,
+                        "comm": (0.2 - 0.01 * rank) * step_time,
+                        "optimizer": (0.05 + 0.01 * rank) * step_time,
+                    },
                     **common(rank),
                 )
             ]

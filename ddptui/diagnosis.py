@@ -99,10 +99,11 @@ class PhaseHistory:
         if not phases:
             return
         self.latest[rank] = dict(phases)
-        total = sum(_seconds(phases.get(p)) for p in PHASES)
+        seconds = [_seconds(phases.get(p)) for p in PHASES]
+        total = sum(seconds)
         if total <= 0:
             return
-        shares = {p: _seconds(phases.get(p)) / total for p in PHASES}
+        shares = {p: value / total for p, value in zip(PHASES, seconds, strict=True)}
         window = self._shares.get(rank)
         if window is None:
             window = self._shares[rank] = deque(maxlen=self.window)
