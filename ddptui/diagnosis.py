@@ -104,6 +104,8 @@ class PhaseHistory:
         if total <= 0:
             return
         shares = {p: value / total for p, value in zip(PHASES, seconds, strict=True)}
+        if self.window <= 0:  # a window of no steps keeps none
+            return
         window = self._shares.get(rank)
         if window is None:
             window = self._shares[rank] = deque(maxlen=self.window)
@@ -139,7 +141,12 @@ def _median_of_sorted(values: list[float]) -> float:
     return (values[middle - 1] + values[middle]) / 2
 
 
+_INF = float("inf")
+
+
 def _seconds(value: object) -> float:
+    if type(value) is float:  # the common case, first: this runs for every phase of every step
+        return value if 0.0 <= value < _INF else 0.0
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
     value = float(value)
