@@ -3,17 +3,21 @@
 A feeder process sends a synthetic run over the real telemetry path (ZeroMQ PUSH →
 the dashboard's Collector → events.jsonl → RunState), N ranks × R step events per second
 each. The dashboard runs in a pseudo-terminal (120x40) exactly as ``ddptui --start`` would,
-except that the feeder replaces the launcher. Measured:
+except that the feeder replaces the launcher; each step carries its phases (data, forward,
+backward, comm, optimizer), and each rank also sends a heartbeat (``beat``) every 2 s.
+Measured, over ``--repeat`` runs (3 by default; the range is printed):
 
 * CPU of the dashboard process (all its threads: pump, monitor sampler, UI), as a percent of
-  one core, over a steady window; and the same for an ingest-only process (the same session
-  pumped with no UI), to show what the UI itself costs;
+  one core: its CPU seconds (user + system) per second of a steady window, so that other load
+  on the machine does not count; with ``--ingest-only`` the same for an ingest-only process
+  (the same session pumped with no UI), to show what the UI itself costs;
 * delay from an event's arrival in the dashboard (the pump thread receiving it) to the first
-  screen refresh that shows it (median, p95, max).
+  screen refresh that shows it (median, p95, max);
+* events lost: sent (by seq) against received, and seq gaps.
 
 Prints numbers; it is not a test. Usage::
 
-    uv run python benchmarks/bench_tui.py                      # 8 ranks x 50/s, 20 s
+    uv run python benchmarks/bench_tui.py                      # 8 ranks x 50/s, 3 x 20 s
     uv run python benchmarks/bench_tui.py --ranks 16 --seconds 30
 """
 
@@ -43,8 +47,9 @@ SIZE = (120, 40)
 
 
 # -- the feeder: a synthetic run over the real wire protocol ------------------------------------
-def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) -> None:
+def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, out: str) -> None:
     import zmq
+    from ddptui.heartbeat import BEAT_S
 
     from ddptui import protocol
 
@@ -76,6 +81,7 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) ->
         )
     start = time.monotonic()
     step = 0
+    ticks_per_beat = max(1, round(BEAT_S * rate))
     while True:
         step += 1
         due = start + step / rate
@@ -95,6 +101,14 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) ->
                     samples=32,
                     samples_per_s=32 / step_time,
                     step_time=step_time,
+                    # Where the step went, as the built-in trainers and the hooks report it.
+                    phases={
+                        "data": 0.05 * step_time,
+                        "forward": 0.3 * step_time,
+                        "backward": 0.4 * step_time,
+                        "comm": (0.2 - 0.01 * rank) * step_time,
+                        "optimizer": (0.05 + 0.01 * rank) * step_time,
+                    },
                     **common(rank),
                 )
             ]
@@ -109,14 +123,26 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float) ->
                         epoch=epoch, accuracy=1 - 0.5 / epoch, loss=0.1, count=1000, **common(rank)
                     )
                 )
+            if (step + rank) % ticks_per_beat == 0:  # a heartbeat every 2 s per rank
+                events.append(
+                    protocol.Beat(
+                        frame="train_step (train.py:42)",
+                        digest=f"{step:x}",
+                        cpu=time.process_time(),
+                        steps=step,
+                        **common(rank),
+                    )
+                )
             send(*events)
     for rank in range(ranks):
         send(protocol.Status(state="finished", **common(rank)))
     sock.close()
+    Path(out).write_text(json.dumps(seq))
 
 
 # -- the dashboard side ------------------------------------------------------------------------
 def make_session_class():
+    from ddptui import protocol
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
     from ddptui.run.session import RunSession
@@ -124,7 +150,9 @@ def make_session_class():
     class FeedLauncher:
         """Launcher stand-in: runs the feeder instead of the ranks."""
 
-        def __init__(self, endpoint: str, run_id: str, ranks: int, rate: float, seconds: float):
+        def __init__(
+            self, endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, out: str
+        ):
             self.cmd = [
                 sys.executable,
                 __file__,
@@ -134,6 +162,7 @@ def make_session_class():
                 str(ranks),
                 str(rate),
                 str(seconds),
+                out,
             ]
             self.process: subprocess.Popen | None = None
 
@@ -157,6 +186,7 @@ def make_session_class():
         ranks = 8
         rate = 50.0
         seconds = 20.0
+        sent_path = ""
         arrivals: list[tuple[float, dict[int, int], int]] = []
 
         def start(self) -> None:
@@ -165,18 +195,24 @@ def make_session_class():
             self.collector = Collector(self.cfg.run_id)
             self.stats = self.collector.stats
             self.launcher = FeedLauncher(
-                self.collector.endpoint, self.cfg.run_id, self.ranks, self.rate, self.seconds
+                self.collector.endpoint,
+                self.cfg.run_id,
+                self.ranks,
+                self.rate,
+                self.seconds,
+                self.sent_path,
             )
             self.state.started_at = self.clock()
             self.launcher.start()
 
         def _record(self, events) -> None:
             super()._record(events)
-            newest: dict[int, int] = {}
-            for event in events:
-                step = getattr(event, "step", None)
-                if step is not None:
-                    newest[event.rank] = max(step, newest.get(event.rank, 0))
+            # What the table will show for each rank that stepped: (epoch, step in epoch), as
+            # the state has it now (the event's own step goes on across epochs; the table's
+            # count starts again at each).
+            ranks = {event.rank for event in events if type(event) is protocol.Step}
+            newest = {r: (self.state.ranks[r].epoch or 0, self.state.ranks[r].steps_in_epoch)
+                      for r in ranks}  # fmt: skip
             if newest:
                 self.arrivals.append((time.monotonic(), newest, len(events)))
 
@@ -193,8 +229,9 @@ def child(args: argparse.Namespace) -> None:
     FeedSession.ranks, FeedSession.rate, FeedSession.seconds = (
         args.ranks,
         args.rate,
-        args.seconds + WARMUP_S + 2,
+        args.seconds + WARMUP_S,  # it ends before the dashboard: everything sent arrives
     )
+    FeedSession.sent_path = str(Path(args.out).with_suffix(".sent.json"))
     run_dir = Path(tempfile.mkdtemp(prefix="bench-tui-"))
     cfg = RunConfig(
         world_size=args.ranks,
@@ -206,7 +243,7 @@ def child(args: argparse.Namespace) -> None:
     if args.ingest_only:
         session = FeedSession(cfg)
         session.start()
-        deadline = time.monotonic() + WARMUP_S + args.seconds + 1
+        deadline = time.monotonic() + WARMUP_S + args.seconds + 3
         while time.monotonic() < deadline and session.poll() is None:
             session.pump(0.1)
         session.stop()
@@ -230,17 +267,27 @@ def child(args: argparse.Namespace) -> None:
     def on_frame(frame) -> None:
         shown = {}
         for row in frame.rows:
-            step = row.epoch_step.rsplit("/", 1)[-1]
-            if step.isdigit():
-                shown[row.rank] = int(step)
+            epoch, _, step = row.epoch_step.partition("/")
+            if epoch.isdigit() and step.isdigit():
+                shown[row.rank] = (int(epoch), int(step))
         paints.append((time.monotonic(), shown))
 
     class BenchApp(DdpTuiApp):
         """The dashboard as ``ddptui --start`` runs it, plus a probe on each refresh."""
 
+        hard_deadline = time.monotonic() + WARMUP_S + args.seconds + 20
+
         def on_mount(self) -> None:  # Textual runs DdpTuiApp.on_mount as well
-            self.set_timer(WARMUP_S + args.seconds + 1, lambda: self.exit(0))
+            self.set_timer(WARMUP_S + args.seconds + 3, self._finish)
             self.call_after_refresh(self._probe)
+
+        def _finish(self) -> None:
+            # Wait (a little) for the feeder to end: it writes what it sent as it ends.
+            running = self.live_sources and self.live_sources[0].running
+            if running and time.monotonic() < self.hard_deadline:
+                self.set_timer(0.5, self._finish)
+                return
+            self.exit(0)
 
         def _probe(self) -> None:
             if isinstance(self.screen, RunScreen):
@@ -251,7 +298,13 @@ def child(args: argparse.Namespace) -> None:
     app = BenchApp("run", deps=deps, cfg=cfg, start=True, host_info=host)
     app.run()
     app.stop_everything()
-    Path(args.out).write_text(json.dumps({"paints": paints, "arrivals": FeedSession.arrivals}))
+    source = app.live_sources[0] if app.live_sources else None
+    received = {}
+    if source is not None:
+        received = {r: [v.events, v.gaps] for r, v in source.state.ranks.items()}
+    Path(args.out).write_text(
+        json.dumps({"paints": paints, "arrivals": FeedSession.arrivals, "received": received})
+    )
 
 
 class _NullSampler:
@@ -279,7 +332,7 @@ def delays(paints, arrivals, start: float, end: float) -> list[float]:
             continue
         i = bisect.bisect_left(times, arrived)
         for t, shown in paints[i:]:
-            if all(shown.get(r, -1) >= s for r, s in newest.items()):
+            if all(r in shown and shown[r] >= s for r, s in newest.items()):
                 out.extend([t - arrived] * count)
                 break
     return out
@@ -317,11 +370,44 @@ def run_child(
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
     ps = psutil.Process(proc.pid)
     time.sleep(WARMUP_S)
-    t0, c0 = time.monotonic(), sum(ps.cpu_times()[:2])
+    t0, c0, threads0 = time.monotonic(), sum(ps.cpu_times()[:2]), _thread_times(ps)
     time.sleep(seconds)
-    t1, c1 = time.monotonic(), sum(ps.cpu_times()[:2])
+    t1, c1, threads1 = time.monotonic(), sum(ps.cpu_times()[:2]), _thread_times(ps)
     proc.wait(timeout=60)
+    if os.environ.get("BENCH_THREADS"):  # where the process's CPU went, thread by thread
+        used = {tid: threads1[tid][1] - threads0.get(tid, ("", 0.0))[1] for tid in threads1}
+        named = out.with_suffix(".threads.json")  # Python's names, where the child wrote them
+        if named.exists():
+            names = {int(k): v for k, v in json.loads(named.read_text()).items()}
+            named.unlink()
+            threads1 = {
+                tid: (f"{names[tid]}[{tid}]" if tid in names else name, c)
+                for tid, (name, c) in threads1.items()
+            }
+        print(
+            "  CPU by thread: "
+            + ", ".join(
+                f"{threads1[tid][0]} {100 * c / (t1 - t0):.1f} %"
+                for tid, c in sorted(used.items(), key=lambda kv: -kv[1])
+                if c > 0
+            )
+        )
     return 100.0 * (c1 - c0) / (t1 - t0), out
+
+
+def _thread_times(ps) -> dict[int, tuple[str, float]]:
+    """Thread id -> (its name as the kernel knows it, CPU seconds so far)."""
+    out = {}
+    try:
+        for t in ps.threads():
+            try:
+                name = Path(f"/proc/{ps.pid}/task/{t.id}/comm").read_text().strip()
+            except OSError:
+                name = "?"
+            out[t.id] = (f"{name}[{t.id}]", t.user_time + t.system_time)
+    except Exception:  # psutil.Error: the process ended
+        pass
+    return out
 
 
 def main() -> None:
@@ -329,6 +415,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--rate", type=float, default=50.0, help="step events/s per rank")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window")
+    parser.add_argument("--repeat", type=int, default=3, help="runs (the range is printed)")
     parser.add_argument("--refresh-hz", type=float, default=4.5)
     parser.add_argument(
         "--no-monitor",
@@ -336,13 +423,15 @@ def main() -> None:
         help="no GPU/system sampling thread (to see what it costs)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--ingest-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ingest-only", action="store_true", help="also measure the session with no UI"
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--feed", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--feed", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.feed:
-        endpoint, run_id, ranks, rate, seconds = args.feed
-        feed(endpoint, run_id, int(ranks), float(rate), float(seconds))
+        endpoint, run_id, ranks, rate, seconds, out = args.feed
+        feed(endpoint, run_id, int(ranks), float(rate), float(seconds), out)
         return
     if args.child:
         child(args)
@@ -362,41 +451,96 @@ def main() -> None:
         common.append("--no-monitor")
     print(
         f"ddptui dashboard benchmark: {args.ranks} ranks x {args.rate:g} events/s "
-        f"({args.ranks * args.rate:g} events/s), refresh {args.refresh_hz:g} Hz, "
-        f"{args.seconds:g} s window, {os.cpu_count()} CPUs"
+        f"({args.ranks * args.rate:g} events/s), beats every 2 s per rank, refresh "
+        f"{args.refresh_hz:g} Hz, {args.repeat} x {args.seconds:g} s window, "
+        f"{os.cpu_count()} CPUs"
     )
-    ingest_cpu, _ = run_child([*common, "--ingest-only"], args.seconds, pty_mode=False)
-    ui_cpu, out = run_child(common, args.seconds, pty_mode=True)
+    runs, ingest = [], []
+    for i in range(args.repeat):
+        if args.ingest_only:
+            cpu, out = run_child([*common, "--ingest-only"], args.seconds, pty_mode=False)
+            out.unlink(missing_ok=True)
+            out.with_suffix(".sent.json").unlink(missing_ok=True)
+            ingest.append(cpu)
+        run = one_run(common, args.seconds)
+        if run is None:
+            print("no measurements: the dashboard did not run (see the child's output)")
+            return
+        runs.append(run)
+        print(
+            f"run {i + 1}/{args.repeat}: CPU {run['cpu']:5.1f} % of one core"
+            + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
+            + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
+            f" max {run['max']:.0f} ms ({run['events']} events), refreshes {run['refreshes']},"
+            f" dropped {run['lost']} of"
+            f" {run['sent']} (seq gaps {run['gaps']})",
+            flush=True,
+        )
+    print_ranges(runs, GOAL_CPU, GOAL_P95_MS, ingest)
+
+
+GOAL_CPU = 7.0
+GOAL_P95_MS = 250.0
+
+
+def one_run(common: list[str], seconds: float) -> dict | None:
+    """One dashboard run: its CPU, event-to-screen delays and drops (None: it did not run)."""
+    cpu, out = run_child(common, seconds, pty_mode=True)
     data = json.loads(out.read_text())
+    out.unlink()
+    sent_path = out.with_suffix(".sent.json")
+    sent = json.loads(sent_path.read_text()) if sent_path.exists() else []
+    sent_path.unlink(missing_ok=True)
     # JSON turned the rank keys into strings: back to ints.
     paints = [(t, {int(r): s for r, s in shown.items()}) for t, shown in data["paints"]]
     arrivals = [(t, {int(r): s for r, s in newest.items()}, n) for t, newest, n in data["arrivals"]]
     if not arrivals or not paints:
-        print("no measurements: the dashboard did not run (see the child's output)")
-        return
+        return None
     first = arrivals[0][0]
-    waits = sorted(delays(paints, arrivals, first + WARMUP_S, first + WARMUP_S + args.seconds))
-    intervals = [b[0] - a[0] for a, b in zip(paints, paints[1:], strict=False)]
+    waits = sorted(delays(paints, arrivals, first + WARMUP_S, first + WARMUP_S + seconds))
+    waits = waits or [float("nan")]
+    received = {int(r): v for r, v in data.get("received", {}).items()}
+    return {
+        "cpu": cpu,
+        "median": statistics.median(waits) * 1000,
+        "p95": waits[int(0.95 * (len(waits) - 1))] * 1000,
+        "max": waits[-1] * 1000,
+        "events": len(waits),
+        "refreshes": len(paints),
+        "lost": sum(max(0, n - received.get(r, [0])[0]) for r, n in enumerate(sent)),
+        "gaps": sum(v[1] for v in received.values()),
+        "sent": sum(sent),
+    }
+
+
+def print_ranges(
+    runs: list[dict], goal_cpu: float, goal_p95_ms: float, ingest: list[float] = ()
+) -> None:
+    """The range (min-max) over the runs of CPU, p95 delay and drops, against the goals."""
+
+    def span(key: str, fmt: str) -> str:
+        values = [r[key] for r in runs]
+        return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+    cpu_ok = max(r["cpu"] for r in runs) <= goal_cpu
+    p95_ok = max(r["p95"] for r in runs) <= goal_p95_ms
+    lost = max(r["lost"] + r["gaps"] for r in runs)
+    print(f"over {len(runs)} runs (min-max):")
     print(
-        f"CPU, dashboard process (pump + monitor + UI): {ui_cpu:5.1f} % of one core "
-        "(target <= 10 %)"
+        f"  CPU, dashboard process: {span('cpu', '.1f')} % of one core "
+        f"(goal <= {goal_cpu:g} %: {'ok' if cpu_ok else 'MISSED'})"
     )
-    print(f"CPU, ingest only (same session, no UI):        {ingest_cpu:5.1f} % of one core")
+    if ingest:
+        low, high = min(ingest), max(ingest)
+        print(f"  CPU, ingest only (same session, no UI): {low:.1f}-{high:.1f} % of one core")
     print(
-        f"CPU, the UI's share:                           {ui_cpu - ingest_cpu:5.1f} % of one core"
+        f"  event arrival -> on screen p95: {span('p95', '.0f')} ms "
+        f"(goal <= {goal_p95_ms:g} ms: {'ok' if p95_ok else 'MISSED'})"
     )
-    if waits:
-        p95 = waits[int(0.95 * (len(waits) - 1))]
-        print(
-            f"event arrival -> on screen: median {statistics.median(waits) * 1000:.0f} ms, "
-            f"p95 {p95 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms over {len(waits)} events "
-            "(target <= 250 ms)"
-        )
-    if intervals:
-        print(
-            f"refreshes: {len(paints)}, interval median "
-            f"{statistics.median(intervals) * 1000:.0f} ms, max {max(intervals) * 1000:.0f} ms"
-        )
+    print(
+        f"  events dropped: {span('lost', 'd')} (seq gaps {span('gaps', 'd')}) "
+        f"(goal 0: {'ok' if lost == 0 else 'MISSED'})"
+    )
 
 
 if __name__ == "__main__":

@@ -646,3 +646,25 @@ def test_scheduling_noise_is_no_straggler(culprit_phases):
     state = live_state({0: victim, 1: culprit_phases})
     found = find_straggler(state.phase_history)
     assert found is None or (found.rank, found.cause) == (None, "communication")
+
+
+def test_median_shares_follow_the_sliding_window():
+    """The medians kept as steps come and go equal the medians of the window's shares, odd
+    and even windows, with repeated values, as old steps leave."""
+    import random
+    import statistics
+
+    from ddptui.constants import PHASES
+
+    rng = random.Random(7)
+    for size in (4, 5):
+        h = PhaseHistory(window=size)
+        shown = []
+        for _ in range(23):
+            phases = {p: rng.choice((0.1, 0.2, rng.random())) for p in PHASES}
+            h.add(3, phases)
+            total = sum(phases.values())
+            shown = (shown + [{p: v / total for p, v in phases.items()}])[-size:]
+            expected = {p: statistics.median(s[p] for s in shown) for p in PHASES}
+            assert h.median_shares(3) == expected
+    assert PhaseHistory(window=0).median_shares(0) == dict.fromkeys(PHASES, 0.0)

@@ -118,3 +118,27 @@ def test_probe_samples_a_live_process():
     assert probe.rss[0] > 0 and set(probe.rss) == {0}
     assert probe.cpu_percent()[0] >= 0
     assert isinstance(probe.memory_state(), MemoryState)
+
+
+def test_probe_looks_up_a_pid_that_is_not_here_once(monkeypatch):
+    """A rank on another node: its pid means nothing here; not looked up every second."""
+    import os
+
+    import psutil
+
+    looked = []
+    real = psutil.Process
+
+    def process(pid):
+        looked.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(psutil, "Process", process)
+    probe = RankProbe()
+    absent = 2**22 + 7  # beyond the largest pid Linux gives
+    for second in range(3):
+        probe.sample({0: os.getpid(), 1: absent}, now=float(second))
+    assert looked.count(absent) == 1 and looked.count(os.getpid()) == 1
+    assert set(probe.rss) == {0}
+    probe.sample({0: os.getpid(), 1: os.getpid()}, now=3.0)  # rank 1 restarted, here
+    assert looked.count(os.getpid()) == 2

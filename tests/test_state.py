@@ -218,3 +218,18 @@ def test_a_rank_failure_keeps_the_error_and_traceback_the_rank_reported():
     s.set_outcome("failed", RankFailureInfo(rank=1, exit_code=1), now=2.0)
     assert (s.failure.error, s.failure.traceback) == ("ValueError: x", "Tb")
     assert s.failure.describe() == "rank 1 exited with code 1: ValueError: x"
+
+
+def test_typical_step_time_follows_the_window():
+    """The median is kept between reads, and follows every change of the window (a step,
+    a new attempt's cleared window, a direct append)."""
+    s = RunState("r", 1)
+    view = s.ranks[0]
+    assert view.typical_step_time is None
+    for i, step_time in enumerate((0.1, 0.3, 0.2)):
+        s.apply(protocol.Step(run="r", rank=0, t=float(i), seq=i, step=i + 1, step_time=step_time))
+    assert view.typical_step_time == 0.2
+    view.recent_step_times.append(0.9)
+    assert view.typical_step_time == pytest.approx(0.25)
+    view.recent_step_times.clear()
+    assert view.typical_step_time is None

@@ -102,6 +102,27 @@ def test_log_follower_reads_only_new_complete_lines(tmp_path):
     assert follower.lines(ALL)[-1] == (0, "four")
 
 
+def test_log_follower_lists_the_folder_once_and_asks_each_path_once(tmp_path, monkeypatch):
+    import os
+
+    asked, listed = [], []
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: listed.append(p) or real_listdir(p))
+
+    def path_for(rank):
+        asked.append(rank)
+        return tmp_path / f"rank-{rank}.log"
+
+    follower = LogFollower(path_for)
+    (tmp_path / "rank-3.log").write_text("here\n")
+    assert follower.poll(range(8)) == [(3, "here")]  # the other 7 logs are on other nodes
+    assert len(listed) == 1 and sorted(asked) == list(range(8))
+    (tmp_path / "rank-5.log").write_text("late\n")  # a log that appears later is read
+    assert follower.poll(range(8)) == [(5, "late")]
+    assert len(listed) == 2 and len(asked) == 8  # each path asked for once
+    assert LogFollower(lambda r: tmp_path / "absent" / "x.log").poll([0]) == []
+
+
 def test_log_follower_starts_near_the_end_of_a_big_file(tmp_path):
     log = tmp_path / "rank-0.log"
     log.write_text("".join(f"line {i}\n" for i in range(100_000)))

@@ -23,6 +23,7 @@ is seconds since the run started.
 
 from __future__ import annotations
 
+import bisect
 import re
 import statistics
 from collections import deque
@@ -94,6 +95,10 @@ class PhaseHistory:
     def __init__(self, window: int = WINDOW) -> None:
         self.window = window
         self._shares: dict[int, deque[dict[str, float]]] = {}
+        #: Per rank, per phase: the window's shares in order, kept as steps come and go, so
+        #: that a median is a look-up (the phase bars read every rank's at each refresh, the
+        #: straggler rule every second: 256 ranks x 7 phases, each a sort, was the cost).
+        self._sorted: dict[int, dict[str, list[float]]] = {}
         #: Each rank's latest phases as received (built-in and custom), for display.
         self.latest: dict[int, dict[str, float]] = {}
 
@@ -102,13 +107,25 @@ class PhaseHistory:
         if not phases:
             return
         self.latest[rank] = dict(phases)
-        total = sum(_seconds(phases.get(p)) for p in PHASES)
+        seconds = [_seconds(phases.get(p)) for p in PHASES]
+        total = sum(seconds)
         if total <= 0:
             return
-        shares = {p: _seconds(phases.get(p)) / total for p in PHASES}
-        if rank not in self._shares:
-            self._shares[rank] = deque(maxlen=self.window)
-        self._shares[rank].append(shares)
+        shares = {p: value / total for p, value in zip(PHASES, seconds, strict=True)}
+        if self.window <= 0:  # a window of no steps keeps none
+            return
+        window = self._shares.get(rank)
+        if window is None:
+            window = self._shares[rank] = deque(maxlen=self.window)
+            self._sorted[rank] = {p: [] for p in PHASES}
+        ordered = self._sorted[rank]
+        if window.maxlen is not None and len(window) == window.maxlen:
+            for p, value in window[0].items():  # the step that leaves the window
+                values = ordered[p]
+                del values[bisect.bisect_left(values, value)]
+        window.append(shares)
+        for p, value in shares.items():
+            bisect.insort(ordered[p], value)
 
     def steps(self, rank: int) -> int:
         return len(self._shares.get(rank, ()))
@@ -118,13 +135,26 @@ class PhaseHistory:
 
     def median_shares(self, rank: int) -> dict[str, float]:
         """Median share of the step per built-in phase over the window."""
-        window = self._shares.get(rank) or ()
-        if not window:
+        ordered = self._sorted.get(rank)
+        if not ordered or not self._shares.get(rank):
             return dict.fromkeys(PHASES, 0.0)
-        return {p: statistics.median(s[p] for s in window) for p in PHASES}
+        return {p: _median_of_sorted(ordered[p]) for p in PHASES}
+
+
+def _median_of_sorted(values: list[float]) -> float:
+    """``statistics.median`` of values already in order (the same arithmetic)."""
+    middle = len(values) // 2
+    if len(values) % 2:
+        return values[middle]
+    return (values[middle - 1] + values[middle]) / 2
+
+
+_INF = float("inf")
 
 
 def _seconds(value: object) -> float:
+    if type(value) is float:  # the common case, first: this runs for every phase of every step
+        return value if 0.0 <= value < _INF else 0.0
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
     value = float(value)

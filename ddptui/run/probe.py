@@ -23,6 +23,10 @@ class RankProbe:
 
     def __init__(self, cgroup_root: str | Path = "/sys/fs/cgroup") -> None:
         self._procs: dict[int, psutil.Process] = {}
+        #: Rank -> a pid that no process here has: a rank on another node of a multi-node
+        #: run (its pid means nothing on this machine) or one that is gone. Not looked up
+        #: again every second (256 ranks on 32 nodes: 248 failed lookups a second).
+        self._absent: dict[int, int] = {}
         self._cpu: dict[int, deque[tuple[float, float]]] = {}
         #: Each rank's last resident memory, in bytes.
         self.rss: dict[int, int] = {}
@@ -34,9 +38,14 @@ class RankProbe:
         for rank, pid in pids_by_rank.items():
             proc = self._procs.get(rank)
             if proc is None or proc.pid != pid:
+                if self._absent.get(rank) == pid:
+                    continue
                 try:
                     proc = psutil.Process(pid)
                     proc.cpu_percent(None)  # the first call only starts the measurement
+                except psutil.NoSuchProcess:
+                    self._absent[rank] = pid
+                    continue
                 except (psutil.Error, OSError, ValueError):
                     continue
                 self._procs[rank] = proc

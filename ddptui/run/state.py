@@ -135,6 +135,11 @@ class RankView:
     #: Per process group: the last collective started (op, #seq) and the last completed.
     collectives: tuple = ()
     _digest: str | None = field(default=None, repr=False)
+    #: ``typical_step_time`` and the window it was computed from: it is read for every rank
+    #: several times a frame (health, the table), while the window changes once a step.
+    _typical: tuple[tuple[float, ...], float | None] = field(
+        default=((), None), repr=False, compare=False
+    )
 
     @property
     def activity(self) -> str:
@@ -159,7 +164,11 @@ class RankView:
 
     @property
     def typical_step_time(self) -> float | None:
-        return statistics.median(self.recent_step_times) if self.recent_step_times else None
+        """The median of the recent step times (None before the first)."""
+        window = tuple(self.recent_step_times)
+        if window != self._typical[0]:
+            self._typical = (window, statistics.median(window) if window else None)
+        return self._typical[1]
 
 
 class RunState:

@@ -31,6 +31,8 @@ class LogFollower:
         self._path_for_rank = path_for_rank
         self._offsets: dict[int, int] = {}
         self._partial: dict[int, bytes] = {}
+        #: Rank -> its log's path, asked for once (every rank, every poll adds up at scale).
+        self._paths: dict[int, Path] = {}
         self.by_rank: dict[int, deque[str]] = {}
         self.merged: deque[tuple[int, str]] = deque(maxlen=keep)
         self._keep = keep
@@ -38,8 +40,9 @@ class LogFollower:
     def poll(self, ranks: Iterable[int]) -> list[tuple[int, str]]:
         """New (rank, line) pairs, rank by rank, oldest first."""
         new: list[tuple[int, str]] = []
+        listed: dict[Path, frozenset[str] | None] = {}
         for rank in ranks:
-            for line in self._read(rank):
+            for line in self._read(rank, listed):
                 self.by_rank.setdefault(rank, deque(maxlen=self._keep)).append(line)
                 self.merged.append((rank, line))
                 new.append((rank, line))
@@ -50,9 +53,24 @@ class LogFollower:
             return list(self.merged)
         return [(rank, line) for line in self.by_rank.get(rank, ())]
 
-    def _read(self, rank: int) -> list[str]:
-        path = self._path_for_rank(rank)
+    def _read(self, rank: int, listed: dict[Path, frozenset[str] | None]) -> list[str]:
+        """``rank``'s new complete lines. ``listed``: each folder's file names as listed
+        in this poll (one listing instead of a failed open per rank whose log is not here:
+        in a multi-node run only this node's ranks have their logs on this machine)."""
+        path = self._paths.get(rank)
         if path is None:
+            path = self._path_for_rank(rank)
+            if path is None:
+                return []
+            self._paths[rank] = path
+        folder = path.parent
+        if folder not in listed:
+            try:
+                listed[folder] = frozenset(os.listdir(folder))
+            except OSError:
+                listed[folder] = None  # unreadable: open each file as before
+        names = listed[folder]
+        if names is not None and path.name not in names:
             return []
         try:
             with safeio.open_regular(path) as f:  # a FIFO or device: no lines, never a wait
