@@ -346,7 +346,8 @@ def test_a_hung_rank_is_named_and_the_run_torn_down(run):
     summary = run.summary
     assert (summary["outcome"], summary["exit_code"]) == ("hung", 3)
     hangs = [d for d in summary["diagnoses"] if d["cause"] == "hang"]
-    assert [d["rank"] for d in hangs] == [1], summary["diagnoses"]
+    # the stacks name rank 1, and so does the Flight Recorder's line (the collective it missed)
+    assert {d["rank"] for d in hangs} == {1}, summary["diagnoses"]
     assert not any(d["rank"] == 0 and d["cause"] == "hang" for d in summary["diagnoses"])
     before = 0 if run.spec.name == "trainer_hang_start" else FAULT_STEP - 1
     assert len(run.steps(1)) == before
