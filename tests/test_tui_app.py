@@ -12,6 +12,7 @@ from textual.widgets import Button, DataTable, Input, Log, Select
 from ddptui.run.config import build_config, check_options
 from ddptui.run.machine import Machine
 from ddptui.tui.machine import HostInfo
+from ddptui.tui.model import RANK_COLUMNS
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen
 from ddptui.tui.screens.run import RunScreen
@@ -315,7 +316,8 @@ async def test_straggler_is_highlighted_with_the_reason():
         health = app.screen.query_one(HealthLine)
         assert health.display
         assert "rank 1 straggler: step time 200 ms" in str(health.content)
-        assert app.screen.query_one(RankTable).shown[1][-2] == "⚠ straggler"
+        shown = app.screen.query_one(RankTable).shown[1]
+        assert shown[RANK_COLUMNS.index("state")] == "⚠ straggler"
 
 
 async def test_logs_filter_by_rank_and_toggle():

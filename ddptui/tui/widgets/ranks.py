@@ -28,6 +28,8 @@ from ddptui.tui.widgets.text import QuietStatic
 
 #: The rank columns (single-node runs); multi-node runs add "node" in front.
 COLUMNS = RANK_COLUMNS
+#: Where the state column stands, counted from the end (the columns after it are plain).
+STATE_FROM_END = len(RANK_COLUMNS) - RANK_COLUMNS.index("state")
 _RIGHT = {"rank", "pid", "loss", "samples/s", "step time", "last seen"}
 _GAP = "  "
 
@@ -65,7 +67,12 @@ def _styled(line: TableLine) -> tuple[tuple[str, ...], str, str]:
     line_style = ""
     if row.problem:
         line_style = "red" if row.state == "failed" else "yellow"
-    return (*line.cells[:-2], label, line.cells[-1]), line_style, state_style  # state, where
+    cells = line.cells
+    return (
+        (*cells[:-STATE_FROM_END], label, *cells[len(cells) - STATE_FROM_END + 1 :]),
+        (line_style),
+        state_style,
+    )
 
 
 class RankTable(ScrollView, can_focus=True):
@@ -160,16 +167,20 @@ class RankTable(ScrollView, can_focus=True):
     def _render(self, line: tuple[tuple[str, ...], str, str]) -> Strip:
         cells, line_style, state_style = line
         base = self._base or self.rich_style
-        # the state cell (second last) has its own style; "where" (last) is plain
-        first = _line(self._columns[:-2], cells[:-2], self._widths[:-2]) + _GAP
+        # the state cell has its own style; the columns after it (collective, where) are plain
+        k = STATE_FROM_END
+        first = _line(self._columns[:-k], cells[:-k], self._widths[:-k]) + _GAP
+        after = _GAP.join(
+            c.ljust(w) for c, w in zip(cells[-k + 1 :], self._widths[-k + 1 :], strict=False)
+        )
         return Strip(
             [
                 Segment(first, base + Style.parse(line_style) if line_style else base),
                 Segment(
-                    cells[-2].ljust(self._widths[-2]) + _GAP,
+                    cells[-k].ljust(self._widths[-k]) + _GAP,
                     base + Style.parse(state_style) if state_style else base,
                 ),
-                Segment(cells[-1].ljust(self._widths[-1]), base),
+                Segment(after, base),
             ]
         )
 
