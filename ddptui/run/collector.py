@@ -100,7 +100,7 @@ def remove_stale_ipc_dirs(base: str) -> None:
             socket_path = os.path.join(entry.path, _IPC_NAME)
             names = os.listdir(entry.path)
             if names == [_IPC_NAME]:
-                if not stat.S_ISSOCK(os.lstat(socket_path).st_mode) or _listening(socket_path):
+                if not stat.S_ISSOCK(os.lstat(socket_path).st_mode) or listening(socket_path):
                     continue
                 os.unlink(socket_path)
             elif names:
@@ -110,7 +110,7 @@ def remove_stale_ipc_dirs(base: str) -> None:
             continue
 
 
-def _listening(path: str) -> bool:
+def listening(path: str) -> bool:
     """Whether a process accepts connections on the Unix socket at ``path``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(1.0)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ddptui.rank.flight_recorder import REQUEST, socket_path, trace_name
+from ddptui.run.collector import listening
 
 #: Largest trace file read (2,000 entries with stacks are ~2 MB).
 MAX_TRACE_BYTES = 64 * 1024 * 1024
@@ -102,24 +103,11 @@ def remove_stale_socket_dirs(base: str) -> None:
             ):
                 continue
             inside = list(Path(entry.path).iterdir())
-            if any(not p.name.endswith(".sock") or _listening(p) for p in inside):
+            if any(not p.name.endswith(".sock") or listening(str(p)) for p in inside):
                 continue
             remove_socket_dir(entry.path)
         except OSError:
             continue
-
-
-def _listening(path: Path) -> bool:
-    """Whether a process accepts connections on the Unix socket at ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError):
-            return False
-        except OSError:
-            return True  # cannot tell: leave it
-    return True
 
 
 def remove_socket_dir(path: str | os.PathLike[str] | None) -> None:
