@@ -359,3 +359,16 @@ def test_a_failure_on_any_node_ends_the_run_failed_naming_the_first_cause(tmp_pa
     assert session.state.outcome == "failed" and session.exit_code == 1
     assert named in session.state.failure.describe()
     assert session.host.outcome[0] == "failed"
+
+
+def test_only_the_ranks_on_this_host_are_sampled():
+    from ddptui import protocol
+    from ddptui.run.session import local_pids
+    from ddptui.run.state import RunState
+
+    state = RunState("r", 3)
+    for rank, host in ((0, "here"), (1, "node-b"), (2, None)):
+        status = protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started", pid=50 + rank)
+        state.apply(status, now=0.0)
+        state.ranks[rank].host = host
+    assert local_pids(state, "here") == {0: 50, 2: 52}

@@ -15,6 +15,7 @@ import dataclasses
 import errno
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,17 @@ STOP_PATIENCE_S = 30.0
 #: A multi-node run whose ranks here failed waits this long for another node's report of
 #: the rank that failed first.
 REMOTE_FAILURE_WAIT_S = 2.0
+
+
+def local_pids(state: RunState, host: str) -> dict[int, int]:
+    """The pids of the live ranks running on ``host`` (rank -> pid): the ones whose CPU this
+    machine can sample. A rank on another node has a pid that means nothing here, or worse,
+    another process's."""
+    return {
+        rank: view.pid
+        for rank, view in state.ranks.items()
+        if view.pid and view.state == "started" and view.host in (None, host)
+    }
 
 
 def make_launcher(
@@ -293,7 +305,7 @@ class RunSession:
         if self.probe is None:
             self.probe = RankProbe()
         with self._lock:
-            pids = {r: v.pid for r, v in self.state.ranks.items() if v.pid and v.state == "started"}
+            pids = local_pids(self.state, socket.gethostname())
         self.probe.sample(pids, now)
         with self._lock:
             found = self.diagnoser.check(self.state, now, self.probe.cpu_percent())
