@@ -7,6 +7,7 @@ resumes from ``DDPTUI_RESUME`` under torchrun, a crash that repeats.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -263,8 +264,12 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint(tmp_path):
     }
     outputs = {}
     try:
-        killed_at = _kill_rank_1_after_epoch_2(run_dir)
-        _kill_rank_1_after_epoch_2(no_restart)
+        # both at once: waiting for one run's epoch 2 must not let the other finish unkilled
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            restarted = pool.submit(_kill_rank_1_after_epoch_2, run_dir)
+            plain = pool.submit(_kill_rank_1_after_epoch_2, no_restart)
+            killed_at = restarted.result()
+            plain.result()
     finally:
         for path, proc in procs.items():
             outputs[path] = _finish(proc, path)
