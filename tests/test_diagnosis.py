@@ -183,8 +183,15 @@ def test_diagnoser_says_nothing_once_the_run_ended():
     assert d.check(state, 100.0) == []
 
 
+def test_final_verdict_needs_a_full_window_of_steps():
+    state = live_state({0: VICTIM, 1: COMPUTE_CULPRIT}, steps=20)
+    for rank in (0, 1):
+        state.apply(protocol.Status(run="r", rank=rank, t=0, seq=99, state="finished"), 10.5)
+    assert Diagnoser(hang_timeout=0).final(state, 11.0) == []  # 20 steps: noise, no verdict
+
+
 def test_final_verdict_of_a_run_too_short_for_the_live_one():
-    state = live_state({0: VICTIM, 1: COMPUTE_CULPRIT})
+    state = live_state({0: VICTIM, 1: COMPUTE_CULPRIT}, steps=30)
     d = Diagnoser(hang_timeout=0)
     assert d.check(state, 10.0) == []  # not held long enough yet
     for rank in (0, 1):  # the ranks end: no longer live

@@ -60,13 +60,13 @@ def check_live_steps(run_dir, steps_per_rank):
 def test_input_straggler_under_torchrun(tmp_path):
     env = {
         "PLAIN_EPOCHS": "1",
-        "PLAIN_STEPS": "25",
+        "PLAIN_STEPS": "30",
         "PLAIN_SLOW_DATA_RANK": "1",
         "PLAIN_SLOW_DATA_S": "0.05",
     }
     proc, summary = ddptui_run(tmp_path / "run", "torchrun", env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    check_live_steps(tmp_path / "run", 25)
+    check_live_steps(tmp_path / "run", 30)
     found = find_straggler(replayed(tmp_path / "run").phase_history)
     assert (found.rank, found.cause) == (1, "input")
     named = [(d["rank"], d["cause"]) for d in summary["diagnoses"]]
@@ -78,13 +78,13 @@ def test_input_straggler_under_torchrun(tmp_path):
 def test_compute_straggler_under_spawn(tmp_path):
     env = {
         "PLAIN_EPOCHS": "1",
-        "PLAIN_STEPS": "25",
+        "PLAIN_STEPS": "30",
         "PLAIN_SLOW_COMPUTE_RANK": "1",
         "PLAIN_EXTRA_MATMULS": "40",
     }
     proc, summary = ddptui_run(tmp_path / "run", "spawn", env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    check_live_steps(tmp_path / "run", 25)
+    check_live_steps(tmp_path / "run", 30)
     found = find_straggler(replayed(tmp_path / "run").phase_history)
     assert (found.rank, found.cause) == (1, "compute")
     assert "backward" in found.detail

@@ -766,7 +766,10 @@ class Diagnoser:
         history = getattr(state, "phase_history", None)
         if history is None:
             return []
-        finding = find_straggler(history, None, cpu_percent, t=state.elapsed(now))
+        # Unconfirmed by the live checks, it must stand on a full window of every rank's
+        # steps: the medians of a few steps on shared cores are scheduling noise.
+        full = [r for r in history.ranks() if history.steps(r) >= history.window]
+        finding = find_straggler(history, full, cpu_percent, t=state.elapsed(now))
         if finding is None or (finding.rank, finding.cause) == self._reported:
             return []
         self._reported = (finding.rank, finding.cause)
