@@ -202,7 +202,20 @@ class HeadlessConsole:
         if len(state.attempts) > 1:
             self.line(f"{len(state.attempts)} attempts ({len(state.attempts) - 1} restarts)")
         if state.outcome == "failed" and failure is not None:
-            self.line(f"FAILED: {failure.describe()}")
+            desync = next(
+                (
+                    d
+                    for d in session.diagnoser.diagnoses
+                    if d.cause == "desync" and d.rank is not None
+                ),
+                None,
+            )
+            set_off = (
+                f", set off by rank {desync.rank}'s desync (see its line above)"
+                if desync is not None and desync.rank != failure.rank
+                else ""
+            )
+            self.line(f"FAILED: {failure.describe()}{set_off}")
             if session.restart_refused:
                 self.line(f"not restarted: {session.restart_refused}")
             if failure.stderr_tail:

@@ -639,6 +639,23 @@ def test_only_a_lost_peer_error_is_a_consequence_and_another_own_error_is_its_ow
     assert out[1].detail == "rank 1 also failed on its own (not a consequence): KeyError: 'x'"
 
 
+def test_after_a_desync_every_failure_is_its_consequence_the_first_included():
+    """gloo aborts the rank that receives more bytes than it expects, often the innocent one:
+    once the traces name the desync, no failed rank is blamed as the cause."""
+    ends = [
+        RankEnd(0, signal="SIGABRT", exit_code=-6),
+        RankEnd(1, t=1.1, error=RESET),
+    ]
+    out = diagnose_crash(ends, launcher_rank=0, desync=(1, "all_reduce #17"))
+    assert [(d.rank, d.cause) for d in out] == [(0, "consequence"), (1, "consequence")]
+    assert out[0].detail == (
+        "rank 0 failed (killed by SIGABRT) after rank 1's desync in all_reduce #17: a "
+        "consequence, not a cause"
+    )
+    assert out[1].detail.startswith("rank 1 failed (") and "after its own desync" in out[1].detail
+    assert [d.cause for d in diagnose_crash(ends, launcher_rank=0)][0] == "crash"  # without
+
+
 @pytest.mark.parametrize(
     "culprit_phases",
     [

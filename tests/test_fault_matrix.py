@@ -5,6 +5,7 @@ a healthy control must get no verdict. One after the other: on a loaded machine,
 side starve each other's CPU. The whole matrix (every fault, 4 ranks) is the script."""
 
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -47,6 +48,25 @@ def test_an_extra_collective_is_a_desync_named_before_the_hang_timeout(tmp_path)
     # the line of the script when its trace carried one (a cold dump may lack the stack)
     assert row.where is None or row.where.startswith("fault_ddp.py:"), row
     assert row.latency is not None and row.latency < 30, row  # not the hang timeout
+
+
+@pytest.mark.parametrize(
+    ("fault", "launcher"),
+    [("skip", "spawn"), ("dtype", "torchrun")],
+)
+def test_a_desync_gloo_aborts_the_innocent_rank_for_is_blamed_on_the_rank_that_erred(
+    tmp_path, fault, launcher
+):
+    """gloo aborts the rank that receives more bytes than its collective expects (rank 0
+    here): its trace, left on the abort, and the other rank's name the desync, and the
+    abort is a consequence of it, not the cause."""
+    row = fault_matrix.run_case(fault, launcher, 2, HANG_TIMEOUT, tmp_path, timeout=90)
+    assert row.note == "fault: rank 1 #17", row
+    assert (row.verdict, row.rank, row.op, row.seq) == ("desync", 1, "all_reduce", 17), row
+    assert row.where and row.where.startswith("fault_ddp.py:"), row
+    summary = json.loads((tmp_path / f"{fault}-{launcher}-2" / "summary.json").read_text())
+    causes = {(d["rank"], d["cause"]) for d in summary["diagnoses"]}
+    assert (0, "consequence") in causes and (0, "crash") not in causes, causes
 
 
 def test_a_long_busy_preparation_gets_no_verdict(tmp_path):

@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -238,20 +239,30 @@ while True:
     time.sleep(0.01)
 doc = flight_recorder.dump_trace(0)
 print(json.dumps({"before": before, "after": after, "entries": doc["entries"],
-                  "backends": doc["backends"]}))
+                  "backends": doc["backends"]}), flush=True)
+# a C++ thread's uncaught exception (gloo's size check): the trace first, then the abort
+import ctypes, threading
+assert flight_recorder.install_terminate_trace(os.environ["PROBE_RUN_DIR"], 0)
+terminate = ctypes.CDLL(None)._ZSt9terminatev
+threading.Thread(target=terminate).start()
+time.sleep(30)
 """
 
 
-def test_progress_and_dump_in_a_real_gloo_group():
+def test_progress_and_dump_in_a_real_gloo_group_and_the_trace_left_on_terminate(tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", PROBE],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_RUN_DIR": str(tmp_path)},
     )
-    assert out.returncode == 0, out.stderr
+    # std::terminate: the trace was written, then libstdc++'s own handler said so and aborted
+    assert out.returncode == -signal.SIGABRT, out.stderr
+    assert "terminate called without an active exception" in out.stderr
+    left = flight.parse_trace((tmp_path / "fr-rank-0.json").read_text())
+    assert [e["profiling_name"] for e in left["entries"]][-3:] == ["gloo:all_reduce"] * 3
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["before"] == []  # no torch.distributed yet: nothing, and nothing imported
     last = got["after"][-1]

@@ -119,6 +119,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
     install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
     if flight_recorder.recording():
         flight_recorder.start_trace_server(run_dir, rank)  # traces on ddptui's request
+        flight_recorder.install_terminate_trace(run_dir, rank)  # and on gloo's abort
         heartbeat.set_collectives_source(flight_recorder.progress)  # progress in every beat
 
 
@@ -189,6 +190,8 @@ def run_target(module: str | None, script: str | None, args: list[str]) -> int:
     except BaseException as exc:
         report_failure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
         raise
+    finally:
+        flight_recorder.remove_terminate_trace()  # native teardown aborts as it would
     if code:
         report_failure(f"exited with code {code}", None)
     return code

@@ -148,7 +148,8 @@ def dump_trace(rank: int) -> dict:
 def write_trace(run_dir: str | os.PathLike[str], rank: int) -> Path:
     """Dump this rank's trace into ``RUN_DIR/fr-rank-N.json`` (temp file + rename)."""
     path = Path(run_dir) / trace_name(rank)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # pid and thread: ddptui's request and the rank's own failure may write at once
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(dump_trace(rank), f, separators=(",", ":"))
@@ -341,6 +342,76 @@ class TraceServer:
             self.sock.close()
         finally:
             self.path.unlink(missing_ok=True)
+
+
+#: How long the trace written on std::terminate may take before the abort goes on.
+TERMINATE_DUMP_S = 5.0
+#: libstdc++'s ``std::set_terminate`` (mangled): the handler a C++ thread's uncaught
+#: exception ends in.
+_SET_TERMINATE = "_ZSt13set_terminatePFvvE"
+_VOID_FN = None  # ctypes.CFUNCTYPE(None), made on first use
+_terminate_hook: Any = None  # (our handler, the previous handler, set_terminate) while on
+_retired: list[Any] = []
+
+
+def install_terminate_trace(run_dir: str | None, rank: int) -> bool:
+    """Leave this rank's trace when a C++ thread ends the process with ``std::terminate``.
+
+    gloo enforces a received size in its transport thread: when a peer sent more bytes than
+    the collective expects (another shape or dtype, a collective left out), the exception is
+    uncaught there and the process aborts (SIGABRT) without running any Python. That rank
+    is usually the innocent one, and its trace is what says what it called. So a terminate
+    handler writes ``fr-rank-N.json`` first (the main thread is inside the collective with
+    the GIL released; at most :data:`TERMINATE_DUMP_S`), then hands over to the previous
+    handler, which prints the exception and aborts as before. Only while the script runs:
+    :func:`remove_terminate_trace` restores the previous handler before the interpreter
+    tears down. Returns whether it was installed (libstdc++ loaded, run directory given)."""
+    import ctypes
+
+    global _VOID_FN, _terminate_hook
+    if _terminate_hook is not None or not run_dir:
+        return _terminate_hook is not None
+    try:
+        set_terminate = getattr(ctypes.CDLL(None), _SET_TERMINATE)
+    except (OSError, AttributeError):
+        return False  # libstdc++ not loaded (no torch), or not Linux
+    _VOID_FN = _VOID_FN or ctypes.CFUNCTYPE(None)
+    set_terminate.restype = ctypes.c_void_p
+    set_terminate.argtypes = [ctypes.c_void_p]
+    previous: list[int | None] = [None]
+
+    def on_terminate() -> None:
+        done = threading.Event()
+
+        def dump() -> None:
+            try:
+                write_trace(run_dir, rank)
+            except Exception:  # the abort goes on whatever happens here
+                pass
+            finally:
+                done.set()
+
+        threading.Thread(target=dump, name="ddptui-fr-terminate", daemon=True).start()
+        done.wait(TERMINATE_DUMP_S)
+        if previous[0]:
+            _VOID_FN(previous[0])()  # libstdc++'s handler: prints the exception, aborts
+        os.abort()
+
+    handler = _VOID_FN(on_terminate)
+    previous[0] = set_terminate(ctypes.cast(handler, ctypes.c_void_p))
+    _terminate_hook = (handler, previous[0], set_terminate)
+    return True
+
+
+def remove_terminate_trace() -> None:
+    """Put back the terminate handler :func:`install_terminate_trace` replaced."""
+    global _terminate_hook
+    if _terminate_hook is None:
+        return
+    _handler, previous, set_terminate = _terminate_hook
+    set_terminate(previous)
+    _retired.append(_handler)  # a terminate already under way may still be calling it
+    _terminate_hook = None
 
 
 def start_trace_server(run_dir: str | None, rank: int) -> TraceServer | None:

@@ -572,9 +572,15 @@ def diagnose_crash(
     memory: MemoryState | None = None,
     rss: Mapping[int, int] | None = None,
     t: float = 0.0,
+    desync: tuple[int, str] | None = None,
 ) -> list[Diagnosis]:
     """The root cause of a failed run: the first rank to fail (``crash``, or ``oom`` for a
     likely out-of-memory kill) and the ranks that failed after it as ``consequence``.
+
+    ``desync``: (rank, ``all_reduce #17``) when the ranks' traces show that rank called a
+    collective differently (torch's analyzer). Then the desync is the cause and every
+    failure a consequence of it, the first included: gloo aborts the rank that receives
+    more bytes than it expects, which is as often the innocent one.
 
     ``ends``: the failed ranks (:func:`rank_ends`); ``launcher_rank``: the first failure the
     launcher saw; ``memory``: pressure around the failure; ``rss``: rank -> last resident
@@ -584,6 +590,19 @@ def diagnose_crash(
     """
     if not ends:
         return []
+    if desync is not None:
+        culprit, what = desync
+        return [
+            Diagnosis(
+                end.rank,
+                "consequence",
+                f"rank {end.rank} failed ({_error_line(end)}) after "
+                + ("its own" if end.rank == culprit else f"rank {culprit}'s")
+                + f" desync in {what}: a consequence, not a cause",
+                t,
+            )
+            for end in sorted(ends, key=lambda e: e.rank)
+        ]
     by_rank = {e.rank: e for e in ends}
     primaries = [e for e in ends if not e.consequence_like]
     timed = sorted((e for e in primaries if e.t is not None), key=lambda e: (e.t, e.rank))

@@ -20,6 +20,7 @@ from ddptui.argv import split_passthrough
 from ddptui.constants import LAUNCHERS
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.entry import die_with_parent, spawn_worker
+from ddptui.rank.flight_recorder import SOCKET_DIR_ENV
 from ddptui.rank.net import free_port
 from ddptui.runfiles import write_json_atomic
 
@@ -90,6 +91,8 @@ def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
                 running.remove(process)
                 if process.exitcode != 0 and failed is None:
                     failed = ranks.index(process)
+        if failed is not None:
+            _ask_survivors(ranks)
     finally:
         _end_ranks(ranks, grace=2.0)
     if failed is None:
@@ -103,6 +106,24 @@ def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
         pid=ranks[failed].pid,
     )
     return 1
+
+
+#: How long the ranks still running after a failure have to write their traces.
+SURVIVOR_TRACE_S = 3.0
+
+
+def _ask_survivors(ranks: list) -> None:
+    """Before ending the ranks still running after one failed: ask each for its Flight
+    Recorder trace (``fr-rank-N.json``). Where they were when a peer failed is what names
+    a desync or the collective a killed rank left (a rank ended by SIGTERM inside a
+    collective writes nothing itself). A no-op with the recorder off."""
+    directory = os.environ.get(SOCKET_DIR_ENV)
+    alive = [rank for rank, p in enumerate(ranks) if p.pid is not None and p.exitcode is None]
+    if not directory or not alive:
+        return
+    from ddptui.run.flight import request_traces  # only on this path: the driver stays light
+
+    request_traces(directory, alive, SURVIVOR_TRACE_S)
 
 
 def _signal_name(number: int) -> str:

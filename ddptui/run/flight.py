@@ -495,6 +495,15 @@ def findings(
     return out
 
 
+_NAMED = re.compile(r"\b([a-z_]+ #\d+)")
+
+
+def collective_named(detail: str) -> str:
+    """The first collective a finding's line names (``all_reduce #17``), or ``a collective``."""
+    match = _NAMED.search(detail)
+    return match.group(1) if match else "a collective"
+
+
 def _mismatch_kind(coll: Any) -> str | None:
     info = getattr(coll, "type_of_mismatch", None)
     state = getattr(info, "state", None)

@@ -397,20 +397,14 @@ class RunSession:
         failure = state.failure
         memory = self.probe.memory_state() if self.probe is not None else None
         rss = self.probe.rss if self.probe is not None else None
-        found = diagnose_crash(
-            rank_ends(state),
-            failure.rank if failure is not None else None,
-            memory,
-            rss,
-            t=state.elapsed(self.clock()),
-        )
+        traced: list[Diagnosis] = []
         if self.fr_dir is not None:  # the collective each rank was in, from its trace
             pids = {r: v.pid for r, v in state.ranks.items()}
             failed = [r for r, v in state.ranks.items() if v.state == "failed"]
             if failure is not None and failure.rank is not None:
                 failed.append(failure.rank)
             errors = {r: v.error for r, v in state.ranks.items() if v.error}
-            found += flight.at_crash(
+            traced = flight.at_crash(
                 self.run_dir,
                 pids,
                 self.cfg.world_size,
@@ -419,6 +413,17 @@ class RunSession:
                 errors,
                 (failure.rank, failure.stderr_tail) if failure is not None else None,
             )
+        # A desync torch's analyzer names is the cause; the failures it set off come after.
+        desync = next((d for d in traced if d.cause == "desync" and d.rank is not None), None)
+        found = diagnose_crash(
+            rank_ends(state),
+            failure.rank if failure is not None else None,
+            memory,
+            rss,
+            t=state.elapsed(self.clock()),
+            desync=(desync.rank, flight.collective_named(desync.detail)) if desync else None,
+        )
+        found = [*traced, *found] if desync else [*found, *traced]
         for diagnosis in found:
             self.diagnoser.record(diagnosis)
         self._news += found
