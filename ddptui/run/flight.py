@@ -289,10 +289,11 @@ def _pg_configs(traces: Mapping[int, dict], world_size: int) -> dict[int, dict]:
     return out
 
 
-def analyze(traces: Mapping[int, dict], world_size: int) -> Any:
-    """torch's ``build_db`` over the ranks' traces (a ``Database`` of collectives, the first
-    mismatch recorded with its missing ranks or mismatching ranks). Raises ``ValueError``
-    with one line when torch's analyzer cannot read them."""
+_warming: threading.Thread | None = None
+
+
+def _import_analyzer() -> Any:
+    """torch's ``build_db`` (importing it imports torch: seconds on a busy machine)."""
     quiet = logging.getLogger("Flight Recorder")  # torch's analyzer logs to stderr
     was = quiet.disabled
     quiet.disabled = True
@@ -300,6 +301,32 @@ def analyze(traces: Mapping[int, dict], world_size: int) -> Any:
         from torch.distributed.flight_recorder.components.builder import build_db
     finally:
         quiet.disabled = was
+    return build_db
+
+
+def warm_analyzer() -> None:
+    """Import torch's analyzer in a daemon thread, once, so that a verdict does not wait for
+    torch to load in ddptui's own process (seconds on a loaded machine). Called when a rank
+    first stands still: most runs never pay for it."""
+    global _warming
+    if _warming is not None:
+        return
+
+    def load() -> None:
+        try:
+            _import_analyzer()
+        except Exception:  # the verdict's own import says why, in one line
+            pass
+
+    _warming = threading.Thread(target=load, name="ddptui-fr-warm", daemon=True)
+    _warming.start()
+
+
+def analyze(traces: Mapping[int, dict], world_size: int) -> Any:
+    """torch's ``build_db`` over the ranks' traces (a ``Database`` of collectives, the first
+    mismatch recorded with its missing ranks or mismatching ranks). Raises ``ValueError``
+    with one line when torch's analyzer cannot read them."""
+    build_db = _import_analyzer()
     docs = {r: d for r, d in traces.items() if d["entries"]}
     if not docs:
         raise ValueError("no rank recorded a collective")

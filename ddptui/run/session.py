@@ -60,7 +60,9 @@ DIAGNOSE_EVERY_S = 1.0
 #: How long to wait for the ranks' stack dumps after a hang.
 STACKS_TIMEOUT_S = 5.0
 #: Every rank still for this long inside a collective: ask for the traces (a desync?).
-FLIGHT_WATCH_S = 2.0
+FLIGHT_WATCH_S = 1.0
+#: A rank still this long: load torch's analyzer in the background (a verdict may be near).
+FLIGHT_WARM_S = 1.0
 #: ...at most this often: a healthy run whose collectives are long (a slow network, a big
 #: model) must not pay a trace dump (about a second of a rank's CPU) on every one.
 FLIGHT_WATCH_EVERY_S = 30.0
@@ -313,6 +315,7 @@ class RunSession:
         if self.diagnoser.hang is not None and not self._hung:
             self._on_hang(now)
         elif not self._hung:
+            self._flight_warm()
             self._flight_watch(now)
 
     def _arm_flight(self, launcher: Launcher) -> None:
@@ -343,6 +346,20 @@ class RunSession:
                     self.diagnoser.record(diagnosis)
                 self._news += found
         return found
+
+    def _flight_warm(self) -> None:
+        """Once any live rank has stood still for :data:`FLIGHT_WARM_S`, load torch's analyzer
+        in the background: a hang verdict then reads the traces without waiting for torch to
+        load in this process."""
+        if self.fr_dir is None:
+            return
+        with self._lock:
+            still = any(
+                v.state == "started" and (v.still_for or 0.0) >= FLIGHT_WARM_S
+                for v in self.state.ranks.values()
+            )
+        if still:
+            flight.warm_analyzer()
 
     def _flight_watch(self, now: float) -> None:
         """Before any timeout: when every live rank has stood still for a beat inside a
