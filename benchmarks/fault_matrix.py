@@ -118,6 +118,103 @@ def run_case(
     return judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, proc.returncode)
 
 
+NETNS = ROOT / "scripts" / "ci" / "netns.sh"
+JOIN = re.compile(r"^ddptui join (\S+)$")
+
+
+def netns_up(name: str) -> dict[str, str]:
+    """A network namespace joined to this one by a veth pair (``scripts/ci/netns.sh``):
+    its NETNS, NETNS_HOST_IP, NETNS_NS_IP, NETNS_HOST_IF, NETNS_NS_IF; OSError (one line)
+    when it cannot be made (root and iproute2 are needed)."""
+    proc = subprocess.run(
+        ["bash", str(NETNS), "up", name], capture_output=True, text=True, timeout=30
+    )
+    values = dict(ln.split("=", 1) for ln in proc.stdout.splitlines() if "=" in ln)
+    if proc.returncode != 0 or "NETNS" not in values:
+        raise OSError((proc.stdout or proc.stderr).strip().splitlines()[-1:] or ["netns failed"])
+    return values
+
+
+def netns_down(name: str) -> None:
+    subprocess.run(["bash", str(NETNS), "down", name], capture_output=True, timeout=30)
+
+
+def run_two_nodes(fault: str, hang_timeout: float, base: Path, timeout: float = 150.0) -> Row:
+    """One run on two nodes over torchrun's c10d rendezvous, one rank each: node 0 here,
+    node 1 (``ddptui join``) in its own network namespace, the fault on the last rank."""
+    name = f"{fault}-2nodes-2"
+    run_dir, mark_path = base / name, base / f"{name}.mark.json"
+    ns = f"ddptui-fm-{os.getpid()}"
+    try:
+        net = netns_up(ns)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Row(fault, "2 nodes", 2, "-", None, None, None, None, None, False, f"{exc}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FAULT": fault, "FAULT_MARK": str(mark_path)}
+    if fault == "slow_start":
+        env["FAULT_SLEEP_S"] = str(2 * hang_timeout)
+    elif fault == "slow_step":
+        env["FAULT_SLEEP_S"] = "0.1"
+    port = 29500 + os.getpid() % 1000
+    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(SCRIPT)]
+    cmd += ["--nnodes", "2", "--nproc-per-node", "1", "--device", "cpu"]
+    cmd += ["--rdzv-endpoint", f"{net['NETNS_HOST_IP']}:{port}", "--run-dir", str(run_dir)]
+    cmd += ["--hang-timeout", str(hang_timeout)]
+    lines: list[tuple[float, str]] = []
+    procs: list[subprocess.Popen] = []
+
+    def start(argv: list[str], extra: dict[str, str], keep: bool) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**env, **extra},
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        procs.append(proc)
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if keep:
+                    lines.append((time.time(), line.rstrip("\n")))
+
+        threading.Thread(target=read, daemon=True).start()
+        return proc
+
+    try:
+        node0 = start(cmd, {"GLOO_SOCKET_IFNAME": net["NETNS_HOST_IF"]}, True)
+        deadline = time.monotonic() + 60
+        token = None
+        while token is None and time.monotonic() < deadline and node0.poll() is None:
+            token = next((m.group(1) for _, ln in lines if (m := JOIN.match(ln))), None)
+            time.sleep(0.1)
+        if token is not None:
+            join = ["ip", "netns", "exec", net["NETNS"], "env"]
+            join += [f"GLOO_SOCKET_IFNAME={net['NETNS_NS_IF']}", sys.executable, "-m"]
+            join += ["ddptui.cli", "join", token, "--run-dir", str(base / f"{name}-node1")]
+            start(join, {}, False)
+        try:
+            node0.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+        try:
+            _kill_run(json.loads((run_dir / "config.json").read_text())["run_id"])
+        except (OSError, ValueError, KeyError):
+            pass
+        netns_down(ns)
+    return judge(fault, "2 nodes", 2, hang_timeout, run_dir, mark_path, lines, node0.returncode)
+
+
 def judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, code) -> Row:
     """The row: what ddptui said (summary.json), against what the faulty rank wrote down."""
     try:
@@ -206,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-timeout", type=float, default=6.0)
     p.add_argument("--faults", default=",".join([*FAULTS, *HEALTHY]))
     p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
+    p.add_argument(
+        "--nodes",
+        default="1",
+        help="1, 2 or 1,2: 2 runs each fault on two nodes (one rank each, node 1 in a "
+        "network namespace: needs root)",
+    )
     args = p.parse_args(argv)
     faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in faults if f not in FAULTS and f not in HEALTHY]
@@ -217,12 +320,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
             tmp = args.keep
-        for world in [int(w) for w in args.world.split(",")]:
+        nodes = args.nodes.split(",")
+        for world in [int(w) for w in args.world.split(",")] if "1" in nodes else []:
             for launcher in args.launchers.split(","):
                 for fault in faults:
                     row = run_case(fault, launcher, world, args.hang_timeout, Path(tmp))
                     rows.append(row)
                     print(table([row]).splitlines()[-1], flush=True)
+        for fault in faults if "2" in nodes else []:
+            row = run_two_nodes(fault, args.hang_timeout, Path(tmp))
+            rows.append(row)
+            print(table([row]).splitlines()[-1], flush=True)
     print()
     print(table(rows))
     right = sum(r.ok for r in rows)

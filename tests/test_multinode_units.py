@@ -4,9 +4,12 @@ service's refusals, and the CURVE inbox refusing peers without the run's keys.""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
+import threading
 import time
+import zlib
 
 import pytest
 import zmq
@@ -21,6 +24,7 @@ from ddptui.run.config import build_config
 from ddptui.run.machine import Machine
 from ddptui.run.options import ConfigError, RunConfig
 from ddptui.run.state import RankFailureInfo
+from tests.helpers import ROOT, wait_until
 
 CPU = Machine(0, "no GPU here", cpu_count=2)
 ALLOC = {
@@ -219,6 +223,34 @@ def test_join_gives_config_then_refuses_twice_and_late(host, tmp_path):
     host.set_outcome("failed", "rank 1 failed")
     ended = join(host.token(), node=1)
     assert not ended["ok"] and "has ended" in ended["error"]
+
+
+def test_a_joined_node_sends_its_ranks_traces_when_node_0_asks(host, tmp_path):
+    """Node 0 asks (every status answer carries the request); the node's agent sends each of
+    its ranks' traces, compressed, over the CURVE channel; node 0 checks and writes them
+    where its analysis reads every rank's. A trace that is not one is refused."""
+    trace = (ROOT / "tests" / "data" / "fr" / "hang" / "fr-rank-1.json").read_bytes()
+    assert join(host.token())["ok"]  # node 1
+    channel = Channel(host.token())
+    try:
+        assert channel.ask({"op": "status", "v": 1, "node": 1}, 5)["traces"] == 0
+        fetched: dict = {}
+        asking = threading.Thread(target=lambda: fetched.update(host.fetch_traces([1], 10)))
+        asking.start()
+        ask = wait_until(
+            lambda: channel.ask({"op": "status", "v": 1, "node": 1}, 5)["traces"] or None, 5
+        )
+        request = {"op": "trace", "v": 1, "node": 1, "ask": ask, "rank": 1}
+        bad = channel.ask({**request, "trace": zlib.compress(b'{"rank": 1}')}, 5)
+        assert not bad["ok"] and "malformed entries" in bad["error"]
+        assert channel.ask({**request, "trace": zlib.compress(trace)}, 5) == {"ok": True}
+        asking.join(10)
+    finally:
+        channel.close()
+    assert fetched == {1: "ok"}
+    written = json.loads((tmp_path / "fr-rank-1.json").read_text())
+    assert written == json.loads(trace)
+    assert host.fetch_traces([1], 0.2) == {1: "no trace from its node in 0.2 s"}  # a new ask
 
 
 def test_wrong_token_gets_no_answer_and_the_run_is_not_disturbed(host):

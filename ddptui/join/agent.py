@@ -4,6 +4,7 @@ node 0, the run's outcome followed (a failure anywhere ends this node too)."""
 from __future__ import annotations
 
 import time
+import zlib
 from pathlib import Path
 from typing import TextIO
 
@@ -11,6 +12,8 @@ from ddptui import protocol
 from ddptui.join.channel import LOST_AFTER_S, STATUS_EVERY_S, Channel
 from ddptui.monitor import SystemMonitor
 from ddptui.monitor.snapshot import is_na
+from ddptui.rank.flight_recorder import SOCKET_DIR_ENV, trace_name
+from ddptui.run import flight
 from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.collector import Collector
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
@@ -25,6 +28,8 @@ from ddptui.runfiles import write_json_atomic
 DRAIN_S = 0.5
 #: How often the node's system (host load, GPUs) is sampled and sent to node 0.
 SAMPLE_EVERY_S = 2.0
+#: How long this node's ranks have to write their traces, and node 0 to take each.
+TRACE_TIMEOUT_S = 5.0
 
 
 def _value(value: object) -> object:
@@ -90,6 +95,9 @@ class NodeAgent:
         self._monitor = None
         self._samples = 0
         self._next_sample = 0.0
+        #: The private directory of this node's ranks' trace sockets (None: recorder off).
+        self.fr_dir: Path | None = None
+        self._traces_sent = 0  # the last trace request of node 0's answered
 
     def describe(self, failure: RankFailureInfo) -> str:
         """``node K (host H): rank R was killed by signal SIGKILL`` (the rank's global number)."""
@@ -116,6 +124,12 @@ class NodeAgent:
             local_addr=route_address(split_endpoint(cfg.rdzv_endpoint)[0]),
         )
         launcher = make_launcher(cfg, collector.endpoint, rendezvous=rendezvous)
+        if cfg.flight_recorder:
+            try:
+                self.fr_dir = flight.make_socket_dir()
+                launcher.extra_env[SOCKET_DIR_ENV] = str(self.fr_dir)
+            except OSError:
+                self.fr_dir = None  # the run goes on; node 0 names hangs without these traces
         say(
             f"node {self.slot} of run {cfg.run_id}: {cfg.nproc_per_node} rank(s) of "
             f"{cfg.world_size} under torchrun (c10d {cfg.rdzv_endpoint}) -> {cfg.run_dir}"
@@ -168,6 +182,7 @@ class NodeAgent:
             answer = self.channel.answer()
             if answer is not None and answer.get("ok"):
                 heard_at = now
+                self._send_traces(answer.get("traces"))
                 outcome = answer.get("outcome")
                 if isinstance(outcome, str):
                     self.node0_outcome = outcome[:32]
@@ -184,6 +199,25 @@ class NodeAgent:
                 self.node0_outcome = "failed"
                 self.node0_failure = f"node 0 has not answered for {LOST_AFTER_S:.0f} s"
                 return launcher.stop()
+
+    def _send_traces(self, ask: object) -> None:
+        """Node 0 asked for the Flight Recorder traces (request ``ask``, newer than the last
+        one answered): ask this node's ranks for theirs (their sockets in :attr:`fr_dir`) and
+        send each to node 0, compressed, over the authenticated channel."""
+        if not isinstance(ask, int) or ask <= self._traces_sent or self.fr_dir is None:
+            return
+        self._traces_sent = ask
+        assert self.cfg.run_dir is not None
+        ranks = [int(p.stem) for p in self.fr_dir.glob("*.sock") if p.stem.isdigit()]
+        answers = flight.request_traces(self.fr_dir, ranks, TRACE_TIMEOUT_S)
+        for rank in sorted(r for r, a in answers.items() if a == "ok"):
+            path = Path(self.cfg.run_dir) / trace_name(rank)
+            try:
+                data = zlib.compress(path.read_bytes()[: flight.MAX_TRACE_BYTES])
+            except OSError:
+                continue
+            request = {"op": "trace", "v": 1, "node": self.slot, "ask": ask, "rank": rank}
+            self.channel.ask({**request, "trace": data}, TRACE_TIMEOUT_S)
 
     def _await_verdict(self, seconds: float = 3.0) -> None:
         """Ask node 0 how the run stands for up to ``seconds`` (until it has an outcome)."""
@@ -212,6 +246,8 @@ class NodeAgent:
             self.channel.send([sample])
 
     def close(self) -> None:
+        flight.remove_socket_dir(self.fr_dir)
+        self.fr_dir = None
         if self._monitor is not None:
             try:
                 self._monitor.close()

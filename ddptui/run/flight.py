@@ -27,7 +27,7 @@ import re
 import socket
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -582,17 +582,39 @@ def collect(
     t: float,
     stacks: Mapping[int, str] | None = None,
     timeout: float = REQUEST_TIMEOUT_S,
+    remote: Iterable[int] = (),
+    fetch: Callable[[list[int], float], dict[int, str]] | None = None,
+    frames: Mapping[int, str] | None = None,
 ) -> tuple[list[Any], str]:
     """Ask ``ranks`` for their traces, run torch's analyzer, and return the findings as
     :class:`ddptui.run.diagnosis.Diagnosis` (cause ``hang`` or ``desync``, at ``t`` seconds)
     with one line saying what was read (``Flight Recorder: traces of ranks 0, 1; …``).
-    ``stacks`` (rank -> faulthandler dump) says where a rank that never entered is instead."""
+    ``stacks`` (rank -> faulthandler dump) says where a rank that never entered is instead;
+    ``frames`` (rank -> its heartbeat's frame) where it has no stack. The ranks in ``remote``
+    run on other nodes: ``fetch(ranks, timeout)`` brings their traces into ``run_dir`` (their
+    node's agent asks them), at the same time as the local ranks are asked."""
     from ddptui.run.diagnosis import Diagnosis, classify_stack
 
-    answers = request_traces(socket_dir, ranks, timeout)
+    ranks = sorted(set(ranks))
+    far = sorted(set(remote) & set(ranks)) if fetch is not None else []
+    answers: dict[int, str] = {}
+    fetcher = None
+    if far:
+        assert fetch is not None
+
+        def bring() -> None:
+            answers.update(fetch(far, timeout))
+
+        fetcher = threading.Thread(target=bring, name="ddptui-fr-fetch", daemon=True)
+        fetcher.start()
+    answers.update(request_traces(socket_dir, [r for r in ranks if r not in far], timeout))
+    if fetcher is not None:
+        fetcher.join(timeout + 1.0)
+        answers.update({r: "no answer from its node" for r in far if r not in answers})
     fresh = sorted(r for r, a in answers.items() if a == "ok")
     traces, unreadable = load_traces(run_dir, fresh)
-    where = {rank: classify_stack(text).where for rank, text in (stacks or {}).items()}
+    where = dict(frames or {})
+    where.update({rank: classify_stack(text).where for rank, text in (stacks or {}).items()})
     found, why = explain(traces, world_size, where) if traces else ([], "no trace")
     note = f"Flight Recorder: traces of {_ranks_text(traces)}" if traces else "Flight Recorder"
     absent = {r: a for r, a in answers.items() if a != "ok"} | unreadable

@@ -333,11 +333,25 @@ class RunSession:
             return []
         now = self.clock() if now is None else now
         with self._lock:
-            ranks = [r for r, v in self.state.ranks.items() if v.state == "started"]
+            live = {r: v for r, v in self.state.ranks.items() if v.state == "started"}
             t = self.state.elapsed(now)
             stacks = dict(self.stacks)
+            frames = {r: v.frame for r, v in live.items() if v.frame}
+        remote: list[int] = []
+        if self.host is not None:  # ranks under a joined node's agent: it fetches theirs
+            with self.host.book.lock:
+                joined = set(self.host.book.joined)
+            remote = [r for r, v in live.items() if v.node is not None and v.node in joined]
         found, note = flight.collect(
-            self.fr_dir, self.run_dir, ranks, self.cfg.world_size, t, stacks=stacks
+            self.fr_dir,
+            self.run_dir,
+            list(live),
+            self.cfg.world_size,
+            t,
+            stacks=stacks,
+            remote=remote,
+            fetch=self.host.fetch_traces if self.host is not None else None,
+            frames=frames,
         )
         with self._lock:
             self.flight_note = note

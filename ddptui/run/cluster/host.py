@@ -13,20 +13,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
+from ddptui.rank.flight_recorder import trace_name
+from ddptui.run import flight
 from ddptui.run.cluster.addresses import join_endpoint
 from ddptui.run.cluster.token import JoinToken, RunKeys
 from ddptui.run.collector import Collector
 from ddptui.run.options import RunConfig
+from ddptui.runfiles import write_json_atomic
 
 ZAP_DOMAIN = "ddptui"
-#: Largest join request read (bytes); libzmq drops a peer that sends more.
-MAX_REQUEST_BYTES = 16 * 1024
+#: Largest join request read (bytes); libzmq drops a peer that sends more. A rank's Flight
+#: Recorder trace, compressed, is the largest (a few hundred KB for 2,000 entries).
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
 PROTOCOL = 1
 
 
@@ -35,6 +42,10 @@ class JoinRequest(msgspec.Struct, forbid_unknown_fields=True):
     v: int = PROTOCOL
     node: int | None = None
     host: str | None = None
+    #: ``trace``: which trace request it answers, the rank, its trace (zlib-compressed JSON)
+    ask: int | None = None
+    rank: int | None = None
+    trace: bytes | None = None
 
 
 @dataclass
@@ -53,6 +64,10 @@ class JoinBook:
     told: set[int] = field(default_factory=set)
     outcome: str | None = None
     failure: str | None = None
+    #: The latest Flight Recorder trace request (0: none yet); every status answer says it.
+    trace_ask: int = 0
+    #: rank -> the trace request its node last answered for it.
+    traced: dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def join(self, slot: int | None, host: str) -> tuple[int | None, str | None]:
@@ -185,7 +200,14 @@ class NodeHost:
             with self.book.lock:
                 if self.book.outcome is not None and request.node is not None:
                     self.book.told.add(request.node)
-                return {"ok": True, "outcome": self.book.outcome, "failure": self.book.failure}
+                return {
+                    "ok": True,
+                    "outcome": self.book.outcome,
+                    "failure": self.book.failure,
+                    "traces": self.book.trace_ask,
+                }
+        if request.op == "trace":
+            return self._take_trace(request)
         if request.op != "join":
             return {"ok": False, "error": f"unknown request {request.op[:20]!r}"}
         if request.node is not None and not 0 <= request.node < 1_000_000:
@@ -201,7 +223,52 @@ class NodeHost:
             "telemetry": self.telemetry_endpoint,
         }
 
+    def _take_trace(self, request: JoinRequest) -> dict:
+        """A joined node's answer to a trace request: one rank's trace, checked like a local
+        one (:func:`ddptui.run.flight.parse_trace`) and written as ``fr-rank-N.json`` into
+        node 0's run directory, where the analysis reads every rank's."""
+        with self.book.lock:
+            joined = request.node in self.book.joined
+        rank, data = request.rank, request.trace
+        if not joined or rank is None or data is None or request.ask is None:
+            return {"ok": False, "error": "a trace from a node that has not joined, or no trace"}
+        if not 0 <= rank < self.cfg.world_size:
+            return {"ok": False, "error": f"rank {rank} is not a rank of this run"}
+        try:
+            inflate = zlib.decompressobj()
+            text = inflate.decompress(data, flight.MAX_TRACE_BYTES)
+            if inflate.unconsumed_tail:
+                raise flight.TraceError(f"larger than {flight.MAX_TRACE_BYTES} bytes")
+            doc = flight.parse_trace(text)
+            if doc["rank"] != rank:
+                raise flight.TraceError(f"written by rank {doc['rank']}")
+            assert self.cfg.run_dir is not None
+            write_json_atomic(Path(self.cfg.run_dir) / trace_name(rank), doc)
+        except (zlib.error, flight.TraceError, OSError) as exc:
+            return {"ok": False, "error": f"rank {rank}'s trace: {exc}"[:300]}
+        with self.book.lock:
+            self.book.traced[rank] = request.ask
+        return {"ok": True}
+
     # -- the session's side ----------------------------------------------------------------------
+    def fetch_traces(self, ranks: Iterable[int], timeout: float) -> dict[int, str]:
+        """Ask every joined node for the Flight Recorder traces of its ranks (its agent asks
+        them at its next status poll and sends each back, see :meth:`_take_trace`); wait up
+        to ``timeout`` seconds. rank -> ``ok`` (``fr-rank-N.json`` is in the run directory)
+        or why not."""
+        ranks = sorted(set(ranks))
+        with self.book.lock:
+            self.book.trace_ask += 1
+            ask = self.book.trace_ask
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.book.lock:
+                done = {r for r in ranks if self.book.traced.get(r) == ask}
+            if len(done) == len(ranks) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        return {r: "ok" if r in done else f"no trace from its node in {timeout:g} s" for r in ranks}
+
     def new_joins(self) -> list[NodeInfo]:
         """The nodes that joined since the last call (for the console and the dashboard)."""
         with self.book.lock:
