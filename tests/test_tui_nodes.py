@@ -19,7 +19,7 @@ from ddptui.tui.model import (
     table_lines,
 )
 from ddptui.tui.node_system import local_node, node_system_lines
-from ddptui.tui.widgets.failure import others_label, rank_place
+from ddptui.tui.widgets.failure import desync_line, others_label, rank_place
 from tests.tui_fixtures.fakes import gpu_snapshots, idle_and_busy_snapshots, no_gpu_snapshots
 from tests.tui_fixtures.nodes import Status, multi_node_source, multi_node_state
 
@@ -112,6 +112,17 @@ def test_failed_run_marks_the_others_stopped_and_names_node_and_host():
     row = next(r for r in run_frame(old, now).rows if r.rank == 3)
     assert rank_place(row, multi_node=True) == "on node-1"
     assert rank_place(row, multi_node=False) == ""  # one machine: nothing to say
+
+
+def test_the_failure_panel_names_the_desync_that_set_the_failure_off():
+    desync = (
+        "rank 1 called all_reduce #17 with 577 floats (DDP bucket) where rank 0 called it "
+        "with 1 float: a desync"
+    )
+    after = "rank 0 failed (killed by SIGABRT) after rank 1's desync in all_reduce #17: a "
+    after += "consequence, not a cause"
+    assert desync_line([after, desync]) == desync
+    assert desync_line(["rank 1 failed first: killed by SIGKILL"]) is None
 
 
 def test_others_label_counts_states_when_there_are_many():

@@ -29,7 +29,7 @@ from ddptui.tui.node_system import NodeSystemLine, local_node, node_system_lines
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.sources import LiveSource, RunSource
 from ddptui.tui.widgets.charts import AccuracyChart, LossChart, ThroughputChart
-from ddptui.tui.widgets.failure import FailurePanel
+from ddptui.tui.widgets.failure import FailurePanel, desync_line
 from ddptui.tui.widgets.header import RunHeader
 from ddptui.tui.widgets.logs import RankLogs
 from ddptui.tui.widgets.phases import PhasePanel
@@ -186,8 +186,11 @@ class RunScreen(Screen):
         self._health.show(frame.problems)
         self._show_join_line()
         with source.locked():
-            self._phases.show(source.state, source.diagnoses())
-        self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes))
+            diagnoses = source.diagnoses()
+            self._phases.show(source.state, diagnoses)
+        self._failure.show(
+            frame.failure, frame.rows, multi_node=bool(frame.nodes), desync=desync_line(diagnoses)
+        )
         self.app.feed.set_ranks(self.local_rank_devices(frame))
         self._logs.set_ranks(r.rank for r in frame.rows)
         if self.on_frame_drawn is not None:

@@ -39,6 +39,12 @@ def others_label(rows: tuple[RankRow, ...], rank: int | None) -> str:
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def desync_line(diagnoses: list[str]) -> str | None:
+    """The line naming a desync among the diagnoses (torch's analyzer found a rank that
+    called a collective differently), or None: it, not the first rank to die, is the cause."""
+    return next((d for d in diagnoses if d.endswith(": a desync")), None)
+
+
 class FailurePanel(QuietStatic):
     """Hidden until a rank fails."""
 
@@ -48,7 +54,9 @@ class FailurePanel(QuietStatic):
         rows: tuple[RankRow, ...],
         log_name: str | None = None,
         multi_node: bool = False,
+        desync: str | None = None,
     ) -> None:
+        """Show the failure; ``desync`` (a diagnosis line) is what set it off, when known."""
         failed = [r for r in rows if r.state == "failed"]
         if failure is None and not failed:
             if self.display:
@@ -75,6 +83,8 @@ class FailurePanel(QuietStatic):
             rank = first.rank
         others = others_label(rows, rank)
         parts = [Text.assemble(("✖ FAILED  ", "bold white on red"), " ", (headline, "bold red"))]
+        if desync:
+            parts.append(Text(f"set off by a desync: {desync}", style="bold yellow"))
         if others:
             parts.append(Text(f"other ranks: {others}", style="yellow"))
         if tail:
