@@ -104,6 +104,14 @@ class NodeAgent:
         return f"node {self.slot} (host {self.host}): {failure.describe()}"
 
     def run(self, out: TextIO) -> int:
+        """Run this node's ranks to the run's end; the exit code for ``ddptui join``."""
+        try:
+            return self._run(out)
+        finally:  # kept until the end: node 0 may ask for the traces after the ranks ended
+            flight.remove_socket_dir(self.fr_dir)
+            self.fr_dir = None
+
+    def _run(self, out: TextIO) -> int:
         cfg = self.cfg
 
         def say(text: str) -> None:
@@ -209,8 +217,10 @@ class NodeAgent:
         self._traces_sent = ask
         assert self.cfg.run_dir is not None
         ranks = [int(p.stem) for p in self.fr_dir.glob("*.sock") if p.stem.isdigit()]
-        answers = flight.request_traces(self.fr_dir, ranks, TRACE_TIMEOUT_S)
-        for rank in sorted(r for r, a in answers.items() if a == "ok"):
+        flight.request_traces(self.fr_dir, ranks, TRACE_TIMEOUT_S)
+        # every trace there: fresh ones, and those a rank left when it failed (node 0 keeps
+        # only the ones written by the processes it knows)
+        for rank in sorted(ranks):
             path = Path(self.cfg.run_dir) / trace_name(rank)
             try:
                 data = zlib.compress(path.read_bytes()[: flight.MAX_TRACE_BYTES])
@@ -225,6 +235,8 @@ class NodeAgent:
         while self.node0_outcome is None and time.monotonic() < deadline:
             self.channel.ask_later({"op": "status", "v": 1, "node": self.slot})
             answer = self.channel.answer(give_up_after=1.0)
+            if answer is not None:
+                self._send_traces(answer.get("traces"))  # node 0 names the crash with them
             if answer is not None and isinstance(answer.get("outcome"), str):
                 self.node0_outcome = answer["outcome"][:32]
                 failure = answer.get("failure")
@@ -246,8 +258,6 @@ class NodeAgent:
             self.channel.send([sample])
 
     def close(self) -> None:
-        flight.remove_socket_dir(self.fr_dir)
-        self.fr_dir = None
         if self._monitor is not None:
             try:
                 self._monitor.close()

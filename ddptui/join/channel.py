@@ -12,8 +12,9 @@ import zmq
 from ddptui import protocol
 from ddptui.run.cluster.token import JoinToken
 
-#: How often the agent asks node 0 how the run stands.
-STATUS_EVERY_S = 1.0
+#: How often the agent asks node 0 how the run stands (and whether it wants the ranks' traces:
+#: a hang verdict waits for this poll).
+STATUS_EVERY_S = 0.5
 
 #: Node 0 unreachable this long (after it answered once): the run is over there.
 LOST_AFTER_S = 20.0

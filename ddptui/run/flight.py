@@ -27,6 +27,7 @@ import re
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,6 @@ def remove_stale_socket_dirs(base: str) -> None:
     """Remove this user's socket directories that a killed ddptui left behind: named and
     private like one, a day old, holding nothing but sockets nobody listens on."""
     import stat
-    import time
 
     try:
         entries = list(os.scandir(base))
@@ -595,6 +595,7 @@ def collect(
     node's agent asks them), at the same time as the local ranks are asked."""
     from ddptui.run.diagnosis import Diagnosis, classify_stack
 
+    began = time.monotonic()
     ranks = sorted(set(ranks))
     far = sorted(set(remote) & set(ranks)) if fetch is not None else []
     answers: dict[int, str] = {}
@@ -615,8 +616,12 @@ def collect(
     traces, unreadable = load_traces(run_dir, fresh)
     where = dict(frames or {})
     where.update({rank: classify_stack(text).where for rank, text in (stacks or {}).items()})
+    read = time.monotonic() - began
     found, why = explain(traces, world_size, where) if traces else ([], "no trace")
-    note = f"Flight Recorder: traces of {_ranks_text(traces)}" if traces else "Flight Recorder"
+    note = "Flight Recorder"
+    if traces:
+        note += f": traces of {_ranks_text(traces)} (read in {read:.1f} s, "
+        note += f"analyzed in {time.monotonic() - began - read:.1f} s)"
     absent = {r: a for r, a in answers.items() if a != "ok"} | unreadable
     if absent:
         note += "; none from " + "; ".join(f"rank {r} ({a})" for r, a in sorted(absent.items()))

@@ -61,6 +61,8 @@ DIAGNOSE_EVERY_S = 1.0
 STACKS_TIMEOUT_S = 5.0
 #: Every rank still for this long inside a collective: ask for the traces (a desync?).
 FLIGHT_WATCH_S = 1.0
+#: A failed multi-node run: how long the other nodes have to send their ranks' traces.
+CRASH_TRACES_S = 3.0
 #: A rank still this long: load torch's analyzer in the background (a verdict may be near).
 FLIGHT_WARM_S = 1.0
 #: ...at most this often: a healthy run whose collectives are long (a slow network, a big
@@ -459,6 +461,21 @@ class RunSession:
             self.diagnoser.record(diagnosis)
         self._news += found
 
+    def _fetch_remote_traces(self) -> None:
+        """A failed multi-node run: bring the traces of the ranks on the other nodes (those
+        still running and those a failed rank left) into the run directory, for
+        :func:`ddptui.run.flight.at_crash` (their agents answer before the outcome ends them)."""
+        if self.host is None or self.fr_dir is None:
+            return
+        with self.host.book.lock:
+            joined = set(self.host.book.joined)
+        with self._lock:
+            remote = [
+                r for r, v in self.state.ranks.items() if v.node is not None and v.node in joined
+            ]
+        if remote:
+            self.host.fetch_traces(remote, CRASH_TRACES_S)
+
     def _on_remote_failure(self, event: protocol.Status) -> None:
         """A rank on another node failed: name it, and tear this node down (c10d would too,
         but only once a collective notices)."""
@@ -723,6 +740,8 @@ class RunSession:
         )
         if hung:
             failure = None  # ddptui's own teardown of a hung run, not a rank's failure
+        if outcome == "failed":
+            self._fetch_remote_traces()
         with self._lock:
             cpu = self.probe.cpu_percent() if self.probe is not None else None
             self._news += self.diagnoser.final(self.state, self.clock(), cpu)

@@ -35,6 +35,9 @@ ZAP_DOMAIN = "ddptui"
 #: Recorder trace, compressed, is the largest (a few hundred KB for 2,000 entries).
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 PROTOCOL = 1
+#: An agent that has not polled for this long has ended (it polls every 0.5 s): no trace
+#: request waits for it.
+AGENT_GONE_S = 2.0
 
 
 class JoinRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -68,6 +71,8 @@ class JoinBook:
     trace_ask: int = 0
     #: rank -> the trace request its node last answered for it.
     traced: dict[int, int] = field(default_factory=dict)
+    #: slot -> when its agent last asked for the run's status (monotonic): still there?
+    polled: dict[int, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def join(self, slot: int | None, host: str) -> tuple[int | None, str | None]:
@@ -200,6 +205,8 @@ class NodeHost:
             with self.book.lock:
                 if self.book.outcome is not None and request.node is not None:
                     self.book.told.add(request.node)
+                if request.node in self.book.joined:
+                    self.book.polled[request.node] = time.monotonic()
                 return {
                     "ok": True,
                     "outcome": self.book.outcome,
@@ -262,9 +269,12 @@ class NodeHost:
             ask = self.book.trace_ask
         deadline = time.monotonic() + timeout
         while True:
+            now = time.monotonic()
             with self.book.lock:
                 done = {r for r in ranks if self.book.traced.get(r) == ask}
-            if len(done) == len(ranks) or time.monotonic() >= deadline:
+                # an agent that stopped polling (its node has ended) sends nothing more
+                there = any(now - t < AGENT_GONE_S for t in self.book.polled.values())
+            if len(done) == len(ranks) or now >= deadline or not there:
                 break
             time.sleep(0.05)
         return {r: "ok" if r in done else f"no trace from its node in {timeout:g} s" for r in ranks}
