@@ -654,6 +654,8 @@ def test_after_a_desync_every_failure_is_its_consequence_the_first_included():
     )
     assert out[1].detail.startswith("rank 1 failed (") and "after its own desync" in out[1].detail
     assert [d.cause for d in diagnose_crash(ends, launcher_rank=0)][0] == "crash"  # without
+    placed = [RankEnd(0, error="node 0 (host a)", signal="SIGABRT"), ends[1]]  # multi-node
+    assert "(killed by SIGABRT)" in diagnose_crash(placed, 0, desync=(1, "x #1"))[0].detail
 
 
 @pytest.mark.parametrize(

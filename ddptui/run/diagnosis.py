@@ -596,7 +596,8 @@ def diagnose_crash(
             Diagnosis(
                 end.rank,
                 "consequence",
-                f"rank {end.rank} failed ({_error_line(end)}) after "
+                f"rank {end.rank} failed "
+                f"({f'killed by {end.signal}' if end.signal else _error_line(end)}) after "
                 + ("its own" if end.rank == culprit else f"rank {culprit}'s")
                 + f" desync in {what}: a consequence, not a cause",
                 t,
