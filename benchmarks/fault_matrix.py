@@ -30,6 +30,9 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ddptui.rank.net import free_port  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "faults" / "fault_ddp.py"
 #: fault -> what a right verdict names: the op (None: any), or None for a healthy control.
@@ -154,7 +157,7 @@ def run_two_nodes(fault: str, hang_timeout: float, base: Path, timeout: float = 
         env["FAULT_SLEEP_S"] = str(2 * hang_timeout)
     elif fault == "slow_step":
         env["FAULT_SLEEP_S"] = "0.1"
-    port = 29500 + os.getpid() % 1000
+    port = free_port(net["NETNS_HOST_IP"])
     cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(SCRIPT)]
     cmd += ["--nnodes", "2", "--nproc-per-node", "1", "--device", "cpu"]
     cmd += ["--rdzv-endpoint", f"{net['NETNS_HOST_IP']}:{port}", "--run-dir", str(run_dir)]

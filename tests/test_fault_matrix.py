@@ -6,6 +6,7 @@ side starve each other's CPU. The whole matrix (every fault, 4 ranks) is the scr
 
 import importlib.util
 import json
+import os
 import sys
 
 import pytest
@@ -67,6 +68,21 @@ def test_a_desync_gloo_aborts_the_innocent_rank_for_is_blamed_on_the_rank_that_e
     summary = json.loads((tmp_path / f"{fault}-{launcher}-2" / "summary.json").read_text())
     causes = {(d["rank"], d["cause"]) for d in summary["diagnoses"]}
     assert (0, "consequence") in causes and (0, "crash") not in causes, causes
+
+
+@pytest.mark.netns
+def test_a_hang_on_node_1_is_named_from_the_trace_its_agent_sends(tmp_path):
+    """Two nodes over c10d, node 1 in its own network namespace: rank 1 (node 1) sleeps
+    before a collective; node 1's agent sends its trace to node 0, which names the hang."""
+    if os.geteuid() != 0:
+        pytest.skip("netns unavailable: network namespaces need root")
+    row = fault_matrix.run_two_nodes("sleep", HANG_TIMEOUT, tmp_path, timeout=120)
+    if row.verdict == "-":
+        pytest.skip(row.note)  # the namespace could not be made here
+    assert row.note == "fault: rank 1 #17", row
+    assert (row.verdict, row.rank, row.op, row.seq) == ("hang", 1, "all_reduce", 17), row
+    summary = json.loads((tmp_path / "sleep-2nodes-2" / "summary.json").read_text())
+    assert summary["flight_recorder"].startswith("Flight Recorder: traces of ranks 0, 1 ")
 
 
 def test_a_long_busy_preparation_gets_no_verdict(tmp_path):
