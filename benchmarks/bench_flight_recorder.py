@@ -1,8 +1,8 @@
 """What torch's Flight Recorder costs a training step: recording on vs off, interleaved.
 
 Two 2-rank gloo DDP jobs run side by side for the whole measurement, one with the recorder on
-(``TORCH_FR_BUFFER_SIZE=2000``, plus ddptui's progress read every 2 s as the heartbeat does)
-and one with it off (0). They take turns: a block of steps on one, then a block on the other,
+(``TORCH_FR_BUFFER_SIZE=2000``, plus ddptui's progress read every heartbeat, 1 s, as a rank
+does) and one with it off (0). They take turns: a block of steps on one, then a block on the other,
 alternating, so both see the same machine (load drifts on a shared box). Each step is a DDP
 forward/backward/optimizer step of about 10 ms on CPU plus a metrics all_reduce of the loss.
 
@@ -44,10 +44,11 @@ def worker(rank, port, buffer, width, inbox, outbox):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     if buffer != "0":  # what ddptui's heartbeat does in a recording rank
         from ddptui.rank import flight_recorder
+        from ddptui.rank.heartbeat import BEAT_S
 
         def beats():
             while True:
-                time.sleep(2.0)
+                time.sleep(BEAT_S)
                 flight_recorder.progress()
 
         threading.Thread(target=beats, daemon=True).start()
