@@ -91,7 +91,7 @@ def test_every_rank_still_in_a_collective_asks_for_traces_once_and_a_desync_is_a
     line = "rank 1 called broadcast #17 (1 float) where rank 0 called all_reduce #17: a desync"
     asked = []
 
-    def collect(socket_dir, run_dir, ranks, world, t, stacks=None):
+    def collect(socket_dir, run_dir, ranks, world, t, stacks=None, **_remote):
         asked.append(sorted(ranks))
         return [Diagnosis(1, "desync", line, t)], "Flight Recorder: traces of ranks 0, 1"
 
