@@ -319,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fault_matrix: unknown fault {unknown[0]!r}", file=sys.stderr)
         return 2
     rows = []
+    start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="fault-matrix-") as tmp:
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
@@ -338,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     right = sum(r.ok for r in rows)
     print(f"\n{right}/{len(rows)} right (hang timeout {args.hang_timeout:g} s)")
+    end = os.getloadavg()
+    print(
+        f"load average (1, 5, 15 min): {start[0]:.1f} {start[1]:.1f} {start[2]:.1f} at the "
+        f"start, {end[0]:.1f} {end[1]:.1f} {end[2]:.1f} at the end; {os.cpu_count()} CPUs"
+    )
     return 0 if right == len(rows) else 1
 
 
