@@ -446,6 +446,11 @@ def test_diagnose_hang_without_a_culprit_blames_the_run():
     assert "mismatched collectives" in out[0].detail
     (alone,) = diagnose_hang({0: 12.0}, {}, 10.0, t=1.0)
     assert "no stacks captured" in alone.detail
+    # a rank on another node: no stack here, so nothing says every rank waits
+    (remote, _) = diagnose_hang({0: 12.0, 1: 12.0}, {0: coll}, 10.0, t=1.0)
+    assert remote.detail.endswith(
+        "; rank 0 waits in a collective (barrier); no stack from rank 1"
+    ), remote.detail
 
 
 # -- crashes ----------------------------------------------------------------------------------

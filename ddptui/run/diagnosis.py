@@ -444,7 +444,10 @@ def diagnose_hang(
             )
         )
     if not culprits:
-        if waiting:
+        unseen = sorted(set(hung) - set(stacks))
+        if waiting and unseen:  # (a rank on another node: its stack stays there)
+            why = f"{waits}; no stack from {_ranks_text(unseen)}"
+        elif waiting:
             why = f"every rank with a stack waits in a collective ({waits}): mismatched "
             why += "collectives, or a peer that is gone"
         else:
