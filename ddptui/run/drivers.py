@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 from ddptui.argv import split_passthrough
 from ddptui.constants import LAUNCHERS
@@ -117,13 +118,48 @@ def _ask_survivors(ranks: list) -> None:
     Recorder trace (``fr-rank-N.json``). Where they were when a peer failed is what names
     a desync or the collective a killed rank left (a rank ended by SIGTERM inside a
     collective writes nothing itself). A no-op with the recorder off."""
-    directory = os.environ.get(SOCKET_DIR_ENV)
     alive = [rank for rank, p in enumerate(ranks) if p.pid is not None and p.exitcode is None]
-    if not directory or not alive:
+    _ask_ranks(alive)
+
+
+def _ask_ranks(ranks: list[int] | None = None) -> None:
+    """Ask ``ranks`` (None: every rank of this node with a trace socket) for their traces;
+    a rank that has ended refuses at once."""
+    directory = os.environ.get(SOCKET_DIR_ENV)
+    if not directory:
+        return
+    if ranks is None:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return
+        ranks = [int(n[:-5]) for n in names if n.endswith(".sock") and n[:-5].isdigit()]
+    if not ranks:
         return
     from ddptui.run.flight import request_traces  # only on this path: the driver stays light
 
-    request_traces(directory, alive, SURVIVOR_TRACE_S)
+    request_traces(directory, ranks, SURVIVOR_TRACE_S)
+
+
+def _ask_before_stopping() -> None:
+    """torchrun's agent ends every rank of this node the moment one fails (its
+    ``_stop_workers``): ask them for their traces first, as the spawn driver does."""
+    try:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import (
+            LocalElasticAgent,
+        )
+    except ImportError:  # pragma: no cover - another torch: the ranks' own traces only
+        return
+    stop = getattr(LocalElasticAgent, "_stop_workers", None)
+    if stop is None or getattr(stop, "_ddptui_asks", False):
+        return
+
+    def stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _ask_ranks()
+        return stop(self, *args, **kwargs)
+
+    stop_workers._ddptui_asks = True  # type: ignore[attr-defined]
+    LocalElasticAgent._stop_workers = stop_workers
 
 
 def _signal_name(number: int) -> str:
@@ -187,6 +223,7 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
             *args,
         ]
     )
+    _ask_before_stopping()
     try:
         torchrun.run(torchrun_args)
     except ChildFailedError as exc:
