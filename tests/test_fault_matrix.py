@@ -54,10 +54,10 @@ def test_an_extra_collective_is_a_desync_named_before_the_hang_timeout(tmp_path)
 def test_a_desync_gloo_aborts_the_innocent_rank_for_is_blamed_on_the_rank_that_erred(tmp_path):
     """gloo aborts the rank that receives more bytes than its collective expects (rank 0,
     when rank 1 skipped the all_reduce rank 0 is in): its trace, left on the abort, and the
-    other rank's, asked for before the launcher ends it, name the desync, and the abort is
-    a consequence of it, not the cause. (Another dtype aborts the same way: its analysis is
-    checked on recorded traces, and the whole matrix runs it under both launchers.)"""
-    fault, launcher = "skip", "spawn"
+    other rank's, asked for before torchrun's agent ends it, name the desync, and the abort
+    is a consequence of it, not the cause. (Another dtype aborts the same way: its analysis
+    is checked on recorded traces; the whole matrix runs both under both launchers.)"""
+    fault, launcher = "skip", "torchrun"
     row = fault_matrix.run_case(fault, launcher, 2, HANG_TIMEOUT, tmp_path, timeout=90)
     assert row.note == "fault: rank 1 #17", row
     assert (row.verdict, row.rank, row.op, row.seq) == ("desync", 1, "all_reduce", 17), row
