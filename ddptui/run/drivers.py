@@ -142,24 +142,28 @@ def _ask_ranks(ranks: list[int] | None = None) -> None:
 
 
 def _ask_before_stopping() -> None:
-    """torchrun's agent ends every rank of this node the moment one fails (its
-    ``_stop_workers``): ask them for their traces first, as the spawn driver does."""
+    """torchrun ends every rank of this node the moment it sees one has failed (its process
+    context's poll closes the others): ask them for their traces first, as the spawn driver
+    does. torch's own classes, wrapped in this process (the driver) only."""
     try:
-        from torch.distributed.elastic.agent.server.local_elastic_agent import (
-            LocalElasticAgent,
-        )
+        from torch.distributed.elastic.multiprocessing.api import SubprocessContext
     except ImportError:  # pragma: no cover - another torch: the ranks' own traces only
         return
-    stop = getattr(LocalElasticAgent, "_stop_workers", None)
-    if stop is None or getattr(stop, "_ddptui_asks", False):
+    poll = getattr(SubprocessContext, "_poll", None)
+    if poll is None or getattr(poll, "_ddptui_asks", False):
         return
 
-    def stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _ask_ranks()
-        return stop(self, *args, **kwargs)
+    def asking_poll(self: Any) -> Any:
+        handlers = getattr(self, "subprocess_handlers", None) or {}
+        if not getattr(self, "_ddptui_asked", False) and any(
+            h.proc.poll() not in (None, 0) for h in handlers.values()
+        ):
+            self._ddptui_asked = True  # once: the poll that follows ends the others
+            _ask_ranks()
+        return poll(self)
 
-    stop_workers._ddptui_asks = True  # type: ignore[attr-defined]
-    LocalElasticAgent._stop_workers = stop_workers
+    asking_poll._ddptui_asks = True  # type: ignore[attr-defined]
+    SubprocessContext._poll = asking_poll
 
 
 def _signal_name(number: int) -> str:
