@@ -7,7 +7,7 @@ a multi-node run's ranks do, and a pid: node 0's ranks a live one (the sender's)
 nodes' a pid no process here has (another machine's pid means nothing on this one). The
 dashboard runs in a pseudo-terminal (120x40) exactly as
 ``ddptui --start`` would, except that the senders replace the launcher (the method of
-``bench_tui.py``). Each rank also sends a heartbeat (``beat``) every 2 s, as a real rank's
+``bench_tui.py``). Each rank also sends a heartbeat (``beat``) every second, as a real rank's
 heartbeat thread does, and each step its phases (data, forward, backward, comm, optimizer),
 as the built-in trainers and the hooks do. Measured, over ``--repeat`` runs (3 by default;
 the range is printed):
@@ -84,7 +84,7 @@ def send(
         seq[rank] += 1
         return {"run": run_id, "rank": rank, "t": time.time(), "seq": seq[rank] - 1}
 
-    from ddptui.heartbeat import BEAT_S
+    from ddptui.rank.heartbeat import BEAT_S
 
     for rank in ranks:
         node = rank // per_node
@@ -281,7 +281,7 @@ def time_calls():
 
 # -- the dashboard side ----------------------------------------------------------------------------
 def make_session_class(args: argparse.Namespace, sent_dir: Path):
-    from ddptui import protocol
+    from ddptui import protocol, safeio
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
     from ddptui.run.session import RunSession
@@ -331,7 +331,7 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
 
         def start(self) -> None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._events_file = open(self.events_path, "ab")
+            self._events_file = safeio.LineAppender(self.events_path)  # as RunSession.start
             self.collector = Collector(self.cfg.run_id, world_size=world, transport=args.transport)
             self.stats = self.collector.stats
             # The senders end before the dashboard does, so that everything sent arrives.
@@ -518,7 +518,7 @@ def main() -> None:
     print(
         f"ddptui scale benchmark: {world} ranks on {args.nodes} nodes x {args.rate:g} events/s "
         f"({world * args.rate:g} events/s) from {args.senders} sender processes over "
-        f"{args.transport}, beats every 2 s per rank, refresh {args.refresh_hz:g} Hz, "
+        f"{args.transport}, beats every second per rank, refresh {args.refresh_hz:g} Hz, "
         f"{args.repeat} x {args.seconds:g} s window, {os.cpu_count()} CPUs"
     )
     ingest = []

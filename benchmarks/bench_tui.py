@@ -4,7 +4,7 @@ A feeder process sends a synthetic run over the real telemetry path (ZeroMQ PUSH
 the dashboard's Collector → events.jsonl → RunState), N ranks × R step events per second
 each. The dashboard runs in a pseudo-terminal (120x40) exactly as ``ddptui --start`` would,
 except that the feeder replaces the launcher; each step carries its phases (data, forward,
-backward, comm, optimizer), and each rank also sends a heartbeat (``beat``) every 2 s.
+backward, comm, optimizer), and each rank also sends a heartbeat (``beat``) every second.
 Measured, over ``--repeat`` runs (3 by default; the range is printed):
 
 * CPU of the dashboard process (all its threads: pump, monitor sampler, UI), as a percent of
@@ -49,9 +49,9 @@ SIZE = (120, 40)
 # -- the feeder: a synthetic run over the real wire protocol ------------------------------------
 def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, out: str) -> None:
     import zmq
-    from ddptui.heartbeat import BEAT_S
 
     from ddptui import protocol
+    from ddptui.rank.heartbeat import BEAT_S
 
     sock = zmq.Context().socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 1000)
@@ -123,7 +123,7 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, ou
                         epoch=epoch, accuracy=1 - 0.5 / epoch, loss=0.1, count=1000, **common(rank)
                     )
                 )
-            if (step + rank) % ticks_per_beat == 0:  # a heartbeat every 2 s per rank
+            if (step + rank) % ticks_per_beat == 0:  # a heartbeat every BEAT_S per rank
                 events.append(
                     protocol.Beat(
                         frame="train_step (train.py:42)",
@@ -142,7 +142,7 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, ou
 
 # -- the dashboard side ------------------------------------------------------------------------
 def make_session_class():
-    from ddptui import protocol
+    from ddptui import protocol, safeio
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
     from ddptui.run.session import RunSession
@@ -191,7 +191,7 @@ def make_session_class():
 
         def start(self) -> None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._events_file = open(self.events_path, "ab")
+            self._events_file = safeio.LineAppender(self.events_path)  # as RunSession.start
             self.collector = Collector(self.cfg.run_id)
             self.stats = self.collector.stats
             self.launcher = FeedLauncher(
@@ -451,7 +451,7 @@ def main() -> None:
         common.append("--no-monitor")
     print(
         f"ddptui dashboard benchmark: {args.ranks} ranks x {args.rate:g} events/s "
-        f"({args.ranks * args.rate:g} events/s), beats every 2 s per rank, refresh "
+        f"({args.ranks * args.rate:g} events/s), beats every second per rank, refresh "
         f"{args.refresh_hz:g} Hz, {args.repeat} x {args.seconds:g} s window, "
         f"{os.cpu_count()} CPUs"
     )
