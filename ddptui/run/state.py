@@ -280,9 +280,9 @@ class RunState:
         view.last_seq = max(view.last_seq, event.seq)
         view.last_seen = now
         view.events += 1
-        handler = getattr(self, "_on_" + type(event).__name__.lower(), None)
+        handler = _HANDLERS.get(type(event))
         if handler is not None:
-            handler(view, event, now)
+            handler(self, view, event, now)
         if self.first_step_at is not None and self.progress_at_first_step is None:
             self.progress_at_first_step = self.progress() or 0.0
 
@@ -511,3 +511,13 @@ class RunState:
             if quiet > limit:
                 problems[rank] = f"silent: no event for {quiet:.0f} s"
         return problems
+
+
+#: Event type -> the RunState method that applies it (looked up once per event: the hot path).
+_HANDLERS = {
+    protocol.Status: RunState._on_status,
+    protocol.Step: RunState._on_step,
+    protocol.Beat: RunState._on_beat,
+    protocol.Eval: RunState._on_eval,
+    protocol.EpochEnd: RunState._on_epochend,
+}
