@@ -534,6 +534,7 @@ def main() -> None:
         runs.append(run)
         print(
             f"run {i + 1}/{args.repeat}: CPU {run['cpu']:5.1f} % of one core"
+            f" (load {run['load']:.1f})"
             + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
             + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
             f" max {run['max']:.0f} ms ({run['events']} events), refreshes {run['refreshes']},"
@@ -571,6 +572,9 @@ def one_run(common: list[str], args: argparse.Namespace, world: int) -> dict | N
     prof.unlink(missing_ok=True)
     return {
         "cpu": cpu,
+        # The machine's 1-minute load average at the window's end (this benchmark's own
+        # processes included): CPU time per second grows on a busy machine (shared caches).
+        "load": os.getloadavg()[0],
         "median": statistics.median(waits) * 1000,
         "p95": waits[int(0.95 * (len(waits) - 1))] * 1000,
         "max": waits[-1] * 1000,
