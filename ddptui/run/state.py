@@ -11,6 +11,7 @@ import dataclasses
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from ddptui import protocol
 from ddptui.run.diagnosis import PhaseHistory
@@ -280,7 +281,9 @@ class RunState:
         view.last_seq = max(view.last_seq, event.seq)
         view.last_seen = now
         view.events += 1
-        handler = _HANDLERS.get(type(event))
+        handler = _HANDLERS.get(type(event), _UNSEEN)
+        if handler is _UNSEEN:  # a subclass of an event type (tests' fixtures, say)
+            handler = _handler_for(type(event))
         if handler is not None:
             handler(self, view, event, now)
         if self.first_step_at is not None and self.progress_at_first_step is None:
@@ -513,11 +516,19 @@ class RunState:
         return problems
 
 
+_UNSEEN = object()
 #: Event type -> the RunState method that applies it (looked up once per event: the hot path).
-_HANDLERS = {
+_HANDLERS: dict[type, Any] = {
     protocol.Status: RunState._on_status,
     protocol.Step: RunState._on_step,
     protocol.Beat: RunState._on_beat,
     protocol.Eval: RunState._on_eval,
     protocol.EpochEnd: RunState._on_epochend,
 }
+
+
+def _handler_for(kind: type) -> Any:
+    """The handler of ``kind``'s nearest event type (None: none), remembered for next time."""
+    handler = next((_HANDLERS[k] for k in kind.__mro__ if k in _HANDLERS), None)
+    _HANDLERS[kind] = handler
+    return handler
