@@ -497,6 +497,8 @@ def main() -> None:
     # bench_tui.run_child passes these through; accepted and unused here.
     parser.add_argument("--ranks", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     if args.send:
         e, run_id, first, count, per_node, world, rate, seconds, out = args.send
         send(e, run_id, int(first), int(count), int(per_node), int(world), float(rate),
@@ -515,10 +517,14 @@ def main() -> None:
         common.append("--no-monitor")
     if args.profile:
         common.append("--profile")
+    from ddptui.tui.screens.run import LARGE_RUN_HZ, LARGE_RUN_RANKS
+
+    table_hz = min(args.refresh_hz, LARGE_RUN_HZ) if world > LARGE_RUN_RANKS else args.refresh_hz
     print(
         f"ddptui scale benchmark: {world} ranks on {args.nodes} nodes x {args.rate:g} events/s "
         f"({world * args.rate:g} events/s) from {args.senders} sender processes over "
-        f"{args.transport}, beats every second per rank, refresh {args.refresh_hz:g} Hz, "
+        f"{args.transport}, beats every second per rank, refresh {args.refresh_hz:g} Hz "
+        f"(header and table {table_hz:g} Hz at {world} ranks; phase bars 1 Hz), "
         f"{args.repeat} x {args.seconds:g} s window, {os.cpu_count()} CPUs"
     )
     ingest = []

@@ -429,6 +429,8 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--feed", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     if args.feed:
         endpoint, run_id, ranks, rate, seconds, out = args.feed
         feed(endpoint, run_id, int(ranks), float(rate), float(seconds), out)
