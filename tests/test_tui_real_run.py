@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import psutil
 import pytest
@@ -45,11 +46,12 @@ async def _fill_form(pilot, tmp_path, args: str) -> None:
 
 
 async def _until(pilot, predicate, timeout: float) -> None:
-    for _ in range(int(timeout / 0.25)):
-        if predicate():
-            return
+    """Wait up to ``timeout`` seconds of wall time (a loaded machine makes pauses longer)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not done within {timeout} s")
         await pilot.pause(0.25)
-    raise AssertionError(f"not done within {timeout} s")
 
 
 def _leftovers(run_id: str) -> list[psutil.Process]:
@@ -73,7 +75,7 @@ async def test_form_launches_a_real_run_and_shows_it_to_the_end(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _fill_form(pilot, tmp_path, "--steps 10")
         await pilot.press("f5")
-        await _until(pilot, lambda: isinstance(app.screen, RunScreen), 5)
+        await _until(pilot, lambda: isinstance(app.screen, RunScreen), 30)
         screen = app.screen
         source = screen.source
         assert isinstance(source, LiveSource)
@@ -99,13 +101,13 @@ async def test_quitting_a_live_run_confirms_and_leaves_no_process(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _fill_form(pilot, tmp_path, "--steps 100000 --sleep 0.05")
         await pilot.press("f5")
-        await _until(pilot, lambda: isinstance(app.screen, RunScreen), 5)
+        await _until(pilot, lambda: isinstance(app.screen, RunScreen), 30)
         source = app.screen.source
         run_id = source.cfg.run_id
         # Quit while the ranks are still starting: the harshest moment to tear down.
         await _until(pilot, lambda: len(processes_of_run(run_id)) >= 2, 60)
         await pilot.press("q")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
         await pilot.press("y")
         await _until(pilot, lambda: source.done.is_set(), 60)
         await pilot.pause(0.3)
