@@ -7,7 +7,7 @@ a multi-node run's ranks do, and a pid: node 0's ranks a live one (the sender's)
 nodes' a pid no process here has (another machine's pid means nothing on this one). The
 dashboard runs in a pseudo-terminal (120x40) exactly as
 ``ddptui --start`` would, except that the senders replace the launcher (the method of
-``bench_tui.py``). Each rank also sends a heartbeat (``beat``) every 2 s, as a real rank's
+``bench_tui.py``). Each rank also sends a heartbeat (``beat``) every second, as a real rank's
 heartbeat thread does, and each step its phases (data, forward, backward, comm, optimizer),
 as the built-in trainers and the hooks do. Measured, over ``--repeat`` runs (3 by default;
 the range is printed):
@@ -84,7 +84,7 @@ def send(
         seq[rank] += 1
         return {"run": run_id, "rank": rank, "t": time.time(), "seq": seq[rank] - 1}
 
-    from ddptui.heartbeat import BEAT_S
+    from ddptui.rank.heartbeat import BEAT_S
 
     for rank in ranks:
         node = rank // per_node
@@ -281,7 +281,7 @@ def time_calls():
 
 # -- the dashboard side ----------------------------------------------------------------------------
 def make_session_class(args: argparse.Namespace, sent_dir: Path):
-    from ddptui import protocol
+    from ddptui import protocol, safeio
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
     from ddptui.run.session import RunSession
@@ -331,7 +331,7 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
 
         def start(self) -> None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._events_file = open(self.events_path, "ab")
+            self._events_file = safeio.LineAppender(self.events_path)  # as RunSession.start
             self.collector = Collector(self.cfg.run_id, world_size=world, transport=args.transport)
             self.stats = self.collector.stats
             # The senders end before the dashboard does, so that everything sent arrives.
@@ -497,6 +497,8 @@ def main() -> None:
     # bench_tui.run_child passes these through; accepted and unused here.
     parser.add_argument("--ranks", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     if args.send:
         e, run_id, first, count, per_node, world, rate, seconds, out = args.send
         send(e, run_id, int(first), int(count), int(per_node), int(world), float(rate),
@@ -515,10 +517,14 @@ def main() -> None:
         common.append("--no-monitor")
     if args.profile:
         common.append("--profile")
+    from ddptui.tui.screens.run import LARGE_RUN_HZ, LARGE_RUN_RANKS
+
+    table_hz = min(args.refresh_hz, LARGE_RUN_HZ) if world > LARGE_RUN_RANKS else args.refresh_hz
     print(
         f"ddptui scale benchmark: {world} ranks on {args.nodes} nodes x {args.rate:g} events/s "
         f"({world * args.rate:g} events/s) from {args.senders} sender processes over "
-        f"{args.transport}, beats every 2 s per rank, refresh {args.refresh_hz:g} Hz, "
+        f"{args.transport}, beats every second per rank, refresh {args.refresh_hz:g} Hz "
+        f"(header and table {table_hz:g} Hz at {world} ranks; phase bars 1 Hz), "
         f"{args.repeat} x {args.seconds:g} s window, {os.cpu_count()} CPUs"
     )
     ingest = []
@@ -534,6 +540,7 @@ def main() -> None:
         runs.append(run)
         print(
             f"run {i + 1}/{args.repeat}: CPU {run['cpu']:5.1f} % of one core"
+            f" (load {run['load']:.1f})"
             + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
             + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
             f" max {run['max']:.0f} ms ({run['events']} events), refreshes {run['refreshes']},"
@@ -571,6 +578,9 @@ def one_run(common: list[str], args: argparse.Namespace, world: int) -> dict | N
     prof.unlink(missing_ok=True)
     return {
         "cpu": cpu,
+        # The machine's 1-minute load average at the window's end (this benchmark's own
+        # processes included): CPU time per second grows on a busy machine (shared caches).
+        "load": os.getloadavg()[0],
         "median": statistics.median(waits) * 1000,
         "p95": waits[int(0.95 * (len(waits) - 1))] * 1000,
         "max": waits[-1] * 1000,

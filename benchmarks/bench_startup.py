@@ -21,6 +21,7 @@ and which heavy modules they pull in).
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -116,11 +117,21 @@ def run_arm(arm: str, steps: int, workdir: Path) -> dict:
     finally:
         log.close()
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
-    if proc.returncode != 0 or len(ranks) != WORLD:
+    if len(ranks) != WORLD:  # a rank never reached its first step: nothing to measure
         tail = (workdir / "console.txt").read_text(errors="replace")[-2000:]
         raise SystemExit(f"bench_startup: {arm} exited {proc.returncode}:\n{tail}")
+    # Every rank wrote its record (after its first step). A non-zero exit after that is
+    # counted, not fatal: plain torchrun on this torch now and then ends 1 when a rank aborts
+    # in native teardown after its last line, which says nothing about its start-up.
     end = time.time()
-    return {"launch": launch, "created": created, "end": end, "ranks": ranks, "cpu": own_cpu}
+    return {
+        "launch": launch,
+        "created": created,
+        "end": end,
+        "ranks": ranks,
+        "cpu": own_cpu,
+        "exit": proc.returncode,
+    }
 
 
 def figures(record: dict) -> dict:
@@ -146,6 +157,7 @@ def figures(record: dict) -> dict:
         out[name] = rank0[end] - begin
     out["modules"] = rank0["modules"]
     out["torch before script"] = rank0["torch_before_script"]
+    out["exit"] = record["exit"]
     return out
 
 
@@ -242,6 +254,14 @@ def main() -> None:
     )
     args = p.parse_args()
     arms = ["plain", "ddptui"] + (["ddptui --no-instrument"] if args.no_instrument_arm else [])
+    # torch comes with bytecode (uv installs with compile-bytecode), and so does ddptui when
+    # installed as a wheel. A source checkout under PYTHONDONTWRITEBYTECODE has none for
+    # ddptui: every ddptui process would compile its modules anew (~0.1 s each), a cost of
+    # this checkout, not of ddptui. Compile them once, as an install would have.
+    if sys.dont_write_bytecode:
+        import ddptui
+
+        compileall.compile_dir(Path(ddptui.__file__).parent, quiet=1)
     load_before = os.getloadavg()
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="ddptui-startup-") as tmp:
@@ -256,6 +276,13 @@ def main() -> None:
                     flush=True,
                 )
     load_after = os.getloadavg()
+    for arm in arms:
+        failed = sum(r["exit"] != 0 for r in results[arm])
+        if failed:
+            print(
+                f"{arm}: exited non-zero after every rank's first step in {failed} of "
+                f"{args.rounds} rounds (counted: start-up was measured)"
+            )
     cores = len(os.sched_getaffinity(0))
     print(
         f"\n{WORLD} CPU ranks, gloo, {args.steps} steps, {args.rounds} rounds; {cores} usable "

@@ -39,3 +39,13 @@ def wait_until(predicate, timeout: float, interval: float = 0.1):
             return value
         time.sleep(interval)
     return None
+
+
+async def pilot_until(pilot, predicate, timeout: float, interval: float = 0.05) -> None:
+    """Let a Textual test app run until ``predicate()`` holds, for at most ``timeout`` seconds
+    of wall time (counted by the clock, not by pauses: a loaded machine makes pauses longer)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not done within {timeout} s")
+        await pilot.pause(interval)

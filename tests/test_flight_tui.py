@@ -8,6 +8,7 @@ import threading
 from ddptui.run.config import build_config
 from ddptui.run.diagnosis import Diagnosis
 from ddptui.tui.screens.run import RunScreen
+from tests.helpers import pilot_until
 from tests.tui_fixtures.fakes import RUNS, FakeSession, fake_deps, primed_app
 
 SIZE = (120, 40)
@@ -29,11 +30,7 @@ class TracedSession(FakeSession):
 
 
 async def _wait(pilot, predicate, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
+    await pilot_until(pilot, predicate, timeout)
 
 
 async def test_c_asks_the_ranks_off_the_ui_thread_and_shows_the_finding(tmp_path):

@@ -8,7 +8,8 @@ import pytest
 
 from tests.helpers import processes_of_run, read_events
 
-pytestmark = pytest.mark.slow
+# One worker for the module: its tests share the module-scoped demo run.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("headless")]
 
 
 def ddptui(*args, timeout=180):

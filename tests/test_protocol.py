@@ -138,6 +138,29 @@ def test_non_finite_floats_round_trip_through_strict_json(cls, field, extra, val
     assert protocol.to_json(back) == line
 
 
+@pytest.mark.parametrize(
+    "odd",
+    [
+        None,
+        protocol.Step(step=2, loss=float("nan"), **BASE),
+        protocol.Step(step=2, metrics={"gn": float("-inf"), "lr": 0.1}, **BASE),
+    ],
+    ids=["all-finite", "nan-loss", "inf-metric"],
+)
+def test_json_lines_are_each_events_line_whatever_it_holds(odd):
+    events = [
+        protocol.Status(state="started", pid=7, host="h", **BASE),
+        protocol.Step(step=1, loss=0.5, samples=8, phases={"data": 0.01}, **BASE),
+        protocol.Beat(frame="f (a.py:1)", cpu=1.5, steps=1, **BASE),
+        protocol.Eval(epoch=1, accuracy=0.9, **BASE),
+    ]
+    if odd is not None:
+        events.insert(2, odd)
+    lines = protocol.to_json_lines(iter(events))
+    assert lines == b"".join(protocol.to_json(e) + b"\n" for e in events)
+    assert protocol.to_json_lines([]) == b""
+
+
 def test_non_finite_metrics_round_trip_and_finite_values_are_untouched():
     event = protocol.Step(
         step=1, loss=0.25, metrics={"gn": float("inf"), "lr": 0.1, "n": 3, "tag": "a"}, **BASE

@@ -126,15 +126,17 @@ TRAINER_DATA = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "trainer, launcher",
+    "trainer, launcher, workers",
     # Each launcher and each dataset once: a spawn rank's workers cost ~4 CPU-seconds each to
     # start (torch + torchvision), so the full product took 2.5 minutes of a 2-core machine.
     # That every dataset class pickles by name is checked without processes in
     # test_trainers_run.py (test_cifar10_datasets_pickle_for_dataloader_workers).
-    [("imagefolder", "spawn"), ("cifar10", "torchrun")],
+    # One worker under spawn (a spawn worker imports torch and torchvision anew, ~3 CPU-s
+    # each; one shows the pickling as well as two), two under torchrun.
+    [("imagefolder", "spawn", 1), ("cifar10", "torchrun", 2)],
 )
-def test_dataloader_workers_under_both_launchers(trainer, launcher, tmp_path):
-    """``--workers 2`` on two ranks: under mp.spawn the workers start with ``spawn`` too, so
+def test_dataloader_workers_under_both_launchers(trainer, launcher, workers, tmp_path):
+    """``--workers N`` on two ranks: under mp.spawn the workers start with ``spawn`` too, so
     every dataset (and its transforms) must pickle by name."""
     write, extra, samples = TRAINER_DATA[trainer]
     write(tmp_path / "data")
@@ -144,7 +146,7 @@ def test_dataloader_workers_under_both_launchers(trainer, launcher, tmp_path):
     env = {**os.environ, RUN_ID_ENV: run_id, THREADS_ENV: "1"}
     env.pop(ENDPOINT_ENV, None)
     argv = ["--device", "cpu", "--backend", "gloo", "--epochs", "1", "--lr", "0.01"]
-    argv += ["--data-dir", str(tmp_path / "data"), "--workers", "2", *extra]
+    argv += ["--data-dir", str(tmp_path / "data"), "--workers", str(workers), *extra]
     command = [sys.executable, "-m", "ddptui.run.drivers", launcher, "--nprocs", "2"]
     command += ["--run-dir", str(run_dir), "--module", f"trainers.{trainer}", "--", *argv]
     driver = subprocess.Popen(
@@ -160,7 +162,7 @@ def test_dataloader_workers_under_both_launchers(trainer, launcher, tmp_path):
             process.kill()
     logs = {rank: (run_dir / f"rank-{rank}.log").read_text() for rank in (0, 1)}
     assert driver.returncode == 0, output.decode(errors="replace") + logs[0] + logs[1]
-    assert "data: DataLoader, 2 workers" in logs[0]
+    assert f"data: DataLoader, {workers} worker{'s' if workers > 1 else ''}" in logs[0]
     assert any(line.startswith("epoch 1/1 ") and samples in line for line in logs[0].splitlines())
     assert "Traceback" not in logs[0] + logs[1]
     assert processes_of_run(run_id) == []

@@ -19,6 +19,7 @@ from ddptui.tui.screens.run import RunScreen
 from ddptui.tui.sources import LiveSource, ReplaySource
 from ddptui.tui.widgets.failure import FailurePanel
 from ddptui.tui.widgets.ranks import HealthLine, RankTable
+from tests.helpers import pilot_until
 from tests.tui_fixtures.fakes import (
     FAILED_RUN,
     MID_RUN,
@@ -54,11 +55,7 @@ def _app(tmp_path, **kwargs):
 
 
 async def _wait(pilot, predicate, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
+    await pilot_until(pilot, predicate, timeout)
 
 
 # -- the form -------------------------------------------------------------------------------

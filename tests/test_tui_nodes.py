@@ -19,6 +19,7 @@ from ddptui.tui.model import (
     table_lines,
 )
 from ddptui.tui.node_system import local_node, node_system_lines
+from ddptui.tui.screens.run import LARGE_RUN_HZ, LARGE_RUN_RANKS
 from ddptui.tui.widgets.failure import desync_line, others_label, rank_place
 from tests.tui_fixtures.fakes import gpu_snapshots, idle_and_busy_snapshots, no_gpu_snapshots
 from tests.tui_fixtures.nodes import Status, multi_node_source, multi_node_state
@@ -218,6 +219,25 @@ async def test_table_scrolls_with_worst_rank_on_top_at_96_ranks():
         assert len(health) == 4 and "(+2 more ranks need attention" in health[-1]
         # The system feed tracks only this machine's ranks (node 0), never another node's pids.
         assert sorted(app.feed._ranks) == list(range(8))
+        # 96 ranks: header and table refresh at most LARGE_RUN_HZ.
+        screen = app.screen
+        assert screen._view_hz == LARGE_RUN_HZ < screen.refresh_hz == screen.view_hz(8)
+
+
+async def test_a_run_that_grows_past_64_ranks_refreshes_its_table_less_often():
+    source = multi_node_source(1, 8)
+    app = _open(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.pause()
+        screen = app.screen
+        assert screen._view_hz == screen.refresh_hz > LARGE_RUN_HZ
+        before = screen._redraw_timers[0]
+        source.state.grow(LARGE_RUN_RANKS + 1)
+        screen.refresh_view()
+        assert screen._view_hz == LARGE_RUN_HZ and screen._redraw_timers[0] is not before
+        await pilot.pause(0.5)
+        assert screen.frame is not None and len(screen.frame.rows) == LARGE_RUN_RANKS + 1
 
 
 def test_long_host_names_are_cut_so_the_state_stays_in_view():

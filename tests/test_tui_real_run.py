@@ -17,7 +17,7 @@ from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen
 from ddptui.tui.screens.run import RunScreen
 from ddptui.tui.sources import LiveSource
-from tests.helpers import USER_SCRIPT, processes_of_run
+from tests.helpers import USER_SCRIPT, pilot_until, processes_of_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -44,14 +44,6 @@ async def _fill_form(pilot, tmp_path, args: str) -> None:
     assert screen.validate() == []
 
 
-async def _until(pilot, predicate, timeout: float) -> None:
-    for _ in range(int(timeout / 0.25)):
-        if predicate():
-            return
-        await pilot.pause(0.25)
-    raise AssertionError(f"not done within {timeout} s")
-
-
 def _leftovers(run_id: str) -> list[psutil.Process]:
     """This run's processes, and any launcher driver or rank still below this test process
     (other children, e.g. multiprocessing's resource tracker from earlier tests, are not
@@ -73,12 +65,12 @@ async def test_form_launches_a_real_run_and_shows_it_to_the_end(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _fill_form(pilot, tmp_path, "--steps 10")
         await pilot.press("f5")
-        await _until(pilot, lambda: isinstance(app.screen, RunScreen), 5)
+        await pilot_until(pilot, lambda: isinstance(app.screen, RunScreen), 30)
         screen = app.screen
         source = screen.source
         assert isinstance(source, LiveSource)
         run_id = source.cfg.run_id
-        await _until(pilot, lambda: source.done.is_set(), 200)
+        await pilot_until(pilot, lambda: source.done.is_set(), 200)
         await pilot.pause(0.6)  # one more refresh after the end
         frame = screen.frame
         assert frame.status == "finished", source.error
@@ -99,15 +91,15 @@ async def test_quitting_a_live_run_confirms_and_leaves_no_process(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _fill_form(pilot, tmp_path, "--steps 100000 --sleep 0.05")
         await pilot.press("f5")
-        await _until(pilot, lambda: isinstance(app.screen, RunScreen), 5)
+        await pilot_until(pilot, lambda: isinstance(app.screen, RunScreen), 30)
         source = app.screen.source
         run_id = source.cfg.run_id
         # Quit while the ranks are still starting: the harshest moment to tear down.
-        await _until(pilot, lambda: len(processes_of_run(run_id)) >= 2, 60)
+        await pilot_until(pilot, lambda: len(processes_of_run(run_id)) >= 2, 60)
         await pilot.press("q")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
+        await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
         await pilot.press("y")
-        await _until(pilot, lambda: source.done.is_set(), 60)
+        await pilot_until(pilot, lambda: source.done.is_set(), 60)
         await pilot.pause(0.3)
     assert source.result is not None and source.result.stopped
     assert _leftovers(run_id) == []

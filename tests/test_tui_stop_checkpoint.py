@@ -6,6 +6,7 @@ from __future__ import annotations
 from ddptui.run.launcher import LaunchResult
 from ddptui.tui.screens.run import RunScreen
 from ddptui.tui.sources import LiveSource
+from tests.helpers import pilot_until
 from tests.tui_fixtures.fakes import RUNS, FakeSession, fake_deps, primed_app
 
 SIZE = (120, 40)
@@ -52,11 +53,7 @@ def _app(tmp_path):
 
 
 async def _wait(pilot, predicate, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
+    await pilot_until(pilot, predicate, timeout)
 
 
 async def test_s_stops_with_a_checkpoint_and_shows_how_to_resume(tmp_path):

@@ -82,7 +82,8 @@ class Feed:
         if self.on_device:
             return f"held on {self.device}, batches prepared there{layout}"
         pinned = ", pinned" if self.device.type == "cuda" else ""
-        return f"DataLoader, {self.workers} workers{pinned}{layout}"
+        workers = f"{self.workers} worker{'' if self.workers == 1 else 's'}"
+        return f"DataLoader, {workers}{pinned}{layout}"
 
 
 def choose_feed(

@@ -23,7 +23,6 @@ is seconds since the run started.
 
 from __future__ import annotations
 
-import bisect
 import re
 import statistics
 from collections import deque
@@ -94,11 +93,13 @@ class PhaseHistory:
 
     def __init__(self, window: int = WINDOW) -> None:
         self.window = window
-        self._shares: dict[int, deque[dict[str, float]]] = {}
-        #: Per rank, per phase: the window's shares in order, kept as steps come and go, so
-        #: that a median is a look-up (the phase bars read every rank's at each refresh, the
-        #: straggler rule every second: 256 ranks x 7 phases, each a sort, was the cost).
-        self._sorted: dict[int, dict[str, list[float]]] = {}
+        #: Per rank, its window: one tuple of shares per step, in :data:`PHASES` order.
+        self._shares: dict[int, deque[tuple[float, ...]]] = {}
+        #: Per rank, its medians in :data:`PHASES` order, until its window changes. Steps come
+        #: in far more often than medians are read (256 ranks at 10 steps/s is 2,560 steps a
+        #: second; the phase bars and the straggler rule read every rank about once a second),
+        #: so a step only appends and a read sorts the window's columns, once per change.
+        self._medians: dict[int, tuple[float, ...]] = {}
         #: Each rank's latest phases as received (built-in and custom), for display.
         self.latest: dict[int, dict[str, float]] = {}
 
@@ -107,25 +108,16 @@ class PhaseHistory:
         if not phases:
             return
         self.latest[rank] = dict(phases)
-        seconds = [_seconds(phases.get(p)) for p in PHASES]
+        get = phases.get
+        seconds = [_seconds(get(p)) for p in PHASES]
         total = sum(seconds)
-        if total <= 0:
-            return
-        shares = {p: value / total for p, value in zip(PHASES, seconds, strict=True)}
-        if self.window <= 0:  # a window of no steps keeps none
+        if total <= 0 or self.window <= 0:  # a window of no steps keeps none
             return
         window = self._shares.get(rank)
         if window is None:
             window = self._shares[rank] = deque(maxlen=self.window)
-            self._sorted[rank] = {p: [] for p in PHASES}
-        ordered = self._sorted[rank]
-        if window.maxlen is not None and len(window) == window.maxlen:
-            for p, value in window[0].items():  # the step that leaves the window
-                values = ordered[p]
-                del values[bisect.bisect_left(values, value)]
-        window.append(shares)
-        for p, value in shares.items():
-            bisect.insort(ordered[p], value)
+        window.append(tuple([value / total for value in seconds]))
+        self._medians.pop(rank, None)
 
     def steps(self, rank: int) -> int:
         return len(self._shares.get(rank, ()))
@@ -135,10 +127,15 @@ class PhaseHistory:
 
     def median_shares(self, rank: int) -> dict[str, float]:
         """Median share of the step per built-in phase over the window."""
-        ordered = self._sorted.get(rank)
-        if not ordered or not self._shares.get(rank):
-            return dict.fromkeys(PHASES, 0.0)
-        return {p: _median_of_sorted(ordered[p]) for p in PHASES}
+        medians = self._medians.get(rank)
+        if medians is None:
+            window = self._shares.get(rank)
+            if not window:
+                return dict.fromkeys(PHASES, 0.0)
+            columns = zip(*window, strict=True)  # every step's tuple has one share per phase
+            medians = tuple(_median_of_sorted(sorted(column)) for column in columns)
+            self._medians[rank] = medians
+        return dict(zip(PHASES, medians, strict=True))
 
 
 def _median_of_sorted(values: list[float]) -> float:

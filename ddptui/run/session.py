@@ -511,8 +511,8 @@ class RunSession:
     def _record(self, events: list[protocol.AnyEvent]) -> None:
         if self._events_file is not None:
             try:
-                lines = (protocol.to_json(e) + b"\n" for e in events if self._kept(e))
-                self._events_file.append(b"".join(lines))
+                kept = [e for e in events if self._kept(e)]
+                self._events_file.append(protocol.to_json_lines(kept))
             except OSError as exc:
                 self._fail_run_dir(exc)
             else:

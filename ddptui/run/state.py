@@ -11,6 +11,7 @@ import dataclasses
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from ddptui import protocol
 from ddptui.run.diagnosis import PhaseHistory
@@ -280,9 +281,11 @@ class RunState:
         view.last_seq = max(view.last_seq, event.seq)
         view.last_seen = now
         view.events += 1
-        handler = getattr(self, "_on_" + type(event).__name__.lower(), None)
+        handler = _HANDLERS.get(type(event), _UNSEEN)
+        if handler is _UNSEEN:  # a subclass of an event type (tests' fixtures, say)
+            handler = _handler_for(type(event))
         if handler is not None:
-            handler(view, event, now)
+            handler(self, view, event, now)
         if self.first_step_at is not None and self.progress_at_first_step is None:
             self.progress_at_first_step = self.progress() or 0.0
 
@@ -511,3 +514,21 @@ class RunState:
             if quiet > limit:
                 problems[rank] = f"silent: no event for {quiet:.0f} s"
         return problems
+
+
+_UNSEEN = object()
+#: Event type -> the RunState method that applies it (looked up once per event: the hot path).
+_HANDLERS: dict[type, Any] = {
+    protocol.Status: RunState._on_status,
+    protocol.Step: RunState._on_step,
+    protocol.Beat: RunState._on_beat,
+    protocol.Eval: RunState._on_eval,
+    protocol.EpochEnd: RunState._on_epochend,
+}
+
+
+def _handler_for(kind: type) -> Any:
+    """The handler of ``kind``'s nearest event type (None: none), remembered for next time."""
+    handler = next((_HANDLERS[k] for k in kind.__mro__ if k in _HANDLERS), None)
+    _HANDLERS[kind] = handler
+    return handler

@@ -31,9 +31,9 @@ from ddptui.runfiles import RunDir
 PUMP_TIMEOUT_S = 0.1
 #: While events flow, pumps are at least this far apart: each pump (a write to events.jsonl,
 #: the lock, the launcher's poll) then takes a batch instead of a few events (256 ranks at
-#: 10 steps/s: ~40 pumps a second instead of ~100). The screen refreshes at 4.5 Hz: what
-#: waits up to 25 ms more still shows in the same refresh, or the next.
-PUMP_MIN_INTERVAL_S = 0.025
+#: 10 steps/s: ~20 pumps a second instead of ~100). The screen refreshes at 3 to 4.5 Hz: what
+#: waits up to 50 ms more still shows in the same refresh, or the next.
+PUMP_MIN_INTERVAL_S = 0.05
 
 
 class RunSource:
