@@ -143,27 +143,26 @@ def _ask_ranks(ranks: list[int] | None = None) -> None:
 
 def _ask_before_stopping() -> None:
     """torchrun ends every rank of this node the moment it sees one has failed (its process
-    context's poll closes the others): ask them for their traces first, as the spawn driver
-    does. torch's own classes, wrapped in this process (the driver) only."""
+    context's poll records the failures, then closes the others): ask them for their traces
+    first, as the spawn driver does. Only when a failure was recorded (a stop ddptui asked
+    for, or a run that finished, closes without asking). torch's own class, wrapped in this
+    process (the driver) only; the failures keep the order torch recorded them in."""
     try:
         from torch.distributed.elastic.multiprocessing.api import SubprocessContext
     except ImportError:  # pragma: no cover - another torch: the ranks' own traces only
         return
-    poll = getattr(SubprocessContext, "_poll", None)
-    if poll is None or getattr(poll, "_ddptui_asks", False):
+    close = getattr(SubprocessContext, "close", None)
+    if close is None or getattr(close, "_ddptui_asks", False):
         return
 
-    def asking_poll(self: Any) -> Any:
-        handlers = getattr(self, "subprocess_handlers", None) or {}
-        if not getattr(self, "_ddptui_asked", False) and any(
-            h.proc.poll() not in (None, 0) for h in handlers.values()
-        ):
-            self._ddptui_asked = True  # once: the poll that follows ends the others
+    def asking_close(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "_failures", None) and not getattr(self, "_ddptui_asked", False):
+            self._ddptui_asked = True
             _ask_ranks()
-        return poll(self)
+        return close(self, *args, **kwargs)
 
-    asking_poll._ddptui_asks = True  # type: ignore[attr-defined]
-    SubprocessContext._poll = asking_poll
+    asking_close._ddptui_asks = True  # type: ignore[attr-defined]
+    SubprocessContext.close = asking_close
 
 
 def _signal_name(number: int) -> str:
