@@ -230,11 +230,14 @@ before = flight_recorder.progress()
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 for _ in range(3):
     dist.all_reduce(torch.ones(4))
+unnamed, named = dist.new_group(), dist.new_group(group_desc="stop_vote")
+dist.all_reduce(torch.ones(1), group=unnamed)
+dist.all_reduce(torch.ones(1), group=named)
 import time
 deadline = time.monotonic() + 10  # gloo marks a collective completed a moment after it returns
 while True:
     after = flight_recorder.progress()
-    if after[-1]["completed"] == after[-1]["started"] or time.monotonic() > deadline:
+    if all(m["completed"] == m["started"] for m in after) or time.monotonic() > deadline:
         break
     time.sleep(0.01)
 doc = flight_recorder.dump_trace(0)
@@ -265,10 +268,18 @@ def test_progress_and_dump_in_a_real_gloo_group_and_the_trace_left_on_terminate(
     assert [e["profiling_name"] for e in left["entries"]][-3:] == ["gloo:all_reduce"] * 3
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["before"] == []  # no torch.distributed yet: nothing, and nothing imported
-    last = got["after"][-1]
-    assert (last["pg"], last["completed"]) == ("default_pg", last["started"])
+    marks = {m["pg"]: m for m in got["after"]}
+    # the default group, one made without a description (torch says "undefined": its id is
+    # shown instead), and one the script named
+    assert sorted(marks) == ["default_pg", "group 1", "stop_vote"], marks
+    last = marks["default_pg"]
+    assert (last["started"], last["completed"]) == (3, 3)
     assert got["backends"] == ["gloo"]
-    reduces = [e for e in got["entries"] if e["profiling_name"] == "gloo:all_reduce"]
+    reduces = [
+        e
+        for e in got["entries"]
+        if e["profiling_name"] == "gloo:all_reduce" and e["process_group"][1] == "default_pg"
+    ]
     assert [e["input_sizes"] for e in reduces] == [[[4]]] * 3
     assert any(f["filename"] == "<string>" for f in reduces[-1]["frames"])
     assert flight.parse_trace(json.dumps({"rank": 0, "version": "2.10", **got}))
@@ -355,3 +366,13 @@ def test_a_rank_gloo_aborted_for_a_size_mismatch_is_a_desync_with_what_the_other
     assert [(d.rank, d.cause) for d in no_traces] == [(None, "desync")]
     other = flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 3.0, [1], first=(1, ["Killed"]))
     assert [d.cause for d in other] == ["context"]
+
+
+def test_a_group_is_named_by_its_description_or_else_its_id():
+    from ddptui.rank.flight_recorder import group_label
+
+    assert group_label("0", "default_pg") == "default_pg"
+    assert group_label("1", "undefined") == "group 1"  # new_group() without group_desc
+    assert group_label("2", None) == "group 2"
+    assert flight._group("1:undefined") == "group 1"
+    assert flight._group("0:default_pg") == "default_pg"

@@ -50,7 +50,9 @@ class StopVote:
 
     def __init__(self) -> None:
         self._distributed = dist.is_initialized() and dist.get_world_size() > 1
-        self._group = dist.new_group(backend="gloo") if self._distributed else None
+        self._group = (
+            dist.new_group(backend="gloo", group_desc="stop_vote") if self._distributed else None
+        )
         self._flag = torch.zeros(1)
         self._work = None
         self._steps = 0

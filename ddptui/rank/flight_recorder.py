@@ -236,12 +236,21 @@ class Progress:
             if str(entry.get("pg_id")) != pg:
                 continue
             group = entry.get("process_group") or [None, None]
-            name = str(group[1] or pg)
+            name = group_label(group[0] or pg, group[1] if len(group) > 1 else None)
             if entry.get("collective_seq_id") == seq:
                 profiling = str(entry.get("profiling_name", ""))
                 op = profiling.rpartition(":")[2].split(" ")[0] or None
                 break
         return op, name
+
+
+def group_label(name: Any, desc: Any) -> str:
+    """What a person calls a process group: its description (``default_pg``, or the
+    ``group_desc`` the script gave ``new_group``), else its id (``group 1``); torch describes a
+    group made without one as "undefined"."""
+    if desc and str(desc) != "undefined":
+        return str(desc)
+    return f"group {name}"
 
 
 #: The heartbeat's source of collective progress (see :class:`Progress`).

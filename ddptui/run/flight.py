@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddptui.rank.flight_recorder import REQUEST, socket_path, trace_name
+from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path, trace_name
 from ddptui.run.collector import listening
 
 #: Largest trace file read (2,000 entries with stacks are ~2 MB).
@@ -435,8 +435,9 @@ def _ranks_text(ranks: Iterable[int]) -> str:
 
 
 def _group(pg_desc: str) -> str:
-    """``default_pg`` from torch's ``0:default_pg``."""
-    return pg_desc.partition(":")[2] or pg_desc
+    """``default_pg`` from torch's ``0:default_pg`` (``group 1`` from ``1:undefined``)."""
+    name, _, desc = pg_desc.partition(":")
+    return group_label(name, desc) if desc else pg_desc
 
 
 def _waiting(traces: Mapping[int, dict], ranks: Iterable[int], seq: int) -> tuple[list, list]:
@@ -688,7 +689,7 @@ def at_crash(
         if entry is None:
             continue
         line = f"rank {rank} {verb} {_op(entry['profiling_name'])} #{entry['collective_seq_id']}"
-        line += f" ({entry['process_group'][1] or entry['process_group'][0]}, "
+        line += f" ({group_label(*entry['process_group'][:2])}, "
         line += _values(entry["input_sizes"], entry["input_dtypes"])
         origin = _origin(entry.get("frames") or [])
         line += f"{', ' + origin if origin else ''})"

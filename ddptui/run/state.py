@@ -423,6 +423,10 @@ class RunState:
             if v.state == "started" and v.samples_per_s
         )
 
+    def final_samples_per_s(self) -> float:
+        """Sum of every rank's last throughput, whatever its state: for a run that ended."""
+        return sum(v.samples_per_s or 0.0 for v in self.ranks.values())
+
     @property
     def samples_total(self) -> int:
         return sum(v.samples_total for v in self.ranks.values())

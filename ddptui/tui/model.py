@@ -197,8 +197,15 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         )
         devices[rank] = (view.pid, view.device_uuid)
     last = state.last_eval
+    # Live: the ranks' current rates. Ended: their last ones (no rank runs, so "0 samples/s"
+    # would say nothing about the run).
+    rate = (
+        f"{state.global_samples_per_s():,.0f} samples/s"
+        if state.outcome is None
+        else f"{state.final_samples_per_s():,.0f} samples/s at the end"
+    )
     parts = [
-        f"{state.global_samples_per_s():,.0f} samples/s",
+        rate,
         f"loss {fmt_num(state.mean_loss)}",
         f"acc {fmt_num(last.accuracy if last else None)}",
         f"{state.samples_total:,} samples",
