@@ -346,6 +346,8 @@ def test_a_killed_rank_fails_the_run_and_is_named(run):
     assert (summary["outcome"], summary["exit_code"]) == ("failed", 1)
     assert summary["failure"]["rank"] == 1
     assert "SIGKILL" in summary["failure"]["how"]
+    # no --max-restarts: one attempt, as plain torchrun without --max-restarts
+    assert len(summary["attempts"]) == 1 and summary["restarts"] == 0
     first = [d for d in summary["diagnoses"] if d["cause"] in ("crash", "oom")]
     assert [d["rank"] for d in first] == [1]
 
