@@ -81,3 +81,24 @@ def test_capture_skips_dead_and_bogus_pids(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     assert capture_stacks({0: dead.pid, 1: -5, 2: 0}, tmp_path, timeout=0.5) == {}
+
+
+def test_a_project_in_a_folder_named_ddptui_is_the_users_code():
+    """A clone of this repository (or any project in a folder called ddptui) holds the user's
+    scripts: only ddptui's own package, where it is installed, is library code."""
+    from ddptui.rank import frames as frames_module
+    from ddptui.run import flight
+
+    script = "/tmp/work/ddptui/tests/scripts/realworld/snapshot_trainer.py"
+    assert not frames_module.is_library(script)
+    assert frames_module.is_library(frames_module.__file__)  # ddptui itself
+    assert frames_module.is_library("/usr/lib/python3.11/threading.py")
+    assert frames_module.is_library("<frozen runpy>")
+    stack = [
+        frames_module.Frame("/usr/lib/python3.11/threading.py", 327, "wait"),
+        frames_module.Frame(script, 41, "inject_fault"),
+        frames_module.Frame(frames_module.__file__, 10, "run_target"),
+    ]
+    assert frames_module.classify(stack).where == "inject_fault (snapshot_trainer.py:41)"
+    recorded = [{"filename": f.file, "line": f.line} for f in stack]
+    assert flight._user_frame(recorded) == "snapshot_trainer.py:41"

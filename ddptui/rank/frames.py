@@ -4,6 +4,7 @@ diagnosis (faulthandler dumps) read stacks with the same rules."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -37,14 +38,23 @@ _COLLECTIVE_FUNC = re.compile(
     r"|_verify_param_shape",
     re.I,
 )
-#: Path parts of code that is not the user's: torch, installed packages, the standard
-#: library, ddptui itself.
-_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "/ddptui/")
+#: Path parts of code that is not the user's: torch, installed packages, the standard library.
+_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
+#: ddptui's own package, where this copy of it lives (its rank entry, hooks and heartbeat are
+#: in every rank's stack). Its place, not a "/ddptui/" path part: a user's project in a
+#: folder named ddptui (a clone of this repository, say) is the user's code.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OWN = tuple({os.path.join(_PACKAGE, ""), os.path.join(os.path.realpath(_PACKAGE), "")})
 
 
 def is_library(file: str) -> bool:
     """torch, installed packages, the standard library, ddptui, and code without a file."""
-    return file.startswith("<") or any(part in file for part in _LIBRARY)
+    path = file.replace("\\", "/")
+    return (
+        path.startswith("<")
+        or any(part in path for part in _LIBRARY)
+        or any(file.startswith(own) for own in _OWN)
+    )
 
 
 def classify(frames: list[Frame] | tuple[Frame, ...]) -> StackInfo:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path, trace_name
+from ddptui.rank.frames import is_library
 from ddptui.run.collector import listening
 
 #: Largest trace file read (2,000 entries with stacks are ~2 MB).
@@ -58,7 +59,6 @@ _DTYPE_NOUNS = {
     "Byte": "uint8s",
     "Char": "int8s",
 }
-_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "/ddptui/")
 
 
 # -- asking the ranks ----------------------------------------------------------------------
@@ -401,7 +401,7 @@ def _user_frame(frames: list[dict]) -> str | None:
     """``train.py:88``: the innermost frame of the user's code in a recorded stack."""
     for f in frames:
         path = f["filename"].replace("\\", "/")
-        if path.startswith("<") or any(part in path for part in _LIBRARY):
+        if is_library(f["filename"]):
             continue
         return f"{path.rsplit('/', 1)[-1]}:{f['line']}"
     return None
