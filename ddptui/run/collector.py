@@ -21,6 +21,7 @@ import socket
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,36 +77,46 @@ def private_ipc_dir() -> Path:
     raise OSError("no writable directory with a short enough path for the telemetry socket")
 
 
-def remove_stale_ipc_dirs(base: str) -> None:
-    """Remove the socket directories of this user's ddptui processes that were killed (their
-    close never ran): named and private like one, holding nothing but the socket (or
-    nothing), old enough, and nothing listening on the socket."""
+def stale_private_dirs(base: str, prefix: str, older_than: float) -> Iterator[str]:
+    """This user's directories in ``base`` named ``prefix…``, private (0700) like the ones
+    ddptui makes for its sockets, not changed for ``older_than`` seconds: candidates left
+    by a ddptui that was killed (the caller checks what is inside before removing)."""
     try:
         entries = list(os.scandir(base))
     except OSError:
         return
     now, uid = time.time(), os.getuid()
     for entry in entries:
-        if not entry.name.startswith(_IPC_PREFIX):
+        if not entry.name.startswith(prefix):
             continue
         try:
             info = entry.stat(follow_symlinks=False)
-            if (
-                not stat.S_ISDIR(info.st_mode)
-                or stat.S_IMODE(info.st_mode) != 0o700
-                or info.st_uid != uid
-                or now - info.st_mtime < STALE_AFTER_S
-            ):
-                continue
-            socket_path = os.path.join(entry.path, _IPC_NAME)
-            names = os.listdir(entry.path)
+        except OSError:
+            continue
+        if (
+            stat.S_ISDIR(info.st_mode)
+            and stat.S_IMODE(info.st_mode) == 0o700
+            and info.st_uid == uid
+            and now - info.st_mtime >= older_than
+        ):
+            yield entry.path
+
+
+def remove_stale_ipc_dirs(base: str) -> None:
+    """Remove the socket directories of this user's ddptui processes that were killed (their
+    close never ran): named and private like one, holding nothing but the socket (or
+    nothing), old enough, and nothing listening on the socket."""
+    for path in stale_private_dirs(base, _IPC_PREFIX, STALE_AFTER_S):
+        try:
+            socket_path = os.path.join(path, _IPC_NAME)
+            names = os.listdir(path)
             if names == [_IPC_NAME]:
                 if not stat.S_ISSOCK(os.lstat(socket_path).st_mode) or listening(socket_path):
                     continue
                 os.unlink(socket_path)
             elif names:
                 continue  # not what a collector leaves: not ours to remove
-            os.rmdir(entry.path)
+            os.rmdir(path)
         except OSError:
             continue
 

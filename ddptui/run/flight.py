@@ -35,7 +35,7 @@ from typing import Any
 
 from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path, trace_name
 from ddptui.rank.frames import is_library
-from ddptui.run.collector import listening
+from ddptui.run.collector import listening, stale_private_dirs
 
 #: Largest trace file read (2,000 entries with stacks are ~2 MB).
 MAX_TRACE_BYTES = 64 * 1024 * 1024
@@ -84,30 +84,14 @@ STALE_AFTER_S = 24 * 3600
 def remove_stale_socket_dirs(base: str) -> None:
     """Remove this user's socket directories that a killed ddptui left behind: named and
     private like one, a day old, holding nothing but sockets nobody listens on."""
-    import stat
-
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.name.startswith(_DIR_PREFIX):
-            continue
+    for path in stale_private_dirs(base, _DIR_PREFIX, STALE_AFTER_S):
         try:
-            info = entry.stat(follow_symlinks=False)
-            if (
-                not stat.S_ISDIR(info.st_mode)
-                or stat.S_IMODE(info.st_mode) != 0o700
-                or info.st_uid != os.getuid()
-                or time.time() - info.st_mtime < STALE_AFTER_S
-            ):
-                continue
-            inside = list(Path(entry.path).iterdir())
-            if any(not p.name.endswith(".sock") or listening(str(p)) for p in inside):
-                continue
-            remove_socket_dir(entry.path)
+            inside = list(Path(path).iterdir())
         except OSError:
             continue
+        if any(not p.name.endswith(".sock") or listening(str(p)) for p in inside):
+            continue
+        remove_socket_dir(path)
 
 
 def remove_socket_dir(path: str | os.PathLike[str] | None) -> None:
