@@ -51,6 +51,7 @@ from bench_tui import (  # noqa: E402
     delays,
     print_ranges,
     run_child,
+    run_line,
 )
 
 GOAL_CPU = 10.0
@@ -539,14 +540,9 @@ def main() -> None:
             return
         runs.append(run)
         print(
-            f"run {i + 1}/{args.repeat}: CPU {run['cpu']:5.1f} % of one core"
-            f" (load {run['load']:.1f})"
-            + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
-            + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
-            f" max {run['max']:.0f} ms ({run['events']} events), refreshes {run['refreshes']},"
-            f" dropped {run['lost']} of"
-            f" {run['sent']} (seq gaps {run['gaps']}, ranks heard {run['ranks']}/{world}),"
-            f" {run['batches']} batches ({run['per_batch']:.0f} events each)",
+            run_line(i, args.repeat, run, ingest)
+            + f", ranks heard {run['ranks']}/{world}, {run['batches']} batches"
+            f" ({run['per_batch']:.0f} events each)",
             flush=True,
         )
         if run["profile"]:

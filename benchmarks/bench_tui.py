@@ -469,17 +469,19 @@ def main() -> None:
             print("no measurements: the dashboard did not run (see the child's output)")
             return
         runs.append(run)
-        print(
-            f"run {i + 1}/{args.repeat}: CPU {run['cpu']:5.1f} % of one core"
-            f" (load {run['load']:.1f})"
-            + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
-            + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
-            f" max {run['max']:.0f} ms ({run['events']} events), refreshes {run['refreshes']},"
-            f" dropped {run['lost']} of"
-            f" {run['sent']} (seq gaps {run['gaps']})",
-            flush=True,
-        )
+        print(run_line(i, args.repeat, run, ingest), flush=True)
     print_ranges(runs, GOAL_CPU, GOAL_P95_MS, ingest)
+
+
+def run_line(i: int, repeat: int, run: dict, ingest: list[float]) -> str:
+    """One run's figures: the dashboard's CPU, event-to-screen delays and drops."""
+    return (
+        f"run {i + 1}/{repeat}: CPU {run['cpu']:5.1f} % of one core (load {run['load']:.1f})"
+        + (f" (ingest only {ingest[-1]:.1f} %)" if ingest else "")
+        + f", event -> screen median {run['median']:.0f} ms p95 {run['p95']:.0f} ms"
+        f" max {run['max']:.0f} ms ({run['events']} events), refreshes {run['refreshes']},"
+        f" dropped {run['lost']} of {run['sent']} (seq gaps {run['gaps']})"
+    )
 
 
 GOAL_CPU = 7.0
