@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from bench_tui import (  # noqa: E402
     delays,
     print_ranges,
     run_child,
+    run_figures,
     run_line,
 )
 
@@ -573,15 +573,7 @@ def one_run(common: list[str], args: argparse.Namespace, world: int) -> dict | N
     profile = prof.read_text()[:8000] if prof.exists() else ""
     prof.unlink(missing_ok=True)
     return {
-        "cpu": cpu,
-        # The machine's 1-minute load average at the window's end (this benchmark's own
-        # processes included): CPU time per second grows on a busy machine (shared caches).
-        "load": os.getloadavg()[0],
-        "median": statistics.median(waits) * 1000,
-        "p95": waits[int(0.95 * (len(waits) - 1))] * 1000,
-        "max": waits[-1] * 1000,
-        "events": len(waits),
-        "refreshes": len(paints),
+        **run_figures(cpu, waits, len(paints)),
         "lost": sum(max(0, m) for m in missing.values()),
         "gaps": sum(v[2] for v in received.values()),
         "sent": sum(sent.values()),

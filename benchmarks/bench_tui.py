@@ -506,6 +506,16 @@ def one_run(common: list[str], seconds: float) -> dict | None:
     waits = waits or [float("nan")]
     received = {int(r): v for r, v in data.get("received", {}).items()}
     return {
+        **run_figures(cpu, waits, len(paints)),
+        "lost": sum(max(0, n - received.get(r, [0])[0]) for r, n in enumerate(sent)),
+        "gaps": sum(v[1] for v in received.values()),
+        "sent": sum(sent),
+    }
+
+
+def run_figures(cpu: float, waits: list[float], refreshes: int) -> dict:
+    """A run's CPU and load, and its sorted event-to-screen ``waits`` (s) as ms figures."""
+    return {
         "cpu": cpu,
         # The machine's 1-minute load average at the window's end (this benchmark's own
         # processes included): CPU time per second grows on a busy machine (shared caches).
@@ -514,10 +524,7 @@ def one_run(common: list[str], seconds: float) -> dict | None:
         "p95": waits[int(0.95 * (len(waits) - 1))] * 1000,
         "max": waits[-1] * 1000,
         "events": len(waits),
-        "refreshes": len(paints),
-        "lost": sum(max(0, n - received.get(r, [0])[0]) for r, n in enumerate(sent)),
-        "gaps": sum(v[1] for v in received.values()),
-        "sent": sum(sent),
+        "refreshes": refreshes,
     }
 
 
