@@ -39,6 +39,7 @@ from bench_telemetry import (  # noqa: E402
     paired_blocks,
     print_overhead,
     smallcnn_batch,
+    smallcnn_step,
     start_collector_process,
 )
 from torch import nn  # noqa: E402
@@ -63,15 +64,7 @@ def overhead(pairs: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def make_step(batch: int) -> Callable[[], None]:
-        x, y = torch.randn(batch, 1, 16, 16), torch.randint(0, 10, (batch,))
-
-        def step() -> None:
-            loss = nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-
-        return step
+        return smallcnn_step(model, opt, batch)
 
     for target, goal in GOALS:
         before = load()

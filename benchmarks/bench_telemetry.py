@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -146,6 +147,27 @@ class Clocks:
         )
 
 
+def smallcnn_step(
+    model: Any, opt: Any, batch: int, after: Callable[[Any, int], None] | None = None
+) -> Callable[[], None]:
+    """A training step of ``model`` (SmallCNN's input: 1x16x16, 10 classes) on a fixed random
+    batch of ``batch``; ``after(loss, batch)`` runs at its end when given."""
+    import torch
+    from torch import nn
+
+    x, y = torch.randn(batch, 1, 16, 16), torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if after is not None:
+            after(loss, batch)
+
+    return step
+
+
 def smallcnn_batch(make_step: Callable[[int], Callable[[], None]], target_s: float) -> int:
     """The batch size whose step (``make_step(batch)()``) takes about ``target_s`` of CPU
     (this thread's CPU time: a loaded machine stretches wall time, not that); four rounds,
@@ -237,7 +259,6 @@ def print_overhead(
 def bench_training_overhead(pairs: int = 80) -> None:
     """``ddptui.log`` once per step vs no telemetry, at 10 ms and 3 ms steps."""
     import torch
-    from torch import nn
 
     from trainers.models import SmallCNN
 
@@ -255,20 +276,13 @@ def bench_training_overhead(pairs: int = 80) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     spent: list[float] = []  # seconds inside each ddptui.log call
 
+    def log(loss: Any, batch: int) -> None:
+        t0 = time.perf_counter()
+        ddptui.log(epoch=1, loss=loss, samples=batch)
+        spent.append(time.perf_counter() - t0)
+
     def make_step(batch: int, report: bool = False) -> Callable[[], None]:
-        x, y = torch.randn(batch, 1, 16, 16), torch.randint(0, 10, (batch,))
-
-        def step() -> None:
-            loss = nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if report:
-                t0 = time.perf_counter()
-                ddptui.log(epoch=1, loss=loss, samples=batch)
-                spent.append(time.perf_counter() - t0)
-
-        return step
+        return smallcnn_step(model, opt, batch, log if report else None)
 
     try:
         for target, goal in GOALS:
