@@ -5,6 +5,7 @@ an exact expected value."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import ddptui
 from ddptui.constants import ENDPOINT_ENV, NO_INSTRUMENT_ENV, PHASES
 from ddptui.rank import instrument, reporter
 from ddptui.rank.net import free_port
+from tests.helpers import wait_until
 
 
 class FakeClock:
@@ -69,10 +71,19 @@ class TimedSGD(torch.optim.SGD):
 class FakeReporter:
     def __init__(self):
         self.logs = []
+        self.times = []
         self.flushes = 0
+        self.before = None
 
     def log(self, **values):
         self.logs.append(values)
+
+    def log_step_at(self, now, wall, **values):
+        self.logs.append(values)
+        self.times.append((now, wall))
+
+    def before_send(self, flush):
+        self.before = flush
 
     def flush(self):
         self.flushes += 1
@@ -147,20 +158,41 @@ def test_phases_partition_each_step_exactly(inst):
         assert log["loss"] == pytest.approx(loss)
 
 
-def test_steps_are_sent_one_step_late_then_at_exit(inst):
+def test_steps_go_from_the_drainer_thread_the_first_one_step_late(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = TimedSGD(model.parameters(), clock)
     train_step(model, opt, clock)
+    time.sleep(3 * instrument.SEND_INTERVAL_S)
     assert inst.fake.logs == []  # held until the next step starts: an explicit log may follow
     train_step(model, opt, clock)
-    # the first step went when the second began; the second as it ended (no explicit log
-    # came: a rank that stalls after a step has reported it)
-    assert len(inst.fake.logs) == 2
-    assert inst.fake.flushes == 1  # the first step goes out at once, not batched
+    # The first step goes when the second begins; the second within the send interval of
+    # its end, from the drainer thread (nothing on the step path): a rank that stalls after
+    # a step has reported it.
+    assert wait_until(lambda: len(inst.fake.logs) == 2, 5)
+    assert inst.fake.flushes >= 1  # the first step goes out at once, not batched
+    assert inst._drainer._thread.name == "ddptui-steps"
+    assert [now for now, _ in inst.fake.times] == sorted(now for now, _ in inst.fake.times)
     inst.flush()
     assert len(inst.fake.logs) == 2
-    assert inst.fake.flushes == 1
+
+
+def test_the_reporter_takes_the_finished_steps_before_any_other_event(inst):
+    """An evaluation or the rank's end made after a step reaches ddptui after it: the
+    reporter calls the instrumentation's send_ready first (a step ends; ddptui.log_eval
+    comes before the drainer's interval is up)."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+    for _ in range(2):
+        train_step(model, opt, clock)
+    inst.flush()
+    assert inst.fake.before == inst.send_ready  # registered with the first step sent
+    inst._drainer.stop()  # no thread: only send_ready may send now
+    train_step(model, opt, clock)
+    assert len(inst.fake.logs) == 2
+    inst.fake.before()
+    assert len(inst.fake.logs) == 3
 
 
 def test_explicit_log_wins_and_gets_the_phases(inst, monkeypatch):
@@ -371,6 +403,7 @@ def test_gpu_steps_beyond_the_pending_limit_go_out_without_phases(inst, monkeypa
     inst._cuda = "cuda:0"
     for batch in (3, 4, 5, 6):
         train_step(model, opt, clock, batch=batch)
+    inst.send_ready()  # what the drainer thread does within its interval
     logs = inst.fake.logs  # the oldest, sent when no room was left: no phases, own samples
     assert [(log["samples"], log["phases"]) for log in logs] == [(3, None), (4, None)]
     assert [entry[1] for entry in inst._pending] == [5, 6]

@@ -74,6 +74,7 @@ import atexit
 import functools
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -82,6 +83,7 @@ from typing import Any
 import ddptui
 from ddptui.constants import ENDPOINT_ENV, NO_INSTRUMENT_ENV, PHASES
 from ddptui.rank import spawned
+from ddptui.rank.drainer import Drainer
 from ddptui.rank.stacks import register_stack_dump
 
 #: Steps with every gradient hook armed before keeping only the last parameter's.
@@ -95,6 +97,9 @@ MAX_CUSTOM_PHASES = 8
 MAX_PENDING = 64
 #: Losses remembered per step (gradient accumulation); more are not averaged in.
 MAX_LOSSES = 8
+#: Finished steps go to the reporter from the drainer thread at most this often (the
+#: reporter batches its sends at the same interval).
+SEND_INTERVAL_S = 0.05
 
 #: ``torch.distributed`` functions a script may call itself, timed as ``comm``.
 COLLECTIVES = (
@@ -379,11 +384,19 @@ class Instrument:
         self._scaled: tuple[int, Any] | None = None  # (id of the scaled loss, unscaled loss)
         self._epoch: int | None = None
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
-        # steps finished, waiting to be sent (their read) and phases held for explicit logs
-        # (epoch, samples, step time, read): read is (phases, loss) when known at the step's
-        # end (CPU), else a CudaStepRead
-        self._pending: deque[tuple[int | None, int, float, Any]] = deque()
+        # Steps finished, waiting to be sent, and phases held for explicit logs. Each is
+        # (epoch, samples, step time, read, monotonic and wall time of its end): read is
+        # (phases, loss) when known at the step's end (CPU), else a CudaStepRead. The
+        # training thread only appends; the drainer thread (or a flush) takes them in order
+        # under ``_send_lock``.
+        self._pending: deque[tuple[int | None, int, float, Any, float, float]] = deque()
         self._carry: dict[str, float] = {}
+        self._send_lock = threading.RLock()
+        self._draining: int | None = None  # the thread delivering steps now (re-entry guard)
+        # The first step waits for the next step's start (or a flush): a script that calls
+        # ddptui.log itself does so right after it, and explicit logs win.
+        self._first_released = False
+        self._drainer = Drainer(self._drain, SEND_INTERVAL_S, "ddptui-steps")
         self._atexit = False
         self._get_reporter: Callable[[], Any] | None = None
         self._in_collective = False  # inside a timed collective (nested ones are not timed)
@@ -433,6 +446,8 @@ class Instrument:
         for watch in self._watches.values():
             watch.remove()
         self._watches = {}
+        self._drainer.stop()
+        self.send_ready()  # what can go now; the rest stays (a later flush sends it)
 
     def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
         original = owner.__dict__[name]
@@ -700,8 +715,8 @@ class Instrument:
         if first:
             self._step_start = now
         self._samples += _batch_size(self.torch.Tensor, args, kwargs)
-        if self._pending:
-            self._send_ready()
+        if not self._first_released and self._pending:
+            self._release_first()
 
     def _training(self, module: Any) -> bool:
         return module.training and self.torch.is_grad_enabled()
@@ -833,8 +848,8 @@ class Instrument:
             now = self._transition("opt_pre", "optimizer")
             if first:
                 self._step_start = now
-            if self._pending:
-                self._send_ready()
+            if not self._first_released and self._pending:
+                self._release_first()
         except Exception as exc:
             self._fail(exc)
         return None
@@ -905,35 +920,64 @@ class Instrument:
                 if watch is not None:
                     watch.end_step()
             active.clear()
-        pending = self._pending
-        if len(pending) >= MAX_PENDING:
-            old_epoch, old_samples, old_time, _ = pending.popleft()
-            self._deliver(old_epoch, old_samples, old_time, None, None)
-        pending.append((self._epoch, samples, step_time, read))
-        if type(read) is tuple and self.steps_sent and not self.explicit:
-            # Only the first step waits for the next one (a script that calls ddptui.log
-            # itself does so right after it); later ones go at once, so a rank that stalls
-            # after a step has reported it.
-            self._send_ready()
+        # Off the step path: the drainer thread makes the event and sends it (within
+        # SEND_INTERVAL_S). Only the first step waits for the next one to start.
+        self._pending.append((self._epoch, samples, step_time, read, time.monotonic(), time.time()))
+        if self._first_released:
+            self._drainer.poke()
 
-    def _send_ready(self) -> None:
-        """Send (or, in explicit mode, keep for the next explicit log) the finished steps
-        whose values are readable now."""
+    def _release_first(self) -> None:
+        """The step after the first has started: the first may go (at once: ddptui learns the
+        rank is past its start-up even if it stalls now)."""
+        self._first_released = True
+        self._drainer.now()
+
+    def _drain(self) -> bool:
+        """The drainer thread's work: send the finished steps that can go. Returns whether
+        to stay awake (something was sent, or a GPU step's values are still on the way)."""
+        if not self._pending:
+            return False
+        with self._send_lock:
+            sent = self._send_ready()
+            if sent and not self.explicit and self._get_reporter is not None:
+                self._get_reporter().flush()  # one message per drain: already batched here
+        return sent or bool(self._pending) and self._first_released
+
+    def _send_ready(self, final: bool = False) -> bool:
+        """With ``_send_lock`` held: send (or, in explicit mode, keep for the next explicit log)
+        the finished steps whose values are readable now, in order; ``final``: the first step
+        too, though the next has not started. Returns whether any went."""
         pending = self._pending
-        while pending:
-            epoch, samples, step_time, read = pending[0]
-            if type(read) is tuple:
-                phases, loss = read
-            else:
-                try:
-                    if not read.query():
-                        return
-                    values = dict(read.values())
-                except Exception:
-                    values = {}
-                phases, loss = values.get("phases"), values.get("loss")
-            pending.popleft()
-            self._deliver(epoch, samples, step_time, phases, loss)
+        me = threading.get_ident()
+        if self._draining == me:
+            return False  # the reporter asked for a flush from inside our own delivery
+        self._draining = me
+        sent = False
+        try:
+            while pending:
+                if not (self._first_released or final or self.explicit):
+                    return sent
+                epoch, samples, step_time, read, now, wall = pending[0]
+                if len(pending) > MAX_PENDING:
+                    read = None  # the device is far behind: the oldest goes without values
+                if read is None:
+                    phases = loss = None
+                elif type(read) is tuple:
+                    phases, loss = read
+                else:
+                    try:
+                        if not read.query():
+                            return sent
+                        values = dict(read.values())
+                    except Exception:
+                        values = {}
+                    phases, loss = values.get("phases"), values.get("loss")
+                pending.popleft()
+                self._deliver(epoch, samples, step_time, phases, loss, now, wall)
+                sent = True
+            return sent
+        finally:
+            self._draining = None
 
     def _deliver(
         self,
@@ -942,6 +986,8 @@ class Instrument:
         step_time: float,
         phases: dict[str, float] | None,
         loss: float | None,
+        now: float,
+        wall: float,
     ) -> None:
         if self.explicit:
             if phases:
@@ -953,27 +999,42 @@ class Instrument:
             from ddptui.rank import reporter as reporter_module
 
             get_reporter = self._get_reporter = reporter_module.get_reporter
+            get_reporter().before_send(self.send_ready)
         reporter = get_reporter()
-        reporter.log(loss=loss, phases=phases, epoch=epoch, samples=samples, step_time=step_time)
+        reporter.log_step_at(
+            now, wall, loss=loss, phases=phases, epoch=epoch, samples=samples, step_time=step_time
+        )
         self.steps_sent += 1
         if self.steps_sent == 1:
             # Out at once (not batched): ddptui learns the rank is past its start-up even if
             # it stalls before the batch's next send (the hang limit is longer before it).
             reporter.flush()
 
-    def flush(self, timeout: float = 1.0) -> None:
-        """Send every finished step, waiting at most ``timeout`` for GPU events."""
-        deadline = time.monotonic() + timeout
-        while self._pending and time.monotonic() < deadline:
+    def send_ready(self) -> None:
+        """Send the finished steps that can go, now, from the calling thread: what the
+        reporter calls before any other event of this rank, so steps keep their order
+        before an evaluation, an epoch's end or the rank's end."""
+        if not self._pending or self.disabled:
+            return
+        with self._send_lock:
             self._send_ready()
-            if self._pending:
-                time.sleep(0.001)
-        while self._pending:
-            epoch, samples, step_time, _ = self._pending.popleft()
-            self._deliver(epoch, samples, step_time, None, None)
+
+    def flush(self, timeout: float = 1.0) -> None:
+        """Send every finished step (the first too), waiting at most ``timeout`` for GPU
+        events; the rest go without their device values."""
+        deadline = time.monotonic() + timeout
+        with self._send_lock:
+            while self._pending and time.monotonic() < deadline:
+                self._send_ready(final=True)
+                if self._pending:
+                    time.sleep(0.001)
+            while self._pending:
+                epoch, samples, step_time, _, now, wall = self._pending.popleft()
+                self._deliver(epoch, samples, step_time, None, None, now, wall)
 
     def _at_exit(self) -> None:
         try:
+            self._drainer.stop()
             if not self.disabled:
                 self.flush()
         except Exception:
@@ -987,7 +1048,8 @@ class Instrument:
         if self.disabled:
             return
         try:
-            self._send_ready()
+            with self._send_lock:
+                self._send_ready(final=True)
             if "phases" in metrics:
                 self._carry = {}
                 return

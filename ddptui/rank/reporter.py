@@ -135,6 +135,7 @@ class Reporter:
         self._flushed_at = self._created
         self._socket = None
         self._context = None
+        self._before_send: Any = None  # see before_send
         if endpoint:
             import zmq  # imported only when there is somewhere to send
 
@@ -191,6 +192,8 @@ class Reporter:
         """
         if self._socket is None or self._muted:
             return
+        if counted and self._before_send is not None:
+            self._before_send()  # steps finished before this event go first
         with self._lock:
             if counted:
                 seq = self._seq
@@ -396,6 +399,13 @@ class Reporter:
             self._held = []
 
     # -- metrics -------------------------------------------------------------------------
+    def before_send(self, flush: Any) -> None:
+        """Call ``flush()`` before making any event other than a step or a heartbeat: the
+        zero-code instrumentation sends its finished steps from a thread, and those must
+        reach ddptui before an evaluation, an epoch's end or the rank's end made after them.
+        """
+        self._before_send = flush
+
     def log(
         self,
         *,
@@ -409,9 +419,49 @@ class Reporter:
         **values: Any,
     ) -> None:
         """One training step (see :func:`ddptui.log`); ``values`` are the extra metrics."""
+        self._log_step(
+            time.monotonic(),
+            None,
+            epoch,
+            samples,
+            step,
+            step_time,
+            samples_per_s,
+            phases,
+            loss,
+            values,
+        )
+
+    def log_step_at(
+        self,
+        now: float,
+        wall: float,
+        *,
+        epoch: int | None,
+        samples: int,
+        step_time: float,
+        phases: dict[str, float] | None,
+        loss: float | None,
+    ) -> None:
+        """A step that ended at ``now`` (``time.monotonic``) and ``wall`` (``time.time``),
+        logged later (the zero-code instrumentation's steps, sent from its thread)."""
+        self._log_step(now, wall, epoch, samples, None, step_time, None, phases, loss, None)
+
+    def _log_step(
+        self,
+        now: float,
+        wall: float | None,
+        epoch: int | None,
+        samples: Any,
+        step: Any,
+        step_time: float | None,
+        samples_per_s: float | None,
+        phases: Any,
+        loss: Any,
+        values: dict[str, Any] | None,
+    ) -> None:
         if self._socket is None:
             return
-        now = time.monotonic()
         if "device" not in self._announced:
             self.started()
         if epoch is not None and epoch != self._epoch:
@@ -447,7 +497,7 @@ class Reporter:
             event = protocol.Step(
                 run=self.run_id,
                 rank=self.rank,
-                t=time.time(),
+                t=time.time() if wall is None else wall,
                 seq=seq,
                 attempt=self.attempt,
                 step=self._step,
