@@ -15,12 +15,21 @@ Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
 3. Why the forward hooks sit on DDP modules only: a torch *global* module hook (even a no-op)
    puts every submodule call on torch's slow path. The ratio of a 64-layer forward with one
    to without.
+
+The step overhead is measured twice (``--allocator both``): with glibc's default allocator,
+where SmallCNN's 10 ms step has activations over 32 MB that glibc maps and unmaps at every
+step (hundreds to thousands of page faults per step, printed beside the figure, which make
+the figure swing between runs), and in a child process whose allocator keeps its memory
+(``KEEP_MEMORY_ENV``: as with jemalloc or tcmalloc, and on a GPU) to show what the hooks
+cost without that noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +67,15 @@ def hooks(on: bool, model: DistributedDataParallel) -> None:
         instrument.install(force=True).watch(model)
 
 
+#: glibc settings that keep the allocator's memory mapped (no mmap per large block, no trim):
+#: what jemalloc/tcmalloc setups and every GPU step have; the step then takes no page faults.
+KEEP_MEMORY_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
+
+
+def faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def overhead(pairs: int) -> None:
     """The hooks on vs off, at each goal's step time."""
     model = DistributedDataParallel(SmallCNN())
@@ -71,18 +89,26 @@ def overhead(pairs: int) -> None:
         hooks(False, model)
         step = make_step(smallcnn_batch(make_step, target))
 
-        def block(on: bool, steps: int, step=step) -> tuple[float, float]:
+        faulted = [0, 0]  # page faults, steps (hooks off)
+
+        def block(on: bool, steps: int, step=step, faulted=faulted) -> tuple[float, float]:
             hooks(on, model)
             for _ in range(instrument.LEARN_STEPS + 1):
                 step()  # settle (the hooks learn the last gradient)
+            before_faults = faults()
             clocks = Clocks()
             for _ in range(steps):
                 step()
-            return clocks.since(steps)
+            took = clocks.since(steps)
+            if not on:
+                faulted[0] += faults() - before_faults
+                faulted[1] += steps
+            return took
 
         off, on = paired_blocks(block, pairs, max(5, round(BLOCK_S / target)))
         hooks(False, model)
         print_overhead(f"{target * 1e3:.0f} ms steps", off, on, goal, before)
+        print(f"  (the step without hooks takes {faulted[0] / faulted[1]:.0f} page faults)")
 
 
 def per_hook_call(rounds: int) -> tuple[float, float]:
@@ -121,9 +147,11 @@ def per_hook_call(rounds: int) -> tuple[float, float]:
     return extra / calls * 1e6, calls
 
 
-def hook_bodies(n: int = 5000, repeats: int = 5) -> float:
+def hook_bodies(n: int = 5000, repeats: int = 5) -> tuple[float, float]:
     """Microseconds per step of the hook functions themselves, called directly in step order
-    (fastest of ``repeats``): instrumentation's own Python, without torch's dispatch."""
+    (fastest of ``repeats``): instrumentation's own Python on the step path, without torch's
+    dispatch; and of the drainer's work per step (making and sending the step events, off the
+    step path: here with its thread stopped, all of a round's steps sent at once)."""
     model = DistributedDataParallel(nn.Linear(2, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     x, y = torch.randn(4, 2), torch.randn(4, 1)
@@ -135,21 +163,32 @@ def hook_bodies(n: int = 5000, repeats: int = 5) -> float:
         opt.step()
     (watch,) = inst._watches.values()
     inner = model.module
-    best = float("inf")
+    best = drained = float("inf")
+    inst.flush()
+    inst._drainer.stop()  # this function sends the steps itself, timed apart
+    chunk = 50  # steps per drain: 50 ms of 1 ms steps
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            inst._outer_pre(model, (x,), {})
-            inst._inner_pre(inner, (x,), {})
-            inst._inner_post(inner, (x,), y)
-            inst._on_grad(watch, 0)
-            inst._backward_call(loss)
-            inst._backward_return()
-            inst._opt_pre(opt, (), {})
-            inst._opt_post(opt, (), {})
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        on_path = off_path = 0.0
+        for _ in range(n // chunk):
+            t0 = time.perf_counter()
+            for _ in range(chunk):
+                inst._outer_pre(model, (x,), {})
+                inst._inner_pre(inner, (x,), {})
+                inst._inner_post(inner, (x,), y)
+                inst._on_grad(watch, 0)
+                inst._backward_call(loss)
+                inst._backward_return()
+                inst._opt_pre(opt, (), {})
+                inst._opt_post(opt, (), {})
+            t1 = time.perf_counter()
+            inst.send_ready()
+            on_path += t1 - t0
+            off_path += time.perf_counter() - t1
+        steps = n // chunk * chunk
+        best = min(best, on_path / steps * 1e6)
+        drained = min(drained, off_path / steps * 1e6)
     hooks(False, model)
-    return best
+    return best, drained
 
 
 def global_hook_ratio(rounds: int) -> float:
@@ -176,7 +215,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=60, help="pairs of blocks per step size")
     parser.add_argument("--rounds", type=int, default=10, help="rounds of the per-call figures")
+    parser.add_argument(
+        "--allocator",
+        choices=("both", "default", "keep"),
+        default="both",
+        help="the step overhead with glibc's default allocator, with one that keeps its "
+        "memory (KEEP_MEMORY_ENV, in a child process), or both (default)",
+    )
     opts = parser.parse_args()
+    if opts.allocator == "keep" and any(os.environ.get(k) != v for k, v in KEEP_MEMORY_ENV.items()):
+        # glibc reads its settings at start-up: run again with them
+        env = {**os.environ, **KEEP_MEMORY_ENV}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -193,7 +243,21 @@ def main() -> None:
             f"1 thread; {opts.pairs} pairs of interleaved blocks of about {BLOCK_S * 1e3:.0f} "
             "ms; live collector in another process)"
         )
+        if opts.allocator == "keep":
+            print(
+                "(allocator keeping its memory: "
+                + " ".join(f"{k}={v}" for k, v in KEEP_MEMORY_ENV.items())
+                + ")"
+            )
         overhead(opts.pairs)
+        if opts.allocator == "keep":
+            return
+        if opts.allocator == "both":
+            sys.stdout.flush()
+            subprocess.run(
+                [sys.executable, __file__, "--pairs", str(opts.pairs), "--allocator", "keep"],
+                check=False,
+            )
         before = load()
         per_call, calls = per_hook_call(opts.rounds * 2)
         print(
@@ -201,10 +265,11 @@ def main() -> None:
             f"per step: {per_call * calls:.1f} us per step; {before})"
         )
         before = load()
-        bodies = hook_bodies()
+        bodies, drained = hook_bodies()
         print(
-            f"our own code (the hooks' bodies, reporter.log of the step included): "
-            f"{bodies:.1f} us per step, {bodies / calls:.2f} us per hook call ({before})"
+            f"our own code on the step path (the hooks' bodies): {bodies:.1f} us per step, "
+            f"{bodies / calls:.2f} us per hook call; off it, the drainer thread making and "
+            f"sending the events: {drained:.1f} us per step ({before})"
         )
         ratio = global_hook_ratio(opts.rounds)
         print(

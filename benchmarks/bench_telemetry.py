@@ -169,11 +169,12 @@ def smallcnn_step(
 
 
 def smallcnn_batch(make_step: Callable[[int], Callable[[], None]], target_s: float) -> int:
-    """The batch size whose step (``make_step(batch)()``) takes about ``target_s`` of CPU
-    (this thread's CPU time: a loaded machine stretches wall time, not that); four rounds,
-    as step time is close to linear in the batch."""
+    """The batch size whose step (``make_step(batch)()``) takes about ``target_s``: the
+    fastest of nine timed steps (wall time: a loaded machine stretches some steps, not the
+    fastest), five rounds, as step time is close to linear in the batch but not quite (the
+    allocator's regime changes with the batch's size)."""
     batch = 32
-    for _ in range(4):
+    for _ in range(5):
         step = make_step(batch)
         # Warm up well: the first steps at a new batch size take page faults (the allocator
         # maps fresh memory) that later steps do not; sizing on them made "10 ms" steps 6.5 ms.
@@ -181,11 +182,10 @@ def smallcnn_batch(make_step: Callable[[int], Callable[[], None]], target_s: flo
             step()
         times = []
         for _ in range(9):
-            t0 = time.thread_time()
+            t0 = time.perf_counter()
             step()
-            times.append(time.thread_time() - t0)
-        took = statistics.median(times)
-        batch = max(1, min(65536, round(batch * target_s / took)))
+            times.append(time.perf_counter() - t0)
+        batch = max(1, min(65536, round(batch * target_s / min(times))))
     return batch
 
 

@@ -871,7 +871,7 @@ class Instrument:
     def _finish_step(self) -> None:
         losses = self._losses
         host_losses: list[Any] = []
-        loss: float | None = None
+        loss: list[Any] | None = None  # CPU: the loss tensors, read off the step path
         cuda = self._cuda is not None
         if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
@@ -884,16 +884,13 @@ class Instrument:
                 else:  # a loss computed on the host: read now, it costs nothing
                     host_losses.append(float(value.item()))
         elif losses:
-            if len(losses) == 1:
-                loss = float(losses[0].item())
-            else:
-                loss = sum(float(value.item()) for value in losses) / len(losses)
+            loss = losses  # read by the drainer: .item() costs microseconds here
         self._transition("opt_post", "data")
         now = self._mark
         start = self._step_start
         step_time = max(0.0, now - start) if start is not None else 0.0
         custom = self._custom
-        read: Any  # a CudaStepRead, or (phases, loss) when known now (CPU)
+        read: Any  # a CudaStepRead, or (phases, loss tensors) on the CPU
         if cuda and len(self._marks) > 1:
             read = CudaStepRead(self._marks, host_losses, custom)
             self._marks = [("start", self._marks[-1][1])]
@@ -964,6 +961,8 @@ class Instrument:
                     phases = loss = None
                 elif type(read) is tuple:
                     phases, loss = read
+                    if loss is not None:
+                        loss = _mean_item(loss)
                 else:
                     try:
                         if not read.query():
@@ -1091,6 +1090,14 @@ _EVENTS = ("fwd_pre", "inner_pre", "fwd_post", "bwd_return", "opt_pre", "opt_pos
 _RESOLVE = {(seg, nxt): _resolve(seg, nxt) for seg in _SEGMENTS for nxt in _EVENTS}
 #: The phase of a gradient-split segment's rest (last gradient → event ``nxt``).
 _AFTER_GRAD = {nxt: "comm" if nxt in ("bwd_return", "opt_pre") else "data" for nxt in _EVENTS}
+
+
+def _mean_item(values: list[Any]) -> float | None:
+    """The mean of a step's CPU loss tensors (None if one cannot be read)."""
+    try:
+        return sum(float(value.item()) for value in values) / len(values)
+    except Exception:
+        return None
 
 
 def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
