@@ -38,6 +38,8 @@ DEVICE_ENV = "DDPTUI_DEVICE"
 #: The pid of the process that started this one (ddptui for the driver, the driver for a
 #: rank): a process that finds another parent at start-up was orphaned and exits.
 PARENT_PID_ENV = "DDPTUI_PARENT_PID"
+#: In a driver the ddptui command started before its run had an id: that ddptui's pid.
+PRESTARTED_BY_ENV = "DDPTUI_PRESTARTED_BY"
 
 # -- diagnosis ---------------------------------------------------------------------------------
 #: The built-in phases of a training step, in order; together they make up the whole step

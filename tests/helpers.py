@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from ddptui.constants import RUN_ID_ENV
+from ddptui.constants import PRESTARTED_BY_ENV, RUN_ID_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 USER_SCRIPT = ROOT / "tests" / "scripts" / "user_ddp.py"
@@ -21,6 +21,20 @@ def processes_of_run(run_id: str) -> list[psutil.Process]:
         try:
             if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(RUN_ID_ENV) == run_id:
                 found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def prestarted_by(ddptui_pid: int) -> list[psutil.Process]:
+    """The live driver the ddptui process ``ddptui_pid`` started before its run had an id
+    (``ddptui.run.prestart``; its environment names ddptui instead)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get(PRESTARTED_BY_ENV) == str(ddptui_pid):
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
         except (psutil.Error, OSError):
             continue
     return found

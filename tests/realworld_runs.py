@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers import ROOT, processes_of_run, read_events
+from tests.helpers import ROOT, prestarted_by, processes_of_run, read_events
 
 SCRIPTS = ROOT / "tests" / "scripts" / "realworld"
 #: The most seconds one run may take before it is killed (a hang verdict that never comes).
@@ -113,7 +113,15 @@ def parse_facts(run_dir: Path) -> dict[int, dict]:
 
 
 def _command(spec: RunSpec, run_dir: Path, work: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(SCRIPTS / spec.script)]
+    # ddptui.console: the ddptui command itself (a torchrun run's driver starts first)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddptui.console",
+        "--no-ui",
+        "--script",
+        str(SCRIPTS / spec.script),
+    ]
     cmd += ["--world-size", str(spec.world_size), "--launcher", spec.launcher]
     cmd += ["--run-dir", str(run_dir), "--device", "cpu"]
     if spec.hang_timeout is not None:
@@ -158,19 +166,22 @@ def run_once(
         if proc.poll() is None:  # the test process itself is being interrupted
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        leftovers = _kill_leftovers(run_dir)
+        leftovers = _kill_leftovers(run_dir, proc.pid)
     return RunResult(
         spec, run_dir, work, proc.returncode, stdout, stderr, time.monotonic() - began, leftovers
     )
 
 
-def _kill_leftovers(run_dir: Path) -> list[int]:
-    """Kill whatever the run started that is still alive; return their pids."""
+def _kill_leftovers(run_dir: Path, ddptui_pid: int | None = None) -> list[int]:
+    """Kill whatever the run started that is still alive (the driver ddptui started before
+    it knew its run too); return their pids."""
     try:
         run_id = json.loads((run_dir / "config.json").read_text())["run_id"]
     except (OSError, ValueError, KeyError):
-        return []
-    leftovers = processes_of_run(run_id)
+        run_id = None
+    leftovers = processes_of_run(run_id) if run_id else []
+    if ddptui_pid is not None:
+        leftovers += prestarted_by(ddptui_pid)
     for proc in leftovers:
         try:
             proc.kill()

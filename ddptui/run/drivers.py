@@ -11,6 +11,7 @@ It dies with ddptui, and its ranks die with it (see ``ddptui.rank.entry.die_with
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -18,11 +19,12 @@ import time
 from typing import Any
 
 from ddptui.argv import split_passthrough
-from ddptui.constants import LAUNCHERS
+from ddptui.constants import LAUNCHERS, PARENT_PID_ENV
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.entry import die_with_parent, spawn_worker
 from ddptui.rank.flight_recorder import SOCKET_DIR_ENV
 from ddptui.rank.net import free_port
+from ddptui.run.prestart import PRESTARTED
 from ddptui.runfiles import write_json_atomic
 
 if __name__ in ("__main__", "__mp_main__"):
@@ -247,9 +249,38 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
     return 0
 
 
+def prestarted() -> int:
+    """``--prestarted`` (see :mod:`ddptui.run.prestart`): import torchrun's module while
+    ddptui gets ready, then run the command line it sends on stdin, with its environment,
+    logging to its log file. Ends at once when stdin closes without one."""
+    try:
+        import torch.distributed.run  # noqa: F401  # the seconds that overlap ddptui's start
+    except Exception:
+        pass  # run_torchrun imports it again; its error goes to the run's log then
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        return 0  # no run came (a usage error, or a headless run that is not torchrun)
+    order = json.loads(line)
+    log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    me = os.environ.get(PARENT_PID_ENV, str(os.getpid()))  # die_with_parent set it: ours
+    os.environ.clear()
+    os.environ.update(order["env"])
+    os.environ[PARENT_PID_ENV] = me  # the ranks follow this driver, not ddptui
+    return main(list(order["argv"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # ddptui gone → tear the run down (done already when run as a module)
-    opts, args = _parse(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == [PRESTARTED]:
+        return prestarted()
+    opts, args = _parse(argv)
     if opts.kind == "spawn":
         return run_spawn(opts, args)
     return run_torchrun(opts, args)

@@ -37,6 +37,7 @@ from ddptui.constants import (
     RUN_DIR_ENV,
     RUN_ID_ENV,
 )
+from ddptui.run import prestart
 from ddptui.run.rundir import read_failure, tail_lines
 from ddptui.run.state import RankFailureInfo
 from ddptui.runfiles import RunDir
@@ -229,6 +230,13 @@ class Launcher:
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         RunDir(self.run_dir).result.unlink(missing_ok=True)
+        if self.kind == "torchrun":
+            # the driver the ddptui command started before loading the rest (first attempt)
+            self.process = prestart.take(
+                self.command()[3:], self.environment(), RunDir(self.run_dir).launcher_log
+            )
+            if self.process is not None:
+                return
         with open(RunDir(self.run_dir).launcher_log, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(),

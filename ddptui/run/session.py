@@ -28,8 +28,6 @@ from ddptui.rank.stacks import capture_stacks
 from ddptui.run import flight
 from ddptui.run.check_files import check_restart_checkpoint
 from ddptui.run.cluster.addresses import route_address, split_endpoint
-from ddptui.run.cluster.host import NodeHost
-from ddptui.run.cluster.slurm import SrunLauncher
 from ddptui.run.collector import Collector, CollectorStats
 from ddptui.run.diagnosis import (
     Diagnoser,
@@ -255,6 +253,10 @@ class RunSession:
         """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
         ranks (slot 0) under c10d, or, under Slurm, srun starting one agent per node."""
         assert self.collector is not None
+        # CURVE, the join service, srun (14 ms of imports): only a multi-node run needs them
+        from ddptui.run.cluster.host import NodeHost
+        from ddptui.run.cluster.slurm import SrunLauncher
+
         try:
             self.host = NodeHost(self.cfg)
         except (OSError, Exception) as exc:  # zmq.ZMQError: the address cannot be bound
