@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from ddptui.rank.net import free_port
+from ddptui.run.prestart import PRESTARTED_NOTE
 from tests.realworld_runs import RunPool, RunResult, RunSpec
 from tests.trainer_data import write_imagefolder, write_mnist
 
@@ -196,6 +197,8 @@ def test_exits_as_plain_torchrun_and_finishes(run):
     summary = run.summary
     assert (summary["outcome"], summary["exit_code"]) == ("finished", 0), run.describe()
     assert summary["failure"] is None
+    if run.spec.launcher == "torchrun":  # the ddptui command started the driver first
+        assert PRESTARTED_NOTE in (run.run_dir / "launcher.log").read_text(), run.describe()
 
 
 @pytest.mark.parametrize("run_name", HEALTHY)

@@ -24,7 +24,7 @@ from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.entry import die_with_parent, spawn_worker
 from ddptui.rank.flight_recorder import SOCKET_DIR_ENV
 from ddptui.rank.net import free_port
-from ddptui.run.prestart import PRESTARTED
+from ddptui.run.prestart import PRESTARTED, PRESTARTED_NOTE
 from ddptui.runfiles import write_json_atomic
 
 if __name__ in ("__main__", "__mp_main__"):
@@ -272,6 +272,7 @@ def prestarted() -> int:
     os.environ.clear()
     os.environ.update(order["env"])
     os.environ[PARENT_PID_ENV] = me  # the ranks follow this driver, not ddptui
+    print(f"ddptui-driver: {PRESTARTED_NOTE}", flush=True)
     return main(list(order["argv"]))
 
 

@@ -26,6 +26,8 @@ from ddptui.constants import PARENT_PID_ENV, PRESTARTED_BY_ENV
 
 #: The driver's one argument in this mode.
 PRESTARTED = "--prestarted"
+#: What such a driver writes first in the run's launcher.log.
+PRESTARTED_NOTE = "started before ddptui had loaded: torch.distributed.run was imported meanwhile"
 #: Run options whose value follows them as the next word (to find ``--launcher``'s value).
 _LAUNCHER = "--launcher"
 _NOT_A_RUN = ("-h", "--help", "--version", "--print-sbatch")
