@@ -540,3 +540,30 @@ def test_real_cuda_steps_carry_device_phases_and_loss(inst):
         assert log["phases"]["forward"] > 0 and log["phases"]["backward"] > 0
         assert log["loss"] == pytest.approx(loss.item(), rel=1e-3)
         assert log["samples"] == 64
+
+
+def test_a_forked_child_gets_its_own_send_lock_and_drainer(inst):
+    """A DataLoader worker forked while the drainer thread held the lock must not inherit it
+    held (its exit flush would wait forever)."""
+    import threading
+
+    held, done = threading.Event(), threading.Event()
+
+    def drain_under_way():
+        with inst._send_lock:
+            held.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=drain_under_way)
+    thread.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: no drainer thread, and the lock is free
+            ok = inst._send_lock.acquire(timeout=1) and inst._drainer._thread is None
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        done.set()
+        thread.join()
+    assert os.waitstatus_to_exitcode(status) == 0

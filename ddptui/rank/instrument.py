@@ -177,6 +177,19 @@ def uninstall() -> None:
         inst.detach()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) has no drainer thread: a drain the parent's
+    thread had under way leaves its lock held in the child, so the child gets a new one."""
+    inst = _instrument
+    if inst is not None:
+        inst._send_lock = threading.RLock()
+        inst._draining = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def install_rank(run_dir: str | None, rank: int) -> None:
     """What the rank entry calls before the target runs: the stack dump for hang diagnosis
     (always, when there is a run directory) and the instrumentation (when :func:`wanted`)."""
