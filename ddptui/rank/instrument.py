@@ -1108,6 +1108,8 @@ _AFTER_GRAD = {nxt: "comm" if nxt in ("bwd_return", "opt_pre") else "data" for n
 def _mean_item(values: list[Any]) -> float | None:
     """The mean of a step's CPU loss tensors (None if one cannot be read)."""
     try:
+        if len(values) == 1:
+            return float(values[0].item())  # exactly the script's value (-0.0 stays -0.0)
         return sum(float(value.item()) for value in values) / len(values)
     except Exception:
         return None
