@@ -80,19 +80,26 @@ def test_table_without_gpu_says_why():
 
 
 def test_ctrl_c_exits_cleanly(monkeypatch):
-    calls = []
+    """Ctrl-C after the first sample: a flag the monitor's waits see (no KeyboardInterrupt
+    that could leave a lock held), one line out, NVML shut down, Python's handler back."""
+    import signal
 
-    def interrupted_sleep(seconds):
-        calls.append(seconds)
-        if len(calls) > 1:  # after the warm-up wait and the first sample
-            raise KeyboardInterrupt
+    monkeypatch.setattr(cli.time, "sleep", lambda seconds: None)
+    original = cli.SystemMonitor.sample
 
-    monkeypatch.setattr(cli.time, "sleep", interrupted_sleep)
+    def sample_then_ctrl_c(self, *args, **kwargs):
+        snapshot = original(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        return snapshot
+
+    monkeypatch.setattr(cli.SystemMonitor, "sample", sample_then_ctrl_c)
+    before = signal.getsignal(signal.SIGINT)
     nvml = FakeNvml(GPUS)
     code, text = run(count=None, as_json=True, nvml_module=nvml)
     assert code == 0
     assert len(text.splitlines()) == 1
     assert nvml.initialized == 0
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -54,11 +56,16 @@ def run_monitor_headless(
     if count is not None and count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
     with_pcie = pcie_interval(pcie) is not None
+    # Ctrl-C sets a flag that the waits below see: a KeyboardInterrupt raised between a lock's
+    # acquire and its block would leave the lock held, and closing NVML would wait forever.
+    stop = threading.Event()
+    previous = _on_sigint(stop.set)
     try:
         with SystemMonitor(nvml_module, pcie=pcie) as monitor:
             if with_pcie:  # ~42 ms per GPU, while the CPU window below fills anyway
                 monitor.wait_for_pcie(timeout=PCIE_FIRST_WAIT_S)
-            time.sleep(monitor.cpu_warmup_remaining())  # so the first CPU % means something
+            if stop.wait(monitor.cpu_warmup_remaining()):  # the first CPU % must mean something
+                return 0
             taken = 0
             next_at = time.monotonic()
             while True:
@@ -74,11 +81,11 @@ def run_monitor_headless(
                     return 0
                 next_at += interval
                 delay = next_at - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                else:  # a slow sample: carry on from now rather than bursting to catch up
+                if delay <= 0:  # a slow sample: carry on from now rather than bursting to catch up
                     next_at = time.monotonic()
-    except KeyboardInterrupt:
+                if stop.wait(max(0.0, delay)):
+                    return 0
+    except KeyboardInterrupt:  # where no handler could be set (not the main thread)
         return 0
     except BrokenPipeError:
         # The reader went away (`ddptui monitor | head`): stop quietly, and keep Python from
@@ -86,6 +93,23 @@ def run_monitor_headless(
         if out is sys.stdout:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        if previous is not _NOT_SET:
+            signal.signal(signal.SIGINT, previous or signal.SIG_DFL)
+
+
+_NOT_SET = object()
+
+
+def _on_sigint(handler: Any) -> Any:
+    """Make Ctrl-C call ``handler()``; returns the handler it replaces, or ``_NOT_SET`` where
+    none could be set (outside the main thread Ctrl-C stays a KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        return _NOT_SET
+    try:
+        return signal.signal(signal.SIGINT, lambda signum, frame: handler())
+    except (ValueError, OSError):
+        return _NOT_SET
 
 
 # -- table -----------------------------------------------------------------------------------
