@@ -1060,12 +1060,12 @@ class Instrument:
         if self.disabled:
             return
         try:
-            with self._send_lock:
+            with self._send_lock:  # the drainer thread adds to the carry under it too
                 self._send_ready(final=True)
+                carried, self._carry = self._carry, {}
             if "phases" in metrics:
-                self._carry = {}
                 return
-            phases, self._carry = self._carry, {}
+            phases = carried
             if not phases and self._custom and self._mark is None:  # no step measured
                 phases, self._custom = dict(self._custom), {}
             if phases:
