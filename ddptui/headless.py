@@ -15,6 +15,7 @@ from typing import TextIO
 from ddptui import protocol
 from ddptui.constants import PHASES
 from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.monitor import SystemMonitor, preflight
 from ddptui.run.diagnosis import Diagnosis
 from ddptui.run.options import RunConfig, resume_command
 from ddptui.run.rundir import RunDirError
@@ -242,9 +243,6 @@ def gpu_preflight(cfg: RunConfig, nvml_module=None) -> list[str]:
     """Before an nccl run: GPUs that another job's processes already hold."""
     if cfg.backend != "nccl":
         return []
-    # psutil and NVML (20 ms): only for an nccl run, so a run's ranks start that much sooner
-    from ddptui.monitor import SystemMonitor, preflight
-
     with SystemMonitor(nvml_module, pcie=False) as monitor:
         return preflight(monitor.sample())
 

@@ -19,13 +19,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from importlib.metadata import EntryPoint
 
 #: The entry-point group trainers register in.
 ENTRY_POINT_GROUP = "ddptui.trainers"
@@ -93,8 +90,6 @@ class Registry:
 @functools.cache
 def registry() -> Registry:
     """The trainers installed now (cached: call ``registry.cache_clear()`` to look again)."""
-    import importlib.metadata  # 8 ms: only when trainers are looked up, not on every start
-
     specs: dict[str, TrainerSpec] = {}
     problems: dict[str, str] = {}
     points = sorted(
@@ -149,7 +144,7 @@ def get_spec(name: str) -> TrainerSpec:
     return registry().specs[name]
 
 
-def _spec_from(ep: EntryPoint) -> TrainerSpec:
+def _spec_from(ep: importlib.metadata.EntryPoint) -> TrainerSpec:
     if ep.attr is None:  # just a module: run it, check nothing before launch
         return TrainerSpec(name=ep.name, module=ep.module)
     obj = ep.load()
@@ -158,7 +153,7 @@ def _spec_from(ep: EntryPoint) -> TrainerSpec:
     return obj if obj.name == ep.name else dataclasses.replace(obj, name=ep.name)
 
 
-def _dist_name(ep: EntryPoint) -> str:
+def _dist_name(ep: importlib.metadata.EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
     name = getattr(dist, "name", None) or ""
     return re.sub(r"[-_.]+", "-", name).lower()
