@@ -188,10 +188,11 @@ class Launcher:
         self._stopping = False
 
     def command(self) -> list[str]:
+        return [sys.executable, "-m", "ddptui.run.drivers", *self.driver_args()]
+
+    def driver_args(self) -> list[str]:
+        """The driver's own command line (after ``python -m ddptui.run.drivers``)."""
         cmd = [
-            sys.executable,
-            "-m",
-            "ddptui.run.drivers",
             self.kind,
             "--nprocs",
             str(self.world_size),
@@ -233,7 +234,7 @@ class Launcher:
         if self.kind == "torchrun":
             # the driver the ddptui command started before loading the rest (first attempt)
             self.process = prestart.take(
-                self.command()[3:], self.environment(), RunDir(self.run_dir).launcher_log
+                self.driver_args(), self.environment(), RunDir(self.run_dir).launcher_log
             )
             if self.process is not None:
                 return

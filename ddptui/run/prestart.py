@@ -28,7 +28,6 @@ from ddptui.constants import PARENT_PID_ENV, PRESTARTED_BY_ENV
 PRESTARTED = "--prestarted"
 #: What such a driver writes first in the run's launcher.log.
 PRESTARTED_NOTE = "started before ddptui had loaded: torch.distributed.run was imported meanwhile"
-#: Run options whose value follows them as the next word (to find ``--launcher``'s value).
 _LAUNCHER = "--launcher"
 _NOT_A_RUN = ("-h", "--help", "--version", "--print-sbatch")
 
@@ -118,9 +117,8 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait(5)
     except (OSError, subprocess.TimeoutExpired):
         pass
-    for stream in (proc.stdin,):
-        try:
-            if stream is not None:
-                stream.close()
-        except OSError:
-            pass
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
