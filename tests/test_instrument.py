@@ -567,3 +567,20 @@ def test_a_forked_child_gets_its_own_send_lock_and_drainer(inst):
         done.set()
         thread.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_failure_in_the_drainer_thread_turns_the_hooks_off_and_says_so(inst, capsys):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = TimedSGD(model.parameters(), clock)
+
+    def broken(now, wall, **values):
+        raise RuntimeError("reporter broke")
+
+    inst.fake.log_step_at = broken
+    for _ in range(2):
+        train_step(model, opt, clock)  # the second releases the first to the drainer
+    assert wait_until(lambda: inst.disabled, 5)
+    assert "instrumentation off after an internal error: RuntimeError: reporter broke" in (
+        capsys.readouterr().err
+    )

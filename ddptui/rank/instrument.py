@@ -945,12 +945,16 @@ class Instrument:
     def _drain(self) -> bool:
         """The drainer thread's work: send the finished steps that can go. Returns whether
         to stay awake (something was sent, or a GPU step's values are still on the way)."""
-        if not self._pending:
+        if not self._pending or self.disabled:
             return False
-        with self._send_lock:
-            sent = self._send_ready()
-            if sent and not self.explicit and self._get_reporter is not None:
-                self._get_reporter().flush()  # one message per drain: already batched here
+        try:
+            with self._send_lock:
+                sent = self._send_ready()
+                if sent and not self.explicit and self._get_reporter is not None:
+                    self._get_reporter().flush()  # one message per drain: already batched
+        except Exception as exc:
+            self._fail(exc)  # said once, on stderr; the hooks stop, training goes on
+            return False
         return sent or bool(self._pending) and self._first_released
 
     def _send_ready(self, final: bool = False) -> bool:
