@@ -35,7 +35,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realworld"), pytest.mar
 #: Runs going at once: each is ddptui + a launcher + 2 ranks importing torch on 2 cores.
 PARALLEL = 3
 #: Diagnoses a healthy run must not get (``communication``, a note on the run, is allowed).
-VERDICTS = {"input", "compute", "host", "hang", "collective", "crash", "consequence", "oom"}
+#: ``host`` is allowed too: it blames the machine, not the script, and here it is true. This
+#: tier runs 3 runs of 2 ranks at once beside the other xdist worker's runs on 2 cores, and a
+#: rank that computes most of its step on a fifth of a core was once named so, rightly.
+VERDICTS = {"input", "compute", "hang", "collective", "crash", "consequence", "oom"}
 LONG_PREP_HANG_TIMEOUT = 3
 SLOW_FIRST_HANG_TIMEOUT = 2
 FAULT_HANG_TIMEOUT = 5
