@@ -772,7 +772,9 @@ class RunSession:
         if self.launcher is not None and self.result is None:
             self.stop(interrupted=True)
         if self.host is not None:
-            self.host.close()
+            # srun has returned: every agent it started has ended, none is left to tell
+            srun_ended = self.cfg.launcher == "slurm" and self.result is not None
+            self.host.close(linger=0.0 if srun_ended else 3.0)
             self.host = None
         if self.collector is not None:
             self.collector.close()

@@ -96,6 +96,7 @@ class JoinBook:
                     "joins once"
                 )
             self.joined[slot] = NodeInfo(slot, host)
+            self.polled[slot] = time.monotonic()  # joining is its first sign of life
             return slot, None
 
 
@@ -279,6 +280,19 @@ class NodeHost:
             time.sleep(0.05)
         return {r: "ok" if r in done else f"no trace from its node in {timeout:g} s" for r in ranks}
 
+    def _agents_to_tell(self) -> set[int]:
+        """The joined agents that have not been told the outcome and still poll (none before
+        the run has an outcome)."""
+        now = time.monotonic()
+        with self.book.lock:
+            if self.book.outcome is None:
+                return set()
+            return {
+                slot
+                for slot in set(self.book.joined) - self.book.told
+                if now - self.book.polled.get(slot, 0.0) < AGENT_GONE_S
+            }
+
     def new_joins(self) -> list[NodeInfo]:
         """The nodes that joined since the last call (for the console and the dashboard)."""
         with self.book.lock:
@@ -293,12 +307,13 @@ class NodeHost:
 
     def close(self, linger: float = 3.0) -> None:
         """Close everything; once the run has an outcome, first wait up to ``linger`` seconds
-        until every joined agent has asked for it (so each tears its node down at once)."""
+        until every joined agent still polling has asked for it (so each tears its node down
+        at once). An agent whose node ended on its own stopped polling: it is not waited for
+        (it cost every finished multi-node run the whole ``linger``)."""
         deadline = time.monotonic() + linger
         while self._thread is not None and time.monotonic() < deadline:
-            with self.book.lock:
-                if self.book.outcome is None or set(self.book.joined) <= self.book.told:
-                    break
+            if not self._agents_to_tell():
+                break
             time.sleep(0.05)
         self._stop.set()
         if self._thread is not None:
