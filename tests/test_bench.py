@@ -422,7 +422,7 @@ def test_peak_tracker_takes_rank_trees_and_gpu_memory():
 # -- one real bench ------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_bench_on_cpu_measures_four_configurations_and_skips_the_rest(
+def test_bench_on_cpu_measures_two_configurations_and_skips_the_rest(
     tmp_path, monkeypatch, capsys
 ):
     from tests.helpers import processes_of_run
@@ -430,34 +430,36 @@ def test_bench_on_cpu_measures_four_configurations_and_skips_the_rest(
     monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: NO_CUDA))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.chdir(tmp_path)
-    argv = ["--no-ui", "--world-size", "1,2", "--amp", "off,bf16,fp16"]
-    argv += ["--backend", "gloo,nccl", "--steps", "60", "--bench-dir", "b"]
+    # Two measured runs (x1, x2) and six skipped: bf16 on CPU is measured by the trainers'
+    # tests; here it only cost the suite seconds of a loaded machine (20-48 s for four runs).
+    argv = ["--no-ui", "--world-size", "1,2", "--amp", "off,fp16"]
+    argv += ["--backend", "gloo,nccl", "--steps", "30", "--bench-dir", "b"]
     code = bench_report.main(argv)
     out = capsys.readouterr().out
     assert code == 0, out
     table = out[out.index("configuration") :]
     measured = [ln for ln in table.splitlines() if ln.startswith("x") and "spawn gloo" in ln]
-    assert len(measured) == 4, table
+    assert len(measured) == 2, table
     assert sum(ln.endswith("*") or " * " in ln for ln in measured) == 1
-    assert table.count(": skipped: backend nccl needs a CUDA GPU") == 6
+    assert table.count(": skipped: backend nccl needs a CUDA GPU") == 4
     assert table.count(": skipped: AMP fp16 needs a CUDA GPU") == 2
     with open(tmp_path / "b" / "bench.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 12
+    assert len(rows) == 8
     for column in ("samples_per_s", "efficiency", "time_to_first_step_s"):
         assert column in rows[0]
     done = [r for r in rows if r["status"] == "measured"]
-    assert len(done) == 4
+    assert len(done) == 2
     for row in done:
         assert float(row["samples_per_s"]) > 0 and float(row["time_to_first_step_s"]) > 0
-        assert row["steps_per_rank"] == "60" and row["stable"] in ("true", "false")
+        assert row["steps_per_rank"] == "30" and row["stable"] in ("true", "false")
         # An efficiency is there only from stable figures (this machine may be busy).
         assert float(row["efficiency"]) > 0 if row["efficiency"] else row["efficiency_note"]
         assert float(row["peak_rss_mib_max"]) > 10
         run_dir = Path(row["run_dirs"])
         assert (run_dir / "summary.json").is_file()
     table = (tmp_path / "b" / "bench.md").read_text()
-    for label in ("x1 spawn gloo amp off", "x2 spawn gloo amp bf16"):
+    for label in ("x1 spawn gloo amp off", "x2 spawn gloo amp off"):
         assert f"| {label} |" in table or f"| **{label}** \\* |" in table  # bold: the fastest
     assert table.count("\\* |") == 1
     for run_dir in (tmp_path / "b").iterdir():
