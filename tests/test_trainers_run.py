@@ -16,7 +16,6 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from torchvision import datasets as tv_datasets
 
 import ddptui
 from tests.trainer_data import clean_env, write_cifar10, write_imagefolder, write_mnist
@@ -175,6 +174,9 @@ def test_imagefolder_without_val_split(tmp_path):
 
 
 def test_failed_download_is_a_clear_error(tmp_path, monkeypatch):
+    # imported here: torchvision costs every xdist worker a second of collection otherwise
+    from torchvision import datasets as tv_datasets
+
     monkeypatch.setattr(tv_datasets.MNIST, "mirrors", [])  # offline: nothing to try
     with pytest.raises(DatasetNotFoundError, match="downloading MNIST into .* failed"):
         mnist.main([*CPU, "--data-dir", str(tmp_path), "--download"])
