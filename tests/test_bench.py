@@ -422,9 +422,7 @@ def test_peak_tracker_takes_rank_trees_and_gpu_memory():
 # -- one real bench ------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_bench_on_cpu_measures_two_configurations_and_skips_the_rest(
-    tmp_path, monkeypatch, capsys
-):
+def test_bench_on_cpu_measures_two_configurations_and_skips_the_rest(tmp_path, monkeypatch, capsys):
     from tests.helpers import processes_of_run
 
     monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: NO_CUDA))

@@ -253,6 +253,36 @@ def test_a_joined_node_sends_its_ranks_traces_when_node_0_asks(host, tmp_path):
     assert host.fetch_traces([1], 0.2) == {1: "no trace from its node in 0.2 s"}  # a new ask
 
 
+def test_close_waits_for_an_agent_still_polling_and_not_for_one_that_ended(host, monkeypatch):
+    """Once the run has an outcome, node 0 waits (up to its linger) until every agent still
+    polling has been told it; an agent whose node ended on its own has stopped polling and is
+    not waited for (every finished multi-node run waited the whole linger for it)."""
+    monkeypatch.setattr("ddptui.run.cluster.host.AGENT_GONE_S", 1.0)
+    assert join(host.token())["ok"]  # node 1: it polls once, then its node ends
+    channel = Channel(host.token())
+    try:
+        assert channel.ask({"op": "status", "v": 1, "node": 1}, 5)["outcome"] is None
+        host.set_outcome("finished", None)
+        polled = threading.Timer(0.3, lambda: channel.ask({"op": "status", "v": 1, "node": 1}, 5))
+        polled.start()  # still polling: told at its next poll, and close waits for that
+        began = time.monotonic()
+        host.close(linger=10.0)
+        waited = time.monotonic() - began
+        polled.join()
+    finally:
+        channel.close()
+    assert 0.2 <= waited < 1.0 and host.book.told == {1}
+
+
+def test_close_does_not_wait_for_an_agent_that_stopped_polling(host, monkeypatch):
+    monkeypatch.setattr("ddptui.run.cluster.host.AGENT_GONE_S", 0.5)
+    assert join(host.token())["ok"]
+    host.set_outcome("finished", None)
+    began = time.monotonic()
+    host.close(linger=10.0)
+    assert time.monotonic() - began < 0.8 and host.book.told == set()
+
+
 def test_wrong_token_gets_no_answer_and_the_run_is_not_disturbed(host):
     other = RunKeys.generate()
     wrong = dataclasses.replace(host.token(), client_secret=other.client_secret)
