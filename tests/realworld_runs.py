@@ -32,7 +32,10 @@ from tests.helpers import ROOT, prestarted_by, processes_of_run, read_events
 SCRIPTS = ROOT / "tests" / "scripts" / "realworld"
 #: The most seconds one run may take before it is killed (a hang verdict that never comes).
 RUN_LIMIT_S = 200.0
-_FACTS = re.compile(r"REALWORLD ([^\r\n]*)")
+#: A facts line runs to the line's end or to the next facts line: spawned workers share their
+#: parent's log, and under PYTHONUNBUFFERED a print's text and its newline are two writes, so
+#: one worker's line can end where another's begins (``...1:10REALWORLD rank=0 ...``).
+_FACTS = re.compile(r"REALWORLD ((?:(?!REALWORLD )[^\r\n])*)")
 
 
 @dataclass(frozen=True)
