@@ -222,7 +222,9 @@ def _events(run_dir):
     return events
 
 
-TRAIN = ["--epochs", "6", "--seed", "3", "--", "--train-size", "1600", "--test-size", "300"]
+#: Four epochs: a kill after the second leaves two to resume; a stop after the first, three.
+EPOCHS = 4
+TRAIN = ["--epochs", str(EPOCHS), "--seed", "3", "--", "--train-size", "1600", "--test-size", "300"]
 
 
 def _kill_rank_1_after_epoch_2(run_dir):
@@ -244,7 +246,7 @@ def _kill_rank_1_after_epoch_2(run_dir):
     pid = wait_until(rank_1_pid, 90, 0.02)
     assert pid, "rank 1 never started"
     log = RunDir(run_dir).rank_log(0)
-    assert wait_until(lambda: log.exists() and "epoch 2/6" in log.read_text(), 90, 0.005)
+    assert wait_until(lambda: log.exists() and f"epoch 2/{EPOCHS}" in log.read_text(), 90, 0.005)
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
     return killed_at
@@ -280,7 +282,7 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint(tmp_path):
     steps = [e for e in read_events(run_dir) if e["kind"] == "step"]
     assert all(e["epoch"] > 2 for e in steps if e["t"] > killed_at)
     assert {e["epoch"] for e in steps if e["attempt"] == 1} == set(
-        range(second["resumed_from_epoch"] + 1, 7)
+        range(second["resumed_from_epoch"] + 1, EPOCHS + 1)
     )
     expected = json.loads(RunDir(reference).summary.read_text())["final_accuracy"]
     assert abs(summary["final_accuracy"] - expected) <= 0.01
@@ -338,7 +340,7 @@ def test_first_ctrl_c_stops_with_a_checkpoint_and_the_run_resumes_from_it(tmp_pa
     proc = _ddptui(run_dir, *TRAIN)
     try:
         log = RunDir(run_dir).rank_log(0)
-        assert wait_until(lambda: log.exists() and "epoch 1/6" in log.read_text(), 90, 0.02)
+        assert wait_until(lambda: log.exists() and f"epoch 1/{EPOCHS}" in log.read_text(), 90, 0.02)
         proc.send_signal(signal.SIGINT)
     finally:
         out, err = _finish(proc, run_dir)  # also: no process of the run is left
@@ -364,7 +366,7 @@ def test_first_ctrl_c_stops_with_a_checkpoint_and_the_run_resumes_from_it(tmp_pa
     assert config["resume"] == str(RunDir(run_dir).checkpoint) and config["seed"] == 3
     first = next(e for e in read_events(again) if e["kind"] == "step" and e["rank"] == 0)
     assert first["epoch"] == state.get("partial", {}).get("epoch", state["epoch"] + 1)
-    assert json.loads(RunDir(again).summary.read_text())["final_eval"]["epoch"] == 6
+    assert json.loads(RunDir(again).summary.read_text())["final_eval"]["epoch"] == EPOCHS
 
 
 def test_resume_command_repeats_the_options(tmp_path):
