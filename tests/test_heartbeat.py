@@ -40,3 +40,50 @@ def test_cpu_counts_busy_children():
     finally:
         child.kill()
         child.wait()
+
+
+class _Beats:
+    enabled = True
+
+    def __init__(self):
+        self.beats = []
+
+    def beat(self, **fields):
+        self.beats.append(fields)
+
+
+def test_the_last_beat_at_exit_carries_the_collectives_as_they_ended(monkeypatch):
+    """Beats come once a second; at exit one more carries the collectives' final marks, so a
+    healthy run's ranks do not end showing the counts of beats a second apart."""
+    seq = [146]
+    monkeypatch.setattr(
+        heartbeat, "_collectives", lambda: [{"pg": "default_pg", "started": seq[0]}]
+    )
+    reporter = _Beats()
+    beat = heartbeat.Heartbeat(reporter, interval=3600)  # not started: beats only when asked
+    beat.beat()
+    seq[0] = 184
+    beat.last()
+    assert [b["collectives"][0]["started"] for b in reporter.beats] == [146, 184]
+    assert reporter.beats[-1]["frame"] is None and reporter.beats[-1]["digest"] is None
+    beat.last()  # already stopped: nothing more
+    assert len(reporter.beats) == 2
+
+
+def test_no_last_beat_from_a_heartbeat_stopped_before_the_exit(monkeypatch):
+    monkeypatch.setattr(heartbeat, "_collectives", None)
+    reporter = _Beats()
+    beat = heartbeat.Heartbeat(reporter, interval=3600)
+    beat.stop()  # a spawner goes quiet once its workers run
+    beat.last()
+    assert reporter.beats == []
+
+
+def test_a_failing_collectives_source_never_fails_the_last_beat(monkeypatch):
+    def broken():
+        raise RuntimeError("recorder gone")
+
+    monkeypatch.setattr(heartbeat, "_collectives", broken)
+    reporter = _Beats()
+    heartbeat.Heartbeat(reporter, interval=3600).last()
+    assert reporter.beats[0]["collectives"] == []

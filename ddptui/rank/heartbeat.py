@@ -107,19 +107,27 @@ class Heartbeat:
         """Sample the main thread and send one beat."""
         frames = main_frames(self.main_ident)
         info = classify(frames)
-        marks: list[dict[str, Any]] = []
-        if _collectives is not None:
-            try:
-                marks = list(_collectives() or [])
-            except Exception:  # the recorder is optional; a beat never fails for it
-                marks = []
         self.reporter.beat(
             frame=info.where if frames else None,
             waiting=info.collective if info.in_collective else None,
             digest=digest(frames) if frames else None,
             cpu=process_cpu(),
-            collectives=marks,
+            collectives=_marks(),
         )
+
+    def last(self) -> None:
+        """At exit: stop, and send the collectives as they ended. The beats come once a second,
+        so without it each rank's column kept whatever its last beat saw: two ranks of a healthy
+        run that ended showed ``#146`` and ``#184``, which reads as a desync."""
+        if self._stop.is_set():  # stopped before the exit (a spawner that only waited)
+            return
+        self.stop()
+        try:
+            self.reporter.beat(
+                frame=None, waiting=None, digest=None, cpu=process_cpu(), collectives=_marks()
+            )
+        except Exception:  # telemetry never takes a rank down, nor its exit
+            pass
 
     def _run(self) -> None:
         wait = min(FIRST_BEAT_S, self.interval)
@@ -129,6 +137,16 @@ class Heartbeat:
                 self.beat()
             except Exception:  # telemetry never takes a rank down
                 pass
+
+
+def _marks() -> list[dict[str, Any]]:
+    """The collectives source's marks (none without one, or when it fails)."""
+    if _collectives is None:
+        return []
+    try:
+        return list(_collectives() or [])
+    except Exception:  # the recorder is optional; a beat never fails for it
+        return []
 
 
 def stop() -> None:
@@ -144,5 +162,5 @@ def start(reporter: Any, interval: float = BEAT_S) -> Heartbeat | None:
     if _beat is not None or not getattr(reporter, "enabled", False):
         return _beat
     _beat = Heartbeat(reporter, interval).start()
-    atexit.register(_beat.stop)  # registered after the reporter's handler: runs before it
+    atexit.register(_beat.last)  # registered after the reporter's handler: runs before it
     return _beat
