@@ -117,7 +117,7 @@ TRAINER_DATA = {
         "(6 samples)",
     ),
     "imagefolder": (
-        lambda root: write_imagefolder(root, train=4, val=1),  # 2 batches of 3 per rank
+        lambda root: write_imagefolder(root, train=4, val=1),  # 4 batches of 3 on one rank
         ["--image-size", "16", "--batch-size", "3"],
         "(3 samples)",
     ),
@@ -126,17 +126,19 @@ TRAINER_DATA = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "trainer, launcher, workers",
+    "trainer, launcher, workers, ranks",
     # Each launcher and each dataset once: a spawn rank's workers cost ~4 CPU-seconds each to
     # start (torch + torchvision), so the full product took 2.5 minutes of a 2-core machine.
     # That every dataset class pickles by name is checked without processes in
     # test_trainers_run.py (test_cifar10_datasets_pickle_for_dataloader_workers).
     # One worker under spawn (a spawn worker imports torch and torchvision anew, ~3 CPU-s
-    # each; one shows the pickling as well as two), two under torchrun.
-    [("imagefolder", "spawn", 1), ("cifar10", "torchrun", 2)],
+    # each; one shows the pickling as well as two), two under torchrun. One rank under spawn:
+    # its workers start with spawn all the same, and its train and eval loaders' workers cost
+    # half the suite's 16 CPU-s of two ranks; two ranks under torchrun.
+    [("imagefolder", "spawn", 1, 1), ("cifar10", "torchrun", 2, 2)],
 )
-def test_dataloader_workers_under_both_launchers(trainer, launcher, workers, tmp_path):
-    """``--workers N`` on two ranks: under mp.spawn the workers start with ``spawn`` too, so
+def test_dataloader_workers_under_both_launchers(trainer, launcher, workers, ranks, tmp_path):
+    """``--workers N``: under mp.spawn the workers start with ``spawn`` too, so
     every dataset (and its transforms) must pickle by name."""
     write, extra, samples = TRAINER_DATA[trainer]
     write(tmp_path / "data")
@@ -147,7 +149,7 @@ def test_dataloader_workers_under_both_launchers(trainer, launcher, workers, tmp
     env.pop(ENDPOINT_ENV, None)
     argv = ["--device", "cpu", "--backend", "gloo", "--epochs", "1", "--lr", "0.01"]
     argv += ["--data-dir", str(tmp_path / "data"), "--workers", str(workers), *extra]
-    command = [sys.executable, "-m", "ddptui.run.drivers", launcher, "--nprocs", "2"]
+    command = [sys.executable, "-m", "ddptui.run.drivers", launcher, "--nprocs", str(ranks)]
     command += ["--run-dir", str(run_dir), "--module", f"trainers.{trainer}", "--", *argv]
     driver = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -160,9 +162,9 @@ def test_dataloader_workers_under_both_launchers(trainer, launcher, workers, tmp
             driver.wait()
         for process in processes_of_run(run_id):  # torchrun's workers have their own sessions
             process.kill()
-    logs = {rank: (run_dir / f"rank-{rank}.log").read_text() for rank in (0, 1)}
-    assert driver.returncode == 0, output.decode(errors="replace") + logs[0] + logs[1]
+    logs = {rank: (run_dir / f"rank-{rank}.log").read_text() for rank in range(ranks)}
+    assert driver.returncode == 0, output.decode(errors="replace") + "".join(logs.values())
     assert f"data: DataLoader, {workers} worker{'s' if workers > 1 else ''}" in logs[0]
     assert any(line.startswith("epoch 1/1 ") and samples in line for line in logs[0].splitlines())
-    assert "Traceback" not in logs[0] + logs[1]
+    assert "Traceback" not in "".join(logs.values())
     assert processes_of_run(run_id) == []
