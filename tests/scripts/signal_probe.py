@@ -1,9 +1,20 @@
 """A rank that reports the signal masks of itself and of the processes above it, then checks
-that its own SIGTERM handler runs (a script's checkpoint-on-preemption handler)."""
+that its own SIGTERM handler runs (a script's checkpoint-on-preemption handler).
 
+With ``OUT_DIR`` set it also leaves, in that folder, a file it wrote but never flushed or
+closed (``rank<N>``) and registers an atexit handler that makes ``atexit<N>``: the rank's
+fast exit must keep both (tests/test_signal_masks.py)."""
+
+import atexit
 import os
 import signal
 import time
+
+if os.environ.get("OUT_DIR"):
+    out, rank = os.environ["OUT_DIR"], os.environ["RANK"]
+    unclosed = open(os.path.join(out, "rank" + rank), "w")  # noqa: SIM115
+    unclosed.write("kept\n")  # never flushed, never closed
+    atexit.register(lambda: open(os.path.join(out, "atexit" + rank), "w").close())
 
 
 def blocked(pid: int) -> str:
