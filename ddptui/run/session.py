@@ -773,8 +773,10 @@ class RunSession:
             self.stop(interrupted=True)
         if self.host is not None:
             # srun has returned: every agent it started has ended, none is left to tell
-            srun_ended = self.cfg.launcher == "slurm" and self.result is not None
-            self.host.close(linger=0.0 if srun_ended else 3.0)
+            if self.cfg.launcher == "slurm" and self.result is not None:
+                self.host.close(linger=0.0)
+            else:
+                self.host.close()
             self.host = None
         if self.collector is not None:
             self.collector.close()

@@ -38,6 +38,8 @@ PROTOCOL = 1
 #: An agent that has not polled for this long has ended (it polls every 0.5 s): no trace
 #: request waits for it.
 AGENT_GONE_S = 2.0
+#: How long node 0 waits at its end for the agents still polling to learn the outcome.
+LINGER_S = 3.0
 
 
 class JoinRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -74,6 +76,11 @@ class JoinBook:
     #: slot -> when its agent last asked for the run's status (monotonic): still there?
     polled: dict[int, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def polling(self, now: float) -> set[int]:
+        """With the lock held: the slots whose agent polled within :data:`AGENT_GONE_S`
+        (joining counts as a poll); the others' nodes have ended."""
+        return {slot for slot, at in self.polled.items() if now - at < AGENT_GONE_S}
 
     def join(self, slot: int | None, host: str) -> tuple[int | None, str | None]:
         """(slot, None) for an admitted node, (None, why) otherwise."""
@@ -274,7 +281,7 @@ class NodeHost:
             with self.book.lock:
                 done = {r for r in ranks if self.book.traced.get(r) == ask}
                 # an agent that stopped polling (its node has ended) sends nothing more
-                there = any(now - t < AGENT_GONE_S for t in self.book.polled.values())
+                there = bool(self.book.polling(now))
             if len(done) == len(ranks) or now >= deadline or not there:
                 break
             time.sleep(0.05)
@@ -287,11 +294,7 @@ class NodeHost:
         with self.book.lock:
             if self.book.outcome is None:
                 return set()
-            return {
-                slot
-                for slot in set(self.book.joined) - self.book.told
-                if now - self.book.polled.get(slot, 0.0) < AGENT_GONE_S
-            }
+            return self.book.polling(now) - self.book.told
 
     def new_joins(self) -> list[NodeInfo]:
         """The nodes that joined since the last call (for the console and the dashboard)."""
@@ -305,7 +308,7 @@ class NodeHost:
             self.book.outcome = outcome
             self.book.failure = failure
 
-    def close(self, linger: float = 3.0) -> None:
+    def close(self, linger: float = LINGER_S) -> None:
         """Close everything; once the run has an outcome, first wait up to ``linger`` seconds
         until every joined agent still polling has asked for it (so each tears its node down
         at once). An agent whose node ended on its own stopped polling: it is not waited for
