@@ -231,17 +231,16 @@ class Launcher:
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         RunDir(self.run_dir).result.unlink(missing_ok=True)
+        env = self.environment()
         if self.kind == "torchrun":
             # the driver the ddptui command started before loading the rest (first attempt)
-            self.process = prestart.take(
-                self.driver_args(), self.environment(), RunDir(self.run_dir).launcher_log
-            )
+            self.process = prestart.take(self.driver_args(), env, RunDir(self.run_dir).launcher_log)
             if self.process is not None:
                 return
         with open(RunDir(self.run_dir).launcher_log, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(),
-                env=self.environment(),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
