@@ -37,17 +37,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         for port in random.sample(
             range(LISTEN_PORTS_FROM, low), min(LISTEN_TRIES, low - LISTEN_PORTS_FROM)
         ):
-            if _bindable(host, port):
+            if bindable(host, port):
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
+def bindable(host: str, port: int = 0) -> bool:
+    """Whether a TCP socket can bind ``host:port`` now (port 0: whether ``host`` is an
+    address of this machine)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.bind((host, port))
-        except OSError:
-            return False
+    except OSError:
+        return False
     return True

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from ddptui.rank.net import free_port
+from ddptui.rank.net import bindable, free_port
 from ddptui.run.cluster.slurm import first_node
 from ddptui.run.options import ConfigError
 
@@ -57,13 +57,7 @@ def resolve(host: str) -> str:
 
 def is_local(address: str) -> bool:
     """Whether ``address`` belongs to this machine (a socket can bind it)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((address, 0))
-    except OSError:
-        return False
-    return True
+    return bindable(address)
 
 
 def outbound_address() -> str:
