@@ -955,7 +955,7 @@ class Instrument:
         except Exception as exc:
             self._fail(exc)  # said once, on stderr; the hooks stop, training goes on
             return False
-        return sent or bool(self._pending) and self._first_released
+        return sent or (bool(self._pending) and self._first_released)
 
     def _send_ready(self, final: bool = False) -> bool:
         """With ``_send_lock`` held: send (or, in explicit mode, keep for the next explicit log)
