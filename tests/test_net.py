@@ -56,3 +56,15 @@ def test_any_range_file_gives_a_sane_range(tmp_path_factory, content):
     path.write_bytes(content)
     low, high = net.ephemeral_range(str(path))
     assert 0 < low <= high <= 65535
+
+
+def test_bindable_tells_local_addresses_and_taken_ports():
+    from ddptui.run.cluster.addresses import is_local
+
+    assert net.bindable("127.0.0.1") and is_local("127.0.0.1")
+    assert not net.bindable("192.0.2.1") and not is_local("192.0.2.1")  # TEST-NET-1
+    assert isinstance(net.bindable("::1"), bool)  # IPv6: an answer, never an error
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        assert not net.bindable("127.0.0.1", held.getsockname()[1])
