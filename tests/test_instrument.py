@@ -58,14 +58,14 @@ class Net(torch.nn.Module):
         return self.second(torch.relu(x))
 
 
-class TimedSGD(torch.optim.SGD):
-    def __init__(self, params, clock, seconds=0.003):
-        super().__init__(params, lr=0.01)
-        self.clock, self.seconds = clock, seconds
-
-    def step(self, closure=None):
-        self.clock.advance(self.seconds)
-        return super().step(closure)
+def timed_sgd(params, clock, seconds=0.003):
+    """A plain SGD whose step takes ``seconds`` of the fake clock (a per-instance hook, run
+    after the global ones). Not a subclass: a subclass's ``step`` calling ``super().step()``
+    fires torch's global hooks twice once SGD itself has an instance in the process, so the
+    hook counts below would depend on the tests that ran before (see the nested tests)."""
+    opt = torch.optim.SGD(params, lr=0.01)
+    opt.register_step_pre_hook(lambda optimizer, args, kwargs: clock.advance(seconds))
+    return opt
 
 
 class FakeReporter:
@@ -132,7 +132,7 @@ def train_step(model, opt, clock, batch=6, data_s=0.005, between_s=0.0, other_s=
 def test_phases_partition_each_step_exactly(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
     sampler.set_epoch(3)
     losses = [train_step(model, opt, clock, between_s=0.002).item() for _ in range(4)]
@@ -161,7 +161,7 @@ def test_phases_partition_each_step_exactly(inst):
 def test_steps_go_from_the_drainer_thread_the_first_one_step_late(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     train_step(model, opt, clock)
     time.sleep(3 * instrument.SEND_INTERVAL_S)
     assert inst.fake.logs == []  # held until the next step starts: an explicit log may follow
@@ -183,7 +183,7 @@ def test_the_reporter_takes_the_finished_steps_before_any_other_event(inst):
     comes before the drainer's interval is up)."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     for _ in range(2):
         train_step(model, opt, clock)
     inst.flush()
@@ -198,7 +198,7 @@ def test_the_reporter_takes_the_finished_steps_before_any_other_event(inst):
 def test_explicit_log_wins_and_gets_the_phases(inst, monkeypatch):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     fake = inst.fake
     train_step(model, opt, clock)
     ddptui.log(loss=1.5, samples=6)  # the script reports itself
@@ -219,7 +219,7 @@ def test_explicit_log_wins_and_gets_the_phases(inst, monkeypatch):
 def test_an_evaluation_pass_is_its_own_phase(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     train_step(model, opt, clock)
     with torch.no_grad():
         model(torch.randn(50, 4))  # 0.010 of fake forward time
@@ -246,7 +246,7 @@ def test_collectives_the_script_calls_are_comm_not_the_phase_they_interrupt(inst
     assert dist.barrier.__wrapped__.__module__ == "torch.distributed.distributed_c10d"
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     collective = inst._collective_wrapper(lambda *a, **k: clock.advance(0.007))
     train_step(model, opt, clock)
     clock.advance(0.005)
@@ -267,7 +267,7 @@ def test_collectives_the_script_calls_are_comm_not_the_phase_they_interrupt(inst
 def test_gradient_accumulation_sums_samples_and_averages_losses(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     losses = []
     for _ in range(2):
         opt.zero_grad()
@@ -289,7 +289,7 @@ def test_gradient_accumulation_sums_samples_and_averages_losses(inst):
 def test_gradient_hooks_shrink_to_the_last_parameter(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     for _ in range(instrument.LEARN_STEPS + 2):
         train_step(model, opt, clock)
     (watch,) = inst._watches.values()
@@ -309,7 +309,7 @@ def test_gradient_hooks_shrink_to_the_last_parameter(inst):
 def test_custom_phases_ride_with_the_step(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     with ddptui.phase("augment"):
         clock.advance(0.004)
     train_step(model, opt, clock)
@@ -369,7 +369,7 @@ def test_gpu_phases_come_from_events_read_only_once_complete(inst):
     clock = inst.fake_clock
     done = [False]
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     inst.torch = FakeTorch(clock, done)
     inst._cuda = "cuda:0"  # as if the DDP module's parameters lived on a GPU
     losses = [train_step(model, opt, clock, between_s=0.002).item() for _ in range(3)]
@@ -398,7 +398,7 @@ def test_gpu_steps_beyond_the_pending_limit_go_out_without_phases(inst, monkeypa
     monkeypatch.setattr(instrument, "MAX_PENDING", 2)
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     inst.torch = FakeTorch(clock, [False])  # the device never passes the events
     inst._cuda = "cuda:0"
     for batch in (3, 4, 5, 6):
@@ -412,7 +412,7 @@ def test_gpu_steps_beyond_the_pending_limit_go_out_without_phases(inst, monkeypa
 def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     clock = inst.fake_clock
     model = Net(clock)
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     for _ in range(3):
         train_step(model, opt, clock)
     inst.flush()
@@ -422,10 +422,77 @@ def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     assert last["step_time"] == pytest.approx(sum(last["phases"][p] for p in PHASES))
 
 
+class ClippedSGD(torch.optim.SGD):
+    """A user's optimizer: a subclass whose ``step`` adds its own work, then calls SGD's."""
+
+    def __init__(self, params, clock):
+        super().__init__(params, lr=0.01)
+        self.clock = clock
+
+    def step(self, closure=None):
+        self.clock.advance(0.002)
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("ddp", [True, False], ids=["ddp", "no-ddp"])
+def test_a_subclassed_optimizer_is_one_step_when_its_base_class_is_hooked_too(inst, ddp):
+    """torch wraps ``step`` of every optimizer class it made an instance of: once a plain SGD
+    exists (here, or anywhere in the script), ClippedSGD's step runs the global hooks, then
+    SGD's step inside it runs them again. One optimizer step is still one step, with DDP or
+    without it (a model trained without DDP's forward hooks counted each step twice)."""
+    clock = inst.fake_clock
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # SGD.step is hooked now
+    model = DistributedDataParallel(Net(clock)) if ddp else Net(clock)
+    opt = ClippedSGD(model.parameters(), clock)
+    for _ in range(3):
+        train_step(model, opt, clock)
+    inst.flush()
+    assert len(inst.fake.logs) == 3
+    for log in inst.fake.logs:
+        assert log["samples"] == (6 if ddp else 0)  # without DDP no forward is seen
+        assert log["phases"]["optimizer"] == pytest.approx(0.002)
+        assert log["step_time"] == pytest.approx(sum(log["phases"][p] for p in PHASES))
+
+
+def test_zero_redundancy_optimizer_steps_once_per_step(inst):
+    """ZeroRedundancyOptimizer's step runs its inner optimizer's step: hooks within hooks."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.01)
+    for _ in range(4):
+        train_step(model, opt, clock)
+    inst.flush()
+    assert len(inst.fake.logs) == 4
+    assert all(log["samples"] == 6 for log in inst.fake.logs)
+
+
+def test_an_optimizer_step_that_raised_does_not_hide_the_next_steps(inst):
+    """A step that raised between its hooks (its post hook never ran) is forgotten at the
+    next forward: the steps after it count."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    train_step(model, opt, clock)
+
+    def fail(optimizer, args, kwargs):
+        raise RuntimeError("the script's own step failed")
+
+    handle = opt.register_step_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="step failed"):
+        train_step(model, opt, clock)
+    handle.remove()
+    for _ in range(2):
+        train_step(model, opt, clock)
+    inst.flush()
+    assert len(inst.fake.logs) == 3
+
+
 def test_the_inner_module_trained_without_ddp_makes_every_step(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     train_step(model, opt, clock)
     for _ in range(3):  # e.g. micro-batches that skip DDP's hooks, through ``model.module``
         train_step(model.module, opt, clock)
@@ -441,7 +508,7 @@ def test_the_inner_module_trained_without_ddp_makes_every_step(inst):
 def test_an_internal_error_turns_the_hooks_off_not_the_training(inst, monkeypatch, capsys):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
 
     def broken(*args):
         raise ValueError("bug")
@@ -456,7 +523,7 @@ def test_an_internal_error_turns_the_hooks_off_not_the_training(inst, monkeypatc
 def test_grad_scaler_reports_the_unscaled_loss(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     losses = []
     for _ in range(2):
@@ -572,7 +639,7 @@ def test_a_forked_child_gets_its_own_send_lock_and_drainer(inst):
 def test_a_failure_in_the_drainer_thread_turns_the_hooks_off_and_says_so(inst, capsys):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
-    opt = TimedSGD(model.parameters(), clock)
+    opt = timed_sgd(model.parameters(), clock)
 
     def broken(now, wall, **values):
         raise RuntimeError("reporter broke")

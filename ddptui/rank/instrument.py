@@ -395,6 +395,13 @@ class Instrument:
         self._active: set[int] = set()  # grad watches used in this step
         self._training_fwd = False  # inside a training forward (of DDP, or its inner module)
         self._scaled: tuple[int, Any] | None = None  # (id of the scaled loss, unscaled loss)
+        # Optimizer steps under way, one inside another: torch hooks the ``step`` of every
+        # optimizer class it has made an instance of, so a subclass whose ``step`` calls
+        # ``super().step()`` (or ZeroRedundancyOptimizer, whose step runs its inner
+        # optimizer's) fires the global hooks twice once its base class has an instance too.
+        # Only the outermost step counts; a forward or ``backward()`` resets the count, so a
+        # step that raised between its hooks does not swallow the next one.
+        self._opt_depth = 0
         self._epoch: int | None = None
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
         # Steps finished, waiting to be sent, and phases held for explicit logs. Each is
@@ -721,6 +728,7 @@ class Instrument:
             self._eval_end = now
 
     def _forward_start(self, args: tuple, kwargs: dict, new_seg: str) -> None:
+        self._opt_depth = 0
         self._ddp_seen = True
         self._fwd_seen = True
         first = self._mark is None
@@ -831,6 +839,7 @@ class Instrument:
 
     def _backward_call(self, tensor: Any) -> None:
         self.hook_calls += 1
+        self._opt_depth = 0
         if self.disabled or self._seg not in _BWD:
             return
         try:
@@ -854,7 +863,8 @@ class Instrument:
 
     def _opt_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
-        if self.disabled:
+        self._opt_depth += 1
+        if self.disabled or self._opt_depth > 1:  # a step inside a step: the outer one counts
             return None
         try:
             first = self._mark is None
@@ -869,6 +879,10 @@ class Instrument:
 
     def _opt_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
+        if self._opt_depth > 1:  # the end of a step inside a step
+            self._opt_depth -= 1
+            return None
+        self._opt_depth = 0
         if self.disabled:
             return None
         try:
