@@ -1,4 +1,5 @@
-"""Suite-wide set-up: bytecode for the code the suite's processes import.
+"""Suite-wide set-up: bytecode for the code the suite's processes import, and the order in
+which xdist hands tests out.
 
 The suite starts a few hundred Python processes (ddptui, launchers, ranks), each importing
 ddptui, the trainers and test scripts. Where ``PYTHONDONTWRITEBYTECODE`` is set, none of them
@@ -21,3 +22,13 @@ def pytest_configure(config) -> None:
         return
     for folder in ("ddptui", "trainers", "tests", "benchmarks"):
         compileall.compile_dir(ROOT / folder, quiet=2, workers=1)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """The slow tier first, the unit tests last (a stable sort: files keep their order).
+
+    pytest-xdist hands out tests in collection order, so alphabetical order left the slow
+    dashboard runs of ``test_tui_*`` for the suite's last half minute, each on one worker
+    while the other core idled: 23 of the suite's 70 idle core-seconds. Short unit tests fill
+    that tail instead. Every worker sorts alike, so their collections still match."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
