@@ -39,7 +39,7 @@ PARALLEL = 3
 #: tier runs 3 runs of 2 ranks at once beside the other xdist worker's runs on 2 cores, and a
 #: rank that computes most of its step on a fifth of a core was once named so, rightly.
 VERDICTS = {"input", "compute", "hang", "collective", "crash", "consequence", "oom"}
-LONG_PREP_HANG_TIMEOUT = 3
+LONG_PREP_HANG_TIMEOUT = 2
 SLOW_FIRST_HANG_TIMEOUT = 2
 FAULT_HANG_TIMEOUT = 5
 FAULT_STEP = 7  # the step before which a mid-run fault strikes (of 24)
