@@ -369,6 +369,17 @@ def test_a_raising_rank_fails_the_run_with_its_error(run):
     crash = [d for d in summary["diagnoses"] if d["cause"] == "crash"]
     assert [d["rank"] for d in crash] == [1]
     assert len(run.steps(1)) == FAULT_STEP - 1
+    # The crash's diagnosis: rank 1 failed first; rank 0, when it failed too (its peer gone)
+    # before the teardown, is a consequence. Each rank's first diagnosis is its verdict (the
+    # Flight Recorder's lines come after).
+    first: dict = {}
+    for diagnosis in summary["diagnoses"]:
+        first.setdefault(diagnosis["rank"], diagnosis)
+    assert first[1]["cause"] == "crash"
+    assert "rank 1 failed first: RuntimeError: injected failure on rank 1" in first[1]["detail"]
+    if 0 in first:
+        assert first[0]["cause"] == "consequence", summary["diagnoses"]
+    assert "diagnosis: rank 1 failed first" in run.stdout, run.describe()
 
 
 @pytest.mark.parametrize("run_name", HANGS)
