@@ -204,8 +204,29 @@ class NodeSample(Event, tag="node"):
     gpu_reason: Annotated[str, msgspec.Meta(max_length=200)] | None = None
 
 
-AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat
-KINDS = ("status", "step", "eval", "epoch", "log", "node", "beat")
+#: What a note may be about (``Note.code``).
+NoteCode = Literal["sampler_epoch"]
+#: Largest number a note carries (an epoch, a count of passes).
+MAX_NOTE_NUMBER = 1_000_000_000
+NoteNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)]
+
+
+class Note(Event, tag="note"):
+    """Something a rank noticed that is worth telling but is no failure: a code and a few
+    bounded numbers, never text (ddptui composes the sentence, so no rank, and no forged
+    event, puts words of its own on the user's screen). Sent once per process and code.
+
+    ``sampler_epoch``: a ``DistributedSampler(shuffle=True)`` never told its epoch
+    (``set_epoch``) started pass ``passes`` (2 or more) at the same ``epoch`` as its previous
+    pass: every epoch shuffles in the same order."""
+
+    code: NoteCode
+    epoch: NoteNumber | None = None
+    passes: Annotated[int, msgspec.Meta(ge=2, le=MAX_NOTE_NUMBER)] | None = None
+
+
+AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat | Note
+KINDS = ("status", "step", "eval", "epoch", "log", "node", "beat", "note")
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _batch_decoder = msgspec.msgpack.Decoder(
@@ -258,7 +279,8 @@ def _float_fields(cls: type) -> tuple[str, ...]:
 
 
 _FLOAT_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: _float_fields(cls) for cls in (Status, Step, Eval, EpochEnd, LogLine, NodeSample, Beat)
+    cls: _float_fields(cls)
+    for cls in (Status, Step, Eval, EpochEnd, LogLine, NodeSample, Beat, Note)
 }
 _KIND_FLOAT_FIELDS = {cls.__struct_config__.tag: f for cls, f in _FLOAT_FIELDS.items()}
 #: The float fields' values of an event, as a tuple (one getter per kind: to_json is hot).

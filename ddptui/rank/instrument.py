@@ -24,6 +24,13 @@ What is hooked (all removable, all cheap, none changes a result):
 * ``Tensor.backward`` is wrapped: the tensor it is called on is the loss (a 0-dim one), and
   its return marks the end of DDP's wait for the gradient all-reduce. ``GradScaler.scale`` is
   wrapped to report the unscaled loss; ``DistributedSampler.set_epoch`` to learn the epoch.
+* ``DistributedSampler.__iter__`` (once per pass over the data, not per step): a shuffling
+  sampler never told its epoch (``set_epoch``) that starts another training pass (grad
+  enabled: an evaluation loop under ``no_grad`` is left alone) at the same epoch as its
+  previous one shuffles every epoch in the same order. The rank says so once, as a
+  ``note`` event; ddptui words it. A sampler told its epoch even once is never judged (a
+  script that peeks at a batch, ``next(iter(loader))``, after ``set_epoch`` passes twice at
+  one epoch, rightly).
 
 Phases of one step (the built-in ones partition the step exactly; ``constants.PHASES``):
 
@@ -76,6 +83,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -100,6 +108,9 @@ MAX_LOSSES = 8
 #: Finished steps go to the reporter from the drainer thread at most this often (the
 #: reporter batches its sends at the same interval).
 SEND_INTERVAL_S = 0.05
+
+#: DistributedSamplers followed at once (their pass counts); more are not judged.
+MAX_SAMPLERS = 256
 
 #: ``torch.distributed`` functions a script may call itself, timed as ``comm``.
 COLLECTIVES = (
@@ -423,6 +434,10 @@ class Instrument:
         # an evaluation pass (forwards without grad, or in eval mode) since the last segment
         self._eval_start: float | None = None
         self._eval_end: float | None = None
+        # DistributedSamplers by id: [weak reference, epoch at its last pass, passes, told
+        # its epoch]; an entry goes with its sampler. Once one note is sent, none is followed.
+        self._samplers: dict[int, list[Any]] = {}
+        self._sampler_noted = False
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, torch: Any) -> None:
@@ -533,8 +548,84 @@ class Instrument:
             original(sampler, epoch)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
                 inst._epoch = epoch
+            if not inst._sampler_noted and not inst.disabled:
+                inst._sampler_told(sampler)
 
         self._patch(DistributedSampler, "set_epoch", set_epoch)
+        original_iter = DistributedSampler.__iter__
+        grad_enabled = torch.is_grad_enabled
+
+        @functools.wraps(original_iter)
+        def __iter__(sampler: Any) -> Any:
+            if not inst._sampler_noted and not inst.disabled and grad_enabled():
+                inst._sampler_pass(sampler)
+            return original_iter(sampler)
+
+        self._patch(DistributedSampler, "__iter__", __iter__)
+
+    def _sampler_entry(self, sampler: Any) -> list[Any] | None:
+        """The pass record of ``sampler`` (made on first sight), or None when it cannot be
+        followed (not weakly referable, or too many samplers alive)."""
+        key = id(sampler)
+        entry = self._samplers.get(key)
+        if entry is not None and entry[0]() is sampler:
+            return entry
+        if len(self._samplers) >= MAX_SAMPLERS:
+            return None
+        samplers = self._samplers
+        try:
+            ref = weakref.ref(sampler, lambda _, key=key: samplers.pop(key, None))
+        except TypeError:
+            return None
+        entry = samplers[key] = [ref, None, 0, False]
+        return entry
+
+    def _sampler_told(self, sampler: Any) -> None:
+        """``set_epoch`` was called on ``sampler``: it is never judged."""
+        try:
+            entry = self._sampler_entry(sampler)
+            if entry is not None:
+                entry[3] = True
+        except Exception as exc:
+            self._fail(exc)
+
+    def _sampler_pass(self, sampler: Any) -> None:
+        """``sampler`` starts a pass: note a shuffling one never told its epoch that starts
+        another pass at the epoch of its previous one (once per process)."""
+        try:
+            # The script's own sampler (a subclass) may fail here: not ours to judge; its own
+            # __iter__ will meet the same attribute.
+            shuffle, epoch = sampler.shuffle, sampler.epoch
+            if type(shuffle) not in (bool, int) or not shuffle or type(epoch) is not int:
+                return
+        except Exception:
+            return
+        try:
+            entry = self._sampler_entry(sampler)
+            if entry is None:
+                return
+            previous, entry[1] = entry[1], epoch
+            entry[2] += 1
+            if entry[3] or entry[2] < 2 or previous != epoch:
+                return
+            self._sampler_noted = True
+            self._samplers.clear()  # nothing more to follow
+            self._send_note(epoch, entry[2])
+        except Exception as exc:
+            self._fail(exc)
+
+    def _send_note(self, epoch: int, passes: int) -> None:
+        # first use of the protocol in some ranks: imported here to keep the rank light
+        from ddptui import protocol
+        from ddptui.rank import reporter as reporter_module
+
+        top = protocol.MAX_NOTE_NUMBER
+        reporter_module.get_reporter()._send(
+            protocol.Note,
+            code="sampler_epoch",
+            epoch=epoch if 0 <= epoch <= top else None,
+            passes=min(passes, top),
+        )
 
     def _attach_collectives(self, torch: Any) -> None:
         """Time the collectives a script calls itself (a ``barrier``, metric ``all_reduce``s

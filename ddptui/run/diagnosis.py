@@ -19,6 +19,9 @@ is seconds since the run started.
 * **Crashes** (:func:`diagnose_crash`): the first rank to fail is the cause; ranks that fail
   after it with the errors a lost peer produces are consequences; a SIGKILL while memory was
   nearly exhausted is a likely out-of-memory kill.
+* **Notes** (:func:`note_diagnosis`): what a rank noticed that is no failure, from its
+  ``protocol.Note`` (a code and numbers; the sentence is made here): a shuffling
+  ``DistributedSampler`` never told its epoch. Said once per run; never a verdict.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ CAUSES = (
     "crash",  # the first rank to fail
     "consequence",  # a rank that failed because another one did
     "oom",  # a rank killed (SIGKILL) while memory was nearly exhausted
+    "sampler",  # a note: a shuffling DistributedSampler never told its epoch (no verdict)
 )
 
 
@@ -687,6 +691,31 @@ def _cause_diagnosis(
     return Diagnosis(end.rank, "crash", f"rank {end.rank} {how}: {_error_line(end)}{tb}", t)
 
 
+# -- notes -------------------------------------------------------------------------------------
+_ORDINALS = {2: "a second", 3: "a third", 4: "a fourth"}
+
+
+def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
+    """The diagnosis a note (``RunState.notes``' ``NoteSeen``) stands for, naming the first
+    rank that sent it; None for a code this version cannot word."""
+    if note.code == "sampler_epoch":
+        passes = note.passes
+        if passes in _ORDINALS:
+            which = f"{_ORDINALS[passes]} pass"
+        else:
+            which = f"pass {passes}" if passes else "another pass"
+        at = f" at epoch {note.epoch}" if note.epoch is not None else ""
+        return Diagnosis(
+            note.rank,
+            "sampler",
+            f"rank {note.rank}: DistributedSampler started {which}{at} without "
+            "set_epoch(): every epoch shuffles in the same order; call "
+            "sampler.set_epoch(epoch) before each epoch",
+            t,
+        )
+    return None
+
+
 # -- summary.json -------------------------------------------------------------------------------
 #: Longest stack text kept per rank in summary.json.
 MAX_STACK_TEXT = 20_000
@@ -735,17 +764,33 @@ class Diagnoser:
         self._candidate: tuple[int | None, str] | None = None
         self._held = 0
         self._reported: tuple[int | None, str] | None = None
+        self._noted: set[str] = set()  # the note codes already turned into diagnoses
 
     def record(self, diagnosis: Diagnosis) -> None:
         if len(self.diagnoses) < MAX_DIAGNOSES:
             self.diagnoses.append(diagnosis)
 
+    def notes(self, state: Any) -> list[Diagnosis]:
+        """The notes the ranks sent that were not said yet, one diagnosis per code (recorded);
+        ``t`` is when the first one arrived."""
+        found: list[Diagnosis] = []
+        for code, note in getattr(state, "notes", {}).items():
+            if code in self._noted:
+                continue
+            self._noted.add(code)
+            start = state.started_at
+            diagnosis = note_diagnosis(note, max(0.0, note.t - start) if start is not None else 0.0)
+            if diagnosis is not None:
+                self.record(diagnosis)
+                found.append(diagnosis)
+        return found
+
     def check(
         self, state: Any, now: float, cpu_percent: Mapping[int, float] | None = None
     ) -> list[Diagnosis]:
+        found = self.notes(state)  # notes are no verdicts: they never change the ones below
         if state.outcome:
-            return []
-        found: list[Diagnosis] = []
+            return found
         t = state.elapsed(now)
         live = [r for r, v in state.ranks.items() if v.state == "started"]
         history = getattr(state, "phase_history", None)
@@ -782,19 +827,21 @@ class Diagnoser:
         self, state: Any, now: float, cpu_percent: Mapping[int, float] | None = None
     ) -> list[Diagnosis]:
         """At the end of the run: the straggler verdict over every rank's last steps, when it
-        was not reported yet (a short run ends before a finding can hold)."""
+        was not reported yet (a short run ends before a finding can hold); and the notes that
+        arrived since the last check."""
+        found = self.notes(state)
         history = getattr(state, "phase_history", None)
         if history is None:
-            return []
+            return found
         # Unconfirmed by the live checks, it must stand on a full window of every rank's
         # steps: the medians of a few steps on shared cores are scheduling noise.
         full = [r for r in history.ranks() if history.steps(r) >= history.window]
         finding = find_straggler(history, full, cpu_percent, t=state.elapsed(now))
         if finding is None or (finding.rank, finding.cause) == self._reported:
-            return []
+            return found
         self._reported = (finding.rank, finding.cause)
         self.record(finding)
-        return [finding]
+        return [*found, finding]
 
     def explain_hang(self, stacks: Mapping[int, str], t: float) -> list[Diagnosis]:
         """After a hang: the culprit and the waiting ranks from their stacks (recorded)."""

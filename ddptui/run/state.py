@@ -67,6 +67,18 @@ class RankFailureInfo:
 
 
 @dataclass
+class NoteSeen:
+    """A note (``protocol.Note``) as the run first heard it, and every rank that sent it."""
+
+    code: str
+    rank: int  # the first rank that sent it
+    epoch: int | None
+    passes: int | None
+    t: float  # when it arrived (the caller's clock, like ``RunState.started_at``)
+    ranks: set[int] = field(default_factory=set)
+
+
+@dataclass
 class AttemptRecord:
     """One attempt of a run (``--max-restarts``): when it began, where from, how it ended."""
 
@@ -206,6 +218,8 @@ class RunState:
         self.max_restarts = 0
         #: Why a failed run was not restarted although restarts were left (one line).
         self.restart_refused: str | None = None
+        #: Notes the ranks sent (``protocol.Note``), by code: the first of each, and who.
+        self.notes: dict[str, NoteSeen] = {}
 
     def grow(self, world_size: int) -> None:
         """The run has ``world_size`` ranks after all: the script spawned its own (one
@@ -372,6 +386,12 @@ class RunState:
         if self.steps_per_epoch is None and view.steps_in_epoch:
             self.steps_per_epoch = view.steps_in_epoch
 
+    def _on_note(self, view: RankView, ev: protocol.Note, now: float) -> None:
+        seen = self.notes.get(ev.code)
+        if seen is None:  # codes are a closed set (the schema): the dict stays tiny
+            seen = self.notes[ev.code] = NoteSeen(ev.code, view.rank, ev.epoch, ev.passes, now)
+        seen.ranks.add(view.rank)  # ranks of this run only
+
     def set_outcome(
         self, outcome: str, failure: RankFailureInfo | None = None, now: float | None = None
     ) -> None:
@@ -528,6 +548,7 @@ _HANDLERS: dict[type, Any] = {
     protocol.Beat: RunState._on_beat,
     protocol.Eval: RunState._on_eval,
     protocol.EpochEnd: RunState._on_epochend,
+    protocol.Note: RunState._on_note,
 }
 
 
