@@ -31,13 +31,13 @@ DETAIL = (
 
 
 class NoteReporter:
-    """Records what the instrumentation sends through ``Reporter._send``."""
+    """Records the notes the instrumentation sends through ``Reporter.note``."""
 
     def __init__(self):
         self.sent = []
 
-    def _send(self, cls, **fields):
-        self.sent.append((cls, fields))
+    def note(self, code, **numbers):
+        self.sent.append((protocol.Note, {"code": code, **numbers}))
 
     def notes(self):
         return [fields for cls, fields in self.sent if cls is protocol.Note]
@@ -329,3 +329,26 @@ def test_the_dashboard_shows_it_with_the_other_diagnoses(tmp_path):
     source = ReplaySource.load(run_dir)
     assert source.diagnoses() == [DETAIL]
     assert source.state.notes["sampler_epoch"].rank == 0
+
+
+def test_the_reporter_sends_a_note_after_the_ranks_start():
+    """``Reporter.note`` over a real socket: the rank's start first, then the note."""
+    import time
+
+    from ddptui.rank.reporter import Reporter
+    from ddptui.run.collector import Collector
+
+    collector = Collector("run-1")
+    rep = Reporter(collector.endpoint, "run-1", rank=1)
+    try:
+        rep.note("sampler_epoch", epoch=3, passes=2)
+        rep.flush()
+        got, deadline = [], time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += collector.poll(0.05)
+    finally:
+        rep.close()
+        collector.close()
+    assert [type(e).__name__ for e in got] == ["Status", "Note"]
+    note = got[1]
+    assert (note.rank, note.code, note.epoch, note.passes) == (1, "sampler_epoch", 3, 2)

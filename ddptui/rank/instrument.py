@@ -620,9 +620,8 @@ class Instrument:
         from ddptui.rank import reporter as reporter_module
 
         top = protocol.MAX_NOTE_NUMBER
-        reporter_module.get_reporter()._send(
-            protocol.Note,
-            code="sampler_epoch",
+        reporter_module.get_reporter().note(
+            "sampler_epoch",
             epoch=epoch if 0 <= epoch <= top else None,
             passes=min(passes, top),
         )

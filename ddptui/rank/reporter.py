@@ -577,6 +577,14 @@ class Reporter:
         # Evaluation time is not training time: the next step's interval starts now.
         self._last_step_at = time.monotonic()
 
+    def note(self, code: str, **numbers: int | None) -> None:
+        """A finding of the rank's instrumentation (:class:`protocol.Note`): a code and
+        numbers only; ddptui words it."""
+        if self._socket is None:
+            return
+        self.started()
+        self._send(protocol.Note, code=code, **numbers)
+
     def _end_epoch(self) -> None:
         end = self._last_step_at or time.monotonic()
         self._send(
