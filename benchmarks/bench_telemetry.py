@@ -1,6 +1,6 @@
 """Telemetry costs, printed as numbers (not a test).
 
-Run: uv run python benchmarks/bench_telemetry.py [log] [train] [ingest]
+Run: uv run python benchmarks/bench_telemetry.py [log] [train] [ingest] [--pairs N]
 (on a busy machine, ``train`` alone: the overhead figures)
 
 1. One ``ddptui.log`` call: no endpoint (plain torchrun), nobody listening, a live listener.
@@ -418,11 +418,24 @@ def bench_ingest(n: int = 200_000) -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    what = sys.argv[1:] or ["log", "train", "ingest"]
+    parser = argparse.ArgumentParser(description="Telemetry costs, printed as numbers.")
+    parser.add_argument("what", nargs="*", help="log, train, ingest (default: all three)")
+    parser.add_argument(
+        "--pairs", type=int, default=80, help="train: pairs of blocks per step size (>= 10)"
+    )
+    opts = parser.parse_args()
+    unknown = sorted(set(opts.what) - {"log", "train", "ingest"})
+    if unknown:
+        parser.error(f"unknown part {unknown[0]!r}: choose from log, train, ingest")
+    if opts.pairs < 10:
+        parser.error("--pairs must be at least 10 (the interval needs them)")
+    what = opts.what or ["log", "train", "ingest"]
     if "log" in what:
         bench_log_call()
     if "train" in what:
-        bench_training_overhead()
+        bench_training_overhead(opts.pairs)
     if "ingest" in what:
         bench_ingest()
