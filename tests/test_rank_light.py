@@ -2,7 +2,6 @@
 Textual or ZeroMQ (they load when a rank uses them). The import-linter contracts in
 pyproject.toml check the layering statically; this is the runtime half they cannot see."""
 
-import os
 import subprocess
 import sys
 
@@ -23,28 +22,3 @@ def test_every_rank_module_imports_without_heavy_dependencies():
     count, heavy = out.stdout.split(" ", 1)
     assert int(count) >= 7  # entry, reporter, pending, instrument, stacks, cpus, net
     assert heavy.strip() == "[]"
-
-
-SCRIPT = """
-import os, sys
-print("before", "torch" in sys.modules, os.environ["OMP_NUM_THREADS"])
-import torch
-print("threads", torch.get_num_threads())
-"""
-
-
-def test_the_rank_entry_leaves_torch_to_the_script_and_torch_takes_its_threads(tmp_path):
-    """The entry loads no torch of its own (a script that never imports it pays nothing); when
-    the script imports it, torch takes the rank's share of the cores from OMP_NUM_THREADS."""
-    from ddptui.rank.cpus import threads_per_rank
-
-    script = tmp_path / "threads.py"
-    script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPTUI_")}
-    env.update(RANK="0", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="7")
-    cmd = [sys.executable, "-m", "ddptui.rank.entry", "--script", str(script)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    threads = threads_per_rank(2)
-    assert f"before False {threads}" in out.stdout
-    assert f"threads {threads}" in out.stdout

@@ -112,11 +112,10 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
     threads = threads_per_rank(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ[THREADS_ENV] = str(threads)
-    torch = sys.modules.get("torch")
-    if torch is not None:  # loaded before the entry (mp.spawn's child): it read its threads
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+        import torch
+
         torch.set_num_threads(threads)
-    # Otherwise torch reads OMP_NUM_THREADS when the script imports it: the entry does not load
-    # torch for it (1.5 CPU-seconds, and nothing for a script that never imports torch).
     install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
     if flight_recorder.recording():
         flight_recorder.start_trace_server(run_dir, rank)  # traces on ddptui's request
