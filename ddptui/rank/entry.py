@@ -112,6 +112,10 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
     threads = threads_per_rank(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ[THREADS_ENV] = str(threads)
+    # torch loads here, before the script imports it, on purpose: torch takes the rank's
+    # threads, and the Flight Recorder's terminate handler (below) needs the C++ runtime torch
+    # brings (without it, an innocent rank that gloo aborts leaves no trace to name the
+    # culprit with). A script that imports torch pays nothing more for it.
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
         import torch
 
