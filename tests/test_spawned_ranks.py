@@ -2,6 +2,9 @@
 the run grows to the world its workers' process group declares, within bounds, and the
 spawner goes quiet."""
 
+import os
+import sys
+
 import pytest
 
 from ddptui import protocol
@@ -103,3 +106,56 @@ def test_beats_repeat_the_last_sequence_number_so_leaving_them_out_is_no_gap():
         if type(event) is not protocol.Beat:  # events.jsonl keeps few beats
             replayed.apply(event, now=1.0)
     assert replayed.dropped == 0
+
+
+class FakeDist:
+    """``torch.distributed`` as a worker sees it once its group exists."""
+
+    def __init__(self, initialized, rank=1, world_size=2):
+        self.initialized, self.rank, self.world_size = initialized, rank, world_size
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return self.initialized
+
+    def get_rank(self):
+        return self.rank
+
+    def get_world_size(self):
+        return self.world_size
+
+
+def test_a_worker_whose_group_was_made_unseen_learns_its_rank_from_the_group(monkeypatch):
+    """``from torch.distributed import init_process_group`` at a script's top: the worker's
+    group is made by torch's own function, and the rank is read from the group instead."""
+    from ddptui.rank import spawned
+
+    seen = []
+    monkeypatch.setattr(spawned, "_group_seen", False)
+    monkeypatch.setattr(spawned, "on_process_group", lambda r, w: seen.append((r, w)))
+    monkeypatch.delenv(spawned.SPAWNED_ENV, raising=False)
+    assert spawned.learn_rank() is True and seen == []  # no spawned worker: nothing to learn
+    monkeypatch.setenv(spawned.SPAWNED_ENV, "1")
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeDist(initialized=False))
+    assert spawned.learn_rank() is False and seen == []  # no group yet: asked again later
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeDist(initialized=True))
+    assert spawned.learn_rank() is True and seen == [(1, 2)]
+    broken = FakeDist(initialized=True)
+    broken.get_rank = lambda: 1 / 0
+    monkeypatch.setitem(sys.modules, "torch.distributed", broken)
+    assert spawned.learn_rank() is False  # never raises into the script
+
+
+def test_a_seen_group_announces_once(monkeypatch):
+    from ddptui.rank import spawned
+
+    monkeypatch.setattr(spawned, "_group_seen", False)
+    monkeypatch.setenv(spawned.SPAWNED_ENV, "1")
+    monkeypatch.delenv(spawned.ENDPOINT_ENV, raising=False)  # nobody listens: no reporter
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    spawned.on_process_group(3, 4)
+    assert spawned.learn_rank() is True  # the wrapper saw it: nothing more to ask
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("3", "4")

@@ -413,6 +413,8 @@ class Instrument:
         # Only the outermost step counts; a forward or ``backward()`` resets the count, so a
         # step that raised between its hooks does not swallow the next one.
         self._opt_depth = 0
+        # A spawned worker whose rank is not known yet (see spawned.learn_rank).
+        self._rank_unknown = not spawned.learn_rank()
         self._epoch: int | None = None
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
         # Steps finished, waiting to be sent, and phases held for explicit logs. Each is
@@ -716,6 +718,8 @@ class Instrument:
         the hooks are installed; call it for one created before)."""
         if self.disabled:
             return
+        if self._rank_unknown:  # DDP needs the group: a spawned worker's rank is known now
+            self._rank_unknown = not spawned.learn_rank()
         try:
             inner = ddp.module
             outer_post = ddp.register_forward_hook(self._outer_post)
@@ -956,6 +960,8 @@ class Instrument:
         self._opt_depth += 1
         if self.disabled or self._opt_depth > 1:  # a step inside a step: the outer one counts
             return None
+        if self._rank_unknown:
+            self._rank_unknown = not spawned.learn_rank()
         try:
             first = self._mark is None
             now = self._transition("opt_pre", "optimizer")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,9 @@ from ddptui.constants import ENDPOINT_ENV
 
 #: Set in a worker that a script spawned (its rank is known only from its process group).
 SPAWNED_ENV = "DDPTUI_SPAWNED"
+
+#: Whether this process has seen its process group (and announced its rank when spawned).
+_group_seen = False
 
 
 def spawned_worker(
@@ -63,6 +67,8 @@ def on_process_group(rank: int, world_size: int) -> None:
     """A process group was created in this process: this process is rank ``rank`` of
     ``world_size``. A spawned worker (or a script that passed its own rank) is announced
     under that rank now, with its heartbeat."""
+    global _group_seen
+    _group_seen = True
     env_rank = os.environ.get("RANK")
     spawned = bool(os.environ.get(SPAWNED_ENV))
     if not spawned and env_rank == str(rank):
@@ -77,3 +83,26 @@ def on_process_group(rank: int, world_size: int) -> None:
     reporter.rank = rank
     reporter.started(guess_device=False)
     heartbeat.start(reporter)
+
+
+def learn_rank() -> bool:
+    """A spawned worker whose group was created unseen learns its rank from the group now;
+    True once this process's rank is known (or it is no spawned worker).
+
+    A worker imports the script to unpickle the function it runs, so a script that imports
+    ``init_process_group`` by name at its top (``from torch.distributed import ...``, as
+    pytorch/examples' ``multigpu.py`` does) holds torch's own function before the hooks are
+    in: the wrapper never sees the group, and every worker would report as the rank it
+    inherited. The instrumentation asks here when a DDP module is made and at optimizer
+    steps until the answer is yes; nothing is imported (torch is loaded by then or not)."""
+    if _group_seen or not os.environ.get(SPAWNED_ENV):
+        return True
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return False
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    except Exception:  # telemetry never changes how a rank runs
+        return False
+    on_process_group(rank, world_size)
+    return True

@@ -6,6 +6,9 @@ one process), on CPU and gloo. Written for ddptui's tests; no ddptui import.
     python spawn_workers.py [--nprocs 2] [--dist-url tcp://127.0.0.1:23456] [--epochs 2]
 
 CPU edit: the number of workers is ``--nprocs`` (the original spawns one per visible GPU).
+``init_process_group`` is imported by name at the top, as pytorch/examples'
+``ddp-tutorial-series/multigpu.py`` does: a worker binds it while it imports the script to
+unpickle its function, before anything in the worker could wrap ``torch.distributed``'s.
 """
 
 import argparse
@@ -15,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 from facts import report
+from torch.distributed import init_process_group
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -43,9 +47,7 @@ def main():
 
 
 def main_worker(gpu, world_size, args):
-    dist.init_process_group(
-        backend="gloo", init_method=args.dist_url, world_size=world_size, rank=gpu
-    )
+    init_process_group(backend="gloo", init_method=args.dist_url, world_size=world_size, rank=gpu)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(args.steps * args.batch_size * world_size, 24, generator=gen)
