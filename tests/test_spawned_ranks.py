@@ -159,3 +159,24 @@ def test_a_seen_group_announces_once(monkeypatch):
     spawned.on_process_group(3, 4)
     assert spawned.learn_rank() is True  # the wrapper saw it: nothing more to ask
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("3", "4")
+
+
+def test_a_spawned_worker_rendezvous_as_under_python_not_as_torchruns_worker(monkeypatch):
+    """A one-process spawner runs under ddptui's torchrun; torchrun's flag that sends its own
+    workers to the agent's store must not reach the script's workers (an env:// group of
+    theirs would wait 30 minutes for a store nobody serves)."""
+    from ddptui.rank import spawned
+
+    monkeypatch.setenv(spawned.AGENT_STORE_ENV, "True")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv(spawned.SPAWNED_ENV, "")
+    monkeypatch.delenv(spawned.ENDPOINT_ENV, raising=False)
+    monkeypatch.setattr("ddptui.rank.reporter._reporter", None)
+    seen = {}
+
+    def worker(index, tag):
+        seen.update(index=index, tag=tag, store=os.environ.get(spawned.AGENT_STORE_ENV))
+        seen.update(local=os.environ["LOCAL_RANK"], spawned=os.environ[spawned.SPAWNED_ENV])
+
+    spawned.spawned_worker(worker, lambda: None, 1, "x")
+    assert seen == {"index": 1, "tag": "x", "store": None, "local": "1", "spawned": "1"}

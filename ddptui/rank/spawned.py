@@ -23,6 +23,8 @@ from ddptui.constants import ENDPOINT_ENV
 
 #: Set in a worker that a script spawned (its rank is known only from its process group).
 SPAWNED_ENV = "DDPTUI_SPAWNED"
+#: torchrun's "use the agent's TCPStore" flag for its own workers (torch.distributed.run).
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 #: Whether this process has seen its process group (and announced its rank when spawned).
 _group_seen = False
@@ -36,6 +38,12 @@ def spawned_worker(
     os.environ[SPAWNED_ENV] = "1"
     # its index among the workers of this node: the local rank (the GPU) in these scripts
     os.environ["LOCAL_RANK"] = str(index)
+    # Under ddptui's torchrun (the vehicle of a one-process spawner), torchrun tells its worker
+    # to use the agent's store: inherited, it would make these workers' env:// rendezvous
+    # (MASTER_ADDR/PORT the script sets, as pytorch/examples' multigpu.py does) connect as
+    # clients to a store nobody serves, and wait 30 minutes. The script's own workers are not
+    # torchrun's: they rendezvous as under ``python script.py``.
+    os.environ.pop(AGENT_STORE_ENV, None)
     from ddptui.rank.reporter import get_reporter  # loaded on use: keeps this module light
 
     # The reporter first (its exit handler then runs last, after the hooks flushed the last
