@@ -77,6 +77,8 @@ def progress_line(state: RunState, now: float) -> str:
     if preparing and not state.outcome:
         first = preparing[0]
         where = f" at {first.frame}" if first.frame else ""
+        if first.spawned:
+            where = f": spawned {first.spawned} workers, waiting for their process group"
         who = (
             f"rank {first.rank}"
             if len(preparing) == 1

@@ -205,7 +205,7 @@ class NodeSample(Event, tag="node"):
 
 
 #: What a note may be about (``Note.code``).
-NoteCode = Literal["sampler_epoch"]
+NoteCode = Literal["sampler_epoch", "spawned"]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
 NoteNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)]
@@ -218,11 +218,15 @@ class Note(Event, tag="note"):
 
     ``sampler_epoch``: a ``DistributedSampler(shuffle=True)`` never told its epoch
     (``set_epoch``) started pass ``passes`` (2 or more) at the same ``epoch`` as its previous
-    pass: every epoch shuffles in the same order."""
+    pass: every epoch shuffles in the same order.
+
+    ``spawned``: this process spawned ``workers`` workers (``torch.multiprocessing``); they are
+    the run's ranks once their process group forms, and it only waits for them from now on."""
 
     code: NoteCode
     epoch: NoteNumber | None = None
     passes: Annotated[int, msgspec.Meta(ge=2, le=MAX_NOTE_NUMBER)] | None = None
+    workers: Annotated[int, msgspec.Meta(ge=1, le=1024)] | None = None  # MAX_GROWN_WORLD
 
 
 AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat | Note

@@ -5,6 +5,7 @@ spawner goes quiet."""
 import os
 import sys
 
+import msgspec
 import pytest
 
 from ddptui import protocol
@@ -180,3 +181,66 @@ def test_a_spawned_worker_rendezvous_as_under_python_not_as_torchruns_worker(mon
 
     spawned.spawned_worker(worker, lambda: None, 1, "x")
     assert seen == {"index": 1, "tag": "x", "store": None, "local": "1", "spawned": "1"}
+
+
+# -- a spawner waiting for its workers' group ----------------------------------------------------
+def note_spawned(workers, rank=0, seq=1):
+    return protocol.Note(run="r", rank=rank, t=0.0, seq=seq, code="spawned", workers=workers)
+
+
+def test_a_spawner_is_shown_waiting_for_its_workers_group_and_its_silence_is_no_problem():
+    from ddptui.headless import progress_line
+    from ddptui.run.state import STARTUP_SILENT_S
+    from ddptui.tui.model import where_cell
+
+    state = RunState("r", 1)
+    state.apply(started(0, 1), now=0.0)
+    state.apply(
+        protocol.Beat(run="r", rank=0, t=0.0, seq=0, frame="<module> (__init__.py:20)"), now=0.5
+    )
+    state.apply(note_spawned(2), now=1.0)
+    view = state.ranks[0]
+    assert view.spawned == 2 and view.frame is None  # not where it stood before it spawned
+    late = 1.0 + 10 * STARTUP_SILENT_S
+    assert state.health(late) == {}  # a spawner only waits: its silence is by design
+    assert "preparing (rank 0: spawned 2 workers, waiting for their process group)" in (
+        progress_line(state, late)
+    )
+    assert where_cell(view, ended=False) == "spawned 2 workers, waiting for their group"
+    assert state.notes == {}  # its own state, no finding
+    # its worker of rank 0 announces itself (another process): the row is the worker's now
+    worker = protocol.Status(run="r", rank=0, t=0.0, seq=0, state="started", pid=555)
+    state.apply(worker, now=2.0)
+    assert state.ranks[0].spawned == 0 and state.ranks[0].pid == 555
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1025, True])
+def test_a_spawned_note_out_of_bounds_is_refused(workers):
+    raw = {"kind": "note", "v": 1, "run": "r", "rank": 0, "t": 0.0, "seq": 1}
+    raw.update(code="spawned", workers=workers)
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(msgspec.msgpack.encode([raw]))
+
+
+def test_the_spawner_says_how_many_workers_it_spawned_then_goes_quiet(monkeypatch):
+    from ddptui.rank import heartbeat, spawned
+    from ddptui.rank import reporter as reporter_module
+
+    class Fake:
+        def __init__(self):
+            self.calls = []
+
+        def note(self, code, **numbers):
+            self.calls.append(("note", code, numbers))
+
+        def mute(self):
+            self.calls.append(("mute",))
+
+    fake = Fake()
+    monkeypatch.setattr(reporter_module, "get_reporter", lambda: fake)
+    monkeypatch.setattr(heartbeat, "stop", lambda: fake.calls.append(("beat stopped",)))
+    spawned.became_spawner(2)
+    assert fake.calls == [("beat stopped",), ("note", "spawned", {"workers": 2}), ("mute",)]
+    fake.calls.clear()
+    spawned.became_spawner("2")  # not a count: no note, still quiet
+    assert fake.calls == [("beat stopped",), ("mute",)]

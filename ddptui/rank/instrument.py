@@ -657,7 +657,9 @@ class Instrument:
         def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
             target = spawned.wrap_target(fn, install)
             if target is not fn:
-                spawned.became_spawner()
+                # start_processes(fn, args=(), nprocs=1, ...): mp.spawn passes it by position
+                nprocs = kwargs.get("nprocs", args[1] if len(args) > 1 else 1)
+                spawned.became_spawner(nprocs)
             return original(target, *args, **kwargs)
 
         self._patch(spawn_module, "start_processes", start_processes)

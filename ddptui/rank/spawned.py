@@ -61,14 +61,19 @@ def wrap_target(fn: Callable[..., Any], install: Callable[[], Any]) -> Callable[
     return functools.partial(spawned_worker, fn, install)
 
 
-def became_spawner() -> None:
-    """This process now only waits for workers it spawned: stop its heartbeat and mute its
-    reporter, so it is neither shown nor judged as the rank its workers now are."""
+def became_spawner(workers: int = 1) -> None:
+    """This process now only waits for the ``workers`` it spawned: say so (a ``spawned``
+    note: ddptui shows it waiting for their group, not its last frame, and does not call its
+    silence a problem), then stop its heartbeat and mute its reporter, so it is neither shown
+    nor judged as the rank its workers now are."""
     from ddptui.rank import heartbeat
     from ddptui.rank.reporter import get_reporter
 
     heartbeat.stop()
-    get_reporter().mute()
+    reporter = get_reporter()
+    if isinstance(workers, int) and not isinstance(workers, bool) and 1 <= workers <= 1024:
+        reporter.note("spawned", workers=workers)
+    reporter.mute()
 
 
 def on_process_group(rank: int, world_size: int) -> None:

@@ -140,6 +140,9 @@ class RankView:
     waiting: str | None = None
     #: When the last beat arrived (None: the rank sends none).
     beat_at: float | None = None
+    #: Workers this process spawned (``spawned`` note): it only waits for them, silent, until
+    #: one of them announces itself under this rank (0: it spawned none).
+    spawned: int = 0
     #: The process's CPU seconds at the last beat.
     cpu: float | None = None
     #: Since when neither the stack, the steps nor the collectives moved; the CPU seconds then.
@@ -304,6 +307,8 @@ class RunState:
             self.progress_at_first_step = self.progress() or 0.0
 
     def _on_status(self, view: RankView, ev: protocol.Status, now: float) -> None:
+        if ev.state == "started" and ev.pid is not None and ev.pid != view.pid:
+            view.spawned = 0  # another process under this rank: a spawned worker, say
         view.state = ev.state
         for name in (
             "pid",
@@ -387,6 +392,11 @@ class RunState:
             self.steps_per_epoch = view.steps_in_epoch
 
     def _on_note(self, view: RankView, ev: protocol.Note, now: float) -> None:
+        if ev.code == "spawned":  # the process's own state, not a finding
+            if ev.workers:
+                view.spawned = ev.workers
+                view.frame = view.waiting = None  # where it stood before it spawned
+            return
         seen = self.notes.get(ev.code)
         if seen is None:  # codes are a closed set (the schema): the dict stays tiny
             seen = self.notes[ev.code] = NoteSeen(ev.code, view.rank, ev.epoch, ev.passes, now)
@@ -527,8 +537,8 @@ class RunState:
                         f"{value / median:.1f}x the median {median * 1000:.0f} ms"
                     )
         for rank, view in self.ranks.items():
-            if view.state != "started" or view.last_seen is None:
-                continue
+            if view.state != "started" or view.last_seen is None or view.spawned:
+                continue  # a spawner waits for its workers in silence, by design
             interval = view.typical_step_time
             if interval is None and view.step == 0:
                 limit = STARTUP_SILENT_S
