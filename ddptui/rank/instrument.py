@@ -936,7 +936,12 @@ class Instrument:
     def _backward_call(self, tensor: Any) -> None:
         self.hook_calls += 1
         self._opt_depth = 0
-        if self.disabled or self._seg not in _BWD:
+        if self.disabled:
+            return
+        if self._seg not in _BWD and (self._ddp_seen or tensor.device.type != "cpu"):
+            # Outside a DDP step's backward: not the loss. Without any DDP module (FSDP, a
+            # plain model) no forward is seen, and a CPU 0-dim tensor's backward is the loss
+            # all the same (a CUDA one is left alone: reading it would wait for the device).
             return
         try:
             if tensor.dim() == 0 and len(self._losses) < MAX_LOSSES:
