@@ -419,8 +419,10 @@ def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     # no DDP module (FSDP, a plain model): the loss of backward() all the same
     assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
     last = inst.fake.logs[-1]
-    assert last["phases"]["optimizer"] == pytest.approx(0.003)
-    assert last["step_time"] == pytest.approx(sum(last["phases"][p] for p in PHASES))
+    # no forward seen: the step time, but no made-up split of it (a data+forward+backward
+    # lump named "other" misled on pytorch/examples' FSDP2 example)
+    assert last["phases"] is None
+    assert last["step_time"] == pytest.approx(0.005 + 0.010 + 0.020 + 0.001 + 0.003)
 
 
 class ClippedSGD(torch.optim.SGD):
@@ -451,8 +453,11 @@ def test_a_subclassed_optimizer_is_one_step_when_its_base_class_is_hooked_too(in
     assert len(inst.fake.logs) == 3
     for log in inst.fake.logs:
         assert log["samples"] == (6 if ddp else 0)  # without DDP no forward is seen
-        assert log["phases"]["optimizer"] == pytest.approx(0.002)
-        assert log["step_time"] == pytest.approx(sum(log["phases"][p] for p in PHASES))
+        if ddp:
+            assert log["phases"]["optimizer"] == pytest.approx(0.002)
+            assert log["step_time"] == pytest.approx(sum(log["phases"][p] for p in PHASES))
+        else:  # nor split: the step time alone
+            assert log["phases"] is None
 
 
 def test_zero_redundancy_optimizer_steps_once_per_step(inst):

@@ -1025,9 +1025,13 @@ class Instrument:
             read = CudaStepRead(self._marks, host_losses, custom)
             self._marks = [("start", self._marks[-1][1])]
         else:
-            phases = self._acc
+            # Without any DDP module (FSDP, a plain model) no forward is seen: the time before
+            # the optimizer step cannot be split into data, forward, backward and comm, and a
+            # split made up of it would mislead (and feed the straggler rule). Only the custom
+            # phases the script times itself go, if any; the step time goes in any case.
+            phases: dict[str, float] | None = self._acc if self._ddp_seen else None
             if custom:
-                phases.update(custom)
+                phases = {**phases, **custom} if phases is not None else dict(custom)
             read = (phases, loss)
             if cuda:
                 self._marks = self._marks[-1:]
