@@ -206,7 +206,7 @@ def test_a_spawner_is_shown_waiting_for_its_workers_group_and_its_silence_is_no_
     assert "preparing (rank 0: spawned 2 workers, waiting for their process group)" in (
         progress_line(state, late)
     )
-    assert where_cell(view, ended=False) == "waits for 2 workers"
+    assert where_cell(view, ended=False) == "spawned 2 workers"
     assert state.notes == {}  # its own state, no finding
     # its worker of rank 0 announces itself (another process): the row is the worker's now
     worker = protocol.Status(run="r", rank=0, t=0.0, seq=0, state="started", pid=555)
