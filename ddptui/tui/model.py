@@ -282,7 +282,7 @@ STILL_SHOWN_S = 5.0
 def where_cell(view: RankView, ended: bool) -> str:
     """The rank's frame, while it prepares or stands still (live runs only)."""
     if not ended and view.state == "started" and view.spawned:
-        return f"spawned {view.spawned} workers"  # until their group forms (18 cells at 16)
+        return f"spawned {view.spawned} workers"  # until their group forms (fits the column)
     if ended or view.state != "started" or not view.frame:
         return ""
     still = view.still_for or 0.0
