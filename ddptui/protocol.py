@@ -204,6 +204,8 @@ class NodeSample(Event, tag="node"):
     gpu_reason: Annotated[str, msgspec.Meta(max_length=200)] | None = None
 
 
+#: Largest world a run may grow to when a script spawns its own ranks (ddptui.rank.spawned).
+MAX_GROWN_WORLD = 1024
 #: What a note may be about (``Note.code``).
 NoteCode = Literal["sampler_epoch", "spawned"]
 #: Largest number a note carries (an epoch, a count of passes).
@@ -226,7 +228,7 @@ class Note(Event, tag="note"):
     code: NoteCode
     epoch: NoteNumber | None = None
     passes: Annotated[int, msgspec.Meta(ge=2, le=MAX_NOTE_NUMBER)] | None = None
-    workers: Annotated[int, msgspec.Meta(ge=1, le=1024)] | None = None  # MAX_GROWN_WORLD
+    workers: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROWN_WORLD)] | None = None
 
 
 AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat | Note
@@ -379,10 +381,6 @@ def _implausible_node(event: NodeSample) -> str | None:
         if gpu.temp is not None and not -100 <= gpu.temp <= 1000:
             return f"gpu {gpu.index} temp {gpu.temp!r}"
     return None
-
-
-#: Largest world a run may grow to when a script spawns its own ranks (ddptui.rank.spawned).
-MAX_GROWN_WORLD = 1024
 
 
 def grown_world(event: AnyEvent, world_size: int) -> int | None:

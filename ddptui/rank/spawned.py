@@ -66,12 +66,14 @@ def became_spawner(workers: int = 1) -> None:
     note: ddptui shows it waiting for their group, not its last frame, and does not call its
     silence a problem), then stop its heartbeat and mute its reporter, so it is neither shown
     nor judged as the rank its workers now are."""
+    from ddptui import protocol  # loaded by the reporter anyway
     from ddptui.rank import heartbeat
     from ddptui.rank.reporter import get_reporter
 
     heartbeat.stop()
     reporter = get_reporter()
-    if isinstance(workers, int) and not isinstance(workers, bool) and 1 <= workers <= 1024:
+    count_ok = isinstance(workers, int) and not isinstance(workers, bool)
+    if count_ok and 1 <= workers <= protocol.MAX_GROWN_WORLD:
         reporter.note("spawned", workers=workers)
     reporter.mute()
 

@@ -68,14 +68,13 @@ class RankFailureInfo:
 
 @dataclass
 class NoteSeen:
-    """A note (``protocol.Note``) as the run first heard it, and every rank that sent it."""
+    """A note (``protocol.Note``) as the run first heard it."""
 
     code: str
     rank: int  # the first rank that sent it
     epoch: int | None
     passes: int | None
     t: float  # when it arrived (the caller's clock, like ``RunState.started_at``)
-    ranks: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -221,7 +220,7 @@ class RunState:
         self.max_restarts = 0
         #: Why a failed run was not restarted although restarts were left (one line).
         self.restart_refused: str | None = None
-        #: Notes the ranks sent (``protocol.Note``), by code: the first of each, and who.
+        #: Notes the ranks sent (``protocol.Note``), by code: the first of each.
         self.notes: dict[str, NoteSeen] = {}
 
     def grow(self, world_size: int) -> None:
@@ -397,10 +396,8 @@ class RunState:
                 view.spawned = ev.workers
                 view.frame = view.waiting = None  # where it stood before it spawned
             return
-        seen = self.notes.get(ev.code)
-        if seen is None:  # codes are a closed set (the schema): the dict stays tiny
-            seen = self.notes[ev.code] = NoteSeen(ev.code, view.rank, ev.epoch, ev.passes, now)
-        seen.ranks.add(view.rank)  # ranks of this run only
+        if ev.code not in self.notes:  # codes are a closed set (the schema): the dict stays tiny
+            self.notes[ev.code] = NoteSeen(ev.code, view.rank, ev.epoch, ev.passes, now)
 
     def set_outcome(
         self, outcome: str, failure: RankFailureInfo | None = None, now: float | None = None
