@@ -74,6 +74,7 @@ class RunResult:
     stdout: str = field(repr=False)
     stderr: str = field(repr=False)
     wall_s: float
+    ended: float  # time.time() when ddptui had exited (its output closed)
     leftovers: list[int] = field(default_factory=list)
 
     @property
@@ -169,10 +170,10 @@ def run_once(
         if proc.poll() is None:  # the test process itself is being interrupted
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        ended = time.time()
         leftovers = _kill_leftovers(run_dir, proc.pid)
-    return RunResult(
-        spec, run_dir, work, proc.returncode, stdout, stderr, time.monotonic() - began, leftovers
-    )
+    wall_s = time.monotonic() - began
+    return RunResult(spec, run_dir, work, proc.returncode, stdout, stderr, wall_s, ended, leftovers)
 
 
 def _kill_leftovers(run_dir: Path, ddptui_pid: int | None = None) -> list[int]:

@@ -8,11 +8,17 @@ import time
 
 import pytest
 
+from ddptui import protocol
 from ddptui.run.collector import Collector
+from ddptui.run.config import build_config
 from ddptui.run.launcher import Launcher
+from ddptui.run.machine import Machine
+from ddptui.run.rundir import load_run
+from ddptui.run.session import RunSession
 from tests.helpers import ROOT, processes_of_run
 
 pytestmark = pytest.mark.slow
+CPU = Machine(0, "no CUDA", 2)
 FAILING_SCRIPT = ROOT / "tests" / "scripts" / "rank_fails.py"
 
 
@@ -42,7 +48,8 @@ def final_status(events, rank):
     return statuses[-1]
 
 
-# Real runs, one per launcher (each mode also runs through the rank entry alone, below).
+# Real runs, one per launcher (each mode also runs through the rank entry alone, below), each
+# through ddptui's whole session: its result, its run directory and the replay of it.
 @pytest.mark.parametrize(
     ("launcher", "how", "error", "code", "where"),
     [
@@ -53,17 +60,36 @@ def final_status(events, rank):
 def test_a_rank_that_raised_or_exited_non_zero_is_failed_with_its_traceback(
     tmp_path, launcher, how, error, code, where
 ):
-    run_id = f"outcome-{launcher}-{how}"
-    result, events = run_and_collect(
-        tmp_path, launcher, run_id, script=str(FAILING_SCRIPT), args=["--how", how]
-    )
+    raw = {"run_dir": str(tmp_path / "run"), "script": str(FAILING_SCRIPT), "launcher": launcher}
+    raw.update(world_size="2", script_args=("--how", how))
+    session = RunSession(build_config(raw, CPU))
+    deadline = time.monotonic() + 120
+    with session:
+        session.start()
+        while session.poll() is None and time.monotonic() < deadline:
+            session.pump(0.1)
+        assert session.result is not None, "the run did not end in time"
+    result = session.result
     assert not result.ok and result.failure is not None
     assert (result.failure.rank, result.failure.exit_code) == (1, code)
+    # an exception's traceback reaches stderr; sys.exit(3) prints nothing
+    tail = error if how == "raise" else None
+    if tail:
+        assert any(tail in line for line in result.failure.stderr_tail), result.failure
+    events = [protocol.from_json(line) for line in session.events_path.read_bytes().splitlines()]
     ok, failed = final_status(events, 0), final_status(events, 1)
     assert (ok.state, ok.error, ok.traceback) == ("finished", None, None)
     assert (failed.state, failed.error) == ("failed", error)
     assert failed.traceback.startswith("Traceback (most recent call last):")
     assert "rank_fails.py" in failed.traceback and where in failed.traceback
+    assert session.state.ranks[1].state == "failed"
+    assert processes_of_run(session.cfg.run_id) == []
+    # Replaying the run directory tells the same story.
+    _, replayed, _ = load_run(session.run_dir)
+    assert replayed.status == "failed" and replayed.failure.rank == 1
+    assert replayed.failure.exit_code == code
+    if tail:
+        assert any(tail in line for line in replayed.failure.stderr_tail)
 
 
 def test_a_built_in_trainer_that_raised_is_failed_with_its_traceback(tmp_path):

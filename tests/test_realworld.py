@@ -359,6 +359,11 @@ def test_a_killed_rank_fails_the_run_and_is_named(run):
     assert len(summary["attempts"]) == 1 and summary["restarts"] == 0
     first = [d for d in summary["diagnoses"] if d["cause"] in ("crash", "oom")]
     assert [d["rank"] for d in first] == [1]
+    assert "FAILED: rank 1 was killed by signal SIGKILL" in run.stdout, run.describe()
+    # Noticed at once, not at a timeout: from rank 1's last event (the kill came after it)
+    # to ddptui's exit, the other rank's teardown included.
+    last_seen = max(e["t"] for e in run.events if e["rank"] == 1)
+    assert run.ended - last_seen < 10, f"{run.ended - last_seen:.1f} s to notice and end"
 
 
 @pytest.mark.parametrize("run_name", ["trainer_raise"])
