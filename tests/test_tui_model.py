@@ -4,9 +4,12 @@ restart options, replayed failures. No Textual app is started here."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ddptui import protocol
 from ddptui.run.state import RunState
@@ -87,6 +90,64 @@ def test_chart_data_means_loss_per_step_and_lists_evals():
     assert data.mean_loss == ([1.0, 2.0], [2.0, 4.0])
     assert data.loss_by_rank[1] == ([1.0, 2.0], [3.0, 6.0])
     assert data.accuracy == ([1.0], [0.5]) and data.epochs == 3
+
+
+def _naive_mean_loss(state: RunState) -> dict[int, float]:
+    """The loss chart's mean line by its definition: at each step, the mean over the ranks
+    whose series hold that step, each rank's last value there."""
+    per_rank = [dict(view.loss_series) for view in state.ranks.values()]
+    steps = set().union(*per_rank)
+    return {s: sum(v := [d[s] for d in per_rank if s in d]) / len(v) for s in steps}
+
+
+def _same(a: float, b: float) -> bool:
+    return (a != a and b != b) or a == b or abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # rank
+            st.integers(-2, 3),  # how far its step goes: 0 logs it again, < 0 goes back
+            st.one_of(
+                st.floats(-1e6, 1e6),
+                st.sampled_from([math.nan, math.inf, -math.inf]),
+            ),
+        ),
+        max_size=60,
+    )
+)
+def test_the_mean_loss_line_kept_as_steps_arrive_is_the_mean_over_ranks(moves):
+    state = RunState("r", 4)
+    steps = [0] * 4
+    for seq, (rank, ahead, loss) in enumerate(moves):
+        steps[rank] = max(0, steps[rank] + ahead)
+        state.apply(_step(rank, steps[rank], float(seq), loss=loss, seq=seq))
+    naive = _naive_mean_loss(state)
+    xs, ys = chart_data(state, max_points=10_000).mean_loss
+    assert xs == sorted(float(s) for s in naive)
+    assert all(_same(y, naive[int(x)]) for x, y in zip(xs, ys, strict=True)), (xs, ys, naive)
+
+
+def test_a_step_logged_again_replaces_the_ranks_value_and_old_steps_are_let_go(monkeypatch):
+    state = RunState("r", 2)
+    state.apply(_step(0, 1, 1.0, loss=math.inf, seq=0))
+    state.apply(_step(1, 1, 1.0, loss=2.0, seq=0))
+    assert chart_data(state).mean_loss == ([1.0], [math.inf])
+    state.apply(_step(0, 1, 2.0, loss=4.0, seq=1))  # ddptui.log(step=1, ...) once more
+    assert chart_data(state).mean_loss == ([1.0], [3.0])
+    monkeypatch.setattr("ddptui.run.state.SERIES_LENGTH", 3)
+    for step in range(2, 7):
+        state.apply(_step(0, step, float(step), loss=float(step), seq=step))
+    assert sorted(state.loss_steps) == [4, 5, 6]  # as many steps as a rank's series keeps
+    assert chart_data(state).mean_loss == ([4.0, 5.0, 6.0], [4.0, 5.0, 6.0])
+
+
+def test_chart_data_leaves_the_ranks_own_lines_out_unless_asked():
+    state = RunState("r", 2)
+    state.apply(_step(0, 1, 1.0, loss=1.0, seq=0))
+    assert chart_data(state, per_rank=False).loss_by_rank == {}
+    assert chart_data(state).loss_by_rank[0] == ([1.0], [1.0])
 
 
 def test_log_follower_reads_only_new_complete_lines(tmp_path):

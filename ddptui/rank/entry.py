@@ -17,10 +17,10 @@ request), and starts a watchdog thread that ends the process if a handler ignore
 
 from __future__ import annotations
 
+import _io
 import argparse
 import atexit
 import ctypes
-import _io
 import gc
 import importlib
 import os

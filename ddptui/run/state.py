@@ -8,6 +8,7 @@ to the queries that depend on time; replay uses the events' own ``t``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -186,6 +187,37 @@ class RankView:
         return self._typical[1]
 
 
+class StepLoss:
+    """The ranks' losses at one step, for their mean (the loss chart's line): the finite ones
+    summed, NaNs and infinities counted, so that :meth:`mean` is what ``sum(values) /
+    len(values)`` would be, and a rank's value can be replaced without the others'."""
+
+    __slots__ = ("total", "count", "nan", "pos", "neg")
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = self.nan = self.pos = self.neg = 0
+
+    def add(self, value: float, sign: int = 1) -> None:
+        """Count ``value`` in (``sign`` 1) or take it out again (``sign`` -1)."""
+        self.count += sign
+        if value != value:
+            self.nan += sign
+        elif value == math.inf:
+            self.pos += sign
+        elif value == -math.inf:
+            self.neg += sign
+        else:
+            self.total += sign * value
+
+    def mean(self) -> float:
+        if self.nan or (self.pos and self.neg):
+            return math.nan
+        if self.pos or self.neg:
+            return math.inf if self.pos else -math.inf
+        return self.total / self.count
+
+
 class RunState:
     """Apply events in arrival order; read per-rank views, global numbers and health."""
 
@@ -214,6 +246,11 @@ class RunState:
         self.node_samples: dict[int, object] = {}
         #: Recent phase breakdowns per rank, for the straggler diagnosis.
         self.phase_history = PhaseHistory()
+        #: Step -> the ranks' losses at it (the last SERIES_LENGTH steps, as the ranks' own
+        #: series), kept as steps arrive: the mean line then costs the points drawn, not
+        #: ranks x points (256 ranks x 2,000 points were a second of CPU per minute).
+        self.loss_steps: dict[int, StepLoss] = {}
+        self._loss_unordered: set[int] = set()  # ranks whose steps went back or repeated
         #: Every attempt so far (one unless ``--max-restarts`` restarted the run).
         self.attempts: list[AttemptRecord] = []
         #: Restarts allowed in all (for ``attempt 2/3``); 0 without ``--max-restarts``.
@@ -346,6 +383,7 @@ class RunState:
         view.samples_total += ev.samples
         if ev.loss is not None:
             view.loss = ev.loss
+            self._count_loss(view, ev.loss)
             view.loss_series.append((view.step, ev.loss))
         if ev.samples_per_s is not None:
             view.samples_per_s = ev.samples_per_s
@@ -358,6 +396,25 @@ class RunState:
             view.phases = phases
             self.phase_history.add(view.rank, phases)
         view.still_since, view.cpu_since = now, view.cpu  # a step is progress
+
+    def _count_loss(self, view: RankView, loss: float) -> None:
+        """Count a rank's loss at its step into :attr:`loss_steps` (call before appending it to
+        the rank's series). A step the rank reported before (a script logging one step twice,
+        or steps that go back) replaces its value there, as one value per rank and step."""
+        step, series = view.step, view.loss_series
+        if series and step <= series[-1][0]:
+            self._loss_unordered.add(view.rank)  # its series may hold any step from now on
+        at = self.loss_steps.get(step)
+        if at is None:
+            at = self.loss_steps[step] = StepLoss()
+            if len(self.loss_steps) > SERIES_LENGTH:  # the oldest step first in (in O(1))
+                del self.loss_steps[next(iter(self.loss_steps))]
+        elif view.rank in self._loss_unordered:
+            for seen, value in reversed(series):
+                if seen == step:
+                    at.add(value, -1)
+                    break
+        at.add(loss)
 
     def _on_beat(self, view: RankView, ev: protocol.Beat, now: float) -> None:
         if view.state == "pending":

@@ -558,25 +558,21 @@ class ChartData:
     no_eval: bool = False
 
 
-def chart_data(state: RunState, max_points: int = MAX_POINTS) -> ChartData:
-    """Copy and thin the series (call with the state's lock held).
+def chart_data(state: RunState, max_points: int = MAX_POINTS, per_rank: bool = True) -> ChartData:
+    """Copy and thin the series (call with the state's lock held); each rank's own loss line
+    only when ``per_rank`` (the loss chart shows the ranks' mean otherwise).
 
     Thins before any per-point Python work, so the cost stays flat however many points
     the series hold (deque/dict/set copies run at C speed).
     """
     by_rank = {}
-    losses = []
-    for rank, view in sorted(state.ranks.items()):
-        points = list(view.loss_series)
-        losses.append(dict(points))
-        points = thin(points, max_points)
-        by_rank[rank] = ([float(s) for s, _ in points], [v for _, v in points])
-    steps = thin(sorted(set().union(*losses)), max_points)
-    mean_x, mean_y = [], []
-    for step in steps:
-        values = [d[step] for d in losses if step in d]
-        mean_x.append(float(step))
-        mean_y.append(sum(values) / len(values))
+    if per_rank:
+        for rank, view in sorted(state.ranks.items()):
+            points = thin(list(view.loss_series), max_points)
+            by_rank[rank] = ([float(s) for s, _ in points], [v for _, v in points])
+    steps = thin(sorted(state.loss_steps.items()), max_points)
+    mean_x = [float(step) for step, _ in steps]
+    mean_y = [at.mean() for _, at in steps]
     # Throughput points per rank: two per bucket, fewer with many ranks (the sum's cost grows
     # with ranks x points; a thinned rank's value is carried forward between its points).
     per_rank = max(max_points // 4, min(2 * max_points, THROUGHPUT_POINTS // len(state.ranks)))

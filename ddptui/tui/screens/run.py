@@ -263,7 +263,8 @@ class RunScreen(Screen):
                 applied = source.state.events_applied
                 if applied != self._charted_events:
                     self._charted_events = applied
-                    self._chart_data = chart_data(source.state)
+                    per_rank = self._charts[0].per_rank  # the ranks' own lines, when shown
+                    self._chart_data = chart_data(source.state, per_rank=per_rank)
             charts = self._charts[:2]
         else:
             charts = self._charts[2:]
@@ -415,6 +416,9 @@ class RunScreen(Screen):
         chart = self.query_one(LossChart)
         chart.set_per_rank(not chart.per_rank)
         if self._chart_data is not None:
+            if chart.per_rank and not self._chart_data.loss_by_rank:  # not made for the mean
+                with self.source.locked():
+                    self._chart_data = chart_data(self.source.state)
             chart.show(self._chart_data)
 
     def action_monitor(self) -> None:
