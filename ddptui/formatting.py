@@ -20,3 +20,14 @@ def fmt_duration(seconds: float | None) -> str:
 def fmt_num(value: float | None, spec: str = ".4f") -> str:
     """``value`` in ``spec``; ``--`` when unknown (``nan`` and ``inf`` are shown as such)."""
     return "--" if value is None else format(value, spec)
+
+
+def fmt_rate(samples_per_s: float, counted: bool) -> str:
+    """``1,234 samples/s``; ``-- samples/s`` when no rank has counted a sample (a script that
+    logs steps without ``samples=``, a model fed without a DataLoader or DDP): not a rate of 0."""
+    return f"{samples_per_s:,.0f} samples/s" if counted else "-- samples/s"
+
+
+def fmt_samples(total: int, counted: bool) -> str:
+    """``12,345 samples``; ``samples not counted`` (see :func:`fmt_rate`)."""
+    return f"{total:,} samples" if counted else "samples not counted"

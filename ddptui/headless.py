@@ -14,7 +14,7 @@ from typing import TextIO
 
 from ddptui import protocol
 from ddptui.constants import PHASES
-from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.formatting import fmt_duration, fmt_num, fmt_rate, fmt_samples
 from ddptui.monitor import SystemMonitor, preflight
 from ddptui.run.diagnosis import Diagnosis
 from ddptui.run.options import RunConfig, resume_command
@@ -68,7 +68,7 @@ def progress_line(state: RunState, now: float) -> str:
     parts = [
         f"[{fmt_duration(state.elapsed(now)):>6}]",
         f"epoch {epochs}",
-        f"{state.global_samples_per_s():,.0f} samples/s",
+        fmt_rate(state.global_samples_per_s(), state.samples_counted),
         f"loss {fmt_num(state.mean_loss)}",
         f"acc {fmt_num(last.accuracy if last else None)}",
         f"ETA {fmt_duration(state.eta(now))}",
@@ -132,7 +132,7 @@ class HeadlessConsole:
                 self.line(
                     f"epoch {event.epoch}{epochs}  accuracy {fmt_num(event.accuracy)}"
                     f"{count}  eval loss {fmt_num(event.loss)}  "
-                    f"{state.global_samples_per_s():,.0f} samples/s  "
+                    f"{fmt_rate(state.global_samples_per_s(), state.samples_counted)}  "
                     f"elapsed {fmt_duration(state.elapsed(now))}"
                 )
 
@@ -181,7 +181,7 @@ class HeadlessConsole:
         self.line(
             f"run {verdict} after {fmt_duration(state.elapsed(now))}: "
             f"{eval_summary(state, bool(session.cfg.script))}; "
-            f"{state.samples_total:,} samples; {stats.received} events "
+            f"{fmt_samples(state.samples_total, state.samples_counted)}; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )
         for rank, before, after in state.seq_jumps[:MAX_JUMPS_SHOWN]:

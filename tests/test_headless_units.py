@@ -7,6 +7,7 @@ from ddptui.headless import HeadlessConsole, eval_summary, gpu_preflight, progre
 from ddptui.run.config import build_config
 from ddptui.run.machine import Machine
 from ddptui.run.state import RunState
+from ddptui.tui.model import run_frame
 from tests.fake_nvml import FakeGpu, FakeNvml, GiB
 
 
@@ -73,6 +74,19 @@ def test_progress_line_shows_throughput_loss_accuracy_and_problems():
     line = progress_line(state, now=10.0)
     assert "epoch 1/2" in line and "2,000 samples/s" in line and "loss 0.2500" in line
     assert "rank 0 silent" in line and "rank 1 silent" in line
+
+
+def test_a_run_whose_ranks_count_no_samples_shows_no_rate_rather_than_zero():
+    """Steps without samples (ddptui.log without samples=, a model fed without a DataLoader
+    or DDP): the rate is unknown, not 0 samples/s, in the console and in the dashboard."""
+    state = RunState("r", 1)
+    state.apply(protocol.Step(run="r", rank=0, seq=0, t=0.0, step=1, loss=0.5, samples=0), now=0.0)
+    assert not state.samples_counted
+    assert "-- samples/s" in progress_line(state, now=1.0)
+    assert "-- samples/s" in run_frame(state, now=1.0).summary
+    assert "samples not counted" in run_frame(state, now=1.0).summary
+    state.apply(step(0, 1, 1, sps=100.0), now=1.0)
+    assert state.samples_counted and "100 samples/s" in progress_line(state, now=1.0)
 
 
 def test_terminal_gets_a_redrawn_progress_bar_and_pipes_get_lines():

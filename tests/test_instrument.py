@@ -2,10 +2,12 @@
 hooks, a fake clock advanced by the model, data and optimizer themselves, so every phase has
 an exact expected value."""
 
+import gc
 import os
 import subprocess
 import sys
 import time
+import weakref
 
 import pytest
 import torch
@@ -423,6 +425,81 @@ def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     # lump named "other" misled on pytorch/examples' FSDP2 example)
     assert last["phases"] is None
     assert last["step_time"] == pytest.approx(0.005 + 0.010 + 0.020 + 0.001 + 0.003)
+
+
+def _loader(sizes, workers=0):
+    """A DataLoader whose batches are (inputs, targets) of the given sizes."""
+    data = [torch.randn(n, 4) for n in sizes]
+    return torch.utils.data.DataLoader(
+        data, batch_size=None, num_workers=workers, collate_fn=lambda x: (x, x[:, 0])
+    )
+
+
+def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
+    """FSDP, a plain model (pytorch/examples' imagenet script on CPU wraps nothing): no DDP
+    forward counts the samples, the DataLoader's batches do; gradient accumulation sums
+    them, an evaluation loader's batches in between are not the step's (under no_grad, or
+    before the next training batch)."""
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    evaluation = _loader([7, 7])
+    batches = iter(_loader([4, 5, 3, 6, 2]))
+    for accumulate in (1, 2, 1):
+        opt.zero_grad()
+        for _ in range(accumulate):
+            x, _ = next(batches)
+            model(x).pow(2).mean().backward()
+        if accumulate == 2:
+            with torch.no_grad():
+                for x, _ in evaluation:
+                    model(x)
+        opt.step()
+    model.eval()
+    for x, _ in _loader([9]):  # an evaluation with grad enabled, after the step
+        model(x)
+    model.train()
+    x, _ = next(batches)
+    model(x).pow(2).mean().backward()
+    opt.step()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [4, 5 + 3, 6, 2]
+
+
+def test_with_ddp_the_forwards_count_the_samples_not_the_loader(inst):
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    for x, _ in _loader([4, 5]):
+        opt.zero_grad()
+        model(x[:2]).pow(2).mean().backward()  # the script feeds part of each batch
+        opt.step()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [2, 2]
+
+
+def test_a_batch_of_the_scripts_own_kind_counts_nothing_and_the_iterator_is_not_kept(inst):
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+
+    class Batch:  # neither a tensor nor a container of tensors
+        def __init__(self, x):
+            self.x = x
+
+    loader = torch.utils.data.DataLoader(
+        [torch.randn(3, 4)], batch_size=None, collate_fn=lambda x: Batch(x)
+    )
+    iterator = iter(loader)
+    gone = weakref.ref(iterator)
+    batch = next(iterator)
+    model(batch.x).pow(2).mean().backward()
+    opt.step()
+    del iterator
+    gc.collect()
+    assert gone() is None  # known by id only: a worker-process iterator must be let go
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [0]
 
 
 class ClippedSGD(torch.optim.SGD):

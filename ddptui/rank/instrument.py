@@ -56,8 +56,12 @@ optimizer steps. The loss is the mean of the 0-dim tensors ``backward()`` was ca
 the step (None when ``backward`` is reached another way, e.g. ``torch.autograd.backward``).
 The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it (None
 without a DistributedSampler). Samples per step: dim 0 of the first tensor argument of each
-training DDP forward in the step, summed (gradient accumulation). Evaluation forwards (no
-grad, or eval mode) are not timed: their time falls in the next step's ``data``.
+training DDP forward in the step, summed (gradient accumulation). Without a DDP module (FSDP,
+a plain model): dim 0 of the first tensor of each batch a ``DataLoader`` gave since the last
+step with grad enabled, from the iterator that gave the last one, summed
+(``_BaseDataLoaderIter.__next__`` is wrapped: one call per batch); 0 without a DataLoader.
+Evaluation forwards (no grad, or eval mode) are not timed: their time falls in the next
+step's ``data``.
 
 On GPU (the DDP module's parameters on CUDA) the built-in phases are device time: a CUDA
 event (timing enabled) is recorded on the current stream at each hook, and the phases are the
@@ -400,6 +404,13 @@ class Instrument:
         self._fwd_seen = False
         self._ddp_seen = False
         self._samples = 0
+        # Without DDP (FSDP, a plain model, a script that wraps only on GPU) no forward is
+        # seen: samples are the batches a DataLoader gave (with grad enabled) since the last
+        # step instead, from the iterator that gave the last one (an evaluation loader's
+        # batches in between are not the step's). The iterator is known by id only: a
+        # reference would keep its worker processes alive.
+        self._loader_it = 0
+        self._loader_samples = 0
         self._losses: list[Any] = []
         self._t_grad: float | None = None
         self._grad_event: Any = None
@@ -459,6 +470,7 @@ class Instrument:
             self._attach_backward,
             self._attach_scaler,
             self._attach_sampler,
+            self._attach_loader,
             self._attach_collectives,
             self._attach_spawn,
             self._attach_process_group,
@@ -564,6 +576,31 @@ class Instrument:
             return original_iter(sampler)
 
         self._patch(DistributedSampler, "__iter__", __iter__)
+
+    def _attach_loader(self, torch: Any) -> None:
+        from torch.utils.data import dataloader
+
+        iterator = dataloader._BaseDataLoaderIter  # both iterators' __next__ is this one
+        original = iterator.__next__
+        inst = self
+        tensor = torch.Tensor
+        grad_enabled = torch.is_grad_enabled
+
+        @functools.wraps(original)
+        def __next__(it: Any) -> Any:
+            batch = original(it)
+            # with DDP its forwards count the samples; under no_grad it is an evaluation's
+            if not inst._ddp_seen and grad_enabled():
+                try:
+                    size = _batch_size(tensor, (batch,), {})
+                except Exception:  # a batch of the script's own kind: not ours to judge
+                    size = 0
+                if id(it) != inst._loader_it:
+                    inst._loader_it, inst._loader_samples = id(it), 0
+                inst._loader_samples += size
+            return batch
+
+        self._patch(iterator, "__next__", __next__)
 
     def _sampler_entry(self, sampler: Any) -> list[Any] | None:
         """The pass record of ``sampler`` (made on first sight), or None when it cannot be
@@ -1040,7 +1077,10 @@ class Instrument:
             self._custom = {}
         if losses:
             self._losses = []
-        samples, self._samples = self._samples, 0
+        if self._ddp_seen:
+            samples, self._samples = self._samples, 0
+        else:
+            samples, self._loader_samples = self._loader_samples, 0
         self._fwd_seen = False
         self._step_start = now
         active = self._active

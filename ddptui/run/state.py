@@ -516,6 +516,12 @@ class RunState:
         return sum(v.samples_total for v in self.ranks.values())
 
     @property
+    def samples_counted(self) -> bool:
+        """Some rank has counted samples: its rates mean something (0 samples/s would
+        otherwise say a script that reports no samples trains nothing)."""
+        return any(v.samples_total for v in self.ranks.values())
+
+    @property
     def mean_loss(self) -> float | None:
         losses = [v.loss for v in self.ranks.values() if v.loss is not None]
         return sum(losses) / len(losses) if losses else None

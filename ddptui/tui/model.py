@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.formatting import fmt_duration, fmt_num, fmt_rate, fmt_samples
 from ddptui.run.state import RankFailureInfo, RankView, RunState
 
 #: Most points drawn per chart line (more would not fit a terminal's width anyway).
@@ -199,16 +199,17 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     last = state.last_eval
     # Live: the ranks' current rates. Ended: their last ones (no rank runs, so "0 samples/s"
     # would say nothing about the run).
+    counted = state.samples_counted
     rate = (
-        f"{state.global_samples_per_s():,.0f} samples/s"
+        fmt_rate(state.global_samples_per_s(), counted)
         if state.outcome is None
-        else f"{state.final_samples_per_s():,.0f} samples/s at the end"
+        else f"{fmt_rate(state.final_samples_per_s(), counted)} at the end"
     )
     parts = [
         rate,
         f"loss {fmt_num(state.mean_loss)}",
         f"acc {fmt_num(last.accuracy if last else None)}",
-        f"{state.samples_total:,} samples",
+        fmt_samples(state.samples_total, counted),
     ]
     if state.dropped:
         parts.append(f"{state.dropped} events dropped")
