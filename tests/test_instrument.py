@@ -620,6 +620,51 @@ def test_grad_scaler_reports_the_unscaled_loss(inst):
 
 
 @pytest.mark.parametrize(
+    ("micro", "divide_by", "scaler", "expect"),
+    [
+        (2, 2, None, "undivided"),  # nanoGPT: loss / accumulation steps, each micro-batch
+        (2, 2, "off", "undivided"),  # ...through a GradScaler switched off (its float32 path)
+        (2, 2, "on", "undivided"),  # ...through a live GradScaler (float16)
+        (10, 10, None, "undivided"),  # more micro-batches than the losses kept
+        (2, 3, None, "as divided"),  # a division that is not the accumulation's
+        (1, 4, None, "as divided"),  # one backward: nothing accumulated
+        (2, None, None, "as divided"),  # accumulation without a division: the mean
+    ],
+)
+def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
+    inst, micro, divide_by, scaler, expect
+):
+    """The loss the script has: ``loss = loss / accumulation_steps`` before each micro-batch's
+    backward makes the gradient a mean; the step's loss is the micro-batches' mean loss, not
+    the mean of the quotients (nanoGPT printed 4.18 where ddptui showed 2.09)."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    amp = None if scaler is None else torch.amp.GradScaler("cpu", enabled=scaler == "on")
+    undivided = []
+    for _ in range(2):
+        opt.zero_grad()
+        for _ in range(micro):
+            loss = model(torch.randn(3, 4)).pow(2).mean()
+            undivided.append(loss.item())
+            if divide_by is not None:
+                loss = loss / divide_by
+            (amp.scale(loss) if amp else loss).backward()
+        if amp:
+            amp.step(opt)
+            amp.update()
+        else:
+            opt.step()
+    inst.flush()
+    kept = min(micro, instrument.MAX_LOSSES)
+    last = undivided[-micro:][:kept]
+    mean = sum(last) / len(last)
+    expected = mean if expect == "undivided" else mean / (divide_by or 1)
+    assert inst.fake.logs[-1]["loss"] == pytest.approx(expected)
+    assert len(inst.fake.logs) == 2
+
+
+@pytest.mark.parametrize(
     "env, wanted",
     [
         ({}, False),

@@ -53,7 +53,10 @@ Phases of one step (the built-in ones partition the step exactly; ``constants.PH
 Exactness. On CPU every phase is host time (``time.perf_counter``) between hook calls: exact
 up to the hooks' own cost (about a microsecond each). Step time is the interval between
 optimizer steps. The loss is the mean of the 0-dim tensors ``backward()`` was called on in
-the step (None when ``backward`` is reached another way, e.g. ``torch.autograd.backward``).
+the step (None when ``backward`` is reached another way, e.g. ``torch.autograd.backward``);
+when each was divided by their number (gradient accumulation written ``loss = loss /
+accumulation_steps``: the quotient's autograd node, ``DivBackward0``, holds that number on the
+host), the mean before the division, which is the loss the script has.
 The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it (None
 without a DistributedSampler). Samples per step: dim 0 of the first tensor argument of each
 training DDP forward in the step, summed (gradient accumulation). Without a DDP module (FSDP,
@@ -89,7 +92,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ddptui
@@ -293,12 +296,15 @@ class CudaStepRead:
     gives ``("phases", {...})`` and ``("loss", float | None)``.
     """
 
-    __slots__ = ("_marks", "_losses", "_custom")
+    __slots__ = ("_marks", "_losses", "_custom", "_scale")
 
-    def __init__(self, marks: list[tuple[str, Any]], losses: list[Any], custom: dict) -> None:
+    def __init__(
+        self, marks: list[tuple[str, Any]], losses: list[Any], custom: dict, scale: int = 1
+    ) -> None:
         self._marks = marks  # [("start", ev0), (phase, ev1), ...]: phase = ev(i-1) -> ev(i)
         self._losses = losses  # pinned host copies (or floats already read)
         self._custom = custom
+        self._scale = scale  # what each loss was divided by (see _finish_step)
 
     def query(self) -> bool:
         return all(event.query() for _, event in self._marks)
@@ -311,7 +317,7 @@ class CudaStepRead:
             previous = event
         phases.update(self._custom)
         losses = [h if type(h) is float else float(h.item()) for h in self._losses]
-        loss = sum(losses) / len(losses) if losses else None
+        loss = _mean(losses) * self._scale if losses else None
         return [("phases", phases), ("loss", loss)]
 
     def keys(self) -> list[str]:
@@ -416,7 +422,12 @@ class Instrument:
         self._grad_event: Any = None
         self._active: set[int] = set()  # grad watches used in this step
         self._training_fwd = False  # inside a training forward (of DDP, or its inner module)
-        self._scaled: tuple[int, Any] | None = None  # (id of the scaled loss, unscaled loss)
+        # (id of the scaled loss, unscaled loss, the number it was divided by, if any)
+        self._scaled: tuple[int, Any, float | None] | None = None
+        # The step's losses: how many backward() calls had one (the list keeps MAX_LOSSES),
+        # and what each recorded one was divided by (None: not a division by a CPU number).
+        self._loss_count = 0
+        self._loss_divisors: list[float | None] = []
         # Optimizer steps under way, one inside another: torch hooks the ``step`` of every
         # optimizer class it has made an instance of, so a subclass whose ``step`` calls
         # ``super().step()`` (or ZeroRedundancyOptimizer, whose step runs its inner
@@ -968,7 +979,7 @@ class Instrument:
             return
         torch = self.torch
         if isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
-            self._scaled = (id(scaled), outputs.detach())
+            self._scaled = (id(scaled), outputs.detach(), _divisor(outputs))
 
     def _backward_call(self, tensor: Any) -> None:
         self.hook_calls += 1
@@ -981,12 +992,17 @@ class Instrument:
             # all the same (a CUDA one is left alone: reading it would wait for the device).
             return
         try:
-            if tensor.dim() == 0 and len(self._losses) < MAX_LOSSES:
-                scaled = self._scaled
-                # the tensor itself (the script holds it too); detached when copied or read
-                self._losses.append(
-                    scaled[1] if scaled is not None and scaled[0] == id(tensor) else tensor
-                )
+            if tensor.dim() == 0:
+                self._loss_count += 1
+                if len(self._losses) < MAX_LOSSES:
+                    scaled = self._scaled
+                    # the tensor itself (the script holds it too); detached when copied or read
+                    if scaled is not None and scaled[0] == id(tensor):
+                        self._losses.append(scaled[1])
+                        self._loss_divisors.append(scaled[2])
+                    else:
+                        self._losses.append(tensor)
+                        self._loss_divisors.append(_divisor(tensor))
             self._scaled = None
         except Exception as exc:
             self._fail(exc)
@@ -1038,7 +1054,15 @@ class Instrument:
     def _finish_step(self) -> None:
         losses = self._losses
         host_losses: list[Any] = []
-        loss: list[Any] | None = None  # CPU: the loss tensors, read off the step path
+        loss: tuple[list[Any], int] | None = None  # CPU: the loss tensors, read off the path
+        # Gradient accumulation that divides each micro-batch's loss by their number
+        # (``loss = loss / accumulation_steps``, nanoGPT's and most scripts' way): the step's
+        # loss is the micro-batches' mean before the division, not the mean of the quotients.
+        count, divisors = self._loss_count, self._loss_divisors
+        scale = count if count > 1 and all(d == count for d in divisors) else 1
+        self._loss_count = 0
+        if divisors:
+            self._loss_divisors = []
         cuda = self._cuda is not None
         if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
@@ -1051,7 +1075,7 @@ class Instrument:
                 else:  # a loss computed on the host: read now, it costs nothing
                     host_losses.append(float(value.item()))
         elif losses:
-            loss = losses  # read by the drainer: .item() costs microseconds here
+            loss = (losses, scale)  # read by the drainer: .item() costs microseconds here
         self._transition("opt_post", "data")
         now = self._mark
         start = self._step_start
@@ -1059,7 +1083,7 @@ class Instrument:
         custom = self._custom
         read: Any  # a CudaStepRead, or (phases, loss tensors) on the CPU
         if cuda and len(self._marks) > 1:
-            read = CudaStepRead(self._marks, host_losses, custom)
+            read = CudaStepRead(self._marks, host_losses, custom, scale)
             self._marks = [("start", self._marks[-1][1])]
         else:
             # Without any DDP module (FSDP, a plain model) no forward is seen: the time before
@@ -1140,7 +1164,7 @@ class Instrument:
                 elif type(read) is tuple:
                     phases, loss = read
                     if loss is not None:
-                        loss = _mean_item(loss)
+                        loss = _mean_item(*loss)
                 else:
                     try:
                         if not read.query():
@@ -1270,12 +1294,32 @@ _RESOLVE = {(seg, nxt): _resolve(seg, nxt) for seg in _SEGMENTS for nxt in _EVEN
 _AFTER_GRAD = {nxt: "comm" if nxt in ("bwd_return", "opt_pre") else "data" for nxt in _EVENTS}
 
 
-def _mean_item(values: list[Any]) -> float | None:
-    """The mean of a step's CPU loss tensors (None if one cannot be read)."""
+def _mean_item(values: list[Any], scale: int = 1) -> float | None:
+    """The mean of a step's CPU loss tensors, times ``scale`` (each was divided by it: see
+    ``_finish_step``); None if one cannot be read."""
     try:
-        if len(values) == 1:
-            return float(values[0].item())  # exactly the script's value (-0.0 stays -0.0)
-        return sum(float(value.item()) for value in values) / len(values)
+        return _mean(float(value.item()) for value in values) * scale
+    except Exception:
+        return None
+
+
+def _mean(values: Iterable[float]) -> float:
+    """The mean; one value exactly as it is (-0.0 stays -0.0)."""
+    values = list(values)
+    return values[0] if len(values) == 1 else sum(values) / len(values)
+
+
+def _divisor(loss: Any) -> float | None:
+    """The number ``loss`` was made by dividing by (``loss / 4``, a CPU number or 0-dim
+    tensor: read without waiting for any device), or None. Never raises."""
+    try:
+        node = loss.grad_fn
+        if node is None or node.name() != "DivBackward0":
+            return None
+        other = node._saved_other
+        if other.dim() or other.device.type != "cpu":
+            return None
+        return float(other.item())
     except Exception:
         return None
 
