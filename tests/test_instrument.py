@@ -703,10 +703,14 @@ print("ok")
 
 
 def test_uninstall_restores_torch(inst):
+    from torch.utils.data import dataloader
+
     patched = torch.Tensor.backward
+    assert hasattr(dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
     instrument.uninstall()
     assert torch.Tensor.backward is not patched
     assert not hasattr(torch.Tensor.backward, "__wrapped__")
+    assert not hasattr(dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
 
 
 @pytest.mark.gpu
