@@ -23,6 +23,7 @@ from ddptui.run.diagnosis import (
     prepare_limit,
     rank_ends,
     stuck_ranks,
+    working_ranks,
 )
 from ddptui.run.state import RankFailureInfo, RunState
 
@@ -309,6 +310,66 @@ def test_a_rank_whose_heartbeat_stopped_is_stuck_only_when_its_cpu_idles():
     assert stuck.how == "silent" and stuck.rank == 0
     state.set_outcome("failed")
     assert stuck_ranks(state, 40.0, 20.0, 20.0, cpu_percent={0: 0.0}) == {}
+
+
+def _waiting_for_rank_0(
+    state, start, end, rank0_cpu=lambda t: t * 0.98, rank0_digest=lambda t: "d0"
+):
+    """From ``start`` to ``end``: rank 0 alone works (a checkpoint: its stack in one place,
+    its CPU as given) while rank 1 waits for it in a barrier, idle. Both stepped before."""
+    if start <= 2.0:
+        for rank in (0, 1):
+            state.apply(step_event(rank, 1, None), now=1.0)
+    t = start
+    while t <= end + 1e-9:
+        state.apply(beat(0, int(t * 10), rank0_digest(t), rank0_cpu(t)), now=t)
+        state.apply(beat(1, int(t * 10), "w", 1.0, waiting="barrier"), now=t)
+        t += 2.0
+
+
+def test_ranks_waiting_for_a_rank_that_works_are_not_a_hang():
+    """A rank-0 checkpoint (or evaluation) longer than the limit: rank 1 stood still in a
+    barrier, idle, past the limit; rank 0 works all along. A note, no verdict, however long."""
+    state = announced(2)
+    _waiting_for_rank_0(state, 2.0, 30.0)
+    assert set(stuck_ranks(state, 30.0, 10.0, 10.0)) == {1}
+    assert working_ranks(state, 30.0, stuck_ranks(state, 30.0, 10.0, 10.0)) == [0]
+    d = Diagnoser(hang_timeout=10)
+    (waiting,) = d.check(state, 30.0)
+    assert waiting.cause == "waiting" and d.hang is None
+    assert waiting.detail.startswith("rank 1 stood still for ")
+    assert "(in barrier), waiting for rank 0, which works (at main (train.py:9))" in waiting.detail
+    _waiting_for_rank_0(state, 32.0, 200.0)
+    assert d.check(state, 200.0) == [] and d.hang is None  # said once; still no verdict
+
+
+def test_once_the_working_rank_stands_still_too_it_is_a_hang():
+    state = announced(2)
+    # rank 0 works until 20 s, then goes on (its stack moves) and stands still, idle
+    busy = {"rank0_cpu": lambda t: min(t, 20.0), "rank0_digest": lambda t: "d0" if t < 20 else "d1"}
+    d = Diagnoser(hang_timeout=10)
+    _waiting_for_rank_0(state, 2.0, 24.0, **busy)
+    assert d.check(state, 24.0)[0].cause == "waiting"
+    _waiting_for_rank_0(state, 26.0, 40.0, **busy)
+    (hang,) = d.check(state, 40.0)
+    assert hang.cause == "hang" and set(d.hung) == {0, 1}
+
+
+def test_a_rank_whose_beats_stopped_works_only_by_ddptuis_own_cpu_sample():
+    """A long call holding the GIL (its heartbeat cannot run): busy by ddptui's sample is
+    work; unknown or idle is no evidence of it."""
+    state = announced(2)
+    for rank in (0, 1):
+        state.apply(step_event(rank, 1, None), now=1.0)
+    beating(state, 0, 2.0, 10.0)  # then its beats stop
+    t = 2.0
+    while t <= 40.0:
+        state.apply(beat(1, int(t * 10), "w", 1.0, waiting="barrier"), now=t)
+        t += 2.0
+    stuck = {1: stuck_ranks(state, 40.0, 10.0, 10.0)[1]}
+    assert working_ranks(state, 40.0, stuck) == []
+    assert working_ranks(state, 40.0, stuck, cpu_percent={0: 0.5}) == []
+    assert working_ranks(state, 40.0, stuck, cpu_percent={0: 99.0}) == [0]
 
 
 def test_diagnoser_reports_the_hang_once_with_its_evidence():

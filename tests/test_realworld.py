@@ -103,9 +103,12 @@ SPECS = {
         RunSpec(
             "long_prep",
             "long_prep.py",
-            args=lambda w: ["--prep-seconds", str(2 * LONG_PREP_HANG_TIMEOUT)],
+            args=lambda w: [
+                *("--prep-seconds", str(2 * LONG_PREP_HANG_TIMEOUT)),
+                *("--rank0-save-seconds", str(2 * LONG_PREP_HANG_TIMEOUT)),
+            ],
             hang_timeout=LONG_PREP_HANG_TIMEOUT,
-            cost=3,
+            cost=4,
         ),
         RunSpec(
             "slow_first_step",
@@ -321,9 +324,17 @@ def test_one_step_example_reports_its_step(run):
 
 @pytest.mark.parametrize("run_name", ["long_prep"])
 def test_long_preparation_is_not_a_hang(run):
-    """Every rank busy tokenising for twice the hang timeout before its first step."""
-    assert all(own["prep_s"] >= 2 * LONG_PREP_HANG_TIMEOUT for own in run.facts.values())
+    """Every rank busy tokenising for twice the hang timeout before its first step; after the
+    first epoch rank 0 alone busy for twice the hang timeout (a rank-0 checkpoint) while
+    rank 1 waits for it in a barrier: waiting for a rank at work is no hang either."""
+    facts = run.facts
+    assert all(own["prep_s"] >= 2 * LONG_PREP_HANG_TIMEOUT for own in facts.values())
+    assert facts[0]["save_s"] >= 2 * LONG_PREP_HANG_TIMEOUT and facts[1]["save_s"] == 0
     assert run.summary["outcome"] == "finished", run.describe()
+    assert not [d for d in run.summary["diagnoses"] if d["cause"] == "hang"]
+    waiting = [d for d in run.summary["diagnoses"] if d["cause"] == "waiting"]
+    assert waiting and "waiting for rank 0, which works" in waiting[0]["detail"], run.describe()
+    assert "(in barrier)" in waiting[0]["detail"]
     assert not list(run.run_dir.glob("stacks-rank-*.txt"))  # no empty dump files
 
 

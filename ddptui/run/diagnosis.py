@@ -365,6 +365,50 @@ def stuck_ranks(
     return stuck
 
 
+def working_ranks(
+    state: Any,
+    now: float,
+    stuck: Mapping[int, Stuck],
+    cpu_percent: Mapping[int, float] | None = None,
+    beat_s: float = BEAT_S,
+) -> list[int]:
+    """The live ranks with evidence that they still work while the ``stuck`` ones stand still:
+    their beats come and they are not stuck themselves (their stack moves, or they use CPU),
+    or their beats stopped but ddptui's own sample of their CPU (``cpu_percent``) is busy (a
+    long call that holds the GIL). Ranks that wait in a collective for one of these are
+    waiting, not hung: a rank-0 checkpoint or evaluation longer than the limit is work. A
+    rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no work:
+    silence is no evidence either way."""
+    working = []
+    for rank, view in state.ranks.items():
+        if rank in stuck or view.state != "started" or view.beat_at is None:
+            continue
+        if now - view.beat_at > BEAT_LATE * beat_s:
+            cpu = (cpu_percent or {}).get(rank)
+            if cpu is None or cpu < IDLE_CPU_SHARE * 100:
+                continue
+        working.append(rank)
+    return sorted(working)
+
+
+def _waiting_detail(state: Any, stuck: Mapping[int, Stuck], working: list[int]) -> str:
+    """ "ranks 1, 2 stood still for 75 s (in barrier), waiting for rank 0, which works (at
+    save (train.py:120)): not a hang while it does"."""
+    names = ", ".join(str(r) for r in sorted(stuck)[:8]) + (" …" if len(stuck) > 8 else "")
+    first = stuck[min(stuck)]
+    where = f" (in {first.waiting})" if first.waiting else ""
+    busy = ", ".join(str(r) for r in working[:8]) + (" …" if len(working) > 8 else "")
+    frame = state.ranks[working[0]].frame
+    at = f" (at {frame})" if frame else ""
+    ranks = "ranks" if len(stuck) > 1 else "rank"
+    others = "ranks" if len(working) > 1 else "rank"
+    return (
+        f"{ranks} {names} stood still for {first.seconds:.0f} s{where}, waiting for {others} "
+        f"{busy}, which work{'' if len(working) > 1 else 's'}{at}: not a hang while "
+        f"{'they do' if len(working) > 1 else 'it does'}"
+    )
+
+
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
 
@@ -765,6 +809,7 @@ class Diagnoser:
         self._held = 0
         self._reported: tuple[int | None, str] | None = None
         self._noted: set[str] = set()  # the note codes already turned into diagnoses
+        self._waited = False  # ranks were seen waiting past the limit for ranks at work
 
     def record(self, diagnosis: Diagnosis) -> None:
         if len(self.diagnoses) < MAX_DIAGNOSES:
@@ -809,7 +854,15 @@ class Diagnoser:
             limit = hang_limit(state, self.hang_timeout)
             before = prepare_limit(limit, self.hang_timeout)
             stuck = stuck_ranks(state, now, limit, before, cpu_percent)
-            if stuck and limit is not None:
+            working = working_ranks(state, now, stuck, cpu_percent) if stuck else []
+            if stuck and working and limit is not None:
+                # Not a hang while a rank works: the stuck ones wait for it (said once).
+                if not self._waited:
+                    self._waited = True
+                    waiting = Diagnosis(None, "waiting", _waiting_detail(state, stuck, working), t)
+                    self.record(waiting)
+                    found.append(waiting)
+            elif stuck and limit is not None:
                 stepped = any(state.ranks[rank].step > 0 for rank in stuck)
                 self.limit = limit if stepped else (before or limit)
                 self.stuck = stuck

@@ -1,7 +1,10 @@
 """A long, CPU-busy preparation before the first step, then ordinary training: every rank
 tokenises its own copy of a corpus (hashing words into a vocabulary, as tokenizer training or
 dataset pre-processing does) for ``--prep-seconds`` before building DDP. The shape of scripts
-such as minGPT-ddp that build their dataset after ``init_process_group``. Written for
+such as minGPT-ddp that build their dataset after ``init_process_group``. With
+``--rank0-save-seconds S``, after the first epoch rank 0 alone works for S seconds (CPU busy,
+as pickling a large checkpoint or a rank-0-only evaluation is) while the other ranks wait
+for it in a barrier, as nanoGPT's and most scripts' rank-0 checkpoints make them. Written for
 ddptui's tests; no ddptui import.
 
     torchrun --nproc-per-node 2 long_prep.py [--prep-seconds 8] [--epochs 2] [--steps 8]
@@ -40,6 +43,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8, help="steps per epoch")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--rank0-save-seconds", type=float, default=0.0)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -62,7 +66,7 @@ def main():
         nn.Sequential(nn.Embedding(512, 16), nn.Flatten(), nn.Linear(64, 2))
     )
     optimizer = torch.optim.Adam(model.parameters(), 1e-2)
-    steps, last_loss, epoch_steps = 0, None, {}
+    steps, last_loss, epoch_steps, save_s = 0, None, {}, 0.0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         epoch_steps[epoch] = 0
@@ -74,7 +78,15 @@ def main():
             steps += 1
             epoch_steps[epoch] += 1
             last_loss = loss.item()
-    report(rank, world, steps, last_loss, epoch_steps, prep_s=round(prep_s, 3))
+        if epoch == 0 and args.rank0_save_seconds > 0:
+            if rank == 0:  # "saving a checkpoint": the others wait for it
+                began = time.monotonic()
+                tokenise(args.rank0_save_seconds)
+                save_s = time.monotonic() - began
+            dist.barrier()
+    report(
+        rank, world, steps, last_loss, epoch_steps, prep_s=round(prep_s, 3), save_s=round(save_s, 3)
+    )
     dist.destroy_process_group()
 
 
