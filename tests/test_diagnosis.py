@@ -9,6 +9,7 @@ import pytest
 
 from ddptui import protocol
 from ddptui.run.diagnosis import (
+    IDLE_IO_BYTES_PER_S,
     Diagnoser,
     Diagnosis,
     MemoryState,
@@ -230,7 +231,9 @@ def test_hang_limit(step_time, timeout, limit):
     assert hang_limit(state, timeout) == limit
 
 
-def beat(rank, seq, digest="d0", cpu=1.0, frame="main (train.py:9)", waiting=None, steps=0):
+def beat(
+    rank, seq, digest="d0", cpu=1.0, frame="main (train.py:9)", waiting=None, steps=0, io=None
+):
     return protocol.Beat(
         run="r",
         rank=rank,
@@ -241,6 +244,7 @@ def beat(rank, seq, digest="d0", cpu=1.0, frame="main (train.py:9)", waiting=Non
         frame=frame,
         waiting=waiting,
         steps=steps,
+        io=io,
     )
 
 
@@ -283,6 +287,24 @@ def test_a_still_idle_rank_is_stuck_after_the_limit_and_not_before():
     (stuck,) = stuck_ranks(state, 30.0, 10.0, 10.0).values()
     assert stuck.rank == 0 and 11 <= stuck.seconds <= 16 and stuck.cpu == 0.0
     assert "rank 0 at main (train.py:9): stack unchanged for 12 s" in stuck.describe()
+
+
+@pytest.mark.parametrize(
+    ("bytes_per_s", "stuck"),
+    [(5 * 2**20, False), (2 * IDLE_IO_BYTES_PER_S, False), (IDLE_IO_BYTES_PER_S / 4, True)],
+)
+def test_a_still_idle_rank_that_writes_to_storage_is_not_stuck(bytes_per_s, stuck):
+    """A checkpoint written to slow storage: the stack in one write, the CPU idle, the bytes
+    going out. Writing is work; a trickle (a log line now and then) is not."""
+    state = announced(1)
+    state.apply(step_event(0, 1, None), now=1.0)
+    t = 2.0
+    while t <= 40.0:
+        state.apply(beat(0, int(t * 10), "w", 1.0, io=int(1000 + bytes_per_s * t)), now=t)
+        t += 2.0
+    assert bool(stuck_ranks(state, 40.0, 10.0, 10.0)) is stuck
+    state.apply(beat(0, 410, "w", 1.0, io=5), now=41.0)  # the counter went back (a new process)
+    assert stuck_ranks(state, 41.0, 10.0, 10.0) == {}  # stillness counts from there
 
 
 def test_a_step_is_progress():

@@ -42,6 +42,30 @@ def test_cpu_counts_busy_children():
         child.wait()
 
 
+def test_io_counts_what_the_process_writes_to_storage_not_to_sockets(tmp_path):
+    import os
+    import socket
+
+    import pytest
+
+    before = heartbeat.process_io()
+    if before is None:
+        pytest.skip("the kernel counts no storage I/O per process here (/proc/self/io)")
+    with open(tmp_path / "checkpoint.bin", "wb") as out:
+        out.write(os.urandom(4 << 20))
+        out.flush()
+    written = heartbeat.process_io()
+    assert written - before >= 4 << 20
+    a, b = socket.socketpair()
+    with a, b:
+        for _ in range(16):  # 1 MiB through the socket, 64 KiB at a time (its buffer holds it)
+            a.sendall(b"x" * (64 << 10))
+            got = 0
+            while got < 64 << 10:
+                got += len(b.recv(64 << 10))
+    assert heartbeat.process_io() - written < 64 * 1024  # sockets (telemetry, gloo) do not
+
+
 class _Beats:
     enabled = True
 
@@ -65,6 +89,7 @@ def test_the_last_beat_at_exit_carries_the_collectives_as_they_ended(monkeypatch
     seq[0] = 184
     beat.last()
     assert [b["collectives"][0]["started"] for b in reporter.beats] == [146, 184]
+    assert all(b["io"] is None or b["io"] >= 0 for b in reporter.beats)
     assert reporter.beats[-1]["frame"] is None and reporter.beats[-1]["digest"] is None
     beat.last()  # already stopped: nothing more
     assert len(reporter.beats) == 2

@@ -64,6 +64,9 @@ GOOD = {"kind": "step", "step": 1, **BASE}
         msgspec.msgpack.encode([{"kind": "status", "state": "sleeping", **BASE}]),
         msgspec.msgpack.encode([{"kind": "status", "state": "started", **{**BASE, "rank": -2}}]),
         msgspec.msgpack.encode([{"kind": "eval", "v": 99, **BASE}]),
+        msgspec.msgpack.encode([{"kind": "beat", "io": -1, **BASE}]),  # storage bytes < 0
+        msgspec.msgpack.encode([{"kind": "beat", "io": "lots", **BASE}]),
+        msgspec.msgpack.encode([{"kind": "beat", "io": 1.5, **BASE}]),
         msgspec.msgpack.encode([GOOD, {"kind": "step", **BASE}]),  # one bad event spoils all
         msgspec.msgpack.encode([GOOD] * (protocol.MAX_BATCH_EVENTS + 1)),
         msgspec.msgpack.encode([{**GOOD, "metrics": {f"m{i}": i for i in range(100)}}]),

@@ -80,6 +80,21 @@ def process_cpu() -> float:
     return time.process_time() + _children_cpu(os.getpid())
 
 
+def process_io() -> int | None:
+    """Bytes this process has read from and written to storage (``/proc/self/io``
+    ``read_bytes`` + ``write_bytes``: a checkpoint being written counts, socket traffic does
+    not); None where the kernel does not count them."""
+    try:
+        with open("/proc/self/io", "rb") as counters:
+            total = 0
+            for line in counters:
+                if line.startswith((b"read_bytes:", b"write_bytes:")):
+                    total += int(line.split()[1])
+            return total
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def digest(frames: list[Frame]) -> str:
     """A short digest of a stack: equal stacks, equal digests."""
     text = "\n".join(f"{f.file}:{f.line}:{f.func}" for f in frames)
@@ -113,6 +128,7 @@ class Heartbeat:
             digest=digest(frames) if frames else None,
             cpu=process_cpu(),
             collectives=_marks(),
+            io=process_io(),
         )
 
     def last(self) -> None:
@@ -124,7 +140,12 @@ class Heartbeat:
         self.stop()
         try:
             self.reporter.beat(
-                frame=None, waiting=None, digest=None, cpu=process_cpu(), collectives=_marks()
+                frame=None,
+                waiting=None,
+                digest=None,
+                cpu=process_cpu(),
+                collectives=_marks(),
+                io=process_io(),
             )
         except Exception:  # telemetry never takes a rank down, nor its exit
             pass

@@ -518,6 +518,7 @@ class Reporter:
         digest: str | None,
         cpu: float | None,
         collectives: list[dict[str, Any]] | None = None,
+        io: int | None = None,
     ) -> None:
         """Send a heartbeat (see :mod:`ddptui.rank.heartbeat`); callable from any thread."""
         if self._socket is None:
@@ -542,6 +543,7 @@ class Reporter:
             waiting=waiting[:128] if waiting else None,
             digest=digest[:32] if digest else None,
             cpu=cpu if cpu is not None and 0.0 <= cpu <= protocol.MAX_SECONDS else None,
+            io=io if type(io) is int and 0 <= io < 2**63 else None,
             steps=self.steps_logged,
             collectives=marks,
         )

@@ -279,6 +279,10 @@ PREPARE_HANG_S = 300.0
 #: included): its CPU idles. A rank blocked in a collective, a lock or a sleep uses ~0; a busy
 #: one gets far more even on a crowded machine (at a load of 13 on 2 cores, about 15 %).
 IDLE_CPU_SHARE = 0.02
+#: A rank standing still that read or wrote less storage than this per second (a checkpoint
+#: on a slow network file system writes megabytes a second with its CPU idle; a rank blocked
+#: in a collective writes nothing: sockets do not count) does no I/O.
+IDLE_IO_BYTES_PER_S = 64 * 1024
 #: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
 BEAT_LATE = 3
 
@@ -337,8 +341,9 @@ def stuck_ranks(
     """The live ranks with evidence of being stuck (rank -> :class:`Stuck`).
 
     From the rank's heartbeat: its stack, steps and collectives have not moved for the limit
-    (``before_first_step`` until its first step) and it used under :data:`IDLE_CPU_SHARE` of
-    a core meanwhile. A rank whose beats stopped coming (its heartbeat thread cannot run:
+    (``before_first_step`` until its first step), it used under :data:`IDLE_CPU_SHARE` of
+    a core meanwhile, and it read or wrote under :data:`IDLE_IO_BYTES_PER_S` of storage (where
+    the kernel counts it). A rank whose beats stopped coming (its heartbeat thread cannot run:
     the GIL is held, or the process is stopped) is stuck only when it stood still up to its
     last beat and ddptui's own sample of its CPU (``cpu_percent``) idles. A rank that sends
     no beats at all (an older ddptui, or a rank that has not announced itself) is never
@@ -359,8 +364,13 @@ def stuck_ranks(
                 stuck[rank] = Stuck(rank, quiet, None, view.frame, view.waiting, "silent")
             continue
         still = view.still_for or 0.0
-        used = view.cpu_while_still
-        if still >= allowed and used is not None and used < IDLE_CPU_SHARE * still:
+        used, io = view.cpu_while_still, view.io_while_still
+        if (
+            still >= allowed
+            and used is not None
+            and used < IDLE_CPU_SHARE * still
+            and (io is None or io < IDLE_IO_BYTES_PER_S * still)
+        ):
             stuck[rank] = Stuck(rank, still, used, view.frame, view.waiting)
     return stuck
 

@@ -145,9 +145,13 @@ class RankView:
     spawned: int = 0
     #: The process's CPU seconds at the last beat.
     cpu: float | None = None
-    #: Since when neither the stack, the steps nor the collectives moved; the CPU seconds then.
+    #: The process's storage I/O bytes (read and written) at the last beat.
+    io: int | None = None
+    #: Since when neither the stack, the steps nor the collectives moved; the CPU seconds and
+    #: storage I/O bytes then.
     still_since: float | None = None
     cpu_since: float | None = None
+    io_since: int | None = None
     #: Per process group: the last collective started (op, #seq) and the last completed.
     collectives: tuple = ()
     _digest: str | None = field(default=None, repr=False)
@@ -177,6 +181,13 @@ class RankView:
         if self.cpu is None or self.cpu_since is None:
             return None
         return max(0.0, self.cpu - self.cpu_since)
+
+    @property
+    def io_while_still(self) -> int | None:
+        """Storage bytes the process read or wrote while it stood still (up to the last beat)."""
+        if self.io is None or self.io_since is None:
+            return None
+        return max(0, self.io - self.io_since)
 
     @property
     def typical_step_time(self) -> float | None:
@@ -395,7 +406,7 @@ class RunState:
         if phases:
             view.phases = phases
             self.phase_history.add(view.rank, phases)
-        view.still_since, view.cpu_since = now, view.cpu  # a step is progress
+        view.still_since, view.cpu_since, view.io_since = now, view.cpu, view.io  # progress
 
     def _count_loss(self, view: RankView, loss: float) -> None:
         """Count a rank's loss at its step into :attr:`loss_steps` (call before appending it to
@@ -429,9 +440,14 @@ class RunState:
         )
         view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
         view._digest, view.collectives = ev.digest, marks
-        view.cpu = ev.cpu
-        if moved or view.cpu_since is None or (ev.cpu is not None and ev.cpu < view.cpu_since):
-            view.still_since, view.cpu_since = now, ev.cpu
+        view.cpu, view.io = ev.cpu, ev.io
+        if (
+            moved
+            or view.cpu_since is None
+            or (ev.cpu is not None and ev.cpu < view.cpu_since)
+            or (ev.io is not None and (view.io_since is None or ev.io < view.io_since))
+        ):
+            view.still_since, view.cpu_since, view.io_since = now, ev.cpu, ev.io
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
         # Every rank reports the same all-reduced result; the first one to arrive counts (a

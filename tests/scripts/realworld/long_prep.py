@@ -3,8 +3,10 @@ tokenises its own copy of a corpus (hashing words into a vocabulary, as tokenize
 dataset pre-processing does) for ``--prep-seconds`` before building DDP. The shape of scripts
 such as minGPT-ddp that build their dataset after ``init_process_group``. With
 ``--rank0-save-seconds S``, after the first epoch rank 0 alone works for S seconds (CPU busy,
-as pickling a large checkpoint or a rank-0-only evaluation is) while the other ranks wait
-for it in a barrier, as nanoGPT's and most scripts' rank-0 checkpoints make them. Written for
+as pickling a large checkpoint or a rank-0-only evaluation is), then for S seconds more
+writes it out as to slow storage (its CPU idle, its stack in one place, its writes going on),
+while the other ranks wait for it in a barrier, as nanoGPT's and most scripts' rank-0
+checkpoints make them. Written for
 ddptui's tests; no ddptui import.
 
     torchrun --nproc-per-node 2 long_prep.py [--prep-seconds 8] [--epochs 2] [--steps 8]
@@ -12,6 +14,7 @@ ddptui's tests; no ddptui import.
 
 import argparse
 import hashlib
+import tempfile
 import time
 
 import torch
@@ -35,6 +38,15 @@ def tokenise(seconds: float, vocab_size: int = 512) -> tuple[dict[str, int], int
             vocab.setdefault(word, int.from_bytes(digest[:4], "little") % vocab_size)
             seen += 1
     return vocab, seen
+
+
+def write_slowly(seconds: float, chunk: int = 256 * 1024) -> None:
+    """Write ``chunk`` bytes every 50 ms for ``seconds`` (5 MiB/s, the CPU idle), to a file in
+    the working directory, removed after: storage slower than the CPU. One line, so that the
+    stack stays in one place, as in a long C-level write."""
+    end, data = time.monotonic() + seconds, b"\0" * chunk
+    with tempfile.NamedTemporaryFile(dir=".") as out:
+        while time.monotonic() < end: out.write(data), out.flush(), time.sleep(0.05)  # noqa: E701  # fmt: skip
 
 
 def main():
@@ -82,6 +94,7 @@ def main():
             if rank == 0:  # "saving a checkpoint": the others wait for it
                 began = time.monotonic()
                 tokenise(args.rank0_save_seconds)
+                write_slowly(args.rank0_save_seconds)
                 save_s = time.monotonic() - began
             dist.barrier()
     report(
