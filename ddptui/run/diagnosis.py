@@ -383,12 +383,12 @@ def working_ranks(
     beat_s: float = BEAT_S,
 ) -> list[int]:
     """The live ranks with evidence that they still work while the ``stuck`` ones stand still:
-    their beats come and they are not stuck themselves (their stack moves, or they use CPU),
-    or their beats stopped but ddptui's own sample of their CPU (``cpu_percent``) is busy (a
-    long call that holds the GIL). Ranks that wait in a collective for one of these are
-    waiting, not hung: a rank-0 checkpoint or evaluation longer than the limit is work. A
-    rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no work:
-    silence is no evidence either way."""
+    their beats come and they are not stuck themselves (their stack moves, they use CPU, or
+    they read or write storage), or their beats stopped but ddptui's own sample of their CPU
+    (``cpu_percent``) is busy (a long call that holds the GIL). Ranks that wait in a
+    collective for one of these are waiting, not hung: a rank-0 checkpoint or evaluation
+    longer than the limit is work. A rank that sends no beats, or whose beats stopped while
+    its CPU is unknown, shows no work: silence is no evidence either way."""
     working = []
     for rank, view in state.ranks.items():
         if rank in stuck or view.state != "started" or view.beat_at is None:
@@ -402,8 +402,8 @@ def working_ranks(
 
 
 def _waiting_detail(state: Any, stuck: Mapping[int, Stuck], working: list[int]) -> str:
-    """ "ranks 1, 2 stood still for 75 s (in barrier), waiting for rank 0, which works (at
-    save (train.py:120)): not a hang while it does"."""
+    """The waiting note's text, e.g. ``ranks 1, 2 stood still for 75 s (in barrier), waiting
+    for rank 0, which works (at save (train.py:120)): not a hang while it does``."""
     names = ", ".join(str(r) for r in sorted(stuck)[:8]) + (" …" if len(stuck) > 8 else "")
     first = stuck[min(stuck)]
     where = f" (in {first.waiting})" if first.waiting else ""
