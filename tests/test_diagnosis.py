@@ -377,6 +377,28 @@ def test_once_the_working_rank_stands_still_too_it_is_a_hang():
     assert hang.cause == "hang" and set(d.hung) == {0, 1}
 
 
+@pytest.mark.parametrize("how", ["stack", "flight recorder"])
+def test_a_busy_rank_that_waits_in_a_collective_itself_is_no_work(how):
+    """Rank 1 hung outside any collective, idle; rank 0 waits for it in an NCCL all-reduce
+    and burns CPU (a CUDA synchronisation spins): a hang, as it always was."""
+    state = announced(2)
+    for rank in (0, 1):
+        state.apply(step_event(rank, 1, None), now=1.0)
+    marks = [protocol.CollectiveMark(pg="0", op="allreduce", started=14, completed=13)]
+    t = 2.0
+    while t <= 30.0:
+        busy = beat(0, int(t * 10), "s", t, waiting="all_reduce" if how == "stack" else None)
+        if how == "flight recorder":
+            busy = msgspec.structs.replace(busy, collectives=marks)
+        state.apply(busy, now=t)
+        state.apply(beat(1, int(t * 10), "h", 1.0), now=t)
+        t += 2.0
+    stuck = stuck_ranks(state, 30.0, 10.0, 10.0)
+    assert set(stuck) == {1} and working_ranks(state, 30.0, stuck) == []
+    (hang,) = Diagnoser(hang_timeout=10).check(state, 30.0)
+    assert hang.cause == "hang"
+
+
 def test_a_rank_whose_beats_stopped_works_only_by_ddptuis_own_cpu_sample():
     """A long call holding the GIL (its heartbeat cannot run): busy by ddptui's sample is
     work; unknown or idle is no evidence of it."""

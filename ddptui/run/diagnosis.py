@@ -387,11 +387,15 @@ def working_ranks(
     they read or write storage), or their beats stopped but ddptui's own sample of their CPU
     (``cpu_percent``) is busy (a long call that holds the GIL). Ranks that wait in a
     collective for one of these are waiting, not hung: a rank-0 checkpoint or evaluation
-    longer than the limit is work. A rank that sends no beats, or whose beats stopped while
-    its CPU is unknown, shows no work: silence is no evidence either way."""
+    longer than the limit is work. A rank that waits in a collective itself is no such rank,
+    busy or not (a CUDA synchronisation spins while an NCCL collective waits for a peer). A
+    rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no work:
+    silence is no evidence either way."""
     working = []
     for rank, view in state.ranks.items():
         if rank in stuck or view.state != "started" or view.beat_at is None:
+            continue
+        if view.in_collective:
             continue
         if now - view.beat_at > BEAT_LATE * beat_s:
             cpu = (cpu_percent or {}).get(rank)
