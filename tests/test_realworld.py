@@ -19,6 +19,7 @@ end is checked from the script's own last line.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -372,10 +373,14 @@ def test_a_killed_rank_fails_the_run_and_is_named(run):
     first = [d for d in summary["diagnoses"] if d["cause"] in ("crash", "oom")]
     assert [d["rank"] for d in first] == [1]
     assert "FAILED: rank 1 was killed by signal SIGKILL" in run.stdout, run.describe()
-    # Noticed at once, not at a timeout: from rank 1's last event (the kill came after it)
-    # to ddptui's exit, the other rank's teardown included.
-    last_seen = max(e["t"] for e in run.events if e["rank"] == 1)
-    assert run.ended - last_seen < 10, f"{run.ended - last_seen:.1f} s to notice and end"
+    # Noticed at once, not at a timeout (60 s here): from the kill (the script prints its time
+    # just before) to ddptui's exit, rank 0's teardown and its Flight Recorder trace included.
+    # 2.6 s on a quiet machine; with this tier's three runs and the other worker's tests at
+    # once, 10.8 s from rank 1's last event was seen, hence 20 (test_launch's spawn case, run
+    # alone, keeps 10 s).
+    log = (run.run_dir / "rank-1.log").read_text()
+    killed_at = float(re.search(r"injecting kill on rank 1 before step \d+ at (\S+)", log)[1])
+    assert run.ended - killed_at < 20, f"{run.ended - killed_at:.1f} s to notice and end"
 
 
 @pytest.mark.parametrize("run_name", ["trainer_raise"])

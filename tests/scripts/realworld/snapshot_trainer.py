@@ -14,6 +14,7 @@ import argparse
 import os
 import signal
 import threading
+import time
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,8 @@ def inject_fault(rank: int, step: int) -> None:
         return
     if step != int(os.environ.get("RW_FAULT_STEP", "1")):
         return
-    print(f"injecting {kind} on rank {rank} before step {step}", flush=True)
+    # the wall time too: a test measures from it how soon the fault was noticed
+    print(f"injecting {kind} on rank {rank} before step {step} at {time.time()!r}", flush=True)
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "raise":
