@@ -494,13 +494,17 @@ def test_a_cuda_loss_is_logged_without_waiting_and_arrives_with_its_value(collec
     x = torch.randn(512, 512, device=device)
     loss = (x @ x).square().mean()
     expected = loss.item()
+    # made before the sleep: a host number copied to the device waits for the GPU
+    scale = torch.tensor(3.0, device=device)
     rep = Reporter(collector.endpoint, "run-1", rank=0)
     try:
-        rep.log(epoch=1, loss=loss, samples=1)  # warm up (pinned allocation, event creation)
+        # warm up with as many device values as the timed call (pinned host allocations: a
+        # new one synchronises with the device, a cached one does not; event creation)
+        rep.log(epoch=1, loss=loss, samples=1, scale=scale)
         rep.flush()
         torch.cuda.synchronize()
         torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time queued ahead of the copy
-        rep.log(epoch=1, loss=loss.detach() * 2, samples=1, scale=torch.tensor(3.0, device=device))
+        rep.log(epoch=1, loss=loss.detach() * 2, samples=1, scale=scale)
         assert len(rep._pending) == 1  # the call returned while the GPU was still busy
         rep.log_eval(
             accuracy=torch.tensor(0.5, device=device), count=torch.tensor(7, device=device)
