@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_scale import simulated_step  # noqa: E402
 
 from ddptui import protocol  # noqa: E402
 from ddptui.run.state import SERIES_LENGTH, RunState  # noqa: E402
@@ -40,22 +43,9 @@ def filled_state(ranks: int, steps: int) -> tuple[RunState, float]:
     began = time.perf_counter()
     for step in range(1, steps + 1):
         for rank in range(ranks):
-            step_time = 0.1 * (1.0 + 0.001 * rank)
-            state.apply(
-                protocol.Step(
-                    run="bench",
-                    rank=rank,
-                    t=step * 0.1,
-                    seq=step - 1,
-                    step=step,
-                    epoch=1 + step // 100,
-                    loss=2.0 / (1 + step / 100) + rank / 1000,
-                    samples=32,
-                    samples_per_s=32 / step_time,
-                    step_time=step_time,
-                ),
-                now=step * 0.1,
-            )
+            fields = simulated_step(rank, step, 0.1)
+            event = protocol.Step(run="bench", rank=rank, t=step * 0.1, seq=step - 1, **fields)
+            state.apply(event, now=step * 0.1)
     return state, time.perf_counter() - began
 
 

@@ -58,6 +58,20 @@ GOAL_CPU = 10.0
 GOAL_P95_MS = 500.0
 
 
+def simulated_step(rank: int, step: int, step_s: float) -> dict:
+    """A simulated rank's step as the benchmarks make it (``bench_charts.py`` too): the ranks
+    a little apart in step time, the loss falling and a little apart, 32 samples a step."""
+    step_time = step_s * (1.0 + 0.001 * rank)
+    return {
+        "step": step,
+        "epoch": 1 + step // 100,
+        "loss": 2.0 / (1 + step / 100) + rank / 1000,
+        "samples": 32,
+        "samples_per_s": 32 / step_time,
+        "step_time": step_time,
+    }
+
+
 # -- a sender: ``count`` simulated ranks from ``first`` -------------------------------------------
 def send(
     endpoint: str,
@@ -117,14 +131,10 @@ def send(
         if time.monotonic() - start > seconds:
             break
         for rank in ranks:
-            step_time = (1 / rate) * (1.0 + 0.001 * rank)
+            fields = simulated_step(rank, step, 1 / rate)
+            step_time = fields["step_time"]
             event = protocol.Step(
-                step=step,
-                epoch=1 + step // 100,
-                loss=2.0 / (1 + step / 100) + rank / 1000,
-                samples=32,
-                samples_per_s=32 / step_time,
-                step_time=step_time,
+                **fields,
                 # Where the step went, as the built-in trainers and the hooks report it.
                 phases={
                     "data": 0.05 * step_time,
