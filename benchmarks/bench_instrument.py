@@ -44,9 +44,11 @@ from bench_telemetry import (  # noqa: E402
     BLOCK_S,
     GOALS,
     Clocks,
+    allocator_line,
     load,
     paired_blocks,
     print_overhead,
+    run_keeping_memory,
     smallcnn_batch,
     smallcnn_step,
     start_collector_process,
@@ -65,11 +67,6 @@ def hooks(on: bool, model: DistributedDataParallel) -> None:
     instrument.uninstall()
     if on:
         instrument.install(force=True).watch(model)
-
-
-#: glibc settings that keep the allocator's memory mapped (no mmap per large block, no trim):
-#: what jemalloc/tcmalloc setups and every GPU step have; the step then takes no page faults.
-KEEP_MEMORY_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
 
 
 def faults() -> int:
@@ -223,10 +220,8 @@ def main() -> None:
         "memory (KEEP_MEMORY_ENV, in a child process), or both (default)",
     )
     opts = parser.parse_args()
-    if opts.allocator == "keep" and any(os.environ.get(k) != v for k, v in KEEP_MEMORY_ENV.items()):
-        # glibc reads its settings at start-up: run again with them
-        env = {**os.environ, **KEEP_MEMORY_ENV}
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    if opts.allocator == "keep":
+        run_keeping_memory()
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -244,11 +239,7 @@ def main() -> None:
             "ms; live collector in another process)"
         )
         if opts.allocator == "keep":
-            print(
-                "(allocator keeping its memory: "
-                + " ".join(f"{k}={v}" for k, v in KEEP_MEMORY_ENV.items())
-                + ")"
-            )
+            print(f"({allocator_line()})")
         overhead(opts.pairs)
         if opts.allocator == "keep":
             return

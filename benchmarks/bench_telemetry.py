@@ -123,6 +123,30 @@ def _collector_proc(endpoint_q, stop_ev):
 GOALS = ((0.010, 1.01), (0.003, 1.03))
 #: Seconds of steps per block: short, so the two arms of a pair see the same machine.
 BLOCK_S = 0.04
+#: glibc settings that keep the allocator's memory mapped (no mmap per large block, no trim):
+#: what jemalloc/tcmalloc setups and every GPU step have; the step then takes no page faults.
+#: Under glibc's default the step time at one batch is bimodal (its mmap threshold moves
+#: with what was freed): the same sizing gave "10 ms" steps of 6.7 ms and of 16 ms.
+KEEP_MEMORY_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
+
+
+def keep_memory() -> bool:
+    """Whether this process runs with :data:`KEEP_MEMORY_ENV`."""
+    return all(os.environ.get(k) == v for k, v in KEEP_MEMORY_ENV.items())
+
+
+def run_keeping_memory() -> None:
+    """Run this command again with :data:`KEEP_MEMORY_ENV` (glibc reads it at start-up)."""
+    if not keep_memory():
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **KEEP_MEMORY_ENV})
+
+
+def allocator_line() -> str:
+    if keep_memory():
+        return "allocator keeping its memory: " + " ".join(
+            f"{k}={v}" for k, v in KEEP_MEMORY_ENV.items()
+        )
+    return "glibc's default allocator"
 
 
 def load() -> str:
@@ -170,22 +194,24 @@ def smallcnn_step(
 
 def smallcnn_batch(make_step: Callable[[int], Callable[[], None]], target_s: float) -> int:
     """The batch size whose step (``make_step(batch)()``) takes about ``target_s``: the
-    fastest of nine timed steps (wall time: a loaded machine stretches some steps, not the
-    fastest), five rounds, as step time is close to linear in the batch but not quite (the
-    allocator's regime changes with the batch's size)."""
+    median of 25 timed steps after 30 untimed ones, five rounds, as step time is close to
+    linear in the batch but not quite (the allocator's regime changes with the batch's size).
+    glibc's default allocator makes the step time bimodal (10 or 16 ms at one batch, as its
+    mmap threshold moves): sized on the fastest of nine steps after twelve, "10 ms" steps
+    took 15-16 ms in the blocks."""
     batch = 32
     for _ in range(5):
         step = make_step(batch)
         # Warm up well: the first steps at a new batch size take page faults (the allocator
         # maps fresh memory) that later steps do not; sizing on them made "10 ms" steps 6.5 ms.
-        for _ in range(12):
+        for _ in range(30):
             step()
         times = []
-        for _ in range(9):
+        for _ in range(25):
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
-        batch = max(1, min(65536, round(batch * target_s / min(times))))
+        batch = max(1, min(65536, round(batch * target_s / statistics.median(times))))
     return batch
 
 
@@ -266,7 +292,8 @@ def bench_training_overhead(pairs: int = 80) -> None:
     torch.manual_seed(0)
     print(
         f"== training step overhead of ddptui.log (SmallCNN, CPU, 1 thread; {pairs} pairs of "
-        f"interleaved blocks of about {BLOCK_S * 1e3:.0f} ms; live collector in another process)"
+        f"interleaved blocks of about {BLOCK_S * 1e3:.0f} ms; live collector in another process; "
+        f"{allocator_line()})"
     )
     endpoint, stop = start_collector_process()
     os.environ[ENDPOINT_ENV] = endpoint
@@ -426,6 +453,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--pairs", type=int, default=80, help="train: pairs of blocks per step size (>= 10)"
     )
+    parser.add_argument(
+        "--allocator",
+        choices=("keep", "default"),
+        default="keep",
+        help="train: an allocator that keeps its memory (KEEP_MEMORY_ENV, the default: a "
+        "steady step time) or glibc's default (page faults at every step, bimodal step times)",
+    )
     opts = parser.parse_args()
     unknown = sorted(set(opts.what) - {"log", "train", "ingest"})
     if unknown:
@@ -433,6 +467,8 @@ if __name__ == "__main__":
     if opts.pairs < 10:
         parser.error("--pairs must be at least 10 (the interval needs them)")
     what = opts.what or ["log", "train", "ingest"]
+    if "train" in what and opts.allocator == "keep":
+        run_keeping_memory()
     if "log" in what:
         bench_log_call()
     if "train" in what:

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import msgspec
@@ -36,30 +37,60 @@ def test_tcp_collector_binds_loopback_on_a_free_port():
         assert not collector.endpoint.endswith(":0")
 
 
-def test_steps_wait_for_a_batch_but_other_events_go_at_once(collector):
+def test_a_step_is_made_and_sent_by_the_sender_thread_within_the_interval(collector, monkeypatch):
+    made_on = []
+    real_make = Reporter._make_steps
+
+    def spy(self):
+        if self._steps:
+            made_on.append(threading.current_thread().name)
+        real_make(self)
+
+    monkeypatch.setattr(Reporter, "_make_steps", spy)
     rep = Reporter(collector.endpoint, "run-1", rank=0)
     try:
-        rep.log(loss=1.0, samples=8)  # started goes at once, the step waits
-        first = drain(collector, 1, timeout=1.0)
-        assert [type(e).__name__ for e in first] == ["Status"]
-        assert collector.poll(0.2) == []
-        rep.log_eval(accuracy=0.5)  # not a step: sends the waiting step along with it
-        second = drain(collector, 2, timeout=2.0)
-    finally:
-        rep.close()
-    assert [type(e).__name__ for e in second] == ["Step", "Eval"]
-
-
-def test_waiting_steps_go_out_after_the_flush_interval(collector):
-    rep = Reporter(collector.endpoint, "run-1", rank=0)
-    try:
-        rep.log(loss=1.0, samples=8)
-        time.sleep(0.06)
-        rep.log(loss=0.5, samples=8)  # the interval has passed: both steps go now
-        events = drain(collector, 3, timeout=2.0)
+        rep.log(loss=1.0, samples=8)  # started goes at once, the step within the interval
+        logged = time.monotonic()
+        assert made_on == []  # nothing made on the caller's thread
+        events = drain(collector, 2, timeout=5.0)
+        took = time.monotonic() - logged
+        rep.log(loss=0.5, samples=8)
+        events += drain(collector, 1, timeout=5.0)
     finally:
         rep.close()
     assert [type(e).__name__ for e in events] == ["Status", "Step", "Step"]
+    assert [e.seq for e in events] == [0, 1, 2]
+    assert made_on == ["ddptui-telemetry", "ddptui-telemetry"]
+    assert took < 2.0  # FLUSH_INTERVAL_S (50 ms) on a quiet machine; no later call needed
+
+
+def test_other_events_go_at_once_after_the_steps_logged_before_them(collector):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep._sender.stop()  # no thread: only the eval can take the step along
+        rep.log(loss=1.0, samples=8)
+        assert [type(e).__name__ for e in drain(collector, 1, timeout=1.0)] == ["Status"]
+        assert collector.poll(0.1) == []
+        rep.log_eval(accuracy=0.5)  # not a step: goes at once, the waiting step first
+        events = drain(collector, 2, timeout=2.0)
+    finally:
+        rep.close()
+    assert [(type(e).__name__, e.seq) for e in events] == [("Step", 1), ("Eval", 2)]
+
+
+def test_steps_piling_up_unsent_are_made_and_sent_on_the_callers_thread(collector, monkeypatch):
+    monkeypatch.setattr("ddptui.rank.reporter.MAX_QUEUED_STEPS", 4)
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep._sender.stop()  # a thread starved of the GIL never drains
+        for i in range(4):
+            rep.log(loss=float(i), samples=8)
+        events = drain(collector, 5, timeout=5.0)
+        assert len(rep._steps) == 0
+    finally:
+        rep.close()
+    assert [e.loss for e in events[1:]] == [0.0, 1.0, 2.0, 3.0]
+    assert [e.seq for e in events] == list(range(5))
 
 
 def test_steps_are_derived_and_delivered_in_order(collector):

@@ -6,10 +6,16 @@ inherited), from ``DDPTUI_ENDPOINT`` (any ZeroMQ endpoint: ``tcp://`` or ``ipc:/
 (``SNDHWM``); when the queue is full the events are dropped and counted (the rank's ``seq``
 numbers show the gap). Closing waits at most ``LINGER`` for queued events to leave.
 
-Step events are batched: they go out together at most every ``FLUSH_INTERVAL_S`` (or when
-``MAX_BATCH_EVENTS`` are waiting), and any other event goes out at once with whatever is
-waiting. Each send wakes ZeroMQ's I/O thread, which costs tens of microseconds when training
-keeps the cores busy; batching makes that a cost per 50 ms instead of per step.
+Step events are batched and made off the step path. ``log`` keeps the step's numbers (read
+at the call: a CPU tensor's value then, its step count, its times) in a queue and returns;
+a sender thread (:class:`ddptui.rank.drainer.Drainer`) makes the events and hands them to
+ZeroMQ together, at most ``FLUSH_INTERVAL_S`` later. Making and sending after a step's
+kernels is cold-cache Python, tens of microseconds each time (a send also wakes ZeroMQ's
+I/O thread); the thread pays that once per batch, mostly while torch's kernels have released
+the GIL. Any other event (an evaluation, an epoch's end, the rank's end, a heartbeat) first
+makes the steps queued before it, so every event keeps its call's order and ``seq``; it
+goes out at once, with whatever is waiting. More than ``MAX_QUEUED_STEPS`` queued steps (a
+thread starved of the GIL) are made and sent on the caller's thread.
 
 **Nobody listening costs nothing.** The socket sets ``IMMEDIATE``: ZeroMQ queues only to a
 peer whose connection has completed, so a dead listener never fills a queue that closing
@@ -41,6 +47,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from ddptui import protocol
@@ -52,14 +59,17 @@ from ddptui.constants import (
     RUN_ID_ENV,
 )
 from ddptui.rank import pending
+from ddptui.rank.drainer import Drainer
 
 #: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
 SEND_HWM = 1_000
 LINGER_MS = 1_000
 #: After a send finds the queue full, drop (and count) without trying for this long.
 FULL_BACKOFF_S = 0.01
-#: Step events wait at most this long (or for the next step after it) before they are sent.
+#: Step events wait at most this long before the sender thread makes and sends them.
 FLUSH_INTERVAL_S = 0.05
+#: Steps queued unmade beyond this are made and sent on the caller's thread.
+MAX_QUEUED_STEPS = 256
 #: Events kept for a peer whose connection has not completed yet (status events: a few more).
 HOLD_EVENTS = 256
 _HOLD_STATUS_EXTRA = 16
@@ -125,6 +135,9 @@ class Reporter:
         self._lock = threading.Lock()
         self._full_until = 0.0  # until then, drop without trying (queue full, or nobody there)
         self._batch: list[protocol.AnyEvent] = []
+        #: Steps logged, not made into events yet (made in order before any other event).
+        self._steps: deque[tuple[Any, ...]] = deque()
+        self._sender: Drainer | None = None  # makes and sends the steps (see _send_steps)
         self._urgent = False  # an event that must not wait for the flush interval is waiting
         self._pending: pending.PendingQueue[protocol.AnyEvent] = pending.PendingQueue(
             PENDING_EVENTS
@@ -132,7 +145,6 @@ class Reporter:
         self._held: list[protocol.AnyEvent] = []  # made before the connection completed
         self._connected = False
         self._created = time.monotonic()
-        self._flushed_at = self._created
         self._socket = None
         self._context = None
         self._before_send: Any = None  # see before_send
@@ -162,6 +174,7 @@ class Reporter:
                 self._context = None
                 return
             self._socket = sock
+            self._sender = Drainer(self._send_steps, FLUSH_INTERVAL_S, "ddptui-telemetry")
             # With IMMEDIATE, POLLOUT means a connection has completed: wait for it once, so
             # the first status goes out at once (a live listener answers within a millisecond).
             self._connected = bool(sock.poll(int(CONNECT_WAIT_S * 1000), zmq.POLLOUT))
@@ -195,6 +208,8 @@ class Reporter:
         if counted and self._before_send is not None:
             self._before_send()  # steps finished before this event go first
         with self._lock:
+            if self._steps:
+                self._make_steps()  # the steps logged before this event go first
             if counted:
                 seq = self._seq
                 self._seq += 1  # a dropped event still takes its number: the gap shows the drop
@@ -224,18 +239,18 @@ class Reporter:
             self._batch.append(event)
             if urgent:
                 self._urgent = True
-        if (
-            self._urgent
-            or now - self._flushed_at >= FLUSH_INTERVAL_S
-            or len(self._batch) >= protocol.MAX_BATCH_EVENTS
-        ):
+        if self._urgent or len(self._batch) >= protocol.MAX_BATCH_EVENTS:
             self._flush(now)
+        elif self._batch or self._pending:
+            self._sender.poke()  # sent by the sender thread within FLUSH_INTERVAL_S
 
     def _drop(self, now: float) -> bool:
         """Drop one event without making it, while the queue is known to be full."""
         if now >= self._full_until:
             return False
         with self._lock:
+            if self._steps:
+                self._make_steps()  # their numbers come before the dropped one's
             self._seq += 1
             self.dropped += 1
         return True
@@ -251,7 +266,6 @@ class Reporter:
 
     def _flush(self, now: float) -> None:
         batch, self._batch = self._batch, []
-        self._flushed_at = now
         self._urgent = False
         if not (batch or self._held) or self._socket is None:
             return
@@ -299,6 +313,8 @@ class Reporter:
         """Send the events still waiting: those in the batch, and those whose device values
         have arrived (an event still waiting for its values stays, with those after it)."""
         with self._lock:
+            if self._steps:
+                self._make_steps()
             if self._pending:
                 self._release(self._pending.pop_ready())
             self._flush(time.monotonic())
@@ -371,8 +387,12 @@ class Reporter:
         )
 
     def close(self) -> None:
+        if self._sender is not None:
+            self._sender.stop()  # outside the lock: a send under way finishes first
         if self._socket is not None:
             with self._lock:
+                if self._steps:
+                    self._make_steps()
                 if self._pending:  # at close it is fine to wait for the device (bounded)
                     self._release(self._pending.drain(pending.DRAIN_TIMEOUT_S))
                 self._full_until = 0.0  # what is left gets its chance
@@ -444,8 +464,11 @@ class Reporter:
         loss: float | None,
     ) -> None:
         """A step that ended at ``now`` (``time.monotonic``) and ``wall`` (``time.time``),
-        logged later (the zero-code instrumentation's steps, sent from its thread)."""
-        self._log_step(now, wall, epoch, samples, None, step_time, None, phases, loss, None)
+        logged later (the zero-code instrumentation's steps, from its drainer thread, which
+        calls :meth:`flush` itself: the sender thread is not woken for them)."""
+        self._log_step(
+            now, wall, epoch, samples, None, step_time, None, phases, loss, None, poke=False
+        )
 
     def _log_step(
         self,
@@ -459,6 +482,7 @@ class Reporter:
         phases: Any,
         loss: Any,
         values: dict[str, Any] | None,
+        poke: bool = True,
     ) -> None:
         if self._socket is None:
             return
@@ -491,25 +515,76 @@ class Reporter:
         read = pending.DeviceRead(device) if device else None
         if self._muted:
             return
-        with self._lock:  # as _send, without its keyword round trip (once per step)
-            seq = self._seq
-            self._seq += 1
-            event = protocol.Step(
-                run=self.run_id,
-                rank=self.rank,
-                t=time.time() if wall is None else wall,
-                seq=seq,
-                attempt=self.attempt,
-                step=self._step,
-                epoch=self._epoch,
-                loss=loss,
-                samples=samples,
-                samples_per_s=samples_per_s,
-                step_time=step_time,
-                metrics=metrics,
-                phases=phases,
+        numbers = (
+            time.time() if wall is None else wall,
+            self._step,
+            self._epoch,
+            loss,
+            samples,
+            samples_per_s,
+            step_time,
+            metrics,
+            phases,
+        )
+        if read is None and not self._pending:
+            # Off the step path: the sender thread makes the event and sends it.
+            steps = self._steps
+            steps.append(numbers)
+            if len(steps) < MAX_QUEUED_STEPS:
+                if poke:
+                    self._sender.poke()  # an attribute test while the thread is awake
+                return
+            with self._lock:  # the thread is starved of the GIL: make and send them here
+                self._make_steps()
+                self._flush(now)
+            return
+        with self._lock:  # device values in flight: the event waits in the pending queue
+            self._steps.append(numbers)
+            self._make_steps()  # those queued before it, then it (the batch's last)
+            self._queue(self._batch.pop(), False, read, now)
+
+    def _make_steps(self) -> None:
+        """With the lock held: make the queued steps into events, in order, into the batch."""
+        steps, batch = self._steps, self._batch
+        run, rank, attempt = self.run_id, self.rank, self.attempt
+        while steps:
+            t, step, epoch, loss, samples, samples_per_s, step_time, metrics, phases = (
+                steps.popleft()
             )
-            self._queue(event, False, read, now)
+            batch.append(
+                protocol.Step(
+                    run=run,
+                    rank=rank,
+                    t=t,
+                    seq=self._seq,
+                    attempt=attempt,
+                    step=step,
+                    epoch=epoch,
+                    loss=loss,
+                    samples=samples,
+                    samples_per_s=samples_per_s,
+                    step_time=step_time,
+                    metrics=metrics,
+                    phases=phases,
+                )
+            )
+            self._seq += 1
+
+    def _send_steps(self) -> bool:
+        """The sender thread's work: make the queued steps, release the events whose device
+        values have arrived, send the batch. Returns whether to stay awake (steps came, or
+        device values are still on the way)."""
+        with self._lock:
+            if self._socket is None:
+                return False
+            if self._steps:
+                self._make_steps()
+            if self._pending:
+                self._release(self._pending.pop_ready())
+            work = bool(self._batch)
+            if work or self._held:
+                self._flush(time.monotonic())
+            return work or bool(self._pending)
 
     def beat(
         self,
