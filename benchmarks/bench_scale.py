@@ -72,6 +72,15 @@ def simulated_step(rank: int, step: int, step_s: float) -> dict:
     }
 
 
+def table_cell(step: int) -> tuple[int, int]:
+    """(epoch, step in epoch) that the rank table shows once a simulated rank has sent every
+    step up to ``step`` (:func:`simulated_step`'s epochs; the table counts the steps of each
+    epoch from 1, as ``RunState`` does)."""
+    epoch = 1 + step // 100
+    first = max(1, 100 * (epoch - 1))  # the epoch's first step
+    return epoch, step - first + 1
+
+
 # -- a sender: ``count`` simulated ranks from ``first`` -------------------------------------------
 def send(
     endpoint: str,
@@ -353,12 +362,10 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
 
         def _record(self, events) -> None:
             super()._record(events)
-            # What the table will show for each rank that stepped: (epoch, step in epoch), as
-            # the state has it now (the event's own step goes on across epochs; the table's
-            # count starts again at each).
-            ranks = {event.rank for event in events if type(event) is protocol.Step}
-            newest = {r: (self.state.ranks[r].epoch or 0, self.state.ranks[r].steps_in_epoch)
-                      for r in ranks}  # fmt: skip
+            # Each rank's newest step in this pump, turned into what the table shows for it
+            # after the run (table_cell): kept cheap, since it runs in the measured process
+            # (reading the state's views here cost 0.4 % of a core at 256 ranks).
+            newest = {event.rank: event.step for event in events if type(event) is protocol.Step}
             if newest:
                 self.arrivals.append((time.monotonic(), newest, len(events)))
 
@@ -565,8 +572,11 @@ def one_run(common: list[str], args: argparse.Namespace, world: int) -> dict | N
     cpu, out = _run(common, args.seconds)
     data = json.loads(out.read_text())
     out.unlink()
-    paints = [(t, {int(r): s for r, s in shown.items()}) for t, shown in data["paints"]]
-    arrivals = [(t, {int(r): s for r, s in newest.items()}, n) for t, newest, n in data["arrivals"]]
+    paints = [(t, {int(r): tuple(s) for r, s in shown.items()}) for t, shown in data["paints"]]
+    arrivals = [
+        (t, {int(r): table_cell(s) for r, s in newest.items()}, n)
+        for t, newest, n in data["arrivals"]
+    ]
     if not arrivals or not paints:
         return None
     first = arrivals[0][0]
