@@ -16,6 +16,8 @@ from ddptui.run.state import RunState
 from ddptui.tui.app import restart_config
 from ddptui.tui.machine import recent_runs
 from ddptui.tui.model import (
+    MIN_BUCKET_S,
+    _add_carried,
     amp_label,
     chart_data,
     device_label,
@@ -64,6 +66,42 @@ def test_global_throughput_sums_ranks_and_carries_slow_ranks_forward():
     assert ys[4] == 150.0  # the slow rank's 50 carried through its silent buckets
     assert ys[-1] == 160.0
     assert global_throughput([[], []], 0.0) == ([], [])
+
+
+_rate = st.one_of(
+    st.floats(min_value=0.0, max_value=1e6),
+    st.sampled_from([0.0, 100.0, math.nan, math.inf]),
+)
+
+
+@given(
+    series=st.lists(
+        st.lists(st.tuples(st.floats(min_value=-5.0, max_value=60.0), _rate), max_size=40),
+        max_size=6,
+    ),
+    start=st.one_of(st.none(), st.floats(min_value=-5.0, max_value=30.0)),
+    max_points=st.sampled_from([1, 3, 17, 240]),
+)
+def test_global_throughput_is_each_ranks_carried_values_summed_bucket_by_bucket(
+    series, start, max_points
+):
+    """The sum kept as each rank's changes equals the definition, summed bucket by bucket
+    (clocks that go back, repeated times, NaN and inf included)."""
+    series = [sorted(s) if i % 2 else s for i, s in enumerate(series)]  # most in time order
+    xs, ys = global_throughput(series, start, max_points)
+    live = [s for s in series if s]
+    if not live:
+        assert (xs, ys) == ([], [])
+        return
+    t0 = start if start is not None else min(s[0][0] for s in live)
+    span = max(max(s[-1][0] for s in live) - t0, 1e-9)
+    buckets = min(max_points, max(1, int(span / MIN_BUCKET_S) + 1))
+    expected = [0.0] * buckets
+    for points in live:
+        _add_carried(expected, points, t0, span / buckets)
+    assert len(xs) == len(ys) == buckets
+    for got, want in zip(ys, expected, strict=True):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-6, nan_ok=True)
 
 
 def test_run_frame_formats_ranks_and_flags_problems():

@@ -19,7 +19,7 @@ MAX_POINTS = 240
 #: Narrowest time bucket of the global throughput chart, in seconds.
 MIN_BUCKET_S = 0.25
 #: Most (time, samples/s) points summed for the global throughput chart, over all ranks.
-THROUGHPUT_POINTS = 32_000
+THROUGHPUT_POINTS = 16_000
 
 
 @dataclass(frozen=True)
@@ -629,22 +629,61 @@ def global_throughput(
     span = max(t1 - t0, 1e-9)
     buckets = min(max_points, max(1, int(span / MIN_BUCKET_S) + 1))
     width = span / buckets
-    totals = [0.0] * buckets
     top = buckets - 1
-    # The hot loop of the charts at scale (256 ranks x 125 points): no calls per point.
+    # A rank's contribution is a step function over the buckets (its latest value, carried
+    # forward to its last report): kept as its changes, each rank costs its points, not the
+    # buckets (the hot loop of the charts at scale, 256 ranks x 62 points x 240 buckets).
+    changes = [0.0] * (buckets + 1)
+    carried = [0.0] * buckets  # ranks whose times go back, or whose values are not finite
     for points in series:
-        values: list[float | None] = [None] * buckets
+        ends: list[tuple[int, float]] = []  # (bucket, the rank's latest value in it)
+        bucket = -1
+        latest = 0.0
         for t, value in points:
             i = int((t - t0) / width)
-            values[top if i > top else 0 if i < 0 else i] = value
-        last_bucket = min(top, max(0, int((points[-1][0] - t0) / width)))
-        first_bucket = min(top, max(0, int((points[0][0] - t0) / width)))
-        carry = None
-        for i in range(first_bucket, last_bucket + 1):
-            value = values[i]
-            if value is not None:
-                carry = value
-            if carry is not None:
-                totals[i] += carry
+            i = top if i > top else 0 if i < 0 else i
+            if i != bucket:
+                if i < bucket:
+                    break  # a clock that went back
+                if bucket >= 0:
+                    ends.append((bucket, latest))
+                bucket = i
+            latest = value
+        else:
+            ends.append((bucket, latest))
+            if sum(v for _, v in ends) * 0.0 == 0.0:  # every value finite (no NaN, no inf)
+                level = 0.0
+                for i, value in ends:
+                    changes[i] += value - level
+                    level = value
+                changes[bucket + 1] -= level
+                continue
+        _add_carried(carried, points, t0, width)
+    totals = []
+    level = 0.0
+    for i in range(buckets):
+        level += changes[i]
+        totals.append(level + carried[i])
     xs = [round((i + 1) * width, 3) for i in range(buckets)]
     return xs, totals
+
+
+def _add_carried(
+    totals: list[float], points: Sequence[tuple[float, float]], t0: float, width: float
+) -> None:
+    """Add one rank's latest value per bucket, carried through buckets where it reported
+    nothing, from its first to its last report, into ``totals`` (one pass over the buckets)."""
+    top = len(totals) - 1
+    values: list[float | None] = [None] * len(totals)
+    for t, value in points:
+        i = int((t - t0) / width)
+        values[top if i > top else 0 if i < 0 else i] = value
+    last_bucket = min(top, max(0, int((points[-1][0] - t0) / width)))
+    first_bucket = min(top, max(0, int((points[0][0] - t0) / width)))
+    carry = None
+    for i in range(first_bucket, last_bucket + 1):
+        value = values[i]
+        if value is not None:
+            carry = value
+        if carry is not None:
+            totals[i] += carry
