@@ -42,6 +42,16 @@ class NoteReporter:
     def notes(self):
         return [fields for cls, fields in self.sent if cls is protocol.Note]
 
+    # the steps the training passes below make are delivered here, and dropped
+    def before_send(self, callback):
+        pass
+
+    def log_step_at(self, *args, **kwargs):
+        pass
+
+    def flush(self):
+        pass
+
 
 @pytest.fixture
 def inst(monkeypatch):
@@ -58,12 +68,25 @@ def sampler(shuffle=True, cls=DistributedSampler, size=10):
     return cls(list(range(size)), num_replicas=2, rank=0, shuffle=shuffle)
 
 
+_WEIGHTS = torch.nn.Linear(1, 1)
+_OPTIMIZER = torch.optim.SGD(_WEIGHTS.parameters(), lr=0.0)
+
+
+def trained(s, n=1):
+    """``n`` passes over ``s``, each feeding a training step (an optimizer step while its pass
+    is the one started last); returns the last pass's order."""
+    for _ in range(n):
+        order = list(s)
+        _OPTIMIZER.step()
+    return order
+
+
 # -- the rank side ---------------------------------------------------------------------------
 def test_a_sampler_passed_twice_without_set_epoch_is_noted_once(inst):
     first, second = sampler(), sampler()
-    orders = [list(first) for _ in range(3)]
+    orders = [trained(first) for _ in range(3)]
     assert orders[0] == orders[1] == orders[2]  # the bug itself: the same order every pass
-    list(second), list(second)  # another one, later: still one note per process
+    trained(second, 2)  # another one, later: still one note per process
     assert inst.fake.notes() == [{"code": "sampler_epoch", "epoch": 0, "passes": 2}]
     assert not inst.disabled
 
@@ -72,11 +95,43 @@ def test_set_epoch_between_passes_is_no_note(inst):
     s = sampler()
     for epoch in range(3):
         s.set_epoch(epoch)
-        list(s)
+        trained(s)
     peeked = sampler()  # set_epoch, then a peek at the first batch, then the epoch
     for epoch in range(2):
         peeked.set_epoch(epoch)
-        next(iter(peeked)), list(peeked)
+        next(iter(peeked)), trained(peeked)
+    assert inst.fake.notes() == []
+
+
+def test_a_peek_then_the_epoch_is_noted_at_the_next_epoch_not_in_the_first(inst):
+    # pytorch/examples' multigpu_torchrun.py: next(iter(loader)) for the batch size, then the
+    # epoch's loop, and never set_epoch. One epoch shuffles once: nothing wrong yet.
+    s = sampler()
+    next(iter(s)), trained(s)
+    assert inst.fake.notes() == []
+    next(iter(s))  # the second epoch's peek: the order of the first again
+    assert inst.fake.notes() == [{"code": "sampler_epoch", "epoch": 0, "passes": 3}]
+
+
+def test_an_evaluation_sampler_iterated_with_grad_enabled_is_no_note(inst):
+    # pytorch/examples' minGPT-ddp trainer: the test loader's DistributedSampler shuffles (the
+    # default) and is never given set_epoch; its loop runs with grad enabled and only each
+    # batch's forward is under set_grad_enabled(False). Its order does not matter: no note.
+    train, test = sampler(), sampler()
+    for epoch in range(1, 4):
+        train.set_epoch(epoch)
+        trained(train)
+        for _ in test:
+            with torch.set_grad_enabled(False):
+                _WEIGHTS(torch.ones(1))
+    assert inst.fake.notes() == []
+    assert not inst.disabled
+
+
+def test_a_sampler_that_fed_no_training_step_is_no_note(inst):
+    # passes that feed no optimizer step (a script's own evaluation, a peek): never judged
+    s = sampler()
+    list(s), list(s), list(s)
     assert inst.fake.notes() == []
 
 
@@ -102,8 +157,8 @@ def test_a_subclass_keeps_working_and_is_judged_too(inst):
             return (i + 100 for i in super().__iter__())
 
     plain, sub = sampler(), sampler(cls=Shifted)
-    assert list(sub) == [i + 100 for i in plain]
-    list(sub)
+    assert trained(sub) == [i + 100 for i in plain]
+    trained(sub)
     assert [n["passes"] for n in inst.fake.notes()] == [2]
 
 
@@ -123,15 +178,16 @@ def test_the_hook_never_raises_into_the_script(inst, monkeypatch):
             self._shuffle = value
 
     flaky = sampler(cls=Flaky)
-    assert sorted(list(flaky)) == sorted(list(sampler()))
+    assert sorted(trained(flaky)) == sorted(list(sampler()))
     assert not inst.disabled  # the script's object misbehaved, not the hooks
 
     def broken():
         raise OSError("no reporter")
 
-    monkeypatch.setattr(reporter, "get_reporter", broken)
     s = sampler()
-    assert list(s) == list(s)  # the second pass reports, and the report fails inside
+    first = trained(s)
+    monkeypatch.setattr(reporter, "get_reporter", broken)
+    assert list(s) == first  # the second pass reports, and the report fails inside
     assert inst.disabled  # an internal error: the hooks stop, the script goes on
     assert len(list(s)) == 5
 

@@ -459,9 +459,13 @@ class Instrument:
         self._eval_start: float | None = None
         self._eval_end: float | None = None
         # DistributedSamplers by id: [weak reference, epoch at its last pass, passes, told
-        # its epoch]; an entry goes with its sampler. Once one note is sent, none is followed.
+        # its epoch, fed a training step]; an entry goes with its sampler. Once one note is
+        # sent, none is followed.
         self._samplers: dict[int, list[Any]] = {}
         self._sampler_noted = False
+        # The entry of the sampler whose pass started last, until a training step marks it
+        # (the sampler that step's batches came from); None once marked.
+        self._last_pass: list[Any] | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, torch: Any) -> None:
@@ -627,7 +631,7 @@ class Instrument:
             ref = weakref.ref(sampler, lambda _, key=key: samplers.pop(key, None))
         except TypeError:
             return None
-        entry = samplers[key] = [ref, None, 0, False]
+        entry = samplers[key] = [ref, None, 0, False, False]
         return entry
 
     def _sampler_told(self, sampler: Any) -> None:
@@ -641,7 +645,10 @@ class Instrument:
 
     def _sampler_pass(self, sampler: Any) -> None:
         """``sampler`` starts a pass: note a shuffling one never told its epoch that starts
-        another pass at the epoch of its previous one (once per process)."""
+        another pass at the epoch of its previous one (once per process), once it has fed a
+        training step. A sampler whose passes feed none (an evaluation loop, which may well
+        run with grad enabled and only its forwards without) shuffles harmlessly."""
+        self._last_pass = None  # another pass started since: the last one fed no step
         try:
             # The script's own sampler (a subclass) may fail here: not ours to judge; its own
             # __iter__ will meet the same attribute.
@@ -656,10 +663,12 @@ class Instrument:
                 return
             previous, entry[1] = entry[1], epoch
             entry[2] += 1
-            if entry[3] or entry[2] < 2 or previous != epoch:
+            self._last_pass = entry
+            if entry[3] or not entry[4] or previous != epoch:
                 return
             self._sampler_noted = True
             self._samplers.clear()  # nothing more to follow
+            self._last_pass = None
             self._send_note(epoch, entry[2])
         except Exception as exc:
             self._fail(exc)
@@ -1107,6 +1116,9 @@ class Instrument:
             samples, self._loader_samples = self._loader_samples, 0
         self._fwd_seen = False
         self._step_start = now
+        if self._last_pass is not None:  # the sampler of the pass started last fed this step
+            self._last_pass[4] = True
+            self._last_pass = None
         active = self._active
         if active:
             watches = self._watches
