@@ -16,6 +16,13 @@ Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
    puts every submodule call on torch's slow path. The ratio of a 64-layer forward with one
    to without.
 
+``--without PART`` measures the step overhead with one part of the instrumentation left out
+(``module``: the DDP forward hooks; ``optimizer``: the optimizer step hooks; ``backward``:
+the ``Tensor.backward`` wrapper; ``collectives``: the collective wrappers; ``delivery``: the
+steps are made but never handed to the reporter), so that where the overhead goes is a
+number, not a guess: a part whose removal leaves the figure where it was costs less than the
+interval shows.
+
 The step overhead is measured twice (``--allocator both``): with glibc's default allocator,
 where SmallCNN's 10 ms step has activations over 32 MB that glibc maps and unmaps at every
 step (hundreds to thousands of page faults per step, printed beside the figure, which make
@@ -60,6 +67,20 @@ from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV  # noqa: E402
 from ddptui.rank import instrument, reporter  # noqa: E402
 from ddptui.rank.net import free_port  # noqa: E402
 from trainers.models import SmallCNN  # noqa: E402
+
+#: What ``--without`` leaves out: the Instrument method made a no-op for it.
+WITHOUT = {
+    "module": "watch",
+    "optimizer": "_attach_optimizer",
+    "backward": "_attach_backward",
+    "collectives": "_attach_collectives",
+    "delivery": "_deliver",
+}
+
+
+def leave_out(part: str) -> None:
+    """Make the instrumentation run without ``part`` (see :data:`WITHOUT`)."""
+    setattr(instrument.Instrument, WITHOUT[part], lambda self, *args, **kwargs: None)
 
 
 def hooks(on: bool, model: DistributedDataParallel) -> None:
@@ -219,7 +240,16 @@ def main() -> None:
         help="the step overhead with glibc's default allocator, with one that keeps its "
         "memory (KEEP_MEMORY_ENV, in a child process), or both (default)",
     )
+    parser.add_argument(
+        "--without",
+        choices=sorted(WITHOUT),
+        help="measure the step overhead with this part of the instrumentation left out "
+        "(with an allocator that keeps its memory; the per-call figures are skipped)",
+    )
     opts = parser.parse_args()
+    if opts.without is not None:
+        opts.allocator = "keep"
+        leave_out(opts.without)
     if opts.allocator == "keep":
         run_keeping_memory()
 
@@ -240,6 +270,8 @@ def main() -> None:
         )
         if opts.allocator == "keep":
             print(f"({allocator_line()})")
+        if opts.without is not None:
+            print(f"(without the {opts.without} part: Instrument.{WITHOUT[opts.without]} a no-op)")
         overhead(opts.pairs)
         if opts.allocator == "keep":
             return
