@@ -399,6 +399,39 @@ def test_a_busy_rank_that_waits_in_a_collective_itself_is_no_work(how):
     assert hang.cause == "hang"
 
 
+@pytest.mark.parametrize("rank1_completed, hang", [(13, False), (12, True)])
+def test_a_flight_recorder_mark_another_rank_completed_is_stale(rank1_completed, hang):
+    """gloo's Flight Recorder left rank 0's last all-reduces started and not completed (#13,
+    completed #11) while rank 0 went on to a long rank-0 save (its stack there, its CPU busy);
+    rank 1 waits in the barrier after it, having completed #13. #13 is done: rank 0 waits in
+    no collective, it works, and rank 1 waits for it (seen in the real-world tier's long_prep
+    run under load: the run was torn down as hung). Had no rank completed #13, rank 0's mark
+    would stand: a rank waiting in a collective is no work."""
+    state = announced(2)
+    for rank in (0, 1):
+        state.apply(step_event(rank, 1, None), now=1.0)
+    mine = [protocol.CollectiveMark(pg="default_pg", op="all_reduce", started=13, completed=11)]
+    theirs = [
+        protocol.CollectiveMark(
+            pg="default_pg", op="barrier", started=14, completed=rank1_completed
+        )
+    ]
+    t = 2.0
+    while t <= 30.0:
+        busy = msgspec.structs.replace(beat(0, int(t * 10), "d0", t * 0.98), collectives=mine)
+        idle = beat(1, int(t * 10), "w", 1.0, waiting="barrier")
+        state.apply(busy, now=t)
+        state.apply(msgspec.structs.replace(idle, collectives=theirs), now=t)
+        t += 2.0
+    stuck = stuck_ranks(state, 30.0, 10.0, 10.0)
+    assert set(stuck) == {1}
+    assert working_ranks(state, 30.0, stuck) == ([] if hang else [0])
+    d = Diagnoser(hang_timeout=10)
+    (found,) = d.check(state, 30.0)
+    assert found.cause == ("hang" if hang else "waiting")
+    assert (d.hang is not None) is hang
+
+
 def test_a_rank_whose_beats_stopped_works_only_by_ddptuis_own_cpu_sample():
     """A long call holding the GIL (its heartbeat cannot run): busy by ddptui's sample is
     work; unknown or idle is no evidence of it."""

@@ -388,14 +388,18 @@ def working_ranks(
     (``cpu_percent``) is busy (a long call that holds the GIL). Ranks that wait in a
     collective for one of these are waiting, not hung: a rank-0 checkpoint or evaluation
     longer than the limit is work. A rank that waits in a collective itself is no such rank,
-    busy or not (a CUDA synchronisation spins while an NCCL collective waits for a peer). A
+    busy or not (a CUDA synchronisation spins while an NCCL collective waits for a peer): its
+    stack is in one, or its Flight Recorder shows one started and not completed that no rank
+    has completed either (one another rank completed is stale on this one, as gloo's marks
+    are while the rank goes on: every rank entered it and nobody waits in it for a peer). A
     rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no work:
     silence is no evidence either way."""
+    done = completed_anywhere(state)
     working = []
     for rank, view in state.ranks.items():
         if rank in stuck or view.state != "started" or view.beat_at is None:
             continue
-        if view.in_collective:
+        if view.waiting or waiting_marks(view.collectives, done):
             continue
         if now - view.beat_at > BEAT_LATE * beat_s:
             cpu = (cpu_percent or {}).get(rank)
@@ -403,6 +407,29 @@ def working_ranks(
                 continue
         working.append(rank)
     return sorted(working)
+
+
+def completed_anywhere(state: Any) -> dict[str, int]:
+    """Per process group, the highest collective number any rank's Flight Recorder completed."""
+    done: dict[str, int] = {}
+    for view in state.ranks.values():
+        for group, _op, _started, completed in view.collectives:
+            if completed is not None and completed > done.get(group, -1):
+                done[group] = completed
+    return done
+
+
+def waiting_marks(collectives: tuple, done: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """A rank's Flight Recorder marks (``(group, op, started, completed)``) of collectives it
+    started and has not completed that no rank completed either (``done``: see
+    :func:`completed_anywhere`), as ``(group, started)``: the ones it may wait in for a peer."""
+    return tuple(
+        (group, started)
+        for group, _op, started, completed in collectives
+        if started is not None
+        and (completed is None or completed < started)
+        and started > done.get(group, -1)
+    )
 
 
 def _waiting_detail(state: Any, stuck: Mapping[int, Stuck], working: list[int]) -> str:

@@ -32,9 +32,11 @@ from ddptui.run.collector import Collector, CollectorStats
 from ddptui.run.diagnosis import (
     Diagnoser,
     Diagnosis,
+    completed_anywhere,
     diagnose_crash,
     diagnoses_for_summary,
     rank_ends,
+    waiting_marks,
 )
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
 from ddptui.run.options import RunConfig
@@ -388,13 +390,10 @@ class RunSession:
             return
         with self._lock:
             live = {r: v for r, v in self.state.ranks.items() if v.state == "started"}
+            done = completed_anywhere(self.state)  # a mark another rank completed is stale
             waits = []
             for rank, view in sorted(live.items()):
-                inside = tuple(
-                    (pg, started)
-                    for pg, _op, started, completed in view.collectives
-                    if started is not None and (completed is None or completed < started)
-                )
+                inside = waiting_marks(view.collectives, done)
                 if not inside or (view.still_for or 0.0) < FLIGHT_WATCH_S:
                     return
                 waits.append((rank, inside))
