@@ -183,18 +183,6 @@ class RankView:
         return max(0.0, self.cpu - self.cpu_since)
 
     @property
-    def in_collective(self) -> bool:
-        """The rank waits in a collective: its main thread's stack is in one, or its Flight
-        Recorder shows one it started and has not completed (an NCCL one the host may wait
-        for elsewhere, spinning in a CUDA synchronisation)."""
-        if self.waiting:
-            return True
-        return any(
-            started is not None and (completed is None or completed < started)
-            for _, _, started, completed in self.collectives
-        )
-
-    @property
     def io_while_still(self) -> int | None:
         """Storage bytes the process read or wrote while it stood still (up to the last beat)."""
         if self.io is None or self.io_since is None:
