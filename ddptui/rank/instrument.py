@@ -458,14 +458,13 @@ class Instrument:
         # an evaluation pass (forwards without grad, or in eval mode) since the last segment
         self._eval_start: float | None = None
         self._eval_end: float | None = None
-        # DistributedSamplers by id: [weak reference, epoch at its last pass, passes, told
-        # its epoch, fed a training step]; an entry goes with its sampler. Once one note is
-        # sent, none is followed.
-        self._samplers: dict[int, list[Any]] = {}
+        # DistributedSamplers by id; an entry goes with its sampler. Once one note is sent,
+        # none is followed.
+        self._samplers: dict[int, _SamplerPasses] = {}
         self._sampler_noted = False
         # The entry of the sampler whose pass started last, until a training step marks it
         # (the sampler that step's batches came from); None once marked.
-        self._last_pass: list[Any] | None = None
+        self._last_pass: _SamplerPasses | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, torch: Any) -> None:
@@ -617,12 +616,12 @@ class Instrument:
 
         self._patch(iterator, "__next__", __next__)
 
-    def _sampler_entry(self, sampler: Any) -> list[Any] | None:
+    def _sampler_entry(self, sampler: Any) -> _SamplerPasses | None:
         """The pass record of ``sampler`` (made on first sight), or None when it cannot be
         followed (not weakly referable, or too many samplers alive)."""
         key = id(sampler)
         entry = self._samplers.get(key)
-        if entry is not None and entry[0]() is sampler:
+        if entry is not None and entry.ref() is sampler:
             return entry
         if len(self._samplers) >= MAX_SAMPLERS:
             return None
@@ -631,7 +630,7 @@ class Instrument:
             ref = weakref.ref(sampler, lambda _, key=key: samplers.pop(key, None))
         except TypeError:
             return None
-        entry = samplers[key] = [ref, None, 0, False, False]
+        entry = samplers[key] = _SamplerPasses(ref)
         return entry
 
     def _sampler_told(self, sampler: Any) -> None:
@@ -639,7 +638,7 @@ class Instrument:
         try:
             entry = self._sampler_entry(sampler)
             if entry is not None:
-                entry[3] = True
+                entry.told = True
         except Exception as exc:
             self._fail(exc)
 
@@ -661,15 +660,15 @@ class Instrument:
             entry = self._sampler_entry(sampler)
             if entry is None:
                 return
-            previous, entry[1] = entry[1], epoch
-            entry[2] += 1
+            previous, entry.epoch = entry.epoch, epoch
+            entry.passes += 1
             self._last_pass = entry
-            if entry[3] or not entry[4] or previous != epoch:
+            if entry.told or not entry.trained or previous != epoch:
                 return
             self._sampler_noted = True
             self._samplers.clear()  # nothing more to follow
             self._last_pass = None
-            self._send_note(epoch, entry[2])
+            self._send_note(epoch, entry.passes)
         except Exception as exc:
             self._fail(exc)
 
@@ -1117,7 +1116,7 @@ class Instrument:
         self._fwd_seen = False
         self._step_start = now
         if self._last_pass is not None:  # the sampler of the pass started last fed this step
-            self._last_pass[4] = True
+            self._last_pass.trained = True
             self._last_pass = None
         active = self._active
         if active:
@@ -1286,6 +1285,20 @@ class Instrument:
             custom[name] = seconds
         else:
             self.phases_ignored += 1
+
+
+class _SamplerPasses:
+    """What the hooks know of one DistributedSampler: a weak reference to it, the epoch at its
+    last pass, its passes, whether it was ever told its epoch, whether it fed a training step."""
+
+    __slots__ = ("ref", "epoch", "passes", "told", "trained")
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+        self.epoch: int | None = None
+        self.passes = 0
+        self.told = False
+        self.trained = False
 
 
 def _resolve(seg: str, nxt: str) -> str:
