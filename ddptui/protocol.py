@@ -108,12 +108,15 @@ MAX_BEAT_GROUPS = 16
 
 class CollectiveMark(msgspec.Struct, kw_only=True, omit_defaults=False):
     """A rank's progress through one process group's collectives (torch's Flight Recorder):
-    the last one it started (its op and sequence number) and the last one that completed."""
+    the last one it started (its op and sequence number) and the last one that completed, on
+    one backend (each backend of a group numbers its collectives itself)."""
 
     pg: ShortText
     op: ShortText | None = None
     started: NonNegInt | None = None
     completed: NonNegInt | None = None
+    #: The recorder's backend (``gloo``, ``nccl``); None from a rank that did not say.
+    backend: ShortText | None = None
 
 
 class Beat(Event, tag="beat"):

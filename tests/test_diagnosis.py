@@ -384,7 +384,9 @@ def test_a_busy_rank_that_waits_in_a_collective_itself_is_no_work(how):
     state = announced(2)
     for rank in (0, 1):
         state.apply(step_event(rank, 1, None), now=1.0)
-    marks = [protocol.CollectiveMark(pg="0", op="allreduce", started=14, completed=13)]
+    marks = [
+        protocol.CollectiveMark(pg="0", op="allreduce", started=14, completed=13, backend="nccl")
+    ]
     t = 2.0
     while t <= 30.0:
         busy = beat(0, int(t * 10), "s", t, waiting="all_reduce" if how == "stack" else None)
@@ -401,19 +403,24 @@ def test_a_busy_rank_that_waits_in_a_collective_itself_is_no_work(how):
 
 @pytest.mark.parametrize("rank1_completed, hang", [(13, False), (12, True)])
 def test_a_flight_recorder_mark_another_rank_completed_is_stale(rank1_completed, hang):
-    """gloo's Flight Recorder left rank 0's last all-reduces started and not completed (#13,
-    completed #11) while rank 0 went on to a long rank-0 save (its stack there, its CPU busy);
-    rank 1 waits in the barrier after it, having completed #13. #13 is done: rank 0 waits in
-    no collective, it works, and rank 1 waits for it (seen in the real-world tier's long_prep
-    run under load: the run was torn down as hung). Had no rank completed #13, rank 0's mark
-    would stand: a rank waiting in a collective is no work."""
+    """A recorder left rank 0's last all-reduces started and not completed (#13, completed
+    #11) while rank 0 went on to a long rank-0 save (its stack there, its CPU busy); rank 1
+    waits in the barrier after it, having completed #13. #13 is done: rank 0 waits in no
+    collective, it works, and rank 1 waits for it (gloo's recorder did this in the real-world
+    tier's long_prep run under load, and the run was torn down as hung; the marks here say
+    NCCL, which is read). Had no rank completed #13, rank 0's mark would stand: a rank
+    waiting in a collective is no work."""
     state = announced(2)
     for rank in (0, 1):
         state.apply(step_event(rank, 1, None), now=1.0)
-    mine = [protocol.CollectiveMark(pg="default_pg", op="all_reduce", started=13, completed=11)]
+    mine = [
+        protocol.CollectiveMark(
+            pg="default_pg", op="all_reduce", started=13, completed=11, backend="nccl"
+        )
+    ]
     theirs = [
         protocol.CollectiveMark(
-            pg="default_pg", op="barrier", started=14, completed=rank1_completed
+            pg="default_pg", op="barrier", started=14, completed=rank1_completed, backend="nccl"
         )
     ]
     t = 2.0
@@ -430,6 +437,39 @@ def test_a_flight_recorder_mark_another_rank_completed_is_stale(rank1_completed,
     (found,) = d.check(state, 30.0)
     assert found.cause == ("hang" if hang else "waiting")
     assert (d.hang is not None) is hang
+
+
+@pytest.mark.parametrize("backend, hang", [("gloo", False), ("nccl", True), (None, True)])
+def test_gloo_marks_are_no_evidence_of_a_wait_even_stale_on_every_rank(backend, hang):
+    """Both ranks' recorders lag at once: rank 0 (busy in a rank-0 save, its stack there)
+    shows all_reduce #13 started, #11 completed; rank 1 (idle in the barrier after it, its
+    stack says so) shows barrier #14 started, #11 completed. No rank shows #13 completed. A
+    gloo wait blocks the thread that called it (it shows on the stack, and the CPU idles),
+    so gloo's marks are not read: rank 0 works. An NCCL mark, or one whose backend a rank
+    did not send, is read as before: rank 0 may be a host spinning in a CUDA sync."""
+    state = announced(2)
+    for rank in (0, 1):
+        state.apply(step_event(rank, 1, None), now=1.0)
+
+    def mark(op, started):
+        return [
+            protocol.CollectiveMark(
+                pg="default_pg", op=op, started=started, completed=11, backend=backend
+            )
+        ]
+
+    t = 2.0
+    while t <= 30.0:
+        busy = beat(0, int(t * 10), "d0", t * 0.98)
+        idle = beat(1, int(t * 10), "w", 1.0, waiting="barrier")
+        state.apply(msgspec.structs.replace(busy, collectives=mark("all_reduce", 13)), now=t)
+        state.apply(msgspec.structs.replace(idle, collectives=mark("barrier", 14)), now=t)
+        t += 2.0
+    stuck = stuck_ranks(state, 30.0, 10.0, 10.0)
+    assert set(stuck) == {1}
+    assert working_ranks(state, 30.0, stuck) == ([] if hang else [0])
+    (found,) = Diagnoser(hang_timeout=10).check(state, 30.0)
+    assert found.cause == ("hang" if hang else "waiting")
 
 
 def test_a_rank_whose_beats_stopped_works_only_by_ddptuis_own_cpu_sample():

@@ -38,6 +38,7 @@ def test_a_rank_that_sleeps_before_a_collective_is_named_with_the_collective(tmp
     # completed) and rank 1's that it had started nothing after #16.
     beats = [e for e in read_events(tmp_path / "sleep-torchrun-2") if e["kind"] == "beat"]
     marks = [(e["rank"], m) for e in beats for m in e["collectives"]]
+    assert marks and all(m["backend"] == "gloo" for _, m in marks), marks  # whose numbers
     assert any(r == 0 and m["started"] == 17 and m["completed"] < 17 for r, m in marks), marks
     assert any(r == 0 and m["op"] == "all_reduce" for r, m in marks), marks
     assert any(r == 1 and m["started"] == 16 for r, m in marks), marks

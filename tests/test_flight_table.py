@@ -6,7 +6,7 @@ from ddptui.run.state import RunState
 from ddptui.tui.model import behind_ranks, collective_cell, run_frame, severity
 
 
-def beat(rank, seq, started, completed, op=None, digest="d0", group="default_pg"):
+def beat(rank, seq, started, completed, op=None, digest="d0", group="default_pg", backend="gloo"):
     return protocol.Beat(
         run="r",
         rank=rank,
@@ -16,7 +16,9 @@ def beat(rank, seq, started, completed, op=None, digest="d0", group="default_pg"
         cpu=1.0,
         frame="main (train.py:9)",
         collectives=[
-            protocol.CollectiveMark(pg=group, op=op, started=started, completed=completed)
+            protocol.CollectiveMark(
+                pg=group, op=op, started=started, completed=completed, backend=backend
+            )
         ],
     )
 
@@ -30,10 +32,14 @@ def announced(world):
 
 
 def test_the_cell_says_the_last_collective_started_and_whether_it_completed():
-    assert collective_cell([("default_pg", "all_reduce", 812, 811)]) == "all_reduce #812 …"
-    assert collective_cell([("default_pg", None, 812, 812)]) == "#812 ✓"
-    two = [("default_pg", None, 5, 5), ("tp", "all_gather", 9, 8)]
+    one = [("default_pg", "all_reduce", 812, 811, "gloo")]
+    assert collective_cell(one) == "all_reduce #812 …"
+    assert collective_cell([("default_pg", None, 812, 812, None)]) == "#812 ✓"
+    two = [("default_pg", None, 5, 5, "gloo"), ("tp", "all_gather", 9, 8, "gloo")]
     assert collective_cell(two) == "default_pg: #5 ✓; tp: all_gather #9 …"
+    # one group on two backends (``cpu:gloo,cuda:nccl``) numbers each apart: both named
+    both = [("default_pg", None, 3, 3, "gloo"), ("default_pg", "all_reduce", 40, 39, "nccl")]
+    assert collective_cell(both) == "default_pg gloo: #3 ✓; default_pg nccl: all_reduce #40 …"
     assert collective_cell([]) == ""
 
 
@@ -72,6 +78,19 @@ def test_groups_are_judged_apart():
         state.apply(beat(0, i + 1, 4, 3, "barrier", group="tp"), now=t)
         state.apply(beat(1, i + 1, 9, 9, group="default_pg"), now=t)
     assert behind_ranks(state) == {}  # rank 1 is not in group tp's progress at all
+
+
+def test_a_groups_backends_are_judged_apart():
+    """One group on gloo and NCCL (``cpu:gloo,cuda:nccl``): each backend numbers its own
+    collectives, so rank 1's gloo #3 is not behind rank 0's NCCL #40."""
+    state = announced(2)
+    for i, t in enumerate((1.0, 3.0, 5.0)):
+        state.apply(beat(0, i + 1, 40, 39, "all_reduce", backend="nccl"), now=t)
+        state.apply(beat(1, i + 1, 3, 3, backend="gloo"), now=t)
+    assert behind_ranks(state) == {}
+    for i, t in enumerate((7.0, 9.0, 11.0)):
+        state.apply(beat(1, i + 4, 39, 39, backend="nccl"), now=t)
+    assert behind_ranks(state) == {1: "behind: at #39 while rank 0 wait(s) in all_reduce #40"}
 
 
 # -- the session's live desync check -------------------------------------------------------

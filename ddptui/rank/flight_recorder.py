@@ -176,8 +176,8 @@ def _status(c10d: Any, backend: str) -> dict:
 
 
 class Progress:
-    """Per process group, the last collective this rank started and the last that completed,
-    for the rank's heartbeat: ``[{"pg", "op", "started", "completed"}, …]``.
+    """Per process group and backend, the last collective this rank started and the last that
+    completed, for the rank's heartbeat: ``[{"pg", "op", "started", "completed", "backend"}, …]``.
 
     The sequence numbers come from torch's ``pg_status`` (a few microseconds). The op costs a
     full dump (milliseconds for 2,000 entries), so it is looked up only for a collective that
@@ -218,6 +218,7 @@ class Progress:
                         "op": op,
                         "started": started,
                         "completed": completed if completed >= 0 else None,
+                        "backend": backend,
                     }
                 )
         self._seen = seen

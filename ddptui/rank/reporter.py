@@ -607,6 +607,7 @@ class Reporter:
                         op=None if mark.get("op") is None else str(mark["op"])[:128],
                         started=_seq_or_none(mark.get("started")),
                         completed=_seq_or_none(mark.get("completed")),
+                        backend=None if mark.get("backend") is None else str(mark["backend"])[:128],
                     )
                 )
             except (AttributeError, TypeError, ValueError):

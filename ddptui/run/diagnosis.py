@@ -389,9 +389,10 @@ def working_ranks(
     collective for one of these are waiting, not hung: a rank-0 checkpoint or evaluation
     longer than the limit is work. A rank that waits in a collective itself is no such rank,
     busy or not (a CUDA synchronisation spins while an NCCL collective waits for a peer): its
-    stack is in one, or its Flight Recorder shows one started and not completed that no rank
-    has completed either (one another rank completed is stale on this one, as gloo's marks
-    are while the rank goes on: every rank entered it and nobody waits in it for a peer). A
+    stack is in one, or its NCCL Flight Recorder shows one started and not completed that no
+    rank has completed either (one another rank completed is stale on this one: every rank
+    entered it and nobody waits in it for a peer). gloo's marks are not read here: a gloo wait
+    shows on the stack, and its marks may lag a rank that went on. A
     rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no work:
     silence is no evidence either way."""
     done = completed_anywhere(state)
@@ -399,7 +400,7 @@ def working_ranks(
     for rank, view in state.ranks.items():
         if rank in stuck or view.state != "started" or view.beat_at is None:
             continue
-        if view.waiting or waiting_marks(view.collectives, done):
+        if view.waiting or waiting_marks(view.collectives, done, spinning=True):
             continue
         if now - view.beat_at > BEAT_LATE * beat_s:
             cpu = (cpu_percent or {}).get(rank)
@@ -409,26 +410,39 @@ def working_ranks(
     return sorted(working)
 
 
-def completed_anywhere(state: Any) -> dict[str, int]:
-    """Per process group, the highest collective number any rank's Flight Recorder completed."""
-    done: dict[str, int] = {}
+def completed_anywhere(state: Any) -> dict[tuple[str, str | None], int]:
+    """Per process group and backend, the highest collective number any rank's Flight Recorder
+    completed."""
+    done: dict[tuple[str, str | None], int] = {}
     for view in state.ranks.values():
-        for group, _op, _started, completed in view.collectives:
-            if completed is not None and completed > done.get(group, -1):
-                done[group] = completed
+        for group, _op, _started, completed, backend in view.collectives:
+            if completed is not None and completed > done.get((group, backend), -1):
+                done[group, backend] = completed
     return done
 
 
-def waiting_marks(collectives: tuple, done: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    """A rank's Flight Recorder marks (``(group, op, started, completed)``) of collectives it
-    started and has not completed that no rank completed either (``done``: see
-    :func:`completed_anywhere`), as ``(group, started)``: the ones it may wait in for a peer."""
+#: Backends whose recorder marks are no evidence that a rank waits in a collective: a gloo
+#: wait blocks the thread that called it, so it shows on the rank's stack and its CPU idles;
+#: only an NCCL wait can hide behind a busy host (a CUDA synchronisation spins). gloo's marks
+#: may also lag the rank (a collective left "started" while the rank went on).
+QUIET_WAIT_BACKENDS = frozenset({"gloo"})
+
+
+def waiting_marks(
+    collectives: tuple, done: Mapping[tuple[str, str | None], int], spinning: bool = False
+) -> tuple[tuple[str, int], ...]:
+    """A rank's Flight Recorder marks (``(group, op, started, completed, backend)``) of
+    collectives it started and has not completed that no rank completed either (``done``: see
+    :func:`completed_anywhere`), as ``(group, started)``: the ones it may wait in for a peer.
+    ``spinning``: only backends whose wait may keep the host busy (not
+    :data:`QUIET_WAIT_BACKENDS`; an unnamed backend counts)."""
     return tuple(
         (group, started)
-        for group, _op, started, completed in collectives
+        for group, _op, started, completed, backend in collectives
         if started is not None
         and (completed is None or completed < started)
-        and started > done.get(group, -1)
+        and started > done.get((group, backend), -1)
+        and not (spinning and backend in QUIET_WAIT_BACKENDS)
     )
 
 

@@ -152,7 +152,8 @@ class RankView:
     still_since: float | None = None
     cpu_since: float | None = None
     io_since: int | None = None
-    #: Per process group: the last collective started (op, #seq) and the last completed.
+    #: Per process group and backend, the last collective started and the last completed:
+    #: ``(group, op, started, completed, backend)`` (see :class:`protocol.CollectiveMark`).
     collectives: tuple = ()
     _digest: str | None = field(default=None, repr=False)
     #: ``typical_step_time`` and the window it was computed from: it is read for every rank
@@ -430,13 +431,13 @@ class RunState:
     def _on_beat(self, view: RankView, ev: protocol.Beat, now: float) -> None:
         if view.state == "pending":
             view.state = "started"  # a beat says the rank is alive, whatever came before
-        marks = tuple((m.pg, m.op, m.started, m.completed) for m in ev.collectives)
+        marks = tuple((m.pg, m.op, m.started, m.completed, m.backend) for m in ev.collectives)
         moved = (
             view.still_since is None
             or ev.digest is None
             or ev.digest != view._digest
             # progress is the sequence numbers; an op or group name filled in later is not
-            or [m[2:] for m in marks] != [m[2:] for m in view.collectives]
+            or [m[2:4] for m in marks] != [m[2:4] for m in view.collectives]
         )
         view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
         view._digest, view.collectives = ev.digest, marks

@@ -238,14 +238,17 @@ BEHIND_AFTER_S = 2.0
 
 def collective_cell(marks: Sequence[tuple]) -> str:
     """``all_reduce #812 …`` (started, not completed) or ``#811 ✓`` (completed), per process
-    group (named when there are several); marks are ``(group, op, started, completed)``."""
+    group (named when there are several, with its backend when a group has two); marks are
+    ``(group, op, started, completed, backend)``."""
     parts = []
-    for group, op, started, completed in marks:
+    groups = [m[0] for m in marks]
+    for group, op, started, completed, backend in marks:
         if started is None:
             continue
         done = completed is not None and completed >= started
         name = f"{op} #{started}" if op else f"#{started}"
-        prefix = f"{group}: " if len(marks) > 1 else ""
+        label = f"{group} {backend}" if backend and groups.count(group) > 1 else group
+        prefix = f"{label}: " if len(marks) > 1 else ""
         parts.append(f"{prefix}{name} {'✓' if done else '…'}")
     return "; ".join(parts)
 
@@ -255,22 +258,26 @@ def behind_ranks(state: RunState) -> dict[int, str]:
     :data:`BEHIND_AFTER_S`), per process group: rank -> ``behind: …`` (a rank table problem).
     From the heartbeats' Flight Recorder progress; ranks without it are left out."""
     live = {r: v for r, v in state.ranks.items() if v.state == "started" and v.collectives}
-    waits: dict[str, dict[int, tuple[int, str | None]]] = {}
+    waits: dict[tuple[str, str | None], dict[int, tuple[int, str | None]]] = {}
     for rank, view in live.items():
         if (view.still_for or 0.0) < BEHIND_AFTER_S:
             continue
-        for group, op, started, completed in view.collectives:
+        for group, op, started, completed, backend in view.collectives:
             if started is not None and (completed is None or completed < started):
-                waits.setdefault(group, {})[rank] = (started, op)
+                waits.setdefault((group, backend), {})[rank] = (started, op)
     out: dict[int, str] = {}
-    for group, waiting in waits.items():
+    for (group, backend), waiting in waits.items():
         top = max(seq for seq, _ in waiting.values())
         holders = sorted(r for r, (seq, _) in waiting.items() if seq == top)
         op = next((o for r, (s_, o) in waiting.items() if s_ == top and o), None)
         what = f"{op} #{top}" if op else f"#{top}"
         who = ("rank " if len(holders) == 1 else "ranks ") + ", ".join(map(str, holders))
         for rank, view in live.items():
-            mine = [m for m in view.collectives if m[0] == group and m[2] is not None]
+            mine = [
+                m
+                for m in view.collectives
+                if m[0] == group and m[4] == backend and m[2] is not None
+            ]
             if mine and mine[0][2] < top and rank not in out:
                 out[rank] = f"behind: at #{mine[0][2]} while {who} wait(s) in {what}"
     return out
