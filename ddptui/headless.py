@@ -68,7 +68,7 @@ def progress_line(state: RunState, now: float) -> str:
     parts = [
         f"[{fmt_duration(state.elapsed(now)):>6}]",
         f"epoch {epochs}",
-        fmt_rate(state.global_samples_per_s(), state.samples_counted),
+        fmt_rate(state.global_samples_per_s(now), state.samples_counted),
         f"loss {fmt_num(state.mean_loss)}",
         f"acc {fmt_num(last.accuracy if last else None)}",
         f"ETA {fmt_duration(state.eta(now))}",
@@ -132,7 +132,7 @@ class HeadlessConsole:
                 self.line(
                     f"epoch {event.epoch}{epochs}  accuracy {fmt_num(event.accuracy)}"
                     f"{count}  eval loss {fmt_num(event.loss)}  "
-                    f"{fmt_rate(state.global_samples_per_s(), state.samples_counted)}  "
+                    f"{fmt_rate(state.global_samples_per_s(now), state.samples_counted)}  "
                     f"elapsed {fmt_duration(state.elapsed(now))}"
                 )
 

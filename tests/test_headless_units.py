@@ -71,9 +71,12 @@ def test_progress_line_shows_throughput_loss_accuracy_and_problems():
     state = RunState("r", 2, epochs=2)
     state.apply(step(0, 0, 1, sps=1200.0), now=0.0)
     state.apply(step(1, 0, 1, sps=800.0), now=0.0)
-    line = progress_line(state, now=10.0)
+    line = progress_line(state, now=1.0)
     assert "epoch 1/2" in line and "2,000 samples/s" in line and "loss 0.2500" in line
+    line = progress_line(state, now=10.0)
     assert "rank 0 silent" in line and "rank 1 silent" in line
+    # no step for 10 s (0.1 s steps): the rate is what the ranks kept up, not their last
+    assert "25 samples/s" in line
 
 
 def test_a_run_whose_ranks_count_no_samples_shows_no_rate_rather_than_zero():

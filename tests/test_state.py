@@ -1,7 +1,10 @@
+import msgspec
 import pytest
 
 from ddptui import protocol
+from ddptui.headless import progress_line
 from ddptui.run.state import RankFailureInfo, RunState
+from ddptui.tui.model import run_frame
 
 
 def ev(cls, rank=0, seq=0, t=0.0, **fields):
@@ -60,6 +63,64 @@ def test_global_throughput_sums_live_ranks(rates, expected):
         s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"))
         s.apply(step(rank, 1, 1, 0.1, sps=rate))
     assert s.global_samples_per_s() == expected
+
+
+def stepping(ranks=(0, 1), steps=40, step_time=0.07, samples=32):
+    """Ranks that stepped every ``step_time`` s up to t = steps * step_time, as a dashboard
+    receives them (applied at arrival)."""
+    s = RunState("r", len(ranks))
+    for rank in ranks:
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+    for i in range(1, steps + 1):
+        t = i * step_time
+        for rank in ranks:
+            event = step(rank, i, i, t, samples=samples, step_time=step_time)
+            s.apply(msgspec.structs.replace(event, samples_per_s=samples / step_time), now=t)
+    return s, steps * step_time
+
+
+def test_throughput_is_the_latest_rate_while_steps_keep_coming():
+    s, last = stepping()
+    rate = 2 * 32 / 0.07
+    for later in (0.0, 0.2, 1.0, 2.0):  # batched arrival, a refresh between two steps
+        assert s.global_samples_per_s(last + later) == pytest.approx(rate)
+    assert s.global_samples_per_s() == pytest.approx(rate)  # no clock: the latest
+
+
+def test_a_pause_beyond_the_grace_decays_the_throughput_to_what_was_kept_up():
+    """nanoGPT's rank 0 evaluates for 20 s (rank 1 waits for it in its next all-reduce): no
+    samples are trained, and the figure says so instead of the last step's 914 samples/s."""
+    s, last = stepping()
+    rate = 2 * 32 / 0.07
+    assert s.global_samples_per_s(last + 2.5) == pytest.approx(rate * 0.07 / 0.57)
+    paused = s.global_samples_per_s(last + 22.0)
+    assert paused == pytest.approx(rate * 0.07 / 20.07) and paused < 4
+    frame = run_frame(s, last + 22.0)
+    assert [r.samples_per_s for r in frame.rows] == ["2", "2"]
+    assert "3 samples/s" in frame.summary
+    assert "3 samples/s" in progress_line(s, last + 22.0)
+    # a step again: the rate is the step's
+    for rank in (0, 1):
+        event = step(rank, 41, 41, last + 22.0, samples=32, step_time=0.07)
+        s.apply(msgspec.structs.replace(event, samples_per_s=32 / 0.07), now=last + 22.0)
+    assert s.global_samples_per_s(last + 22.1) == pytest.approx(rate)
+
+
+def test_the_grace_follows_a_slow_ranks_own_step_time():
+    """Steps of 5 s are no pause 10 s after the last one (three of its steps: 15 s)."""
+    s, last = stepping(steps=6, step_time=5.0)
+    assert s.global_samples_per_s(last + 10.0) == pytest.approx(2 * 32 / 5.0)
+    assert s.global_samples_per_s(last + 25.0) < 2 * 32 / 5.0
+
+
+def test_an_ended_run_shows_its_last_rates_not_a_decayed_one():
+    s, last = stepping()
+    for rank in (0, 1):
+        s.apply(ev(protocol.Status, rank, 99, last, state="finished"), now=last)
+    s.finished_at, s.outcome = last, "finished"
+    frame = run_frame(s, last + 60.0)
+    assert [r.samples_per_s for r in frame.rows] == ["457", "457"]
+    assert "914 samples/s at the end" in frame.summary
 
 
 def test_finished_rank_no_longer_counts_towards_throughput():

@@ -174,11 +174,13 @@ def run_frame(state: RunState, now: float) -> RunFrame:
             problem = view.error or "failed"
         step = f"{view.epoch if view.epoch is not None else '-'}/{view.steps_in_epoch}"
         shown_state = view.activity
+        # Live: what the rank keeps up at present (a pause decays it); ended: its last rate.
+        rate = view.samples_per_s if state.outcome else view.rate_at(now)
         rows.append(
             RankRow(
                 node=view.node,
                 step_time_s=view.typical_step_time or view.step_time,
-                samples_per_s_value=view.samples_per_s if view.state == "started" else None,
+                samples_per_s_value=rate if view.state == "started" else None,
                 loss_value=view.loss,
                 rank=rank,
                 pid=str(view.pid) if view.pid is not None else "--",
@@ -186,7 +188,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 device=view.device or "--",
                 epoch_step=step,
                 loss=fmt_num(view.loss),
-                samples_per_s=fmt_num(view.samples_per_s, ",.0f"),
+                samples_per_s=fmt_num(rate, ",.0f"),
                 step_time=_ms(view.step_time),
                 last_seen=_ago(seen_at, view.last_seen),
                 state=shown_state,
@@ -201,7 +203,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     # would say nothing about the run).
     counted = state.samples_counted
     rate = (
-        fmt_rate(state.global_samples_per_s(), counted)
+        fmt_rate(state.global_samples_per_s(now), counted)
         if state.outcome is None
         else f"{fmt_rate(state.final_samples_per_s(), counted)} at the end"
     )
