@@ -21,7 +21,10 @@ Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
 the ``Tensor.backward`` wrapper; ``collectives``: the collective wrappers; ``delivery``: the
 steps are made but never handed to the reporter), so that where the overhead goes is a
 number, not a guess: a part whose removal leaves the figure where it was costs less than the
-interval shows.
+interval shows. It may be repeated; ``--without all`` leaves every part out, so that what is
+left is the cost of installing the instrumentation at all (its threads, its socket). The parts'
+figures do not add up: without the optimizer hooks no step ends, so the gradient hooks never
+learn the last parameter and stay on every parameter.
 
 The step overhead is measured twice (``--allocator both``): with glibc's default allocator,
 where SmallCNN's 10 ms step has activations over 32 MB that glibc maps and unmaps at every
@@ -242,14 +245,18 @@ def main() -> None:
     )
     parser.add_argument(
         "--without",
-        choices=sorted(WITHOUT),
+        action="append",
+        choices=[*sorted(WITHOUT), "all"],
         help="measure the step overhead with this part of the instrumentation left out "
-        "(with an allocator that keeps its memory; the per-call figures are skipped)",
+        "(repeatable; all: every part, so that what is left is installing it at all; with "
+        "an allocator that keeps its memory; the per-call figures are skipped)",
     )
     opts = parser.parse_args()
-    if opts.without is not None:
+    if opts.without:
         opts.allocator = "keep"
-        leave_out(opts.without)
+        opts.without = sorted(WITHOUT) if "all" in opts.without else sorted(set(opts.without))
+        for part in opts.without:
+            leave_out(part)
     if opts.allocator == "keep":
         run_keeping_memory()
 
@@ -270,8 +277,9 @@ def main() -> None:
         )
         if opts.allocator == "keep":
             print(f"({allocator_line()})")
-        if opts.without is not None:
-            print(f"(without the {opts.without} part: Instrument.{WITHOUT[opts.without]} a no-op)")
+        if opts.without:
+            parts = ", ".join(f"{part} (Instrument.{WITHOUT[part]})" for part in opts.without)
+            print(f"(without {parts}: made no-ops)")
         overhead(opts.pairs)
         if opts.allocator == "keep":
             return
