@@ -877,3 +877,27 @@ def test_median_shares_follow_the_sliding_window():
             expected = {p: statistics.median(s[p] for s in shown) for p in PHASES}
             assert h.median_shares(3) == expected
     assert PhaseHistory(window=0).median_shares(0) == dict.fromkeys(PHASES, 0.0)
+
+
+def test_a_reader_that_accepts_old_medians_takes_the_last_ones_computed_within_its_bound():
+    """The phase bars accept medians up to a second old: those the straggler rule computed a
+    moment before, not a sort of every rank's window again; a strict reader (the straggler
+    rule) always gets the window as it is, and an old enough cache is computed anew."""
+    from ddptui.constants import PHASES
+
+    now = [100.0]
+    h = PhaseHistory(window=3, clock=lambda: now[0])
+    h.add(0, {"forward": 1.0})
+    first = h.median_shares(0)
+    assert first["forward"] == 1.0
+    now[0] += 0.5
+    h.add(0, {"backward": 1.0})
+    h.add(0, {"backward": 1.0})
+    assert h.median_shares(0, max_age=1.0) == first  # computed 0.5 s ago: good enough
+    assert h.median_shares(0)["backward"] == 1.0  # strict: the window as it is
+    now[0] += 0.2
+    h.add(0, {"comm": 1.0})
+    assert h.median_shares(0, max_age=1.0)["backward"] == 1.0  # 0.2 s old
+    now[0] += 2.0
+    assert h.median_shares(0, max_age=1.0) == {**dict.fromkeys(PHASES, 0.0), "backward": 1.0}
+    assert h.median_shares(0, max_age=1.0) == h.median_shares(0)

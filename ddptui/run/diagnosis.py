@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,15 +96,19 @@ HOST_SHARE = 0.6
 class PhaseHistory:
     """The built-in phase shares of each rank's recent steps (a bounded window per rank)."""
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, clock: Callable[[], float] = time.monotonic) -> None:
         self.window = window
+        self.clock = clock
         #: Per rank, its window: one tuple of shares per step, in :data:`PHASES` order.
         self._shares: dict[int, deque[tuple[float, ...]]] = {}
-        #: Per rank, its medians in :data:`PHASES` order, until its window changes. Steps come
-        #: in far more often than medians are read (256 ranks at 10 steps/s is 2,560 steps a
-        #: second; the phase bars and the straggler rule read every rank about once a second),
-        #: so a step only appends and a read sorts the window's columns, once per change.
-        self._medians: dict[int, tuple[float, ...]] = {}
+        #: Per rank, its medians in :data:`PHASES` order and when they were computed. Steps
+        #: come in far more often than medians are read (256 ranks at 10 steps/s is 2,560
+        #: steps a second; the phase bars and the straggler rule read every rank about once a
+        #: second), so a step only appends (and marks the rank in :attr:`_changed`) and a read
+        #: sorts the window's columns, once per change; a reader that accepts medians a little
+        #: old (the bars) takes the straggler rule's, computed a moment before.
+        self._medians: dict[int, tuple[tuple[float, ...], float]] = {}
+        self._changed: set[int] = set()
         #: Each rank's latest phases as received (built-in and custom), for display.
         self.latest: dict[int, dict[str, float]] = {}
 
@@ -121,7 +126,7 @@ class PhaseHistory:
         if window is None:
             window = self._shares[rank] = deque(maxlen=self.window)
         window.append(tuple([value / total for value in seconds]))
-        self._medians.pop(rank, None)
+        self._changed.add(rank)
 
     def steps(self, rank: int) -> int:
         return len(self._shares.get(rank, ()))
@@ -129,16 +134,22 @@ class PhaseHistory:
     def ranks(self) -> list[int]:
         return sorted(self._shares)
 
-    def median_shares(self, rank: int) -> dict[str, float]:
-        """Median share of the step per built-in phase over the window."""
-        medians = self._medians.get(rank)
-        if medians is None:
-            window = self._shares.get(rank)
-            if not window:
-                return dict.fromkeys(PHASES, 0.0)
-            columns = zip(*window, strict=True)  # every step's tuple has one share per phase
-            medians = tuple(_median_of_sorted(sorted(column)) for column in columns)
-            self._medians[rank] = medians
+    def median_shares(self, rank: int, max_age: float | None = None) -> dict[str, float]:
+        """Median share of the step per built-in phase over the window: of the window as it
+        is, or (``max_age``) as it was at most that many seconds ago, when computed then."""
+        cached = self._medians.get(rank)
+        if cached is not None and (
+            rank not in self._changed
+            or (max_age is not None and self.clock() - cached[1] <= max_age)
+        ):
+            return dict(zip(PHASES, cached[0], strict=True))
+        window = self._shares.get(rank)
+        if not window:
+            return dict.fromkeys(PHASES, 0.0)
+        columns = zip(*window, strict=True)  # every step's tuple has one share per phase
+        medians = tuple(_median_of_sorted(sorted(column)) for column in columns)
+        self._medians[rank] = (medians, self.clock())
+        self._changed.discard(rank)
         return dict(zip(PHASES, medians, strict=True))
 
 

@@ -26,6 +26,8 @@ PHASE_STYLES = {
 }
 #: Ranks drawn at most (the ones waiting least in communication first: the likely culprits).
 MAX_BARS = 8
+#: How old the medians a bar shows may be (s): the straggler rule's, from its last check.
+BARS_MAX_AGE_S = 1.0
 #: Diagnosis lines shown at most (the newest).
 MAX_DIAGNOSES = 3
 
@@ -37,7 +39,9 @@ def phase_bars(state: RunState, width: int = 40, max_bars: int = MAX_BARS) -> Te
     ranks = history.ranks()
     if not ranks:
         return Text()
-    shares = {rank: history.median_shares(rank) for rank in ranks}
+    # Medians up to a second old will do for the bars: the straggler rule computed them
+    # (every rank's, once a second) a moment ago, and the bars are redrawn once a second.
+    shares = {rank: history.median_shares(rank, max_age=BARS_MAX_AGE_S) for rank in ranks}
     shown = sorted(ranks, key=lambda r: (shares[r]["comm"], r))[:max_bars]
     text = Text("phases  ")
     for phase in PHASES:
