@@ -113,14 +113,29 @@ def test_the_grace_follows_a_slow_ranks_own_step_time():
     assert s.global_samples_per_s(last + 25.0) < 2 * 32 / 5.0
 
 
-def test_an_ended_run_shows_its_last_rates_not_a_decayed_one():
+def test_an_ended_run_shows_its_mean_rates_over_its_steps_not_the_last_or_a_decayed_one():
+    """40 steps of 70 ms, then a last step that held a 20 s evaluation (nanoGPT's): its rate
+    (1.6 samples/s a rank) says nothing about the run; the mean over the steps does, the
+    evaluation's time counted."""
     s, last = stepping()
     for rank in (0, 1):
-        s.apply(ev(protocol.Status, rank, 99, last, state="finished"), now=last)
-    s.finished_at, s.outcome = last, "finished"
-    frame = run_frame(s, last + 60.0)
-    assert [r.samples_per_s for r in frame.rows] == ["457", "457"]
-    assert "914 samples/s at the end" in frame.summary
+        event = step(rank, 41, 41, last + 20.0, samples=32, step_time=20.0)
+        s.apply(msgspec.structs.replace(event, samples_per_s=32 / 20.0), now=last + 20.0)
+        s.apply(ev(protocol.Status, rank, 99, last + 20.0, state="finished"), now=last + 20.0)
+    s.finished_at, s.outcome = last + 20.0, "finished"
+    frame = run_frame(s, last + 80.0)
+    mean = 41 * 32 / (40 * 0.07 + 20.0)  # 57.5 samples/s a rank
+    assert [r.samples_per_s for r in frame.rows] == [f"{mean:.0f}"] * 2
+    assert s.final_samples_per_s() == pytest.approx(2 * mean)
+    assert frame.summary.startswith(f"{2 * mean:,.0f} samples/s over the run")
+
+
+def test_a_rank_whose_steps_say_no_time_ends_with_its_last_rate():
+    s = RunState("r", 1)
+    s.apply(ev(protocol.Status, 0, 0, 0.0, state="started"), now=0.0)
+    event = step(0, 1, 1, 0.1, samples=10, sps=100.0)
+    s.apply(msgspec.structs.replace(event, step_time=None), now=0.1)
+    assert s.ranks[0].rate_over_run() == 100.0 and s.final_samples_per_s() == 100.0
 
 
 def test_finished_rank_no_longer_counts_towards_throughput():

@@ -251,10 +251,13 @@ def test_replay_of_a_finished_run_has_its_accuracy():
     source = ReplaySource.load(FINISHED_RUN)
     assert source.state.status == "finished"
     assert source.state.last_eval.accuracy == pytest.approx(0.975)
-    # no rank runs any more: the header gives the ranks' last rates, and says so
+    # no rank runs any more: the header gives the ranks' mean rates over their steps (their
+    # samples over their step times), and says so
     summary = run_frame(source.state, source.now()).summary
-    last = sum(v.samples_per_s or 0.0 for v in source.state.ranks.values())
-    assert last > 0 and summary.startswith(f"{last:,.0f} samples/s at the end"), summary
+    views = source.state.ranks.values()
+    mean = sum(v.samples_timed / v.time_stepping for v in views)
+    assert all(v.time_stepping > 0 for v in views)
+    assert mean > 0 and summary.startswith(f"{mean:,.0f} samples/s over the run"), summary
 
 
 def test_restart_keeps_options_with_a_new_id_and_directory(tmp_path):

@@ -119,6 +119,10 @@ class RankView:
     samples_total: int = 0
     samples_per_s: float | None = None
     step_time: float | None = None
+    #: The steps that said how long they took: their samples and their time, summed over the
+    #: run (every attempt), for the rank's mean rate once the run has ended.
+    samples_timed: int = 0
+    time_stepping: float = 0.0
     last_seen: float | None = None
     last_seq: int = -1
     events: int = 0
@@ -194,6 +198,14 @@ class RankView:
         if self.io is None or self.io_since is None:
             return None
         return max(0, self.io - self.io_since)
+
+    def rate_over_run(self) -> float | None:
+        """The rank's mean samples/s over its steps: their samples over their summed step
+        times (a step that held an evaluation counts with its time); its latest rate when no
+        step said how long it took."""
+        if self.samples_timed and self.time_stepping > 0.0:
+            return self.samples_timed / self.time_stepping
+        return self.samples_per_s
 
     def rate_at(self, now: float | None) -> float | None:
         """Samples/s at ``now``: the latest step's rate while steps keep coming; once the rank
@@ -425,6 +437,8 @@ class RunState:
         if ev.step_time is not None:
             view.step_time = ev.step_time
             view.recent_step_times.append(ev.step_time)
+            view.time_stepping += ev.step_time
+            view.samples_timed += ev.samples
         phases = getattr(ev, "phases", None)
         if phases:
             view.phases = phases
@@ -548,8 +562,10 @@ class RunState:
         )
 
     def final_samples_per_s(self) -> float:
-        """Sum of every rank's last throughput, whatever its state: for a run that ended."""
-        return sum(v.samples_per_s or 0.0 for v in self.ranks.values())
+        """Sum of every rank's mean throughput over its steps (see
+        :meth:`RankView.rate_over_run`), whatever its state: for a run that ended. The last
+        step's rate says little then (nanoGPT's last step holds a 20 s evaluation)."""
+        return sum(v.rate_over_run() or 0.0 for v in self.ranks.values())
 
     @property
     def samples_total(self) -> int:

@@ -174,8 +174,8 @@ def run_frame(state: RunState, now: float) -> RunFrame:
             problem = view.error or "failed"
         step = f"{view.epoch if view.epoch is not None else '-'}/{view.steps_in_epoch}"
         shown_state = view.activity
-        # Live: what the rank keeps up at present (a pause decays it); ended: its last rate.
-        rate = view.samples_per_s if state.outcome else view.rate_at(now)
+        # Live: what the rank keeps up at present (a pause decays it); ended: its mean rate.
+        rate = view.rate_over_run() if state.outcome else view.rate_at(now)
         rows.append(
             RankRow(
                 node=view.node,
@@ -199,13 +199,13 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         )
         devices[rank] = (view.pid, view.device_uuid)
     last = state.last_eval
-    # Live: the ranks' current rates. Ended: their last ones (no rank runs, so "0 samples/s"
-    # would say nothing about the run).
+    # Live: the ranks' current rates. Ended: their means over the run (no rank runs, so
+    # "0 samples/s" would say nothing about the run, and the last step's rate little).
     counted = state.samples_counted
     rate = (
         fmt_rate(state.global_samples_per_s(now), counted)
         if state.outcome is None
-        else f"{fmt_rate(state.final_samples_per_s(), counted)} at the end"
+        else f"{fmt_rate(state.final_samples_per_s(), counted)} over the run"
     )
     parts = [
         rate,
