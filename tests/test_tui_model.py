@@ -68,6 +68,63 @@ def test_global_throughput_sums_ranks_and_carries_slow_ranks_forward():
     assert global_throughput([[], []], 0.0) == ([], [])
 
 
+def paused_run(before: int, after: int, step: float = 0.07, pause: float = 20.0) -> RunState:
+    """Two ranks stepping every ``step`` s, ``before`` steps, a pause of ``pause`` s (rank 0
+    evaluates; nanoGPT), then ``after`` steps."""
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        status = protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started")
+        state.apply(status, now=0.0)
+    state.started_at = 0.0
+    t = 0.0
+    for i in range(1, before + after + 1):
+        t += step + (pause if i == before + 1 else 0.0)
+        for rank in (0, 1):
+            event = protocol.Step(
+                run="r",
+                rank=rank,
+                t=t,
+                seq=i,
+                step=i,
+                samples=32,
+                step_time=step,
+                samples_per_s=32 / step,
+            )
+            state.apply(event, now=t)
+    return state
+
+
+@pytest.mark.parametrize("before, after", [(40, 40), (1500, 400)])
+def test_the_throughput_chart_draws_a_pause_as_no_throughput(before, after):
+    """During a pause (a rank-0 evaluation) the ranks train nothing: the chart says 0 there,
+    not the last rate carried through, also when the series are thinned (1,900 steps: the
+    step that ended the pause is not among the points kept)."""
+    state = paused_run(before, after)
+    xs, ys = chart_data(state).throughput
+    rate = 2 * 32 / 0.07
+    end_before = before * 0.07
+    grace = 2.0  # RATE_GRACE_S: 3 steps of 70 ms are less
+    inside = [
+        y for x, y in zip(xs, ys, strict=True) if end_before + grace + 1 < x < end_before + 20
+    ]
+    around = [
+        y
+        for x, y in zip(xs, ys, strict=True)
+        if end_before - 1 < x < end_before + grace - 0.5 or end_before + 21 < x < end_before + 22
+    ]
+    assert inside and all(y == 0.0 for y in inside), inside
+    assert around and all(y == pytest.approx(rate) for y in around), around
+    assert len(state.ranks[0].pauses) == 1
+
+
+def test_no_pause_in_a_run_whose_steps_keep_coming_slowly():
+    """5 s steps: a 5 s gap between two is no pause (three of its steps are the grace)."""
+    state = paused_run(10, 0, step=5.0, pause=0.0)
+    assert not state.ranks[0].pauses
+    xs, ys = chart_data(state).throughput
+    assert all(y == pytest.approx(2 * 32 / 5.0) for y in ys[len(ys) // 10 :])
+
+
 _rate = st.one_of(
     st.floats(min_value=0.0, max_value=1e6),
     st.sampled_from([0.0, 100.0, math.nan, math.inf]),

@@ -139,6 +139,12 @@ class RankView:
     sps_series: deque[tuple[float, float]] = field(
         default_factory=lambda: deque(maxlen=SERIES_LENGTH)
     )
+    #: The pauses between two of its steps longer than the grace (see :meth:`rate_at`), as
+    #: ``(start, end, rate)``: from the grace's end to the next step's arrival, then that
+    #: step's rate; the throughput chart draws 0 through them, not the last rate carried.
+    pauses: deque[tuple[float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=SERIES_LENGTH)
+    )
     recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
     #: The latest step's phases in seconds (built-in and custom), when the rank sends them.
     phases: dict[str, float] | None = None
@@ -216,13 +222,15 @@ class RankView:
         rate = self.samples_per_s
         if not rate or now is None or not self.sps_series:
             return rate
-        typical = self.typical_step_time or 0.0
-        grace = max(RATE_GRACE_STEPS * typical, RATE_GRACE_S)
-        beyond = now - self.sps_series[-1][0] - grace
+        beyond = now - self.sps_series[-1][0] - self.rate_grace()
         if beyond <= 0.0:
             return rate
         step = self.step_time if self.step_time and self.step_time > 0.0 else 0.0
         return rate * step / (step + beyond)
+
+    def rate_grace(self) -> float:
+        """How long after its last step a rank's latest rate still holds (s)."""
+        return max(RATE_GRACE_STEPS * (self.typical_step_time or 0.0), RATE_GRACE_S)
 
     @property
     def typical_step_time(self) -> float | None:
@@ -433,7 +441,12 @@ class RunState:
             view.loss_series.append((view.step, ev.loss))
         if ev.samples_per_s is not None:
             view.samples_per_s = ev.samples_per_s
-            view.sps_series.append((now, ev.samples_per_s))
+            series = view.sps_series
+            if series and now - series[-1][0] > RATE_GRACE_S:  # a pause, maybe (cheap first)
+                start = series[-1][0] + view.rate_grace()
+                if now > start:
+                    view.pauses.append((start, now, ev.samples_per_s))
+            series.append((now, ev.samples_per_s))
         if ev.step_time is not None:
             view.step_time = ev.step_time
             view.recent_step_times.append(ev.step_time)

@@ -7,6 +7,7 @@ after it is released. Pure functions, testable without Textual.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -596,7 +597,10 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS, per_rank: bool = T
         mean_loss=(mean_x, mean_y),
         accuracy=accuracy,
         throughput=global_throughput(
-            [thin(list(v.sps_series), per_rank) for v in state.ranks.values()],
+            [
+                with_pauses(thin(list(v.sps_series), per_rank), v.pauses)
+                for v in state.ranks.values()
+            ],
             state.started_at,
             max_points,
         ),
@@ -618,6 +622,28 @@ def thin(points: Sequence[Any], max_points: int) -> list[Any]:
     kept = list(points[n - 1 :: -stride])
     kept.reverse()
     return kept
+
+
+def with_pauses(
+    points: list[tuple[float, float]], pauses: Iterable[tuple[float, float, float]]
+) -> list[tuple[float, float]]:
+    """A rank's (thinned) throughput points with its pauses put in: 0 from each pause's start
+    and the rate of the step that ended it from its end (thinning may have dropped that step;
+    no point of the series falls inside a pause). Pauses before the first point are left out
+    (the series forgot that time)."""
+    if not points:
+        return points
+    first = points[0][0]
+    for start, end, rate in pauses:
+        if start < first:
+            continue
+        i = bisect.bisect_left(points, start, key=_time)
+        points[i:i] = [(start, 0.0), (end, rate)]
+    return points
+
+
+def _time(point: tuple[float, float]) -> float:
+    return point[0]
 
 
 def global_throughput(
