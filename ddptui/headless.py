@@ -52,6 +52,14 @@ def phase_table(state: RunState) -> list[str]:
     return lines
 
 
+def over_run(state: RunState) -> str:
+    """`` at 1,234 samples/s over the run`` (the ranks' means over their steps), or nothing
+    when no sample was counted or no step said how long it took."""
+    if not state.samples_counted or not any(v.time_stepping for v in state.ranks.values()):
+        return ""
+    return f" at {state.final_samples_per_s():,.0f} samples/s over the run"
+
+
 def diagnosis_line(diagnosis: Diagnosis) -> str:
     label = "hang" if diagnosis.cause in ("hang", "collective") else "diagnosis"
     if diagnosis.cause == "desync":
@@ -181,7 +189,8 @@ class HeadlessConsole:
         self.line(
             f"run {verdict} after {fmt_duration(state.elapsed(now))}: "
             f"{eval_summary(state, bool(session.cfg.script))}; "
-            f"{fmt_samples(state.samples_total, state.samples_counted)}; {stats.received} events "
+            f"{fmt_samples(state.samples_total, state.samples_counted)}"
+            f"{over_run(state)}; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )
         for rank, before, after in state.seq_jumps[:MAX_JUMPS_SHOWN]:

@@ -91,6 +91,41 @@ def test_summary_of_a_failed_run_names_the_rank_and_why(tmp_path):
     assert read_summary(tmp_path) == doc
 
 
+def test_summary_has_each_ranks_mean_samples_per_s_over_its_steps_and_their_sum():
+    """Three steps of 0.1 s and a last one of 2 s (an evaluation in it), 32 samples each:
+    128 samples over 2.3 s a rank, not the last step's 16 samples/s."""
+    from ddptui.headless import over_run
+
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        for i, took in enumerate((0.1, 0.1, 0.1, 2.0), start=1):
+            step = protocol.Step(
+                run="r",
+                rank=rank,
+                seq=i,
+                t=float(i),
+                step=i,
+                samples=32,
+                step_time=took,
+                samples_per_s=32 / took,
+            )
+            state.apply(step)
+        state.apply(protocol.Status(run="r", rank=rank, seq=9, t=9.0, state="finished"))
+    doc = summarize(state, "finished")
+    assert [r["samples_per_s"] for r in doc["ranks"]] == [pytest.approx(128 / 2.3)] * 2
+    assert doc["samples_per_s"] == pytest.approx(2 * 128 / 2.3)
+    assert over_run(state) == " at 111 samples/s over the run"
+    json.dumps(doc, allow_nan=False)
+
+
+def test_summary_has_no_rate_where_no_sample_was_counted():
+    state = _state()  # steps with samples but without a step time: the latest rate (none)
+    doc = summarize(state, "finished")
+    assert doc["samples_per_s"] is None and doc["ranks"][0]["samples_per_s"] is None
+    empty = RunState("r", 1)
+    assert summarize(empty, "finished")["samples_per_s"] is None
+
+
 def test_summary_keeps_json_strict_for_non_finite_accuracy():
     state = RunState("r", 1)
     state.apply(

@@ -150,6 +150,8 @@ def summarize(
                 "device": view.device,
                 "steps": view.step,
                 "samples": view.samples_total,
+                # its mean over its steps (samples over summed step times; None: not counted)
+                "samples_per_s": _finite(view.rate_over_run()) if view.samples_total else None,
                 "error": _text(view.error),
             }
         )
@@ -187,6 +189,10 @@ def summarize(
         "epochs": state.epochs,
         "duration_s": _finite(duration_s),
         "samples": state.samples_total,
+        # the ranks' means over their steps (None: no sample counted, or no rate known)
+        "samples_per_s": _finite(state.final_samples_per_s())
+        if state.samples_counted and any(v.rate_over_run() for v in state.ranks.values())
+        else None,
         "events": _events_doc(state, events),
         "ranks": ranks,
         "failure": failure_doc,
