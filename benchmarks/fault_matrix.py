@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,14 @@ FAULTS: dict[str, str | None] = {
     "kill": "all_reduce",
     "loop": "all_reduce",
 }
+#: Faults whose right answer is the waiting note, not a verdict -> the function the note
+#: must name. An endless loop keeps its rank busy with its stack in one place, which one long
+#: call (a checkpoint pickled in one go) does too: ddptui gives no verdict on a busy rank, and
+#: its note names the rank, where it is and that its stack has not moved. The others' op is
+#: the one they wait in; the run never ends by itself, so the matrix interrupts it (SIGINT).
+NOTED = {"loop": "spin"}
 HEALTHY = ("slow_start", "slow_step", "uneven")
+_NOTE = re.compile(r"\(in ([a-z_]+)\), waiting for rank (\d+), which works \(at (\w+) \(")
 _OP = re.compile(r"\b([a-z_]+) #(\d+)")
 _WHERE = re.compile(r"[\w.-]+\.py:\d+")
 
@@ -107,7 +115,13 @@ def run_case(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        proc.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if fault in NOTED and any(_NOTE.search(line) for _, line in lines):
+                proc.send_signal(signal.SIGINT)  # the note came: the run would go on forever
+                break
+            time.sleep(0.2)
+        proc.wait(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -228,6 +242,8 @@ def judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, code)
         mark = json.loads(mark_path.read_text())
     except (OSError, ValueError):
         mark = None
+    if fault in NOTED:
+        return judge_note(fault, launcher, world, hang_timeout, diagnoses, mark, lines)
     named = [d for d in diagnoses if d.get("cause") in ("hang", "desync") and "#" in d["detail"]]
     verdicts = named or [
         d for d in diagnoses if d.get("cause") in ("hang", "desync", "crash", "oom")
@@ -284,12 +300,49 @@ def judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, code)
     )
 
 
+def judge_note(fault, launcher, world, hang_timeout, diagnoses, mark, lines) -> Row:
+    """A :data:`NOTED` fault's row: right when no verdict came and the waiting note named the
+    faulty rank, at the function :data:`NOTED` gives, its stack in one place, the op the
+    others wait in, within the timeout + 5 s of the fault."""
+    verdict = next((d for d in diagnoses if d.get("cause") in ("hang", "desync")), None)
+    note = next(((t, ln) for t, ln in lines if _NOTE.search(ln)), None)
+    if verdict is not None or note is None:
+        cause = verdict["cause"] if verdict is not None else "none"
+        return Row(fault, launcher, world, cause, None, None, None, None, None, False, "")
+    t, line = note
+    op, rank, function = _NOTE.search(line).groups()
+    where = _WHERE.search(line)
+    latency = t - mark["t"] if mark is not None else None
+    ok = (
+        mark is not None
+        and int(rank) == mark["rank"]
+        and op == FAULTS[fault]
+        and function == NOTED[fault]
+        and "in one place" in line
+        and latency is not None
+        and latency <= hang_timeout + 5
+    )
+    return Row(
+        fault,
+        launcher,
+        world,
+        "waiting",
+        int(rank),
+        op,
+        None,
+        where.group(0) if where else None,
+        latency,
+        ok,
+        "" if mark is None else f"fault: rank {mark['rank']} #{mark['seq']}",
+    )
+
+
 def table(rows: list[Row]) -> str:
     head = f"{'fault':<11}{'launcher':<10}{'ranks':>5}  {'verdict':<8}{'rank':>5}  {'op #N':<16}"
     head += f"{'file:line':<20}{'s':>6}  right  truth"
     out = [head, "-" * len(head)]
     for r in rows:
-        op = f"{r.op} #{r.seq}" if r.op else "-"
+        op = (f"{r.op} #{r.seq}" if r.seq is not None else r.op) if r.op else "-"
         lat = f"{r.latency:.1f}" if r.latency is not None else "-"
         rank = "-" if r.rank is None else str(r.rank)
         out.append(

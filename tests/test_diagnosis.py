@@ -361,8 +361,19 @@ def test_ranks_waiting_for_a_rank_that_works_are_not_a_hang():
     assert waiting.cause == "waiting" and d.hang is None
     assert waiting.detail.startswith("rank 1 stood still for ")
     assert "(in barrier), waiting for rank 0, which works (at main (train.py:9))" in waiting.detail
+    # rank 0's stack stood in one place all along (busy): one long call, or an endless loop
+    assert "its stack in one place for 28 s (one long call, or a loop that never ends)" in (
+        waiting.detail
+    )
     _waiting_for_rank_0(state, 32.0, 200.0)
     assert d.check(state, 200.0) == [] and d.hang is None  # said once; still no verdict
+
+
+def test_a_working_rank_whose_stack_moves_is_not_said_to_stand_in_one_place():
+    state = announced(2)
+    _waiting_for_rank_0(state, 2.0, 30.0, rank0_digest=lambda t: f"d{t}")
+    (waiting,) = Diagnoser(hang_timeout=10).check(state, 30.0)
+    assert waiting.cause == "waiting" and "in one place" not in waiting.detail
 
 
 def test_once_the_working_rank_stands_still_too_it_is_a_hang():

@@ -294,6 +294,9 @@ IDLE_CPU_SHARE = 0.02
 #: on a slow network file system writes megabytes a second with its CPU idle; a rank blocked
 #: in a collective writes nothing: sockets do not count) does no I/O.
 IDLE_IO_BYTES_PER_S = 64 * 1024
+#: The waiting note says the working rank's stack stood in one place when it did for at
+#: least this share of the time the waiting ranks stood still.
+STILL_TOO_SHARE = 0.75
 #: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
 BEAT_LATE = 3
 
@@ -459,13 +462,22 @@ def waiting_marks(
 
 def _waiting_detail(state: Any, stuck: Mapping[int, Stuck], working: list[int]) -> str:
     """The waiting note's text, e.g. ``ranks 1, 2 stood still for 75 s (in barrier), waiting
-    for rank 0, which works (at save (train.py:120)): not a hang while it does``."""
+    for rank 0, which works (at save (train.py:120)): not a hang while it does``; when the
+    working rank's own stack stood in one place as long, the note says that too."""
     names = ", ".join(str(r) for r in sorted(stuck)[:8]) + (" …" if len(stuck) > 8 else "")
     first = stuck[min(stuck)]
     where = f" (in {first.waiting})" if first.waiting else ""
     busy = ", ".join(str(r) for r in working[:8]) + (" …" if len(working) > 8 else "")
-    frame = state.ranks[working[0]].frame
-    at = f" (at {frame})" if frame else ""
+    view = state.ranks[working[0]]
+    at = f" (at {view.frame})" if view.frame else ""
+    # Busy with its stack in one place about as long as the others stood still (most of it:
+    # the two are measured at their own beats): one long call (a checkpoint pickled in one
+    # go) or a loop that never ends look alike from here; say so.
+    still = view.still_for or 0.0
+    if still >= STILL_TOO_SHARE * first.seconds:
+        at += (
+            f", its stack in one place for {still:.0f} s (one long call, or a loop that never ends)"
+        )
     ranks = "ranks" if len(stuck) > 1 else "rank"
     others = "ranks" if len(working) > 1 else "rank"
     return (
