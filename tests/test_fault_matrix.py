@@ -54,6 +54,20 @@ def test_an_extra_collective_is_a_desync_named_before_the_hang_timeout(tmp_path)
     assert row.latency is not None and row.latency < 30, row  # not the hang timeout
 
 
+def test_an_endless_loop_gets_the_waiting_note_naming_the_rank_where_it_spins(tmp_path):
+    """Rank 1 spins forever before all-reduce #17 (busy, its stack in one place, as a long
+    call would be): no verdict, and the note names rank 1, ``spin`` and the stack standing
+    still, within the timeout + 5 s; the run, which would never end, is interrupted."""
+    row = fault_matrix.run_case("loop", "spawn", 2, HANG_TIMEOUT, tmp_path, timeout=90)
+    assert row.note == "fault: rank 1 #17", row
+    assert (row.verdict, row.rank, row.op) == ("waiting", 1, "all_reduce"), row
+    assert row.where and row.where.startswith("fault_ddp.py:"), row
+    assert row.ok, row  # at ``spin``, "its stack in one place", within the timeout + 5 s
+    summary = json.loads((tmp_path / "loop-spawn-2" / "summary.json").read_text())
+    assert summary["outcome"] == "interrupted"
+    assert not [d for d in summary["diagnoses"] if d["cause"] in ("hang", "desync")]
+
+
 def test_a_desync_gloo_aborts_the_innocent_rank_for_is_blamed_on_the_rank_that_erred(tmp_path):
     """gloo aborts the rank that receives more bytes than its collective expects (rank 0,
     when rank 1 skipped the all_reduce rank 0 is in): its trace, left on the abort, and the
