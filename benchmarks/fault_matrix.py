@@ -296,8 +296,13 @@ def judge(fault, launcher, world, hang_timeout, run_dir, mark_path, lines, code)
         where.group(0) if where else None,
         latency,
         ok,
-        "" if mark is None else f"fault: rank {mark['rank']} #{mark['seq']}",
+        truth(mark),
     )
+
+
+def truth(mark: dict | None) -> str:
+    """What the faulty rank wrote down, for the row's last column."""
+    return "" if mark is None else f"fault: rank {mark['rank']} #{mark['seq']}"
 
 
 def judge_note(fault, launcher, world, hang_timeout, diagnoses, mark, lines) -> Row:
@@ -308,7 +313,7 @@ def judge_note(fault, launcher, world, hang_timeout, diagnoses, mark, lines) -> 
     note = next(((t, ln) for t, ln in lines if _NOTE.search(ln)), None)
     if verdict is not None or note is None:
         cause = verdict["cause"] if verdict is not None else "none"
-        return Row(fault, launcher, world, cause, None, None, None, None, None, False, "")
+        return Row(fault, launcher, world, cause, None, None, None, None, None, False, truth(mark))
     t, line = note
     op, rank, function = _NOTE.search(line).groups()
     where = _WHERE.search(line)
@@ -333,7 +338,7 @@ def judge_note(fault, launcher, world, hang_timeout, diagnoses, mark, lines) -> 
         where.group(0) if where else None,
         latency,
         ok,
-        "" if mark is None else f"fault: rank {mark['rank']} #{mark['seq']}",
+        truth(mark),
     )
 
 

@@ -54,10 +54,9 @@ def phase_table(state: RunState) -> list[str]:
 
 def over_run(state: RunState) -> str:
     """`` at 1,234 samples/s over the run`` (the ranks' means over their steps), or nothing
-    when no sample was counted or no step said how long it took."""
-    if not state.samples_counted or not any(v.time_stepping for v in state.ranks.values()):
-        return ""
-    return f" at {state.final_samples_per_s():,.0f} samples/s over the run"
+    where :meth:`RunState.samples_per_s_over_run` knows none."""
+    rate = state.samples_per_s_over_run()
+    return "" if rate is None else f" at {rate:,.0f} samples/s over the run"
 
 
 def diagnosis_line(diagnosis: Diagnosis) -> str:

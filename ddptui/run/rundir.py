@@ -190,9 +190,7 @@ def summarize(
         "duration_s": _finite(duration_s),
         "samples": state.samples_total,
         # the ranks' means over their steps (None: no sample counted, or no rate known)
-        "samples_per_s": _finite(state.final_samples_per_s())
-        if state.samples_counted and any(v.rate_over_run() for v in state.ranks.values())
-        else None,
+        "samples_per_s": _finite(state.samples_per_s_over_run()),
         "events": _events_doc(state, events),
         "ranks": ranks,
         "failure": failure_doc,

@@ -580,6 +580,13 @@ class RunState:
         step's rate says little then (nanoGPT's last step holds a 20 s evaluation)."""
         return sum(v.rate_over_run() or 0.0 for v in self.ranks.values())
 
+    def samples_per_s_over_run(self) -> float | None:
+        """:meth:`final_samples_per_s` where it means something: None when no sample was
+        counted or no rank's rate is known (the end line and ``summary.json``)."""
+        if not self.samples_counted or not any(v.rate_over_run() for v in self.ranks.values()):
+            return None
+        return self.final_samples_per_s()
+
     @property
     def samples_total(self) -> int:
         return sum(v.samples_total for v in self.ranks.values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from ddptui.formatting import fmt_duration, fmt_num, fmt_rate, fmt_samples
@@ -637,13 +638,9 @@ def with_pauses(
     for start, end, rate in pauses:
         if start < first:
             continue
-        i = bisect.bisect_left(points, start, key=_time)
+        i = bisect.bisect_left(points, start, key=itemgetter(0))
         points[i:i] = [(start, 0.0), (end, rate)]
     return points
-
-
-def _time(point: tuple[float, float]) -> float:
-    return point[0]
 
 
 def global_throughput(
