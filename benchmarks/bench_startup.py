@@ -58,9 +58,8 @@ HEAVY = ("torchvision", "textual", "rich", "psutil", "msgspec", "zmq", "numpy", 
 
 def ddptui_command() -> list[str]:
     exe = shutil.which("ddptui", path=str(Path(sys.executable).parent)) or shutil.which("ddptui")
-    if exe is None:
-        sys.exit("bench_startup: the ddptui command is not installed in this environment")
-    return [exe]
+    # Not installed (a checkout on PYTHONPATH): the same entry point through the interpreter.
+    return [exe] if exe else [sys.executable, "-m", "ddptui.console"]
 
 
 def arm_command(arm: str, run_dir: Path) -> list[str]:
