@@ -211,6 +211,26 @@ def test_final_verdict_does_not_repeat_the_live_one():
     assert d.final(state, 11.0) == []
 
 
+def test_a_paused_culprit_is_not_called_host_for_the_cpu_it_idles_away():
+    """nanoGPT's rank 0 alone evaluates while rank 1 waits in the gradient all-reduce: rank 1's
+    CPU then says nothing of its steps (it was once named "host, gets 6 % CPU" there)."""
+    state = RunState("r", 2)
+    for i in range(30):  # a full window, for the final verdict too
+        for rank, p in ((0, VICTIM), (1, COMPUTE_CULPRIT)):
+            ev = protocol.Step(
+                run="r", rank=rank, t=0.0, seq=i, step=i + 1, step_time=0.1, samples=64,
+                samples_per_s=640.0, phases=p,
+            )  # fmt: skip
+            state.apply(ev, now=float(i))
+    starved = {1: 30.0}
+    (found,) = Diagnoser(hang_timeout=0, confirm=1).check(state, 29.5, starved)
+    assert (found.rank, found.cause) == (1, "host")  # stepping: its CPU is its steps'
+    (found,) = Diagnoser(hang_timeout=0, confirm=1).check(state, 60.0, starved)
+    assert (found.rank, found.cause) == (1, "compute")  # 31 s since its last step
+    (found,) = Diagnoser(hang_timeout=0).final(state, 60.0, starved)
+    assert found.cause == "compute"
+
+
 # -- hangs ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "step_time, timeout, limit",

@@ -215,6 +215,23 @@ def find_straggler(
     return None
 
 
+def stepping_cpu(
+    state: Any, cpu_percent: Mapping[int, float] | None, now: float
+) -> dict[int, float] | None:
+    """The CPU readings of the ranks that step at ``now``: the straggler rule's ``host`` cause
+    compares a rank's CPU with the compute share of its steps, and a rank paused (waiting in
+    the gradient all-reduce while rank 0 alone evaluates, as nanoGPT's ``train.py`` does) idles
+    for reasons its steps do not show: a rank named "host, gets 6 % CPU" there was wrong."""
+    if cpu_percent is None:
+        return None
+    ranks = state.ranks
+    return {
+        rank: cpu
+        for rank, cpu in cpu_percent.items()
+        if (view := ranks.get(rank)) is not None and view.stepping_at(now)
+    }
+
+
 def _straggler(
     culprit: int,
     others: list[int],
@@ -917,7 +934,11 @@ class Diagnoser:
         t = state.elapsed(now)
         live = [r for r, v in state.ranks.items() if v.state == "started"]
         history = getattr(state, "phase_history", None)
-        finding = find_straggler(history, live, cpu_percent, t=t) if history is not None else None
+        finding = (
+            find_straggler(history, live, stepping_cpu(state, cpu_percent, now), t=t)
+            if history is not None
+            else None
+        )
         key = None if finding is None else (finding.rank, finding.cause)
         if key == self._candidate:
             self._held += 1
@@ -967,7 +988,8 @@ class Diagnoser:
         # Unconfirmed by the live checks, it must stand on a full window of every rank's
         # steps: the medians of a few steps on shared cores are scheduling noise.
         full = [r for r in history.ranks() if history.steps(r) >= history.window]
-        finding = find_straggler(history, full, cpu_percent, t=state.elapsed(now))
+        cpu = stepping_cpu(state, cpu_percent, now)
+        finding = find_straggler(history, full, cpu, t=state.elapsed(now))
         if finding is None or (finding.rank, finding.cause) == self._reported:
             return found
         self._reported = (finding.rank, finding.cause)

@@ -228,6 +228,11 @@ class RankView:
         step = self.step_time if self.step_time and self.step_time > 0.0 else 0.0
         return rate * step / (step + beyond)
 
+    def stepping_at(self, now: float) -> bool:
+        """Whether the rank still steps at ``now``: its last step arrived within the grace
+        (not paused for a rank-0 evaluation, a checkpoint or a peer)."""
+        return bool(self.sps_series) and now - self.sps_series[-1][0] <= self.rate_grace()
+
     def rate_grace(self) -> float:
         """How long after its last step a rank's latest rate still holds (s)."""
         return max(RATE_GRACE_STEPS * (self.typical_step_time or 0.0), RATE_GRACE_S)
