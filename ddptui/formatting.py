@@ -17,6 +17,15 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{seconds}s"
 
 
+def amp_label(config: dict) -> str:
+    """``amp bf16``; for a user script ``amp: script's`` (it does its own autocast, or not:
+    ddptui's AMP option only configures the built-in trainers, so "amp off" would be wrong
+    about a script that trains in bf16, as nanoGPT's does)."""
+    if config.get("script"):
+        return "amp: script's"
+    return f"amp {config.get('amp') or 'off'}"
+
+
 def fmt_num(value: float | None, spec: str = ".4f") -> str:
     """``value`` in ``spec``; ``--`` when unknown (``nan`` and ``inf`` are shown as such)."""
     return "--" if value is None else format(value, spec)

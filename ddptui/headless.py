@@ -14,7 +14,7 @@ from typing import TextIO
 
 from ddptui import protocol
 from ddptui.constants import PHASES
-from ddptui.formatting import fmt_duration, fmt_num, fmt_rate, fmt_samples
+from ddptui.formatting import amp_label, fmt_duration, fmt_num, fmt_rate, fmt_samples
 from ddptui.monitor import SystemMonitor, preflight
 from ddptui.run.diagnosis import Diagnosis
 from ddptui.run.options import RunConfig, resume_command
@@ -280,7 +280,7 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
     session = RunSession(cfg)
     console.line(
         f"ddptui run {cfg.run_id}: {cfg.target_label} x{cfg.world_size} "
-        f"({cfg.launcher}, {cfg.backend}, amp {cfg.amp}) -> {session.run_dir}"
+        f"({cfg.launcher}, {cfg.backend}, {amp_label(cfg.to_json_dict())}) -> {session.run_dir}"
     )
     for warning in gpu_preflight(cfg):
         console.line(f"warning: {warning}")

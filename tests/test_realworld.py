@@ -204,6 +204,8 @@ def test_exits_as_plain_torchrun_and_finishes(run):
     summary = run.summary
     assert (summary["outcome"], summary["exit_code"]) == ("finished", 0), run.describe()
     assert summary["failure"] is None
+    # the script does its own AMP (or none): ddptui's --amp is for its trainers, not "off"
+    assert f"({run.spec.launcher}, gloo, amp: script's) -> " in run.stdout, run.describe()
     if run.spec.launcher == "torchrun":  # the ddptui command started the driver first
         assert PRESTARTED_NOTE in (run.run_dir / "launcher.log").read_text(), run.describe()
 

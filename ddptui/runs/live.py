@@ -17,6 +17,7 @@ import psutil
 
 from ddptui import safeio
 from ddptui.constants import RUN_ID_ENV
+from ddptui.formatting import amp_label
 from ddptui.run.rundir import RunDirError, read_config
 from ddptui.runfiles import RunDir
 
@@ -71,7 +72,7 @@ class RunEntry:
         return (
             f"{target} x{self.config.get('world_size', '?')} "
             f"({self.config.get('launcher', '?')}, {self.config.get('backend', '?')}, "
-            f"amp {self.config.get('amp', '?')})"
+            f"{amp_label(self.config)})"
         )
 
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.formatting import amp_label, fmt_duration, fmt_num
 from ddptui.run.rundir import load_run
 
 
@@ -18,7 +18,7 @@ def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
     target = config.get("script") or config.get("trainer")
     print(
         f"run {state.run_id}: {target} x{state.world_size} ({config.get('launcher')}, "
-        f"{config.get('backend')}, amp {config.get('amp')}) — {summary['outcome']} "
+        f"{config.get('backend')}, {amp_label(config)}) — {summary['outcome']} "
         f"(exit code {summary['exit_code']}), {fmt_duration(state.elapsed(end))}",
         file=out,
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from ddptui.formatting import fmt_duration, fmt_num, fmt_rate, fmt_samples
+from ddptui.formatting import amp_label, fmt_duration, fmt_num, fmt_rate, fmt_samples
 from ddptui.run.state import RankFailureInfo, RankView, RunState
 
 #: Most points drawn per chart line (more would not fit a terminal's width anyway).
@@ -108,14 +108,6 @@ def config_label(config: dict[str, Any]) -> str:
 
 #: Most distinct rank devices named in the header before the rest are counted.
 MAX_DEVICES_SHOWN = 4
-
-
-def amp_label(config: dict[str, Any]) -> str:
-    """``amp bf16``; for a user script ``amp: script's`` (it does its own autocast, or not:
-    ddptui's AMP option only configures the built-in trainers)."""
-    if config.get("script"):
-        return "amp: script's"
-    return f"amp {config.get('amp') or 'off'}"
 
 
 def device_label(config: dict[str, Any], rank_devices: Iterable[str | None]) -> str | None:
