@@ -619,6 +619,87 @@ def test_grad_scaler_reports_the_unscaled_loss(inst):
     assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
 
 
+def test_a_closure_step_as_lightning_runs_it_has_each_phase_where_it_happens(inst):
+    """``optimizer.step(closure)``, PyTorch Lightning's loop: forward and backward run inside
+    the optimizer step. The batch wait and the framework's prelude are ``data``, the update
+    after the closure ``optimizer`` (they were "other", "optimizer" and "data")."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt.register_step_post_hook(lambda o, a, k: clock.advance(0.003))  # the update
+    losses = []
+    for _ in range(4):
+        clock.advance(0.005)  # the next batch
+        x = torch.randn(6, 4)
+
+        def closure(x=x):
+            clock.advance(0.001)  # the framework's prelude (callbacks, zero_grad)
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            losses.append(loss.item())
+            return loss
+
+        opt.step(closure)
+    inst.flush()
+    logs = inst.fake.logs
+    assert len(logs) == 4
+    expected = {
+        "data": 0.006, "forward": 0.010, "backward": 0.020, "comm": 0.0, "other": 0.0,
+        "optimizer": 0.003, "eval": 0.0,
+    }  # fmt: skip
+    # the first step starts at its optimizer step, and shows the loop is one of closures
+    assert logs[0]["phases"] == pytest.approx({**expected, "data": 0.001}, abs=1e-9)
+    for log in logs[1:]:
+        assert log["phases"] == pytest.approx(expected, abs=1e-9)
+        assert log["step_time"] == pytest.approx(0.039, abs=1e-9)
+    assert [log["samples"] for log in logs] == [6] * 4
+    assert [log["loss"] for log in logs] == pytest.approx(losses)
+
+
+def test_a_ddp_wrapper_left_in_eval_mode_around_a_training_module_trains(inst):
+    """PyTorch Lightning leaves its DDP wrapper in eval mode after its sanity check and puts
+    only the LightningModule back in ``train()``: its steps were read as evaluations."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    model.eval()
+    model.module.train()
+    opt = timed_sgd(model.parameters(), clock)
+    for _ in range(3):
+        train_step(model, opt, clock)
+    inst.flush()
+    logs = inst.fake.logs
+    assert len(logs) == 3
+    for log in logs[1:]:
+        assert log["phases"]["eval"] == 0.0
+        assert log["phases"]["data"] == pytest.approx(0.005, abs=1e-9)
+        assert log["phases"]["forward"] == pytest.approx(0.010, abs=1e-9)
+
+
+def test_the_wrapped_torch_calls_take_every_argument_by_keyword(inst):
+    """Frameworks call torch by keyword: Lightning's ``DistributedDataParallel(module=model,
+    ...)`` failed under ddptui ("got multiple values for argument 'module'") and ran under
+    plain torchrun."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(module=Net(clock), broadcast_buffers=False)
+    opt = timed_sgd(model.parameters(), clock)
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler.set_epoch(epoch=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    losses = []
+    for _ in range(2):
+        loss = model(torch.randn(3, 4)).pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(outputs=loss).backward(gradient=torch.tensor(1.0), retain_graph=False)
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    inst.flush()
+    assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
+    assert [log["epoch"] for log in inst.fake.logs] == [2, 2]
+    assert [log["samples"] for log in inst.fake.logs] == [3, 3]
+
+
 @pytest.mark.parametrize(
     ("micro", "divide_by", "scaler", "expect"),
     [

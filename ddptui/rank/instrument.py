@@ -13,7 +13,8 @@ What is hooked (all removable, all cheap, none changes a result):
 * Forward pre/post hooks on every ``DistributedDataParallel`` instance and on its inner
   module (registered by a wrapper around ``DistributedDataParallel.__init__``, so no other
   module pays for them; a *global* module hook would put every submodule call of every model
-  on torch's slow call path). Only training forwards count (grad enabled, ``module.training``).
+  on torch's slow call path). Only training forwards count (grad enabled, and the DDP module or
+  the module it wraps in training mode).
   Once the inner module's post hook has closed one of a DDP module's training forwards, that
   DDP module's own post hook is removed (it is only a fallback), so a step costs seven hook
   calls: DDP forward pre, inner pre and post, one gradient hook, ``backward`` (call and
@@ -47,6 +48,11 @@ Phases of one step (the built-in ones partition the step exactly; ``constants.PH
 * ``other``: ``backward()``'s return to the optimizer step (gradient clipping, unscaling),
   and a second optimizer's time in the same iteration.
 * ``optimizer``: ``optimizer.step()``.
+* ``optimizer.step(closure)`` (PyTorch Lightning's loop, LBFGS) runs the forward and backward
+  inside the optimizer step: a forward that starts there makes the step a closure step, whose
+  time from ``optimizer.step``'s call to the forward is ``data`` (and, once a step was one,
+  the next step's time before that call too), and whose time from ``backward()``'s return
+  to the step's end is ``optimizer``.
 * custom phases, ``with ddptui.phase("name"):``, measured on the host and reported *beside*
   the built-in ones: they overlap them (a custom phase inside the data wait counts in both).
 
@@ -435,6 +441,12 @@ class Instrument:
         # Only the outermost step counts; a forward or ``backward()`` resets the count, so a
         # step that raised between its hooks does not swallow the next one.
         self._opt_depth = 0
+        # ``optimizer.step(closure)`` (PyTorch Lightning's loop, LBFGS): the forward and
+        # backward run inside the optimizer step. ``_closure_now``: this step's forward began
+        # inside it; ``_closure_loop``: the last step's did, so the time before this step's
+        # ``optimizer.step`` call is the data wait, not the "other" it is in a plain loop.
+        self._closure_now = False
+        self._closure_loop = False
         # A spawned worker whose rank is not known yet (see spawned.learn_rank).
         self._rank_unknown = not spawned.learn_rank()
         self._epoch: int | None = None
@@ -530,10 +542,14 @@ class Instrument:
         original = DDP.__init__
         watch_ddp = self.watch
 
+        # Every wrapper here takes the instance positionally only (``/``): a caller's keyword
+        # may have any name the original takes. Lightning builds its DDP module with
+        # ``DistributedDataParallel(module=model, ...)``, and a wrapper whose first parameter
+        # was called ``module`` failed that call with "got multiple values for argument".
         @functools.wraps(original)
-        def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
-            original(module, *args, **kwargs)
-            watch_ddp(module)
+        def __init__(ddp: Any, /, *args: Any, **kwargs: Any) -> None:
+            original(ddp, *args, **kwargs)
+            watch_ddp(ddp)
 
         self._patch(DDP, "__init__", __init__)
 
@@ -542,7 +558,7 @@ class Instrument:
         before, after = self._backward_call, self._backward_return
 
         @functools.wraps(original)
-        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        def backward(tensor: Any, /, *args: Any, **kwargs: Any) -> Any:
             before(tensor)
             try:
                 return original(tensor, *args, **kwargs)
@@ -558,7 +574,7 @@ class Instrument:
         on_scale = self._on_scale
 
         @functools.wraps(original)
-        def scale(scaler: Any, outputs: Any) -> Any:
+        def scale(scaler: Any, /, outputs: Any) -> Any:
             scaled = original(scaler, outputs)
             on_scale(outputs, scaled)
             return scaled
@@ -572,7 +588,7 @@ class Instrument:
         inst = self
 
         @functools.wraps(original)
-        def set_epoch(sampler: Any, epoch: int) -> None:
+        def set_epoch(sampler: Any, /, epoch: int) -> None:
             original(sampler, epoch)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
                 inst._epoch = epoch
@@ -584,7 +600,7 @@ class Instrument:
         grad_enabled = torch.is_grad_enabled
 
         @functools.wraps(original_iter)
-        def __iter__(sampler: Any) -> Any:
+        def __iter__(sampler: Any, /) -> Any:
             if not inst._sampler_noted and not inst.disabled and grad_enabled():
                 inst._sampler_pass(sampler)
             return original_iter(sampler)
@@ -601,7 +617,7 @@ class Instrument:
         grad_enabled = torch.is_grad_enabled
 
         @functools.wraps(original)
-        def __next__(it: Any) -> Any:
+        def __next__(it: Any, /) -> Any:
             batch = original(it)
             # with DDP its forwards count the samples; under no_grad it is an evaluation's
             if not inst._ddp_seen and grad_enabled():
@@ -880,6 +896,11 @@ class Instrument:
             self._eval_end = now
 
     def _forward_start(self, args: tuple, kwargs: dict, new_seg: str) -> None:
+        if self._seg == "optimizer" and self._mark is not None:
+            # A forward inside the optimizer step: a closure. Its time so far (the
+            # framework's prelude: zero_grad, callbacks) is before the forward, as ``data``.
+            self._closure_now = True
+            self._seg = "closure"
         self._opt_depth = 0
         self._ddp_seen = True
         self._fwd_seen = True
@@ -894,13 +915,21 @@ class Instrument:
     def _training(self, module: Any) -> bool:
         return module.training and self.torch.is_grad_enabled()
 
+    def _training_ddp(self, ddp: Any) -> bool:
+        """A DDP module's forward trains when grad is on and it or the module it wraps is in
+        training mode: PyTorch Lightning leaves its DDP wrapper in eval mode after the
+        sanity check and switches only the LightningModule inside back to ``train()``."""
+        return (ddp.training or getattr(ddp.module, "training", False)) and (
+            self.torch.is_grad_enabled()
+        )
+
     # -- hooks ---------------------------------------------------------------------------------
     def _outer_pre(self, ddp: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
         if self.disabled:
             return None
         try:
-            if not self._training(ddp):
+            if not self._training_ddp(ddp):
                 self._eval_forward(start=True)
                 return None
             self._training_fwd = True
@@ -956,7 +985,7 @@ class Instrument:
         if self.disabled:
             return None
         if not self._training_fwd:
-            if not self._training(ddp):
+            if not self._training_ddp(ddp):
                 self._eval_forward(start=False)
             return None
         try:
@@ -1032,7 +1061,8 @@ class Instrument:
             self._rank_unknown = not spawned.learn_rank()
         try:
             first = self._mark is None
-            now = self._transition("opt_pre", "optimizer")
+            self._closure_now = False
+            now = self._transition("closure_pre" if self._closure_loop else "opt_pre", "optimizer")
             if first:
                 self._step_start = now
             if not self._first_released and self._pending:
@@ -1084,7 +1114,9 @@ class Instrument:
                     host_losses.append(float(value.item()))
         elif losses:
             loss = (losses, scale)  # read by the drainer: .item() costs microseconds here
-        self._transition("opt_post", "data")
+        # After a closure's backward the optimizer updates: ``optimizer``, not ``data``.
+        self._transition("closure_post" if self._closure_now else "opt_post", "data")
+        self._closure_loop, self._closure_now = self._closure_now, False
         now = self._mark
         start = self._step_start
         step_time = max(0.0, now - start) if start is not None else 0.0
@@ -1303,20 +1335,32 @@ class _SamplerPasses:
 
 def _resolve(seg: str, nxt: str) -> str:
     """The phase of a segment without a gradient split, closed by event ``nxt``."""
+    if seg == "closure":  # an optimizer step's time before its closure's forward
+        return "data"
+    if nxt == "closure_post":  # a closure's backward returned: the update follows
+        return "backward" if seg == "bwd" else "optimizer"
     if seg == "ddp_pre":
         return "forward" if nxt == "fwd_post" else "comm"
+    if seg == "data" and nxt == "closure_pre":  # before a closure loop's optimizer step
+        return "data"
     if seg in ("data", "after_bwd"):
-        return "other" if nxt in ("opt_pre", "bwd_return") else "data"
+        return "other" if nxt in ("opt_pre", "bwd_return", "closure_pre") else "data"
     if seg == "bwd":
         return "backward"
     return seg  # forward, optimizer, other
 
 
-_SEGMENTS = ("data", "after_bwd", "bwd", "ddp_pre", "forward", "optimizer", "other")
-_EVENTS = ("fwd_pre", "inner_pre", "fwd_post", "bwd_return", "opt_pre", "opt_post")
+_SEGMENTS = ("data", "after_bwd", "bwd", "ddp_pre", "forward", "optimizer", "other", "closure")
+_EVENTS = (
+    "fwd_pre", "inner_pre", "fwd_post", "bwd_return", "opt_pre", "opt_post", "closure_pre",
+    "closure_post",
+)  # fmt: skip
 _RESOLVE = {(seg, nxt): _resolve(seg, nxt) for seg in _SEGMENTS for nxt in _EVENTS}
 #: The phase of a gradient-split segment's rest (last gradient → event ``nxt``).
-_AFTER_GRAD = {nxt: "comm" if nxt in ("bwd_return", "opt_pre") else "data" for nxt in _EVENTS}
+_AFTER_GRAD = {
+    nxt: "comm" if nxt in ("bwd_return", "opt_pre", "closure_pre") else "data" for nxt in _EVENTS
+}
+_AFTER_GRAD["closure_post"] = "optimizer"
 
 
 def _mean_item(values: list[Any], scale: int = 1) -> float | None:
