@@ -249,6 +249,7 @@ def test_plan_with_gpus_defaults_and_dp(tmp_path):
         (["--steps", "5", "--epochs", "2"], "not allowed with argument"),
         (["--trainer", "nope"], "unknown trainer 'nope'"),
         (["--script", "/no/such.py"], "script not found: /no/such.py"),
+        (["--script", "x.py", "--amp", "off,bf16"], "--amp is for the built-in trainers"),
         (["--lr", "fast"], "--lr must be a number"),
     ],
 )

@@ -170,6 +170,7 @@ def test_a_path_too_long_is_one_line(capsys, argv):
         (["--start"], "--start is for the dashboard"),
         (["--script", "x.py", "--trainer", "mnist"], "--trainer is for the built-in trainers"),
         (["--script", "x.py", "--model", "resnet50"], "--model is for the built-in trainers"),
+        (["--script", "x.py", "--amp", "bf16"], "--amp bf16 is for the built-in trainers"),
         (["--hang-timeout", "9" * 5000], "--hang-timeout must be"),
         (["--hang-timeout", "1" + "0" * 300], "--hang-timeout must be 0 (off)"),
     ],

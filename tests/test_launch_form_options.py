@@ -79,16 +79,18 @@ async def test_oversubscribe_from_the_command_line_prefills_the_form(tmp_path):
         assert (raw["oversubscribe"], raw["device"], raw["workers"]) == (True, "cpu", "2")
 
 
-async def test_own_script_hides_workers(tmp_path):
-    app = _app(tmp_path, workers="3")
+async def test_own_script_hides_the_trainers_options(tmp_path):
+    app = _app(tmp_path, workers="3", amp="bf16")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         screen = app.screen
-        assert screen.query_one("#row-workers").display
+        assert screen.query_one("#row-workers").display and screen.query_one("#row-amp").display
         screen.query_one("#f-trainer", Select).value = OWN_SCRIPT
         await pilot.pause()
+        # a script reads its own workers and does its own autocast (or none)
         assert not screen.query_one("#row-workers").display
-        assert screen.raw_options()["workers"] is None
+        assert not screen.query_one("#row-amp").display
+        assert (screen.raw_options()["workers"], screen.raw_options()["amp"]) == (None, None)
 
 
 async def test_trainer_arguments_are_checked_when_launch_is_pressed(tmp_path):

@@ -208,6 +208,11 @@ def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
         raise UsageError(f"--steps must be at most 10000000, got {steps}")
     backends = _choices("backend", args.backend, BACKEND_CHOICES)
     amps = _choices("amp", args.amp, AMP_MODES)
+    if args.script is not None and any(amp not in (None, "off") for amp in amps):
+        raise UsageError(
+            "--script runs your own script: --amp is for the built-in trainers (your script "
+            "does its own autocast, or none; pass its options after --)"
+        )
     launchers = _choices("launcher", args.launcher, BENCH_LAUNCHERS)
     if launchers == [DP] and (args.world_size is not None or args.backend is not None):
         raise UsageError(

@@ -357,7 +357,8 @@ class LaunchScreen(Screen):
             raw[name] = self.query_one(f"#f-{name}", Input).value or None
         raw["oversubscribe"] = self.query_one("#f-oversubscribe", Checkbox).value
         if trainer == OWN_SCRIPT:
-            raw["workers"] = None  # the trainers' option: a script reads its own
+            raw["workers"] = None  # the trainers' options: a script reads its own
+            raw["amp"] = None
         args = self.query_one("#f-script_args", Input).value
         try:
             raw["script_args"] = tuple(shlex.split(args))
@@ -461,7 +462,8 @@ class LaunchScreen(Screen):
     def _show_script_fields(self) -> None:
         script = self.query_one("#f-trainer", Select).value == OWN_SCRIPT
         self.query_one("#row-script").display = script
-        self.query_one("#row-workers").display = not script  # the trainers' option
+        self.query_one("#row-workers").display = not script  # the trainers' options
+        self.query_one("#row-amp").display = not script
 
     @on(Input.Changed)
     @on(Select.Changed)
