@@ -2,7 +2,9 @@
 the run grows to the world its workers' process group declares, within bounds, and the
 spawner goes quiet."""
 
+import json
 import os
+import subprocess
 import sys
 
 import msgspec
@@ -179,8 +181,67 @@ def test_a_spawned_worker_rendezvous_as_under_python_not_as_torchruns_worker(mon
         seen.update(index=index, tag=tag, store=os.environ.get(spawned.AGENT_STORE_ENV))
         seen.update(local=os.environ["LOCAL_RANK"], spawned=os.environ[spawned.SPAWNED_ENV])
 
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29400")
+    monkeypatch.delenv(spawned.AGENT_ENDPOINT_ENV, raising=False)
     spawned.spawned_worker(worker, lambda: None, 1, "x")
     assert seen == {"index": 1, "tag": "x", "store": None, "local": "1", "spawned": "1"}
+    assert os.environ[spawned.AGENT_ENDPOINT_ENV] == "127.0.0.1:29400"
+
+
+@pytest.mark.parametrize(
+    ("port", "flag"),
+    [
+        ("29400", "True"),  # Lightning's ddp_spawn: the agent's own endpoint, its store serves
+        ("12355", None),  # multigpu.py's own port: rank 0 serves a store of its own
+    ],
+)
+def test_a_spawned_worker_uses_the_agents_store_only_at_the_agents_endpoint(
+    monkeypatch, port, flag
+):
+    from ddptui.rank import spawned
+
+    monkeypatch.setenv(spawned.AGENT_ENDPOINT_ENV, "127.0.0.1:29400")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port)
+    monkeypatch.setenv(spawned.AGENT_STORE_ENV, "True" if flag is None else "")
+    spawned.before_rendezvous()
+    assert os.environ.get(spawned.AGENT_STORE_ENV) == flag
+
+
+def test_no_agent_endpoint_leaves_the_flag_alone(monkeypatch):
+    from ddptui.rank import spawned
+
+    monkeypatch.delenv(spawned.AGENT_ENDPOINT_ENV, raising=False)
+    monkeypatch.setenv(spawned.AGENT_STORE_ENV, "True")  # torchrun's own worker
+    spawned.before_rendezvous()
+    assert os.environ[spawned.AGENT_STORE_ENV] == "True"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_workers_that_meet_at_torchruns_endpoint_train_under_ddptuis_torchrun(tmp_path):
+    """The shape of Lightning's ddp_spawn under torchrun: the workers keep torchrun's
+    MASTER_ADDR/PORT. Without the agent's store their rank 0 failed to listen there
+    ("address already in use"); plain torchrun runs it."""
+    from tests.helpers import ROOT, processes_of_run
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ddptui.console", "--no-ui", "--launcher", "torchrun"]
+    cmd += ["--script", str(ROOT / "tests/scripts/spawn_at_agent.py"), "--world-size", "1"]
+    cmd += ["--run-dir", str(run_dir), "--hang-timeout", "60"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    finally:
+        config = run_dir / "config.json"
+        run_id = json.loads(config.read_text())["run_id"] if config.is_file() else None
+        for leftover in processes_of_run(run_id) if run_id else []:
+            leftover.kill()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (run_dir / "rank-0.log").read_text()
+    assert "worker 0 done" in log and "worker 1 done" in log
+    events = (run_dir / "events.jsonl").read_text().splitlines()
+    assert sum('"kind":"step"' in line for line in events) == 6  # 3 steps x 2 workers
 
 
 # -- a spawner waiting for its workers' group ----------------------------------------------------

@@ -748,6 +748,7 @@ class Instrument:
 
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            spawned.before_rendezvous()
             result = original(*args, **kwargs)
             try:
                 spawned.on_process_group(dist.get_rank(), dist.get_world_size())

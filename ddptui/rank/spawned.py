@@ -25,6 +25,9 @@ from ddptui.constants import ENDPOINT_ENV
 SPAWNED_ENV = "DDPTUI_SPAWNED"
 #: torchrun's "use the agent's TCPStore" flag for its own workers (torch.distributed.run).
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+#: In a spawned worker whose parent torchrun told to use the agent's store: where that store
+#: is (``MASTER_ADDR:MASTER_PORT`` as the worker inherited them).
+AGENT_ENDPOINT_ENV = "DDPTUI_AGENT_STORE"
 
 #: Whether this process has seen its process group (and announced its rank when spawned).
 _group_seen = False
@@ -42,8 +45,10 @@ def spawned_worker(
     # to use the agent's store: inherited, it would make these workers' env:// rendezvous
     # (MASTER_ADDR/PORT the script sets, as pytorch/examples' multigpu.py does) connect as
     # clients to a store nobody serves, and wait 30 minutes. The script's own workers are not
-    # torchrun's: they rendezvous as under ``python script.py``.
-    os.environ.pop(AGENT_STORE_ENV, None)
+    # torchrun's: they rendezvous as under ``python script.py``, unless they meet at the
+    # agent's own endpoint (see :func:`before_rendezvous`).
+    if os.environ.pop(AGENT_STORE_ENV, None) == "True":
+        os.environ[AGENT_ENDPOINT_ENV] = _endpoint()
     from ddptui.rank.reporter import get_reporter  # loaded on use: keeps this module light
 
     # The reporter first (its exit handler then runs last, after the hooks flushed the last
@@ -51,6 +56,28 @@ def spawned_worker(
     get_reporter()
     install()
     return fn(index, *args)
+
+
+def _endpoint() -> str:
+    return f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+
+
+def before_rendezvous() -> None:
+    """In a spawned worker, just before its process group forms: torchrun's agent-store flag
+    back when the worker meets at the agent's own endpoint (PyTorch Lightning's ``ddp_spawn``
+    keeps torchrun's ``MASTER_ADDR``/``MASTER_PORT``: without the flag its rank 0 tried to
+    serve a store there and failed, "address already in use", where plain torchrun works),
+    and away when the script set another (pytorch/examples' ``multigpu.py``, which would wait
+    as a client of a store nobody serves). Reached when the script calls
+    ``torch.distributed.init_process_group`` through the module; a script that bound it by
+    name before the hooks were in keeps the flag away, as under ``python script.py``."""
+    agent = os.environ.get(AGENT_ENDPOINT_ENV)
+    if agent is None:
+        return
+    if agent == _endpoint():
+        os.environ[AGENT_STORE_ENV] = "True"
+    else:
+        os.environ.pop(AGENT_STORE_ENV, None)
 
 
 def wrap_target(fn: Callable[..., Any], install: Callable[[], Any]) -> Callable[..., Any]:

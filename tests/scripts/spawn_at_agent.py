@@ -1,0 +1,33 @@
+"""One process that ``mp.spawn``s two workers which meet at the endpoint they inherited, the
+way PyTorch Lightning's ``ddp_spawn`` does under torchrun: ``MASTER_ADDR``/``MASTER_PORT`` as
+torchrun set them, env:// through ``torch.distributed.init_process_group`` (the module's
+attribute), a few DDP steps on CPU. Prints ``worker R done`` from each worker."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+WORKERS = 2
+
+
+def worker(index: int) -> None:
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(index), str(WORKERS)
+    dist.init_process_group("gloo")  # env:// at the inherited MASTER_ADDR:MASTER_PORT
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+    print(f"worker {index} done", flush=True)
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, nprocs=WORKERS)
