@@ -309,8 +309,8 @@ def command_line_problem(args: argparse.Namespace) -> str | None:
         if args.amp not in (None, "off"):
             # ddptui cannot switch a script's autocast on: taken silently, it would be a lie
             return (
-                f"--script runs your own script: --amp {args.amp} is for the built-in "
-                "trainers (your script does its own autocast, or none; pass its options after --)"
+                "--script runs your own script: --amp is for the built-in trainers (your "
+                "script does its own autocast, or none; pass its options after --)"
             )
     return None
 
