@@ -169,13 +169,25 @@ def live_state(per_rank, steps=10):
 def test_diagnoser_reports_a_straggler_once_after_it_held():
     state = live_state({0: VICTIM, 1: INPUT_CULPRIT})
     d = Diagnoser(hang_timeout=0)
+    assert d.check(state, 9.5) == []  # the last steps came at 9.0: the ranks still step
     assert d.check(state, 10.0) == []
-    assert d.check(state, 11.0) == []
-    (found,) = d.check(state, 12.0)
+    (found,) = d.check(state, 10.5)
     assert (found.rank, found.cause) == (1, "input")
-    assert found.t == pytest.approx(12.0)
-    assert d.check(state, 13.0) == []
+    assert found.t == pytest.approx(10.5)
+    assert d.check(state, 11.0) == []
     assert d.diagnoses == [found]
+
+
+def test_no_straggler_is_named_from_the_steps_of_ranks_that_stopped_stepping():
+    """A rank that hangs (or waits for rank 0's evaluation) is not judged on its old steps:
+    the hang verdict, or nothing, says what it is. One was once named a compute straggler
+    while it hung."""
+    state = live_state({0: VICTIM, 1: INPUT_CULPRIT})  # last steps at 9.0
+    d = Diagnoser(hang_timeout=0, confirm=1)
+    assert d.check(state, 30.0) == []  # 21 s without a step: no rank is judged
+    for i in range(10, 12):  # rank 0 steps again, rank 1 does not
+        state.apply(step_event(0, i, VICTIM), now=30.0 + i)
+    assert d.check(state, 42.0) == []  # one rank stepping: nobody to compare it with
 
 
 def test_diagnoser_says_nothing_once_the_run_ended():
@@ -225,10 +237,10 @@ def test_a_paused_culprit_is_not_called_host_for_the_cpu_it_idles_away():
     starved = {1: 30.0}
     (found,) = Diagnoser(hang_timeout=0, confirm=1).check(state, 29.5, starved)
     assert (found.rank, found.cause) == (1, "host")  # stepping: its CPU is its steps'
-    (found,) = Diagnoser(hang_timeout=0, confirm=1).check(state, 60.0, starved)
-    assert (found.rank, found.cause) == (1, "compute")  # 31 s since its last step
+    # 31 s since its last step: not judged live at all, and at the end not called "host"
+    assert Diagnoser(hang_timeout=0, confirm=1).check(state, 60.0, starved) == []
     (found,) = Diagnoser(hang_timeout=0).final(state, 60.0, starved)
-    assert found.cause == "compute"
+    assert (found.rank, found.cause) == (1, "compute")
 
 
 # -- hangs ------------------------------------------------------------------------------------

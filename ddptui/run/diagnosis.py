@@ -932,7 +932,11 @@ class Diagnoser:
         if state.outcome:
             return found
         t = state.elapsed(now)
-        live = [r for r, v in state.ranks.items() if v.state == "started"]
+        # A straggler verdict stands on steps that still come: a rank paused (hung, or waiting
+        # for rank 0's evaluation) is not judged on the medians of steps it made before, nor
+        # are the others against it. Such a rank was once named a compute straggler from its
+        # old steps while it hung, before the hang verdict said what it was.
+        live = [r for r, v in state.ranks.items() if v.state == "started" and v.stepping_at(now)]
         history = getattr(state, "phase_history", None)
         finding = (
             find_straggler(history, live, stepping_cpu(state, cpu_percent, now), t=t)

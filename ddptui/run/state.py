@@ -124,6 +124,8 @@ class RankView:
     samples_timed: int = 0
     time_stepping: float = 0.0
     last_seen: float | None = None
+    #: When its last step arrived.
+    last_step_at: float | None = None
     last_seq: int = -1
     events: int = 0
     gaps: int = 0  # events missing according to seq numbers (dropped on the way)
@@ -231,7 +233,8 @@ class RankView:
     def stepping_at(self, now: float) -> bool:
         """Whether the rank still steps at ``now``: its last step arrived within the grace
         (not paused for a rank-0 evaluation, a checkpoint or a peer)."""
-        return bool(self.sps_series) and now - self.sps_series[-1][0] <= self.rate_grace()
+        last = self.last_step_at
+        return last is not None and now - last <= self.rate_grace()
 
     def rate_grace(self) -> float:
         """How long after its last step a rank's latest rate still holds (s)."""
@@ -432,6 +435,7 @@ class RunState:
     def _on_step(self, view: RankView, ev: protocol.Step, now: float) -> None:
         if self.first_step_at is None:
             self.first_step_at = now
+        view.last_step_at = now
         if view.state == "pending":
             view.state = "started"
         if ev.epoch is not None and ev.epoch != view.epoch:
