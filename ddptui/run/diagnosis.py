@@ -218,7 +218,8 @@ def find_straggler(
 def stepping_cpu(
     state: Any, cpu_percent: Mapping[int, float] | None, now: float
 ) -> dict[int, float] | None:
-    """The CPU readings of the ranks that step at ``now``: the straggler rule's ``host`` cause
+    """The CPU readings of the ranks that step at ``now`` (for the end-of-run verdict, which
+    judges ranks that have stopped; the live check judges only stepping ones): the ``host`` cause
     compares a rank's CPU with the compute share of its steps, and a rank paused (waiting in
     the gradient all-reduce while rank 0 alone evaluates, as nanoGPT's ``train.py`` does) idles
     for reasons its steps do not show: a rank named "host, gets 6 % CPU" there was wrong."""
@@ -938,11 +939,8 @@ class Diagnoser:
         # old steps while it hung, before the hang verdict said what it was.
         live = [r for r, v in state.ranks.items() if v.state == "started" and v.stepping_at(now)]
         history = getattr(state, "phase_history", None)
-        finding = (
-            find_straggler(history, live, stepping_cpu(state, cpu_percent, now), t=t)
-            if history is not None
-            else None
-        )
+        # every judged rank steps, so its CPU reading is its steps' (see stepping_cpu)
+        finding = find_straggler(history, live, cpu_percent, t=t) if history is not None else None
         key = None if finding is None else (finding.rank, finding.cause)
         if key == self._candidate:
             self._held += 1
