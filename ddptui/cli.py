@@ -33,7 +33,13 @@ from ddptui.headless import run_headless
 from ddptui.monitor import cli as monitor_cli
 from ddptui.run.cluster.slurm import sbatch_script
 from ddptui.run.config import build_config, check_options
-from ddptui.run.options import ConfigError, parse_int, parse_path
+from ddptui.run.options import (
+    TRAINER_OPTIONS,
+    ConfigError,
+    parse_int,
+    parse_path,
+    script_option_problem,
+)
 from ddptui.run.registry import DEFAULT_TRAINER, registry
 from ddptui.run.rundir import RunDirError, read_config
 from ddptui.runfiles import RunDir
@@ -286,10 +292,6 @@ def run_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: Options that only a built-in trainer takes (a --script reads its own arguments after --).
-_TRAINER_ONLY = ("trainer", "model")
-
-
 def command_line_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the run command line as a whole, before any value is judged: an
     option given an empty value (on the command line a blank is a mistake, not "default"),
@@ -299,20 +301,7 @@ def command_line_problem(args: argparse.Namespace) -> str | None:
             return f"--{key.replace('_', '-')} needs a value (it was given an empty one)"
     if args.no_ui and args.start:
         return "--start is for the dashboard; --no-ui always starts at once"
-    if args.script is not None:
-        for key in _TRAINER_ONLY:
-            if getattr(args, key) is not None:
-                return (
-                    f"--script runs your own script: --{key} is for the built-in trainers "
-                    "(pass your script's options after --)"
-                )
-        if args.amp not in (None, "off"):
-            # ddptui cannot switch a script's autocast on: taken silently, it would be a lie
-            return (
-                "--script runs your own script: --amp is for the built-in trainers (your "
-                "script does its own autocast, or none; pass its options after --)"
-            )
-    return None
+    return script_option_problem(vars(args))
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -360,15 +349,22 @@ def continue_run_dir(raw: dict) -> dict:
         raise ConfigError("resume", f"--resume {resume}: the run has no {checkpoint.name}")
     merged = dict(raw)
     given_target = raw.get("trainer") or raw.get("script")
+    script_run = bool(raw.get("script") or (not given_target and saved.get("script")))
     for key in _CONTINUED:
         if key in ("trainer", "script") and given_target:
             continue
+        if script_run and key in TRAINER_OPTIONS:
+            continue  # a script's run has none (its saved seed, say, is only the default)
         if merged.get(key) in (None, False) and saved.get(key) not in (None, ""):
             merged[key] = saved[key]
     if not merged.get("script_args") and isinstance(saved.get("script_args"), list):
         merged["script_args"] = tuple(str(a) for a in saved["script_args"])
     if merged.get("script"):
         merged.pop("trainer", None)
+        # ``--resume RUN_DIR --lr 0.1`` of a script's run: refused as with --script itself
+        problem = script_option_problem(merged)
+        if problem:
+            raise ConfigError("resume", problem)
     merged["resume"] = str(checkpoint)
     return merged
 

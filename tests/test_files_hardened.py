@@ -172,6 +172,13 @@ def test_a_path_too_long_is_one_line(capsys, argv):
         (["--script", "x.py", "--model", "resnet50"], "--model is for the built-in trainers"),
         (["--script", "x.py", "--amp", "bf16"], "--amp is for the built-in trainers"),
         (["--script", "x.py", "--amp", "\x1b[2J" + "x" * 5000], "--amp is for the built-in"),
+        # the trainers' options, which a script never reads: refused, not silently ignored
+        (["--script", "x.py", "--lr", "0.1"], "--lr is for the built-in trainers"),
+        (["--script", "x.py", "--batch-size", "64"], "--batch-size is for the built-in"),
+        (["--script", "x.py", "--seed", "1"], "--seed is for the built-in trainers"),
+        (["--script", "x.py", "--workers", "2"], "--workers is for the built-in trainers"),
+        (["--script", "x.py", "--data-dir", "d"], "--data-dir is for the built-in trainers"),
+        (["--script", "x.py", "--sync-bn"], "--sync-bn is for the built-in trainers"),
         (["--hang-timeout", "9" * 5000], "--hang-timeout must be"),
         (["--hang-timeout", "1" + "0" * 300], "--hang-timeout must be 0 (off)"),
     ],
@@ -187,6 +194,8 @@ def test_run_options_refused_in_one_line(capsys, argv, needle):
         (["--backend", "gloo,"], "--backend has an empty value"),
         (["--launcher", "dp", "--world-size", "2"], "it takes no --world-size or --backend"),
         (["--launcher", "dp", "--backend", "gloo"], "it takes no --world-size or --backend"),
+        (["--script", "x.py", "--lr", "0.1"], "--lr is for the built-in trainers"),
+        (["--script", "x.py", "--sync-bn"], "--sync-bn is for the built-in trainers"),
     ],
 )
 def test_bench_options_refused_in_one_line(capsys, argv, needle):

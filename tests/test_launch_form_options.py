@@ -87,10 +87,12 @@ async def test_own_script_hides_the_trainers_options(tmp_path):
         assert screen.query_one("#row-workers").display and screen.query_one("#row-amp").display
         screen.query_one("#f-trainer", Select).value = OWN_SCRIPT
         await pilot.pause()
-        # a script reads its own workers and does its own autocast (or none)
-        assert not screen.query_one("#row-workers").display
-        assert not screen.query_one("#row-amp").display
-        assert (screen.raw_options()["workers"], screen.raw_options()["amp"]) == (None, None)
+        # a script reads its own options (workers, batch size, lr, seed) and does its own
+        # autocast (or none): the rows go, and so do their values
+        screen.query_one("#f-lr", Input).value = "0.5"
+        for name in ("workers", "amp", "batch_size", "lr", "seed"):
+            assert not screen.query_one(f"#row-{name}").display, name
+            assert screen.raw_options()[name] is None, name
 
 
 async def test_trainer_arguments_are_checked_when_launch_is_pressed(tmp_path):

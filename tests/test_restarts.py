@@ -379,6 +379,27 @@ def test_resume_command_repeats_the_options(tmp_path):
     assert line.endswith("-- --train-size '8 00'")
 
 
+def test_a_script_runs_resume_takes_none_of_the_trainers_options(tmp_path):
+    from ddptui.cli import continue_run_dir
+    from ddptui.run.options import resume_command
+    from ddptui.runfiles import write_json_atomic
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    cfg = _cfg(tmp_path, script=str(script), script_args=("--lr", "0.3"))
+    line = resume_command(cfg)
+    assert f"--script {script}" in line and line.endswith("-- --lr 0.3")
+    # the defaults a script's config holds (seed 0, workers 0) are not options it took
+    assert "--seed" not in line.split(" -- ")[0] and "--workers" not in line
+    RunDir(cfg.run_dir).path.mkdir(parents=True)
+    write_json_atomic(RunDir(cfg.run_dir).config, cfg.to_json_dict())
+    RunDir(cfg.run_dir).checkpoint.write_bytes(b"x")
+    raw = continue_run_dir({"resume": cfg.run_dir, "script_args": ()})
+    assert raw["script"] == str(script) and "seed" not in raw and "workers" not in raw
+    with pytest.raises(ConfigError, match="--lr is for the built-in trainers"):
+        continue_run_dir({"resume": cfg.run_dir, "lr": "0.1"})
+
+
 def test_resume_run_dir_takes_the_saved_options(tmp_path):
     from ddptui.cli import continue_run_dir
     from ddptui.runfiles import write_json_atomic

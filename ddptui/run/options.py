@@ -178,6 +178,32 @@ class RunConfig:
         return env
 
 
+#: Run options only the built-in trainers read: a ``--script`` reads its own arguments (after
+#: ``--``), so one of these beside it would be taken and ignored, a silent lie.
+TRAINER_OPTIONS = ("trainer", "model", "batch_size", "lr", "seed", "workers", "data_dir", "sync_bn")
+
+
+def script_option_problem(values: dict[str, Any]) -> str | None:
+    """Why options given with ``--script`` cannot be (a built-in trainer's option, or an AMP
+    mode ddptui cannot switch on in a script), as one line; None when there is none.
+    ``values``: option name -> value as given (None or False: not given)."""
+    if values.get("script") is None:
+        return None
+    for key in TRAINER_OPTIONS:
+        if values.get(key) not in (None, False):
+            return (
+                f"--script runs your own script: --{key.replace('_', '-')} is for the built-in "
+                "trainers (pass your script's options after --)"
+            )
+    amp = values.get("amp")  # one mode, or bench's list of them; None or "off": no AMP
+    if any(mode not in (None, "off") for mode in (amp if isinstance(amp, list) else [amp])):
+        return (
+            "--script runs your own script: --amp is for the built-in trainers (your script "
+            "does its own autocast, or none; pass its options after --)"
+        )
+    return None
+
+
 def resume_command(cfg: RunConfig) -> str:
     """The command line that continues ``cfg``'s run from its checkpoint, with its options."""
     import shlex
@@ -191,7 +217,7 @@ def resume_command(cfg: RunConfig) -> str:
         ("--backend", cfg.backend),
         ("--amp", cfg.amp),
         ("--world-size", cfg.world_size),
-        ("--workers", None if cfg.script else cfg.workers),
+        ("--workers", cfg.workers),
         ("--epochs", cfg.epochs),
         ("--batch-size", cfg.batch_size),
         ("--lr", cfg.lr),
@@ -201,9 +227,10 @@ def resume_command(cfg: RunConfig) -> str:
         ("--init-method", cfg.init_method),
         ("--max-restarts", cfg.max_restarts or None),
     ):
-        if value is not None:
+        # A script's run takes none of the trainers' options (they would be refused).
+        if value is not None and not (cfg.script and flag[2:].replace("-", "_") in TRAINER_OPTIONS):
             argv += [flag, str(value)]
-    argv += ["--sync-bn"] if cfg.sync_bn else []
+    argv += ["--sync-bn"] if cfg.sync_bn and not cfg.script else []
     argv += ["--oversubscribe"] if cfg.oversubscribe else []
     if cfg.script_args:
         argv += ["--", *cfg.script_args]

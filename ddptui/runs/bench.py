@@ -39,7 +39,7 @@ from ddptui.monitor import RankInfo, Sampler, is_na, join_ranks
 from ddptui.rank.cpus import usable_cpus
 from ddptui.run.config import build_config
 from ddptui.run.machine import Machine
-from ddptui.run.options import ConfigError, parse_choice, parse_int
+from ddptui.run.options import ConfigError, parse_choice, parse_int, script_option_problem
 from ddptui.run.rundir import iter_events
 from ddptui.run.session import RunSession
 from ddptui.runs import benchmath
@@ -208,11 +208,9 @@ def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
         raise UsageError(f"--steps must be at most 10000000, got {steps}")
     backends = _choices("backend", args.backend, BACKEND_CHOICES)
     amps = _choices("amp", args.amp, AMP_MODES)
-    if args.script is not None and any(amp not in (None, "off") for amp in amps):
-        raise UsageError(
-            "--script runs your own script: --amp is for the built-in trainers (your script "
-            "does its own autocast, or none; pass its options after --)"
-        )
+    problem = script_option_problem({**vars(args), "amp": amps})
+    if problem:
+        raise UsageError(problem)
     launchers = _choices("launcher", args.launcher, BENCH_LAUNCHERS)
     if launchers == [DP] and (args.world_size is not None or args.backend is not None):
         raise UsageError(

@@ -65,6 +65,8 @@ FORM_ORDER = (
     "seed",
     "run_dir",
 )
+#: Rows a script does not take (the built-in trainers' options; ``--script`` refuses them).
+SCRIPT_HIDDEN = ("workers", "amp", "batch_size", "lr", "seed")
 #: Options checked against the machine (torch must have answered before they are judged).
 MACHINE_OPTIONS = ("device", "backend", "amp", "world_size", "workers")
 #: Choice fields: raw option name -> choices.
@@ -357,8 +359,8 @@ class LaunchScreen(Screen):
             raw[name] = self.query_one(f"#f-{name}", Input).value or None
         raw["oversubscribe"] = self.query_one("#f-oversubscribe", Checkbox).value
         if trainer == OWN_SCRIPT:
-            raw["workers"] = None  # the trainers' options: a script reads its own
-            raw["amp"] = None
+            for name in SCRIPT_HIDDEN:  # the trainers' options: a script reads its own
+                raw[name] = None
         args = self.query_one("#f-script_args", Input).value
         try:
             raw["script_args"] = tuple(shlex.split(args))
@@ -462,8 +464,12 @@ class LaunchScreen(Screen):
     def _show_script_fields(self) -> None:
         script = self.query_one("#f-trainer", Select).value == OWN_SCRIPT
         self.query_one("#row-script").display = script
-        self.query_one("#row-workers").display = not script  # the trainers' options
-        self.query_one("#row-amp").display = not script
+        for name in SCRIPT_HIDDEN:  # the trainers' options
+            self.query_one(f"#row-{name}").display = not script
+        # A script's epochs go to the dashboard only (its progress and ETA)
+        self.query_one("#f-epochs", Input).placeholder = (
+            "your script's, for progress" if script else TEXT_FIELDS["epochs"][1]
+        )
 
     @on(Input.Changed)
     @on(Select.Changed)
