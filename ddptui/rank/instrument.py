@@ -149,6 +149,8 @@ COLLECTIVES = (
 )
 _FALSE = ("", "0", "false", "no", "off")
 _BWD = ("bwd", "after_bwd")  # segments that may hold gradients
+#: A step's phase accumulators before any time is added (copied: faster than building one).
+_NO_PHASES = dict.fromkeys(PHASES, 0.0)
 
 
 def wanted(environ: dict[str, str] | None = None) -> bool:
@@ -347,10 +349,21 @@ class _GradWatch:
         self.arm_all()
 
     def _hook(self, index: int) -> Callable[[Any], None]:
-        on_grad = self.inst._on_grad
+        # One flat function: it runs inside the autograd engine, after the step's backward
+        # kernels have pushed the interpreter's data out of the CPU caches, where every call
+        # and attribute costs many times what it costs warm.
+        inst = self.inst
 
         def hook(param: Any) -> None:
-            on_grad(self, index)
+            inst.hook_calls += 1
+            if inst.disabled:
+                return
+            self.last = index
+            self.fired += 1
+            if inst._seg in _BWD:
+                inst._t_grad = inst.clock()
+                if inst._cuda is not None:
+                    inst._record_grad_event()
 
         return hook
 
@@ -394,6 +407,7 @@ class Instrument:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
         self.torch: Any = None
+        self._grad_enabled: Callable[[], bool] = lambda: True  # torch.is_grad_enabled once attached
         self.disabled = False
         self.explicit = False
         self.hook_calls = 0
@@ -484,6 +498,7 @@ class Instrument:
         if self.torch is not None:
             return
         self.torch = torch
+        self._grad_enabled = torch.is_grad_enabled
         if not self._atexit:
             # Registered after the reporter's exit handler (the rank entry creates the
             # reporter first), so it runs before it: the last steps go out before the reporter
@@ -914,15 +929,13 @@ class Instrument:
             self._release_first()
 
     def _training(self, module: Any) -> bool:
-        return module.training and self.torch.is_grad_enabled()
+        return module.training and self._grad_enabled()
 
     def _training_ddp(self, ddp: Any) -> bool:
         """A DDP module's forward trains when grad is on and it or the module it wraps is in
         training mode: PyTorch Lightning leaves its DDP wrapper in eval mode after the
         sanity check and switches only the LightningModule inside back to ``train()``."""
-        return (ddp.training or getattr(ddp.module, "training", False)) and (
-            self.torch.is_grad_enabled()
-        )
+        return (ddp.training or getattr(ddp.module, "training", False)) and self._grad_enabled()
 
     # -- hooks ---------------------------------------------------------------------------------
     def _outer_pre(self, ddp: Any, args: tuple, kwargs: dict) -> None:
@@ -930,7 +943,10 @@ class Instrument:
         if self.disabled:
             return None
         try:
-            if not self._training_ddp(ddp):
+            # _training_ddp, inline (this hook runs first after the data wait: cold)
+            if not (
+                (ddp.training or getattr(ddp.module, "training", False)) and self._grad_enabled()
+            ):
                 self._eval_forward(start=True)
                 return None
             self._training_fwd = True
@@ -998,19 +1014,13 @@ class Instrument:
             self._fail(exc)
         return None
 
-    def _on_grad(self, watch: _GradWatch, index: int) -> None:
-        self.hook_calls += 1
-        if self.disabled:
-            return
-        watch.last = index
-        watch.fired += 1
-        if self._seg in _BWD:
-            self._t_grad = self.clock()
-            if self._grad_event is not None and self._cuda is not None:
-                try:
-                    self._grad_event.record(self.torch.cuda.current_stream(self._cuda))
-                except Exception as exc:
-                    self._fail(exc)
+    def _record_grad_event(self) -> None:
+        """GPU: the last-gradient event, behind the kernel that made the gradient."""
+        if self._grad_event is not None:
+            try:
+                self._grad_event.record(self.torch.cuda.current_stream(self._cuda))
+            except Exception as exc:
+                self._fail(exc)
 
     def _on_scale(self, outputs: Any, scaled: Any) -> None:
         if self.disabled:
@@ -1034,12 +1044,17 @@ class Instrument:
                 self._loss_count += 1
                 if len(self._losses) < MAX_LOSSES:
                     scaled = self._scaled
-                    # the tensor itself (the script holds it too); detached when copied or read
                     if scaled is not None and scaled[0] == id(tensor):
                         self._losses.append(scaled[1])
                         self._loss_divisors.append(scaled[2])
                     else:
-                        self._losses.append(tensor)
+                        # Detached: the loss is read a step or more later (by the drainer),
+                        # and the tensor itself would keep the step's whole autograd graph
+                        # alive until then. On CPU that alone cost 70-85 us of a 3 ms
+                        # SmallCNN step (``benchmarks/bench_instrument.py --retained``); a
+                        # detached one costs nothing measurable. The divisor is read now,
+                        # from the graph, while it is there.
+                        self._losses.append(tensor.detach())
                         self._loss_divisors.append(_divisor(tensor))
             self._scaled = None
         except Exception as exc:
@@ -1137,7 +1152,7 @@ class Instrument:
             read = (phases, loss)
             if cuda:
                 self._marks = self._marks[-1:]
-        self._acc = dict.fromkeys(PHASES, 0.0)
+        self._acc = _NO_PHASES.copy()
         if custom:
             self._custom = {}
         if losses:
@@ -1384,7 +1399,7 @@ def _divisor(loss: Any) -> float | None:
     tensor: read without waiting for any device), or None. Never raises."""
     try:
         node = loss.grad_fn
-        if node is None or node.name() != "DivBackward0":
+        if node is None or type(node).__name__ != "DivBackward0":
             return None
         other = node._saved_other
         if other.dim() or other.device.type != "cpu":
@@ -1402,6 +1417,11 @@ def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
 def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
     """Dim 0 of the first ``tensor`` (torch.Tensor) among the forward's arguments (one level
     into lists, tuples and dicts); 0 when there is none."""
+    if args and isinstance(args[0], tensor):  # the usual ``model(x)``: one C call
+        try:
+            return args[0].size(0)
+        except (IndexError, RuntimeError):  # a 0-dim tensor
+            return 0
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, tensor):
             return int(value.shape[0]) if value.dim() else 0
