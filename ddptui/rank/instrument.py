@@ -1055,7 +1055,12 @@ class Instrument:
                         # detached one costs nothing measurable. The divisor is read now,
                         # from the graph, while it is there.
                         self._losses.append(tensor.detach())
-                        self._loss_divisors.append(_divisor(tensor))
+                        node = tensor.grad_fn  # most losses are no quotient: no call for them
+                        self._loss_divisors.append(
+                            _divisor(tensor)
+                            if node is not None and type(node).__name__ == "DivBackward0"
+                            else None
+                        )
             self._scaled = None
         except Exception as exc:
             self._fail(exc)
@@ -1107,7 +1112,6 @@ class Instrument:
     # -- ending a step ---------------------------------------------------------------------------
     def _finish_step(self) -> None:
         losses = self._losses
-        host_losses: list[Any] = []
         loss: tuple[list[Any], int] | None = None  # CPU: the loss tensors, read off the path
         # Gradient accumulation that divides each micro-batch's loss by their number
         # (``loss = loss / accumulation_steps``, nanoGPT's and most scripts' way): the step's
@@ -1116,10 +1120,11 @@ class Instrument:
         scale = count if count > 1 and all(d == count for d in divisors) else 1
         self._loss_count = 0
         if divisors:
-            self._loss_divisors = []
+            divisors.clear()  # read above only: no new list on every step
         cuda = self._cuda is not None
         if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
+            host_losses: list[Any] = []
             torch = self.torch
             for value in losses:
                 if value.device.type == "cuda":
