@@ -657,6 +657,38 @@ def test_a_closure_step_as_lightning_runs_it_has_each_phase_where_it_happens(ins
     assert [log["loss"] for log in logs] == pytest.approx(losses)
 
 
+def test_lbfgs_evaluating_its_closure_again_counts_the_batch_and_its_loss_once(inst):
+    """LBFGS calls the closure up to ``max_iter`` times in one ``step``, on the same batch:
+    each evaluation's forward added the batch again (samples and samples/s five times too
+    many here) and its loss went into the step's mean."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=5)
+    firsts = []
+    for _ in range(3):
+        clock.advance(0.005)
+        x = torch.randn(6, 4)
+        evaluations = []
+
+        def closure(x=x, evaluations=evaluations):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            evaluations.append(loss.item())
+            return loss
+
+        returned = opt.step(closure)
+        assert len(evaluations) > 1  # the line search did evaluate it again
+        assert returned.item() == pytest.approx(evaluations[0])
+        firsts.append(evaluations[0])
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [6] * 3
+    assert [log["loss"] for log in logs] == pytest.approx(firsts)
+    for log in logs:
+        assert sum(log["phases"].values()) == pytest.approx(log["step_time"], abs=1e-9)
+
+
 def test_a_ddp_wrapper_left_in_eval_mode_around_a_training_module_trains(inst):
     """PyTorch Lightning leaves its DDP wrapper in eval mode after its sanity check and puts
     only the LightningModule back in ``train()``: its steps were read as evaluations."""

@@ -52,7 +52,9 @@ Phases of one step (the built-in ones partition the step exactly; ``constants.PH
   inside the optimizer step: a forward that starts there makes the step a closure step, whose
   time from ``optimizer.step``'s call to the forward is ``data`` (and, once a step was one,
   the next step's time before that call too), and whose time from ``backward()``'s return
-  to the step's end is ``optimizer``.
+  to the step's end is ``optimizer``. A closure evaluated again in the same step (LBFGS's
+  line search) counts its batch and its loss once (the first evaluation's, which ``step``
+  returns); the time between evaluations is ``optimizer``.
 * custom phases, ``with ddptui.phase("name"):``, measured on the host and reported *beside*
   the built-in ones: they overlap them (a custom phase inside the data wait counts in both).
 
@@ -461,6 +463,7 @@ class Instrument:
         # ``optimizer.step`` call is the data wait, not the "other" it is in a plain loop.
         self._closure_now = False
         self._closure_loop = False
+        self._closure_repeat = False  # a repeated evaluation of this step's closure runs
         # A spawned worker whose rank is not known yet (see spawned.learn_rank).
         self._rank_unknown = not spawned.learn_rank()
         self._epoch: int | None = None
@@ -912,7 +915,15 @@ class Instrument:
             self._eval_end = now
 
     def _forward_start(self, args: tuple, kwargs: dict, new_seg: str) -> None:
-        if self._seg == "optimizer" and self._mark is not None:
+        if self._closure_now:
+            # The closure evaluated again inside the same optimizer step (LBFGS's line
+            # search, up to max_iter times a step): the same batch, not another one, and the
+            # step's loss is its first evaluation's (the one ``step`` returns). The time
+            # since the last evaluation's ``backward()`` is the optimizer's own work.
+            self._closure_repeat = True
+            if self._seg == "after_bwd":
+                self._seg = "optimizer"
+        elif self._seg == "optimizer" and self._mark is not None:
             # A forward inside the optimizer step: a closure. Its time so far (the
             # framework's prelude: zero_grad, callbacks) is before the forward, as ``data``.
             self._closure_now = True
@@ -924,7 +935,8 @@ class Instrument:
         now = self._transition("fwd_pre", new_seg)
         if first:
             self._step_start = now
-        self._samples += _batch_size(self.torch.Tensor, args, kwargs)
+        if not self._closure_repeat:
+            self._samples += _batch_size(self.torch.Tensor, args, kwargs)
         if not self._first_released and self._pending:
             self._release_first()
 
@@ -1039,6 +1051,8 @@ class Instrument:
             # plain model) no forward is seen, and a CPU 0-dim tensor's backward is the loss
             # all the same (a CUDA one is left alone: reading it would wait for the device).
             return
+        if self._closure_repeat:
+            return  # the loss of a repeated closure evaluation: not the step's
         try:
             if tensor.dim() == 0:
                 self._loss_count += 1
@@ -1082,7 +1096,7 @@ class Instrument:
             self._rank_unknown = not spawned.learn_rank()
         try:
             first = self._mark is None
-            self._closure_now = False
+            self._closure_now = self._closure_repeat = False
             now = self._transition("closure_pre" if self._closure_loop else "opt_pre", "optimizer")
             if first:
                 self._step_start = now
@@ -1138,6 +1152,7 @@ class Instrument:
         # After a closure's backward the optimizer updates: ``optimizer``, not ``data``.
         self._transition("closure_post" if self._closure_now else "opt_post", "data")
         self._closure_loop, self._closure_now = self._closure_now, False
+        self._closure_repeat = False
         now = self._mark
         start = self._step_start
         step_time = max(0.0, now - start) if start is not None else 0.0
