@@ -324,11 +324,12 @@ class _NullSampler:
 
 
 def delays(paints, arrivals, start: float, end: float) -> list[float]:
-    """For every event arriving in [start, end]: time to the first paint that shows it."""
+    """For every event arriving in [start, end]: time to the first paint that shows it
+    (arrivals whose ``newest`` is None were not sampled: left out)."""
     times = [p[0] for p in paints]
     out: list[float] = []
     for arrived, newest, count in arrivals:
-        if not start <= arrived <= end:
+        if newest is None or not start <= arrived <= end:
             continue
         i = bisect.bisect_left(times, arrived)
         for t, shown in paints[i:]:
