@@ -95,9 +95,8 @@ async def test_command_line_options_prefill_the_form(tmp_path):
         "launcher": "spawn",
         "world_size": "3",
         "epochs": "2",
-        "lr": "0.5",
         "run_dir": str(tmp_path / "x"),
-        "model": "resnet18",
+        "hang_timeout": "30",
     }
     app = _app(tmp_path, raw=raw)
     async with app.run_test(size=SIZE) as pilot:
@@ -107,8 +106,8 @@ async def test_command_line_options_prefill_the_form(tmp_path):
         assert screen.query_one("#row-script").display
         assert screen.query_one("#f-script_args", Input).value == "--steps 3"
         options = screen.raw_options()
-        assert options["world_size"] == "3" and options["lr"] == "0.5"
-        assert options["model"] == "resnet18"  # not on the form, kept from the command line
+        assert options["world_size"] == "3" and options["epochs"] == "2"
+        assert options["hang_timeout"] == "30"  # not on the form, kept from the command line
         cfg = build_config(options, NO_CUDA_HOST.machine)
         assert (
             cfg.launcher == "spawn" and cfg.world_size == 3 and cfg.script_args == ("--steps", "3")
