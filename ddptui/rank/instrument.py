@@ -955,10 +955,7 @@ class Instrument:
         if self.disabled:
             return None
         try:
-            # _training_ddp, inline (this hook runs first after the data wait: cold)
-            if not (
-                (ddp.training or getattr(ddp.module, "training", False)) and self._grad_enabled()
-            ):
+            if not self._training_ddp(ddp):
                 self._eval_forward(start=True)
                 return None
             self._training_fwd = True
@@ -1069,12 +1066,7 @@ class Instrument:
                         # them 67-85 us); detached ones, nothing measurable. The divisor is
                         # read now, from the graph, while it is there.
                         self._losses.append(tensor.detach())
-                        node = tensor.grad_fn  # most losses are no quotient: no call for them
-                        self._loss_divisors.append(
-                            _divisor(tensor)
-                            if node is not None and type(node).__name__ == "DivBackward0"
-                            else None
-                        )
+                        self._loss_divisors.append(_divisor(tensor))
             self._scaled = None
         except Exception as exc:
             self._fail(exc)

@@ -29,7 +29,7 @@ from ddptui.constants import (
 from ddptui.monitor.units import format_bytes
 from ddptui.run.config import build_config
 from ddptui.run.config import check_options as check_run_options
-from ddptui.run.options import ConfigError, RunConfig, default_workers
+from ddptui.run.options import TRAINER_OPTIONS, ConfigError, RunConfig, default_workers
 from ddptui.run.registry import DEFAULT_TRAINER, trainer_names
 from ddptui.tui.machine import HostInfo, RecentRun, recent_runs
 
@@ -65,8 +65,11 @@ FORM_ORDER = (
     "seed",
     "run_dir",
 )
-#: Rows a script does not take (the built-in trainers' options; ``--script`` refuses them).
-SCRIPT_HIDDEN = ("workers", "amp", "batch_size", "lr", "seed")
+#: Rows a script does not take: the built-in trainers' options on the form (``--script``
+#: refuses them) and AMP (a script does its own autocast); the trainer row is the choice itself.
+SCRIPT_HIDDEN = tuple(
+    name for name in FORM_ORDER if name in (*TRAINER_OPTIONS, "amp") and name != "trainer"
+)
 #: Options checked against the machine (torch must have answered before they are judged).
 MACHINE_OPTIONS = ("device", "backend", "amp", "world_size", "workers")
 #: Choice fields: raw option name -> choices.
