@@ -657,6 +657,30 @@ def test_a_closure_step_as_lightning_runs_it_has_each_phase_where_it_happens(ins
     assert [log["loss"] for log in logs] == pytest.approx(losses)
 
 
+def test_the_kept_losses_hold_no_autograd_graph_and_still_undo_the_division(inst):
+    """The losses wait a step or more for the drainer: kept whole, each held its step's
+    autograd graph alive until then (a slower step on CPU). Kept detached, the division of
+    gradient accumulation (``loss / 2``) is still read from the graph while it is there."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    means = []
+    for _ in range(2):
+        clock.advance(0.005)
+        opt.zero_grad()
+        micro = []
+        for _ in range(2):
+            loss = model(torch.randn(6, 4)).pow(2).mean()
+            (loss / 2).backward()
+            micro.append(loss.item())
+        assert len(inst._losses) == 2
+        assert all(kept.grad_fn is None and not kept.requires_grad for kept in inst._losses)
+        opt.step()
+        means.append(sum(micro) / 2)
+    inst.flush()
+    assert [log["loss"] for log in inst.fake.logs] == pytest.approx(means)
+
+
 def test_lbfgs_evaluating_its_closure_again_counts_the_batch_and_its_loss_once(inst):
     """LBFGS calls the closure up to ``max_iter`` times in one ``step``, on the same batch:
     each evaluation's forward added the batch again (samples and samples/s five times too
