@@ -6,8 +6,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from ddptui import protocol
+from ddptui.constants import PHASES
 from ddptui.run.diagnosis import (
     IDLE_IO_BYTES_PER_S,
     Diagnoser,
@@ -15,6 +18,7 @@ from ddptui.run.diagnosis import (
     MemoryState,
     PhaseHistory,
     RankEnd,
+    _seconds,
     classify_stack,
     diagnose_crash,
     diagnose_hang,
@@ -142,6 +146,37 @@ def test_phase_history_ignores_steps_without_measurable_phases(bad):
     h = PhaseHistory()
     h.add(0, bad)
     assert h.steps(0) == 0
+
+
+_PHASE_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=0.0, max_value=1e300),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@example({"data": -1.0, "forward": 2.0})
+@example({"data": float("nan"), "comm": 1.0})
+@example({"data": float("inf"), "comm": 1.0})
+@example({"data": 1e308, "forward": 1e308})
+@example({"data": True, "comm": 0.5})
+@example({"data": 2, "comm": 0.5})
+@given(st.dictionaries(st.sampled_from([*PHASES, "augment"]), _PHASE_VALUES, max_size=9))
+def test_phase_history_keeps_what_cleaning_each_phase_by_itself_keeps(values):
+    """The fast path (every phase a finite, non-negative float) and the value-by-value
+    cleaning keep the same shares, whatever the rank sent."""
+    cleaned = [_seconds(values.get(p)) for p in PHASES]
+    total = sum(cleaned)
+    h = PhaseHistory(window=1)
+    h.add(0, values)
+    if not values or total <= 0:
+        assert h.steps(0) == 0
+    else:
+        assert h.median_shares(0) == dict(zip(PHASES, [v / total for v in cleaned], strict=True))
 
 
 def test_custom_phases_are_kept_for_display_but_not_judged():

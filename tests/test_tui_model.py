@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddptui import protocol
+from ddptui.formatting import fmt_rate
 from ddptui.run.state import RunState
 from ddptui.tui.app import restart_config
 from ddptui.tui.machine import recent_runs
@@ -173,6 +174,24 @@ def test_run_frame_formats_ranks_and_flags_problems():
     assert rows[1].problem.startswith("straggler")
     assert rows[2].state == "pending" and rows[2].pid == "--"
     assert frame.status == "running" and frame.epoch == "1/2"
+
+
+@pytest.mark.parametrize("later", [0.0, 0.5, 3.0, 30.0])
+def test_the_header_rate_is_the_runs_global_rate_whatever_the_ranks_states(later):
+    """The frame sums the rates it shows per rank; that sum is the run's global rate: the
+    live ranks' rates at ``now`` (a pause decays them), a failed or pending rank's left out."""
+    state = RunState("r", 4)
+    for step in range(1, 11):
+        state.apply(_step(0, step, step * 0.1, sps=100.0), now=step * 0.1)
+        state.apply(_step(1, step, step * 0.1, sps=250.0, step_time=0.2), now=step * 0.1)
+        state.apply(_step(2, step, step * 0.1, sps=70.0), now=step * 0.1)
+    failed = protocol.Status(run="r", rank=2, t=1.0, seq=11, state="failed", error="boom")
+    state.apply(failed, now=1.0)
+    now = 1.0 + later
+    frame = run_frame(state, now)
+    expected = state.global_samples_per_s(now)
+    assert 0 < expected <= 350.0
+    assert frame.summary.startswith(fmt_rate(expected, True)), frame.summary
 
 
 def test_chart_data_means_loss_per_step_and_lists_evals():

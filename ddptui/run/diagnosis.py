@@ -118,8 +118,17 @@ class PhaseHistory:
             return
         self.latest[rank] = dict(phases)
         get = phases.get
-        seconds = [_seconds(get(p)) for p in PHASES]
-        total = sum(seconds)
+        seconds = [get(p, 0.0) for p in PHASES]
+        # Every phase a float, none negative and their sum finite (no NaN, no infinity): taken
+        # as received, checked at C speed (2,560 steps a second at 256 ranks). Otherwise each
+        # value is cleaned by itself (_seconds).
+        if not (
+            set(map(type, seconds)) == _FLOAT
+            and (total := sum(seconds)) < _INF
+            and min(seconds) >= 0.0
+        ):
+            seconds = [_seconds(value) for value in seconds]
+            total = sum(seconds)
         if total <= 0 or self.window <= 0:  # a window of no steps keeps none
             return
         window = self._shares.get(rank)
@@ -162,10 +171,11 @@ def _median_of_sorted(values: list[float]) -> float:
 
 
 _INF = float("inf")
+_FLOAT = {float}
 
 
 def _seconds(value: object) -> float:
-    if type(value) is float:  # the common case, first: this runs for every phase of every step
+    if type(value) is float:  # the common case, first
         return value if 0.0 <= value < _INF else 0.0
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0

@@ -668,11 +668,9 @@ class RunState:
         problems: dict[int, str] = {}
         if self.outcome:
             return problems
-        typical = {
-            r: v.typical_step_time
-            for r, v in self.ranks.items()
-            if v.state == "started" and v.typical_step_time
-        }
+        # Each live rank's typical step time, read once (the median of its window).
+        live = {r: (v, v.typical_step_time) for r, v in self.ranks.items() if v.state == "started"}
+        typical = {r: value for r, (_, value) in live.items() if value}
         if len(typical) >= 2:
             median = statistics.median(typical.values())
             for rank, value in typical.items():
@@ -681,10 +679,9 @@ class RunState:
                         f"straggler: step time {value * 1000:.0f} ms is "
                         f"{value / median:.1f}x the median {median * 1000:.0f} ms"
                     )
-        for rank, view in self.ranks.items():
-            if view.state != "started" or view.last_seen is None or view.spawned:
+        for rank, (view, interval) in live.items():
+            if view.last_seen is None or view.spawned:
                 continue  # a spawner waits for its workers in silence, by design
-            interval = view.typical_step_time
             if interval is None and view.step == 0:
                 limit = STARTUP_SILENT_S
             else:

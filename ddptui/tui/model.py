@@ -162,6 +162,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     seen_at = state.finished_at if state.outcome and state.finished_at else now
     rows = []
     devices = {}
+    live_rate = 0.0  # the live ranks' rates summed: RunState.global_samples_per_s at ``now``
     for rank, view in sorted(state.ranks.items()):
         problem = problems.get(rank)
         if view.state == "failed":
@@ -170,6 +171,8 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         shown_state = view.activity
         # Live: what the rank keeps up at present (a pause decays it); ended: its mean rate.
         rate = view.rate_over_run() if state.outcome else view.rate_at(now)
+        if view.state == "started" and rate:
+            live_rate += rate
         rows.append(
             RankRow(
                 node=view.node,
@@ -197,7 +200,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     # "0 samples/s" would say nothing about the run, and the last step's rate little).
     counted = state.samples_counted
     rate = (
-        fmt_rate(state.global_samples_per_s(now), counted)
+        fmt_rate(live_rate, counted)
         if state.outcome is None
         else f"{fmt_rate(state.final_samples_per_s(), counted)} over the run"
     )
@@ -236,6 +239,8 @@ def collective_cell(marks: Sequence[tuple]) -> str:
     """``all_reduce #812 …`` (started, not completed) or ``#811 ✓`` (completed), per process
     group (named when there are several, with its backend when a group has two); marks are
     ``(group, op, started, completed, backend)``."""
+    if not marks:
+        return ""
     parts = []
     groups = [m[0] for m in marks]
     for group, op, started, completed, backend in marks:
@@ -403,7 +408,8 @@ def node_summaries(rows: Sequence[RankRow]) -> tuple[NodeSummary, ...]:
         hosts = sorted({r.host for r in members if r.host != "--"})
         times = [r.step_time_s for r in members if r.step_time_s is not None]
         losses = [r.loss_value for r in members if r.loss_value is not None]
-        worst = min((severity(r) for r in members), key=lambda s: _SEVERITY_INDEX.get(s, 99))
+        severities = [severity(r) for r in members]
+        worst = min(severities, key=lambda s: _SEVERITY_INDEX.get(s, 99))
         out.append(
             NodeSummary(
                 node=group,
@@ -414,7 +420,7 @@ def node_summaries(rows: Sequence[RankRow]) -> tuple[NodeSummary, ...]:
                 min_loss=min(losses) if losses else None,
                 max_loss=max(losses) if losses else None,
                 worst=worst,
-                problems=sum(1 for r in members if severity(r) in SEVERITY[:4]),
+                problems=sum(1 for s in severities if s in SEVERITY[:4]),
             )
         )
     return tuple(out)
