@@ -1,5 +1,7 @@
 """The phase bars and the diagnosis lines of the run screen."""
 
+import pytest
+
 from ddptui.run.state import RunState
 from ddptui.tui.widgets.phases import PhasePanel, diagnosis_text, phase_bars
 from tests.tui_fixtures.fakes import FINISHED_RUN, primed_app, replay
@@ -69,3 +71,53 @@ async def test_run_screen_shows_phases_and_diagnoses():
         assert panel.display
         shown = str(panel.content)
         assert "rank   1" in shown and "rank 1 straggler: input" in shown
+
+
+def _source_with_phases(ranks: int):
+    from tests.tui_fixtures.nodes import multi_node_source
+
+    source = multi_node_source(1, ranks)
+    for rank in range(ranks):
+        comm = 0.02 + rank / 1000  # rank 0 waits least: the likeliest culprit
+        for _ in range(5):
+            source.state.phase_history.add(
+                rank, {"data": 0.01, "forward": 0.03, "backward": 0.04, "comm": comm}
+            )
+    source.recorded_diagnoses = ["communication-bound: the ranks wait 22 % of their step"]
+    return source
+
+
+@pytest.mark.parametrize("ranks, logs", [(8, True), (16, True), (16, False), (256, True)])
+async def test_the_run_screen_fits_a_120x40_terminal_whatever_the_ranks(ranks, logs):
+    """The rank table and the phase panel share what the header, the charts' least, the
+    logs and the footer leave: nothing scrolls but the table, the phase panel draws the bars
+    that fit (the likeliest culprits first) and keeps its diagnosis line."""
+    from ddptui.tui.screens.run import CHARTS_MIN_LINES
+    from ddptui.tui.widgets.ranks import RankTable
+
+    app = primed_app("replay", replay_source=_source_with_phases(ranks))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        if not logs:
+            await pilot.press("l")
+        for _ in range(3):
+            app.screen.refresh_view()
+            app.screen.refresh_slow()
+            await pilot.pause()
+        screen = app.screen
+        assert screen.max_scroll_y == 0, "the screen itself scrolls"
+        assert screen.query_one("#run-body").size.height >= CHARTS_MIN_LINES
+        table = screen.query_one(RankTable)
+        panel = screen.query_one(PhasePanel)
+        shown = str(panel.content).splitlines()
+        assert panel.size.height == len(shown)  # nothing of it clipped
+        assert shown[-1].startswith("◆ communication-bound")
+        assert "rank   0" in str(panel.content)  # the likeliest culprit keeps its bar
+        if ranks == 8:  # fits whole: every rank's line and every bar
+            assert table.size.height == ranks + 1 and len(shown) == 1 + ranks + 1
+            return
+        assert "more ranks" in shown[-2] and len(shown) < 1 + 8 + 2  # fewer bars than 8
+        if logs:  # the table scrolls
+            assert table.size.height < len(table.lines) + 1 and table.max_scroll_y > 0
+        else:  # the logs' lines let every rank in
+            assert table.size.height == ranks + 1

@@ -18,6 +18,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.scalar import Scalar
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer
@@ -45,6 +46,16 @@ LARGE_RUN_RANKS = 64
 #: three refreshes a second read as live as four and a half (256 ranks on 32 nodes: about
 #: 1.5 % of a core less).
 LARGE_RUN_HZ = 3.0
+#: Lines the charts' row keeps at least (its CSS min-height): the rank table and the phase
+#: panel share what the screen has left (see RunScreen.fit_heights).
+CHARTS_MIN_LINES = 10
+#: Most lines the rank table (with its header) and the phase panel take on a tall screen.
+TABLE_MAX_LINES = 18
+PHASES_MAX_LINES = 13
+#: Fewest lines they keep on a short one: the table's header and four ranks; the phase
+#: legend, one bar and a diagnosis.
+TABLE_MIN_LINES = 5
+PHASES_MIN_LINES = 3
 
 
 class RunScreen(Screen):
@@ -148,6 +159,9 @@ class RunScreen(Screen):
             self.query_one(ThroughputChart),
         )
         self._system = self.query_one(SystemPanel)
+        #: What the table and the phase panel share the screen's height with.
+        self._fixed = (self._header, self._join, self._failure, self._health, self._logs)
+        self._fixed += tuple(self.query(Footer))
         self._view_hz = self.view_hz(len(self.source.state.ranks))
         self._redraw_timers = [
             self.set_interval(1 / self._view_hz, self.refresh_view, name="refresh-view"),
@@ -203,6 +217,7 @@ class RunScreen(Screen):
             with source.locked():
                 desync = desync_line(source.diagnoses())
         self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes), desync=desync)
+        self.fit_heights()
         self.app.feed.set_ranks(self.local_rank_devices(frame))
         self._logs.set_ranks(r.rank for r in frame.rows)
         if self.on_frame_drawn is not None:
@@ -278,14 +293,42 @@ class RunScreen(Screen):
         drawn faster, they would only cost more (every rank's medians at each drawing)."""
         if not self._redraw_timers:
             return
-        source = self.source
-        with source.locked():
-            self._phases.show(source.state, source.diagnoses())
+        self._show_phases()
+        self.fit_heights()
         feed = self.app.feed
         feed.tick()
         self._system.show(feed, self.node_lines())
         if self._logs.display:
             self._logs.poll()
+
+    def _show_phases(self) -> None:
+        source = self.source
+        with source.locked():
+            self._phases.show(source.state, source.diagnoses())
+
+    def fit_heights(self) -> None:
+        """Share the screen's height between the rank table and the phase panel, so that the
+        charts keep :data:`CHARTS_MIN_LINES` and the logs and footer stay on screen (8 ranks
+        with their phase bars fill a 120x40 screen; 16 overflowed it, and the screen
+        scrolled). Each gets what it wants when both fit; else the phase panel about a third
+        (fewer bars: the likeliest culprits and every diagnosis stay) and the table the rest,
+        which scrolls. A screen too short even for their least still scrolls."""
+        height = self.size.height
+        if not height or not self._redraw_timers:
+            return
+        fixed = sum(w.outer_size.height for w in self._fixed if w.display)
+        room = height - fixed - CHARTS_MIN_LINES
+        table = min(TABLE_MAX_LINES, len(self._table.lines) + 1)
+        phases = min(PHASES_MAX_LINES, self._phases.wanted_lines) if self._phases.display else 0
+        if table + phases > room:
+            phases = min(phases, max(PHASES_MIN_LINES, room // 3))
+            table = max(TABLE_MIN_LINES, room - phases)
+        if self._table.styles.max_height != Scalar.from_number(table):
+            self._table.styles.max_height = table
+        if phases and phases != self._phases.max_lines:
+            self._phases.max_lines = phases
+            self._phases.styles.max_height = phases
+            self._show_phases()  # with the bars that fit, not clipped until the next drawing
 
     def local_rank_devices(self, frame: RunFrame) -> dict[int, tuple[int | None, str | None]]:
         """The ranks whose processes run on this machine, for the system feed to track: in a

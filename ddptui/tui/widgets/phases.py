@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ddptui.constants import PHASES
 from ddptui.run.state import RunState
-from ddptui.tui.widgets.text import QuietStatic
+from ddptui.tui.widgets.text import QuietStatic, text_height
 
 #: Colour of each built-in phase in the bars and the legend.
 PHASE_STYLES = {
@@ -77,12 +77,33 @@ def diagnosis_text(details: Sequence[str], max_lines: int = MAX_DIAGNOSES) -> Te
 
 
 class PhasePanel(QuietStatic):
-    """Stacked phase bars per rank and the latest diagnoses; hidden while there are none."""
+    """Stacked phase bars per rank and the latest diagnoses; hidden while there are none.
+
+    The screen may give it fewer lines than it wants (:attr:`max_lines`): then it draws fewer
+    bars (the likeliest culprits stay) and keeps every diagnosis line."""
+
+    #: Lines the panel may take (None: as many as it wants).
+    max_lines: int | None = None
+    #: Lines the panel's content wants, as of its latest drawing (0 while hidden).
+    wanted_lines: int = 0
 
     def show(self, state: RunState, diagnoses: Sequence[str] = ()) -> None:
         width = max(10, min(60, (self.content_region.width or 80) - 30))
-        bars = phase_bars(state, width)
         found = diagnosis_text(diagnoses)
+        found_lines = (
+            text_height(found.plain, self.content_region.width) or len(found.plain.splitlines())
+            if found.plain
+            else 0
+        )
+        ranks = len(state.phase_history.ranks())
+        drawn = min(ranks, MAX_BARS)
+        # The legend, a bar per rank drawn, "(+N more ranks)", the diagnoses.
+        bar_lines = 1 + drawn + (ranks > drawn) if ranks else 0
+        self.wanted_lines = bar_lines + found_lines
+        max_bars = MAX_BARS
+        if self.max_lines is not None and self.wanted_lines > self.max_lines:
+            max_bars = self.max_lines - found_lines - 2  # the legend and "(+N more ranks)"
+        bars = phase_bars(state, width, max_bars) if max_bars > 0 else Text()
         text = bars
         if found.plain:
             text = bars + Text("\n") + found if bars.plain else found

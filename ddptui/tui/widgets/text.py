@@ -12,6 +12,14 @@ from rich.text import Text
 from textual.widgets import Static
 
 
+def text_height(plain: str, width: int) -> int | None:
+    """Rows ``plain`` needs at ``width`` columns, counting wrapped lines (an estimate by
+    characters); None when the widget has no width yet (the first layout measures it)."""
+    if not width:
+        return None
+    return sum(max(1, -(-len(line) // width)) for line in plain.split("\n"))
+
+
 class QuietStatic(Static):
     """Static with :meth:`show_text`: no-op when unchanged, repaint-only when it can be."""
 
@@ -23,11 +31,7 @@ class QuietStatic(Static):
             text = Text(text)
         if self._shown_text is not None and text == self._shown_text:
             return
-        width = self.content_region.width
-        lines = text.plain.split("\n")
-        # Rows needed, counting wrapped lines (an estimate by characters; when the widget
-        # has no width yet, the first layout will measure it anyway).
-        height = sum(max(1, -(-len(line) // width)) for line in lines) if width else None
+        height = text_height(text.plain, self.content_region.width)
         layout = height is None or height != self._shown_height
         self._shown_text, self._shown_height = text, height
         self.update(text, layout=layout)
