@@ -325,9 +325,7 @@ class RunScreen(Screen):
             table = max(TABLE_MIN_LINES, room - phases)
         if self._table.styles.max_height != Scalar.from_number(table):
             self._table.styles.max_height = table
-        if phases and phases != self._phases.max_lines:
-            self._phases.max_lines = phases
-            self._phases.styles.max_height = phases
+        if phases and self._phases.limit(phases):
             self._show_phases()  # with the bars that fit, not clipped until the next drawing
 
     def local_rank_devices(self, frame: RunFrame) -> dict[int, tuple[int | None, str | None]]:

@@ -82,10 +82,19 @@ class PhasePanel(QuietStatic):
     The screen may give it fewer lines than it wants (:attr:`max_lines`): then it draws fewer
     bars (the likeliest culprits stay) and keeps every diagnosis line."""
 
-    #: Lines the panel may take (None: as many as it wants).
+    #: Lines the panel may take (None: as many as it wants); set with :meth:`limit`.
     max_lines: int | None = None
     #: Lines the panel's content wants, as of its latest drawing (0 while hidden).
     wanted_lines: int = 0
+
+    def limit(self, lines: int) -> bool:
+        """Take at most ``lines`` lines (the bars drawn next fit them; until then the panel is
+        clipped to them). False when that was the limit already."""
+        if lines == self.max_lines:
+            return False
+        self.max_lines = lines
+        self.styles.max_height = lines
+        return True
 
     def show(self, state: RunState, diagnoses: Sequence[str] = ()) -> None:
         width = max(10, min(60, (self.content_region.width or 80) - 30))
