@@ -217,7 +217,8 @@ class RunScreen(Screen):
             with source.locked():
                 desync = desync_line(source.diagnoses())
         self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes), desync=desync)
-        self.fit_heights()
+        # Once laid out: a panel shown just now has no height before its layout.
+        self.call_after_refresh(self.fit_heights)
         self.app.feed.set_ranks(self.local_rank_devices(frame))
         self._logs.set_ranks(r.rank for r in frame.rows)
         if self.on_frame_drawn is not None:
@@ -294,7 +295,7 @@ class RunScreen(Screen):
         if not self._redraw_timers:
             return
         self._show_phases()
-        self.fit_heights()
+        self.call_after_refresh(self.fit_heights)
         feed = self.app.feed
         feed.tick()
         self._system.show(feed, self.node_lines())
