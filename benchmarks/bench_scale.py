@@ -307,7 +307,7 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
     from ddptui import protocol, safeio
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
-    from ddptui.run.session import RunSession
+    from ddptui.run.session import RunSession, quiet_collector
 
     world = args.nodes * args.per_node
 
@@ -363,6 +363,7 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
             self.launcher = Senders(self.collector.endpoint, self.cfg.run_id, duration)
             self.state.started_at = self.clock()
             self.launcher.start()
+            quiet_collector()  # as RunSession.start
 
         def _record(self, events) -> None:
             super()._record(events)

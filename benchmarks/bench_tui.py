@@ -145,7 +145,7 @@ def make_session_class():
     from ddptui import protocol, safeio
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
-    from ddptui.run.session import RunSession
+    from ddptui.run.session import RunSession, quiet_collector
 
     class FeedLauncher:
         """Launcher stand-in: runs the feeder instead of the ranks."""
@@ -204,6 +204,7 @@ def make_session_class():
             )
             self.state.started_at = self.clock()
             self.launcher.start()
+            quiet_collector()  # as RunSession.start
 
         def _record(self, events) -> None:
             super()._record(events)

@@ -1,0 +1,72 @@
+"""The ingesting process's garbage collector: collected less often, never switched on or
+lowered where someone chose otherwise; the ranks are not touched. No processes started."""
+
+import gc
+
+import pytest
+
+from ddptui.run import session as session_module
+from ddptui.run.config import build_config
+from ddptui.run.launcher import LaunchResult
+from ddptui.run.machine import Machine
+from ddptui.run.session import GC_YOUNG_THRESHOLD, RunSession, quiet_collector
+
+CPU = Machine(0, "no GPU", 2)
+
+
+@pytest.fixture(autouse=True)
+def collector_restored():
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    yield
+    gc.set_threshold(*threshold)
+    (gc.enable if enabled else gc.disable)()
+
+
+def test_the_young_generation_is_collected_less_often_and_the_older_ones_as_set():
+    gc.set_threshold(700, 7, 9)
+    quiet_collector()
+    assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 7, 9)
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize(
+    "threshold, enabled",
+    [
+        ((GC_YOUNG_THRESHOLD * 5, 10, 10), True),  # a higher threshold someone chose
+        ((0, 10, 10), True),  # threshold 0: collection off
+        ((700, 10, 10), False),  # gc.disable()
+    ],
+)
+def test_a_collector_set_otherwise_is_left_as_it_is(threshold, enabled):
+    gc.set_threshold(*threshold)
+    (gc.enable if enabled else gc.disable)()
+    quiet_collector()
+    assert gc.get_threshold() == threshold
+    assert gc.isenabled() is enabled
+
+
+class IdleLauncher:
+    """Starts nothing; ended at once when stopped."""
+
+    def start(self) -> None:
+        pass
+
+    def poll(self) -> LaunchResult | None:
+        return None
+
+    def stop(self, grace: float | None = None) -> LaunchResult:
+        return LaunchResult(0, stopped=True)
+
+
+def test_a_run_session_quiets_the_collector_once_its_ranks_are_launched(tmp_path, monkeypatch):
+    launched_at = []
+    launcher = IdleLauncher()
+    launcher.start = lambda: launched_at.append(gc.get_threshold()[0])  # type: ignore[method-assign]
+    monkeypatch.setattr(session_module, "make_launcher", lambda cfg, endpoint: launcher)
+    gc.set_threshold(700, 10, 10)
+    cfg = build_config({"run_dir": str(tmp_path / "run"), "world_size": "1"}, CPU)
+    with RunSession(cfg) as session:
+        session.start()
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+    # The launch itself ran with the threshold as it was (its processes are exec'd anyway).
+    assert launched_at == [700]
