@@ -307,7 +307,8 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
     from ddptui import protocol, safeio
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
-    from ddptui.run.session import RunSession, quiet_collector
+    from ddptui.run.quiet_gc import quiet_collector
+    from ddptui.run.session import RunSession
 
     world = args.nodes * args.per_node
 

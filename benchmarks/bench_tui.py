@@ -145,7 +145,8 @@ def make_session_class():
     from ddptui import protocol, safeio
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
-    from ddptui.run.session import RunSession, quiet_collector
+    from ddptui.run.quiet_gc import quiet_collector
+    from ddptui.run.session import RunSession
 
     class FeedLauncher:
         """Launcher stand-in: runs the feeder instead of the ranks."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import gc
 import os
 import signal
 import socket
@@ -42,6 +41,7 @@ from ddptui.run.diagnosis import (
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
 from ddptui.run.options import RunConfig
 from ddptui.run.probe import RankProbe
+from ddptui.run.quiet_gc import quiet_collector
 from ddptui.run.rundir import (
     EXIT_CODES,
     RunDirError,
@@ -73,10 +73,6 @@ FLIGHT_WATCH_EVERY_S = 30.0
 #: the front ends fall back to tearing the run down.
 STOP_PATIENCE_S = 30.0
 
-#: Container allocations between two young collections of Python's cyclic garbage collector
-#: in the process that ingests a run (the default is 700). See :func:`quiet_collector`.
-GC_YOUNG_THRESHOLD = 10_000
-
 #: A multi-node run whose ranks here failed waits this long for another node's report of
 #: the rank that failed first.
 REMOTE_FAILURE_WAIT_S = 2.0
@@ -91,24 +87,6 @@ def local_pids(state: RunState, host: str) -> dict[int, int]:
         for rank, view in state.ranks.items()
         if view.pid and view.state == "started" and view.host in (None, host)
     }
-
-
-def quiet_collector() -> None:
-    """Make Python's cyclic garbage collector run less often in this process (ddptui's own:
-    the ranks are other processes, started by exec, that keep their settings).
-
-    Ingest allocates a few objects per event (2,800 events a second at 256 ranks) and the
-    dashboard's frames many more. At the default threshold the young generation is
-    collected about 30 times a second and the whole heap (about 90,000 objects, most of
-    them the dashboard's widgets and imported code that live as long as the process) every
-    five seconds, 50-60 ms each on the UI thread. Measured in ``bench_scale.py`` (256 ranks):
-    the collector's own time 0.62-0.72 s of a 30 s run at the default, 0.22-0.30 s at
-    :data:`GC_YOUNG_THRESHOLD`. Nothing is lost: garbage without cycles is still freed at
-    once (reference counting), cycles a little later. A collector switched off, or set
-    to a higher threshold, is left as it is."""
-    young, *older = gc.get_threshold()
-    if gc.isenabled() and 0 < young < GC_YOUNG_THRESHOLD:
-        gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
 
 
 def make_launcher(

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddptui import protocol, safeio
+from ddptui.run.quiet_gc import quiet_collector
 from ddptui.run.rundir import load_run, read_config
 from ddptui.run.state import RunState
 from ddptui.runfiles import RunDir
@@ -159,6 +160,7 @@ class FollowSource(RunSource):
     def start(self) -> FollowSource:
         """Follow on a daemon thread until the run ends or :meth:`close`."""
         if self._thread is None:
+            quiet_collector()  # as a live run's session does
             self._thread = threading.Thread(target=self._run, name="ddptui-follow", daemon=True)
             self._thread.start()
         return self

@@ -1,7 +1,9 @@
-"""The ingesting process's garbage collector: collected less often, never switched on or
-lowered where someone chose otherwise; the ranks are not touched. No processes started."""
+"""The garbage collector of the process that applies a run's events (a live run's session,
+``ddptui attach``): collected less often, and left alone where someone chose otherwise.
+No processes started."""
 
 import gc
+import shutil
 
 import pytest
 
@@ -9,7 +11,10 @@ from ddptui.run import session as session_module
 from ddptui.run.config import build_config
 from ddptui.run.launcher import LaunchResult
 from ddptui.run.machine import Machine
-from ddptui.run.session import GC_YOUNG_THRESHOLD, RunSession, quiet_collector
+from ddptui.run.quiet_gc import GC_YOUNG_THRESHOLD, quiet_collector
+from ddptui.run.session import RunSession
+from ddptui.tui.follow import FollowSource
+from tests.data_fixtures.record import RUNS
 
 CPU = Machine(0, "no GPU", 2)
 
@@ -70,3 +75,18 @@ def test_a_run_session_quiets_the_collector_once_its_ranks_are_launched(tmp_path
         assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
     # The launch itself ran with the threshold as it was (its processes are exec'd anyway).
     assert launched_at == [700]
+
+
+def test_following_another_processs_run_quiets_the_collector_too(tmp_path):
+    run = tmp_path / "followed"
+    run.mkdir()
+    shutil.copy(RUNS / "amp-off" / "config.json", run / "config.json")
+    (run / "events.jsonl").write_bytes(b"")
+    gc.set_threshold(700, 10, 10)
+    source = FollowSource(run, alive=lambda run_id: True)
+    assert gc.get_threshold()[0] == 700  # reading a run does not
+    source.start()
+    try:
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+    finally:
+        source.close()
