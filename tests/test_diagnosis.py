@@ -455,6 +455,31 @@ def test_once_the_working_rank_stands_still_too_it_is_a_hang():
     assert hang.cause == "hang" and set(d.hung) == {0, 1}
 
 
+def test_one_beat_that_caught_a_working_rank_in_a_collectives_code_is_no_wait():
+    """nanoGPT's rank-0 estimate_loss runs its batches through the DDP module while rank 1
+    waits in the next gradient all-reduce, idle. Rank 0's stack moves from beat to beat; one
+    beat sampled it inside DDP's code. One sample of a moving stack is no wait: rank 0 works
+    and rank 1 waits for it. Two beats standing still there are one."""
+    state = announced(2)
+    for rank in (0, 1):
+        state.apply(step_event(rank, 1, None), now=1.0)
+    t = 2.0
+    while t <= 30.0:
+        label = "DDP _pre_forward" if t >= 30.0 else None
+        state.apply(beat(0, int(t * 10), f"d{t}", t * 0.98, waiting=label), now=t)
+        state.apply(beat(1, int(t * 10), "w", 1.0, waiting="DDP gradient all-reduce"), now=t)
+        t += 2.0
+    stuck = stuck_ranks(state, 30.0, 10.0, 10.0)
+    assert set(stuck) == {1} and working_ranks(state, 30.0, stuck) == [0]
+    d = Diagnoser(hang_timeout=10)
+    (found,) = d.check(state, 30.0)
+    assert found.cause == "waiting" and d.hang is None
+    # rank 0 stands still in DDP's code from then on (its digest no longer moves): a wait
+    state.apply(beat(0, 320, "d30.0", 31.0, waiting="DDP _pre_forward"), now=32.0)
+    state.apply(beat(1, 320, "w", 1.0, waiting="DDP gradient all-reduce"), now=32.0)
+    assert working_ranks(state, 32.0, stuck_ranks(state, 32.0, 10.0, 10.0)) == []
+
+
 @pytest.mark.parametrize("how", ["stack", "flight recorder"])
 def test_a_busy_rank_that_waits_in_a_collective_itself_is_no_work(how):
     """Rank 1 hung outside any collective, idle; rank 0 waits for it in an NCCL all-reduce
@@ -653,6 +678,84 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
             False,
             None,
             "forward (train.py:40)",
+        ),
+        (
+            # nanoGPT's rank-0 estimate_loss through its DDP module, caught in a forward hook
+            # (ddptui's own) between DDP and the model: work, not a wait in "DDP
+            # _run_ddp_forward" (one such sample once tore a healthy run down as hung)
+            [
+                ("/venv/lib/python3.11/site-packages/ddptui/rank/instrument.py", 906, "_eval"),
+                (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"),
+                (f"{TORCH}/nn/parallel/distributed.py", 1735, "_run_ddp_forward"),
+                (f"{TORCH}/nn/parallel/distributed.py", 1910, "forward"),
+                (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"),
+                (SCRIPT, 225, "estimate_loss"),
+                *BOTTOM,
+            ],
+            False,
+            None,
+            "estimate_loss (train.py:225)",
+        ),
+        (
+            # a model of torch's own layers under DDP: the layer's code is innermost
+            [
+                (f"{TORCH}/nn/modules/linear.py", 134, "forward"),
+                (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"),
+                (f"{TORCH}/nn/parallel/distributed.py", 1735, "_run_ddp_forward"),
+                (f"{TORCH}/nn/parallel/distributed.py", 1910, "forward"),
+                *BOTTOM,
+            ],
+            False,
+            None,
+            "main (train.py:80)",
+        ),
+        (
+            # DDP's own forward code running: the plumbing around the model's call
+            [(f"{TORCH}/nn/parallel/distributed.py", 1908, "forward"), *BOTTOM],
+            False,
+            None,
+            "main (train.py:80)",
+        ),
+        (
+            # DDP rebuilding its buckets (a collective in C++ beneath _pre_forward)
+            [(f"{TORCH}/nn/parallel/distributed.py", 1797, "_pre_forward"), *BOTTOM],
+            True,
+            "DDP _pre_forward",
+            "main (train.py:80)",
+        ),
+        (
+            # a functional collective's wait, through torch's dispatcher
+            [
+                (f"{TORCH}/_ops.py", 1243, "__call__"),
+                (f"{TORCH}/distributed/_functional_collectives.py", 140, "wait_tensor"),
+                *BOTTOM,
+            ],
+            True,
+            "wait_tensor",
+            "main (train.py:80)",
+        ),
+        (
+            # a module of torch.distributed being imported (seen once at a rank's start)
+            [
+                (f"{TORCH}/distributed/fsdp/__init__.py", 1, "<module>"),
+                ("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed"),
+                *BOTTOM,
+            ],
+            False,
+            None,
+            "main (train.py:80)",
+        ),
+        (
+            # a checkpoint written by torch.distributed.checkpoint: the writing is innermost
+            [
+                ("/usr/lib/python3.11/pickle.py", 500, "dump"),
+                (f"{TORCH}/serialization.py", 900, "_save"),
+                (f"{TORCH}/distributed/checkpoint/filesystem.py", 300, "_write_item"),
+                *BOTTOM,
+            ],
+            False,
+            None,
+            "main (train.py:80)",
         ),
     ],
 )

@@ -57,14 +57,59 @@ def is_library(file: str) -> bool:
     )
 
 
+#: DDP's own functions that communicate nothing themselves: the forward's plumbing around the
+#: wrapped module's call (the buffer broadcast, the bucket rebuild and the join are elsewhere,
+#: or run in C++ beneath ``_pre_forward``). Innermost, one says the rank is in a forward.
+_DDP_PLUMBING = frozenset(
+    {
+        "forward",
+        "_run_ddp_forward",
+        "_post_forward",
+        "_inside_ddp_forward",
+        "_get_active_ddp_module",
+        "_lazy_init",
+        "_clear_grad_buffer",
+        "_check_sync_bufs_pre_fwd",
+        "_check_sync_bufs_post_fwd",
+        "will_sync_module_buffers",
+        "train",
+        "to_kwargs",
+        "scatter",
+        "gather",
+    }
+)
+#: Code a collective's call passes through between its Python function and the wait (the
+#: dispatcher of torch's functional collectives): skipped, as if not there.
+_PASS_THROUGH = ("/torch/_ops.py",)
+
+
+def _collective(frame: Frame, path: str) -> str | None:
+    """The collective a frame of torch waits in, or None (any other frame)."""
+    if "/torch/" not in path or frame.func == "<module>":  # a module being imported: no wait
+        return None
+    if "/torch/distributed/" in path:
+        return frame.func
+    if path.endswith("torch/nn/parallel/distributed.py"):
+        return None if frame.func in _DDP_PLUMBING else f"DDP {frame.func}"
+    if "/torch/autograd/" in path and frame.func in ("_engine_run_backward", "backward"):
+        return "DDP gradient all-reduce, in backward"
+    if _COLLECTIVE_FUNC.search(frame.func):
+        return frame.func
+    return None
+
+
 def classify(frames: list[Frame] | tuple[Frame, ...]) -> StackInfo:
     """Whether a thread (frames innermost first) sits in a collective, and where the user's
     code is.
 
-    Walks from the innermost frame outwards up to the first frame of the script: a frame of
-    ``torch/distributed/``, DDP's own (buffer broadcast, bucket rebuild), autograd's backward
-    (where DDP waits for the gradient all-reduce) or a function named like a collective
-    (``all_reduce``, ``barrier``, ``broadcast``, ``wait``…) in torch means a collective.
+    The innermost frame decides, up to the first frame of the script: a frame of
+    ``torch/distributed/``, DDP's own that communicates (buffer broadcast, bucket rebuild),
+    autograd's backward (where DDP waits for the gradient all-reduce) or a function named
+    like a collective (``all_reduce``, ``barrier``, ``broadcast``, ``wait``…) in torch means a
+    collective. Any other frame inside those is work they called: the model's layers, a
+    hook (ddptui's own too), the standard library; there the rank is not waiting, whatever
+    called it (a DDP forward around a model of torch's layers, a checkpoint written by
+    ``torch.distributed.checkpoint``).
     """
     if not frames:
         return StackInfo(False, None, "no Python stack")
@@ -76,14 +121,9 @@ def classify(frames: list[Frame] | tuple[Frame, ...]) -> StackInfo:
         if frame is user:
             break
         path = frame.file.replace("\\", "/")
-        if "/torch/" not in path:
-            continue
-        if "/torch/distributed/" in path:
-            return StackInfo(True, frame.func, where, tuple(frames))
-        if path.endswith("torch/nn/parallel/distributed.py"):
-            return StackInfo(True, f"DDP {frame.func}", where, tuple(frames))
-        if "/torch/autograd/" in path and frame.func in ("_engine_run_backward", "backward"):
-            return StackInfo(True, "DDP gradient all-reduce, in backward", where, tuple(frames))
-        if _COLLECTIVE_FUNC.search(frame.func):
-            return StackInfo(True, frame.func, where, tuple(frames))
+        collective = _collective(frame, path)
+        if collective is not None:
+            return StackInfo(True, collective, where, tuple(frames))
+        if not path.endswith(_PASS_THROUGH):
+            break  # work the rank does, not a wait
     return StackInfo(False, None, where, tuple(frames))

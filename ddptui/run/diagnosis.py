@@ -327,6 +327,9 @@ IDLE_IO_BYTES_PER_S = 64 * 1024
 STILL_TOO_SHARE = 0.75
 #: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
 BEAT_LATE = 3
+#: A rank's stack stood still for this many beats in a collective: it waits there (fewer: one
+#: sample, which may have caught a working rank passing through a collective's code).
+WAIT_STILL_BEATS = 2
 
 
 def hang_limit(state: Any, hang_timeout: float | None = None) -> float | None:
@@ -436,13 +439,19 @@ def working_ranks(
     entered it and nobody waits in it for a peer). gloo's marks are not read here: a gloo wait
     shows on the stack, and its marks may lag a rank that went on. A
     rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no work:
-    silence is no evidence either way."""
+    silence is no evidence either way. Waiting is read with the stack's stillness: a rank
+    waits in a collective when its stack has stood still there for :data:`WAIT_STILL_BEATS`
+    beats. One beat is one sample of a stack: a rank that evaluates through its DDP module
+    (nanoGPT's rank-0 ``estimate_loss``) is caught inside DDP's own code now and then, and one
+    such sample made a healthy run's verdict "hung"; a wait stands still, work moves."""
     done = completed_anywhere(state)
     working = []
     for rank, view in state.ranks.items():
         if rank in stuck or view.state != "started" or view.beat_at is None:
             continue
-        if view.waiting or waiting_marks(view.collectives, done, spinning=True):
+        if (view.still_for or 0.0) >= WAIT_STILL_BEATS * beat_s and (
+            view.waiting or waiting_marks(view.collectives, done, spinning=True)
+        ):
             continue
         if now - view.beat_at > BEAT_LATE * beat_s:
             cpu = (cpu_percent or {}).get(rank)
