@@ -746,6 +746,20 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
             "main (train.py:80)",
         ),
         (
+            # a helper torch.distributed runs while one of its modules is imported (seen in a
+            # timm run at start): importing, not waiting
+            [
+                (f"{TORCH}/distributed/tensor/_ops/_pointwise_ops.py", 40, "_get_ops"),
+                (f"{TORCH}/distributed/tensor/_ops/_pointwise_ops.py", 1, "<module>"),
+                ("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed"),
+                ("<frozen importlib._bootstrap_external>", 940, "exec_module"),
+                *BOTTOM,
+            ],
+            False,
+            None,
+            "main (train.py:80)",
+        ),
+        (
             # a checkpoint written by torch.distributed.checkpoint: the writing is innermost
             [
                 ("/usr/lib/python3.11/pickle.py", 500, "dump"),

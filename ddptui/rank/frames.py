@@ -81,11 +81,14 @@ _DDP_PLUMBING = frozenset(
 #: Code a collective's call passes through between its Python function and the wait (the
 #: dispatcher of torch's functional collectives): skipped, as if not there.
 _PASS_THROUGH = ("/torch/_ops.py",)
+#: Python's import machinery: a thread with its frames inside is importing a module (whose
+#: top-level code may call helpers of torch.distributed), not waiting.
+_IMPORTING = "<frozen importlib"
 
 
 def _collective(frame: Frame, path: str) -> str | None:
     """The collective a frame of torch waits in, or None (any other frame)."""
-    if "/torch/" not in path or frame.func == "<module>":  # a module being imported: no wait
+    if "/torch/" not in path or frame.func == "<module>":  # a module's own code: no wait
         return None
     if "/torch/distributed/" in path:
         return frame.func
@@ -117,9 +120,10 @@ def classify(frames: list[Frame] | tuple[Frame, ...]) -> StackInfo:
     # without a frame of the script (torch still importing, say): the innermost real file
     shown = user or next((f for f in frames if not f.file.startswith("<")), frames[0])
     where = shown.short
-    for frame in frames:
-        if frame is user:
-            break
+    inner = frames[: frames.index(user)] if user is not None else frames
+    if any(f.file.startswith(_IMPORTING) for f in inner):
+        return StackInfo(False, None, where, tuple(frames))  # a module being imported
+    for frame in inner:
         path = frame.file.replace("\\", "/")
         collective = _collective(frame, path)
         if collective is not None:
