@@ -304,10 +304,9 @@ def time_calls():
 
 # -- the dashboard side ----------------------------------------------------------------------------
 def make_session_class(args: argparse.Namespace, sent_dir: Path):
-    from ddptui import protocol, safeio
+    from ddptui import protocol
     from ddptui.run.collector import Collector
     from ddptui.run.launcher import LaunchResult
-    from ddptui.run.quiet_gc import quiet_collector
     from ddptui.run.session import RunSession
 
     world = args.nodes * args.per_node
@@ -354,17 +353,13 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
         arrivals: list[tuple[float, dict[int, int] | None, int]] = []
         pumps = 0
 
-        def start(self) -> None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._events_file = safeio.LineAppender(self.events_path)  # as RunSession.start
-            self.collector = Collector(self.cfg.run_id, world_size=world, transport=args.transport)
-            self.stats = self.collector.stats
+        def _new_collector(self) -> Collector:
+            return Collector(self.cfg.run_id, world_size=world, transport=args.transport)
+
+        def _new_launcher(self) -> Senders:
+            assert self.collector is not None
             # The senders end before the dashboard does, so that everything sent arrives.
-            duration = args.seconds + WARMUP_S
-            self.launcher = Senders(self.collector.endpoint, self.cfg.run_id, duration)
-            self.state.started_at = self.clock()
-            self.launcher.start()
-            quiet_collector()  # as RunSession.start
+            return Senders(self.collector.endpoint, self.cfg.run_id, args.seconds + WARMUP_S)
 
         def _record(self, events) -> None:
             super()._record(events)

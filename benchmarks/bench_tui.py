@@ -142,10 +142,8 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, ou
 
 # -- the dashboard side ------------------------------------------------------------------------
 def make_session_class():
-    from ddptui import protocol, safeio
-    from ddptui.run.collector import Collector
+    from ddptui import protocol
     from ddptui.run.launcher import LaunchResult
-    from ddptui.run.quiet_gc import quiet_collector
     from ddptui.run.session import RunSession
 
     class FeedLauncher:
@@ -190,12 +188,9 @@ def make_session_class():
         sent_path = ""
         arrivals: list[tuple[float, dict[int, int], int]] = []
 
-        def start(self) -> None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._events_file = safeio.LineAppender(self.events_path)  # as RunSession.start
-            self.collector = Collector(self.cfg.run_id)
-            self.stats = self.collector.stats
-            self.launcher = FeedLauncher(
+        def _new_launcher(self) -> FeedLauncher:
+            assert self.collector is not None
+            return FeedLauncher(
                 self.collector.endpoint,
                 self.cfg.run_id,
                 self.ranks,
@@ -203,9 +198,6 @@ def make_session_class():
                 self.seconds,
                 self.sent_path,
             )
-            self.state.started_at = self.clock()
-            self.launcher.start()
-            quiet_collector()  # as RunSession.start
 
         def _record(self, events) -> None:
             super()._record(events)

@@ -88,7 +88,7 @@ _IMPORTING = "<frozen importlib"
 
 def _collective(frame: Frame, path: str) -> str | None:
     """The collective a frame of torch waits in, or None (any other frame)."""
-    if "/torch/" not in path or frame.func == "<module>":  # a module's own code: no wait
+    if "/torch/" not in path:
         return None
     if "/torch/distributed/" in path:
         return frame.func

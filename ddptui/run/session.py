@@ -234,17 +234,14 @@ class RunSession:
             self._events_file = safeio.LineAppender(self.events_path)  # whole lines or none
         except OSError as exc:
             raise RunDirError(os_error_message(Path(exc.filename or self.run_dir), exc)) from None
-        self.collector = Collector(self.cfg.run_id, world_size=self.cfg.world_size)
+        self.collector = self._new_collector()
         self.stats = self.collector.stats
         if getattr(self.cfg, "flight_recorder", True):
             try:
                 self.fr_dir = flight.make_socket_dir()
             except OSError:
                 self.fr_dir = None  # the run goes on; hangs are judged without traces
-        if self.cfg.multinode:
-            self.launcher = self._start_host()
-        else:
-            self.launcher = make_launcher(self.cfg, self.collector.endpoint)
+        self.launcher = self._new_launcher()
         self._arm_flight(self.launcher)
         self.state.started_at = self.clock()
         self.state.begin_attempt(
@@ -252,6 +249,18 @@ class RunSession:
         )
         self.launcher.start()
         quiet_collector()
+
+    def _new_collector(self) -> Collector:
+        """The socket the ranks send to (a benchmark's feeder may take another transport)."""
+        return Collector(self.cfg.run_id, world_size=self.cfg.world_size)
+
+    def _new_launcher(self) -> Launcher:
+        """What starts the ranks: this node's part of a multi-node run, or the launcher
+        (benchmarks put simulated senders here, and start as a run starts)."""
+        assert self.collector is not None
+        if self.cfg.multinode:
+            return self._start_host()
+        return make_launcher(self.cfg, self.collector.endpoint)
 
     def _start_host(self) -> Launcher:
         """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
