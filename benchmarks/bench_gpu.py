@@ -20,7 +20,8 @@ exits 0.
 Each comparison runs in interleaved blocks (the order alternating from block to block), in one
 process: a world of one (an nccl process group on a free local port), as ``ddptui`` runs a
 one-GPU machine. The device is waited for only at block boundaries, never per step. A ratio is
-of the median samples/s of each side's blocks.
+the median of the ratios of same-numbered blocks, with its 90 % interval (a sign-test interval,
+``benchmath.median_interval``); a goal is met only when the whole interval clears it.
 """
 
 from __future__ import annotations
@@ -40,13 +41,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # trainers/ from a checkout
 
+from ddptui.runs import benchmath  # noqa: E402
+
 PARTS = ("trainer", "logging", "nvml")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="*", metavar="PART", help=f"any of {', '.join(PARTS)}")
-    parser.add_argument("--blocks", type=int, default=8, help="timed blocks per side")
+    parser.add_argument("--blocks", type=int, default=16, help="timed blocks per side")
     args = parser.parse_args(argv)
     parts = args.parts or list(PARTS)
     if unknown := sorted(set(parts) - set(PARTS)):
@@ -107,8 +110,8 @@ def ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 def timed_blocks(
     sides: dict[str, Callable[[], int]], blocks: int, device: torch.device
-) -> dict[str, float]:
-    """Median samples/s of each side over ``blocks`` interleaved blocks (after a warm-up)."""
+) -> dict[str, list[float]]:
+    """Samples/s of each side's ``blocks`` interleaved blocks, in block order (after a warm-up)."""
     for run_block in sides.values():  # cuDNN autotuning, DDP's first buckets, allocator
         run_block()
     rates: dict[str, list[float]] = {name: [] for name in sides}
@@ -120,13 +123,29 @@ def timed_blocks(
             samples = sides[name]()
             wait_for(device)
             rates[name].append(samples / (time.perf_counter() - started))
-    return {name: statistics.median(values) for name, values in rates.items()}
+    return rates
 
 
-def print_rates(rates: dict[str, float], baseline: str) -> None:
-    for name, rate in rates.items():
-        ratio = "" if name == baseline else f"  ratio {rate / rates[baseline]:.3f}"
-        print(f"  {name:<48} {rate:9,.0f} samples/s{ratio}")
+def print_rates(rates: dict[str, list[float]], baseline: str, goal: float) -> None:
+    """Each side's median block, and its ratio to ``baseline``: the median of the ratios of
+    same-numbered blocks (run next to each other, so drift hits both) with its 90 % interval,
+    and whether the interval clears ``goal``."""
+    for name, values in rates.items():
+        line = f"  {name:<48} {statistics.median(values):9,.0f} samples/s"
+        if name != baseline:
+            pairs = [on / off for off, on in zip(rates[baseline], values, strict=True)]
+            around = benchmath.median_interval(pairs)
+            if around.low >= goal:
+                verdict = f"within the goal (>= {goal})"
+            elif around.high < goal:
+                verdict = f"under the goal (>= {goal})"
+            else:
+                verdict = f"not resolved: the interval spans the goal ({goal})"
+            line += (
+                f"  ratio {around.median:.3f} [{around.low:.3f}, {around.high:.3f}] over "
+                f"{around.count} pairs: {verdict}"
+            )
+        print(line)
 
 
 # -- 1. the built-in trainer against a plain loop -----------------------------------------
@@ -187,7 +206,7 @@ def bench_trainer(device: torch.device, blocks: int, batch: int = 128, steps: in
     baseline = "plain DDP loop, batches on the GPU"
     sides = {baseline: plain_block, "cifar10 trainer loop": trainer_block}
     rates = timed_blocks(sides, blocks, device)
-    print_rates(rates, baseline)
+    print_rates(rates, baseline, 0.8)
 
 
 def cifar_shaped(size: int):  # noqa: ANN201 - DataSplits
@@ -278,7 +297,7 @@ def bench_logging(
         }
         rates = timed_blocks(sides, blocks, device)
         sent = reporter.get_reporter()
-        print_rates(rates, "without ddptui")
+        print_rates(rates, "without ddptui", 0.99)
         time.sleep(0.3)  # let the last batch of events arrive
         print(
             f"  events sent {getattr(sent, 'sent', '?')}, dropped {getattr(sent, 'dropped', '?')}, "
