@@ -79,6 +79,19 @@ async def test_form_shows_the_clis_own_messages(tmp_path):
         assert not screen.query_one("#launch", Button).disabled
 
 
+@pytest.mark.parametrize(("width", "narrow"), [(80, True), (120, False)])
+async def test_the_form_and_the_side_panel_share_a_narrow_terminal(tmp_path, width, narrow):
+    """At 80 columns the side panel (machine, recent runs) showed its first 20 columns."""
+    app = _app(tmp_path)
+    async with app.run_test(size=(width, 24)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, LaunchScreen) and screen.has_class("-narrow") == narrow
+        side, form = screen.query_one("#side").region, screen.query_one("#form").region
+        assert side.right <= width and side.width >= 24 and form.width >= 44
+        assert form.right <= side.x
+
+
 async def test_nccl_world_size_above_gpu_count_is_explained(tmp_path):
     gpus = HostInfo(Machine(2, "", 8), None)
     app = _app(tmp_path, host_info=gpus, raw={"backend": "nccl", "world_size": "4"})

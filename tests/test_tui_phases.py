@@ -121,3 +121,57 @@ async def test_the_run_screen_fits_a_120x40_terminal_whatever_the_ranks(ranks, l
             assert table.size.height < len(table.lines) + 1 and table.max_scroll_y > 0
         else:  # the logs' lines let every rank in
             assert table.size.height == ranks + 1
+
+
+@pytest.mark.parametrize("ranks", [2, 8, 256])
+async def test_the_run_screen_fits_an_80x24_terminal(ranks):
+    """A default terminal: the screen does not scroll, the system panel and the lower charts
+    make room (the loss chart keeps its least lines), and the rank table leaves out pid and
+    device so that each rank's state is in view."""
+    from ddptui.tui.screens.run import SHORT_CHARTS_MIN_LINES, RunScreen
+    from ddptui.tui.widgets.ranks import RankTable, _line
+    from ddptui.tui.widgets.system import SystemPanel
+
+    app = primed_app("replay", replay_source=_source_with_phases(ranks))
+    async with app.run_test(size=(80, 24)) as pilot:
+        for _ in range(3):
+            await pilot.pause()
+            app.screen.refresh_view()
+            app.screen.refresh_slow()
+        screen = app.screen
+        assert isinstance(screen, RunScreen) and screen.has_class("-narrow", "-short")
+        assert screen.max_scroll_y == 0, "the screen itself scrolls"
+        assert not screen.query_one(SystemPanel).display
+        assert not screen.query_one("#charts-lower").display
+        assert screen.query_one("#run-body").size.height >= SHORT_CHARTS_MIN_LINES
+        table = screen.query_one(RankTable)
+        header = _line(table._columns, table._columns, table._widths)
+        assert "state" in header and header.index("state") + len("state") <= table.size.width
+        assert "pid" not in table._columns and "device" not in table._columns
+        assert {"rank", "epoch/step", "loss", "samples/s", "state"} <= set(table._columns)
+        # Every column is back on a wide, tall screen, and the panels with it.
+        await pilot.resize_terminal(120, 40)
+        for _ in range(3):
+            await pilot.pause()
+            screen.refresh_view()
+        assert not screen.has_class("-narrow") and not screen.has_class("-short")
+        assert screen.query_one(SystemPanel).display
+        assert "pid" in table._columns and "device" in table._columns
+
+
+def test_a_narrow_table_leaves_out_columns_in_order_until_the_state_fits():
+    from ddptui.tui.model import RANK_COLUMNS
+    from ddptui.tui.widgets.ranks import NARROW_DROP, fit_columns
+
+    widths = [max(len(c), 6) for c in RANK_COLUMNS]
+    everything = tuple(range(len(RANK_COLUMNS)))
+    assert fit_columns(RANK_COLUMNS, widths, 0) == everything  # not laid out yet
+    assert fit_columns(RANK_COLUMNS, widths, 500) == everything
+    state = RANK_COLUMNS.index("state")
+    through_state = 1 + sum(w + 2 for w in widths[:state]) + widths[state]
+    assert fit_columns(RANK_COLUMNS, widths, through_state) == everything  # fits exactly
+    fewer = fit_columns(RANK_COLUMNS, widths, through_state - 1)
+    assert [RANK_COLUMNS[i] for i in everything if i not in fewer] == ["pid"]
+    least = fit_columns(RANK_COLUMNS, widths, 10)  # never fits: every droppable one goes
+    assert {RANK_COLUMNS[i] for i in everything if i not in least} == set(NARROW_DROP)
+    assert "state" in {RANK_COLUMNS[i] for i in least}

@@ -86,6 +86,10 @@ NUMBER_FIELDS = ("world_size", "workers", "epochs", "batch_size", "lr", "seed", 
 class LaunchScreen(Screen):
     """Fill in the run options, launch (Enter, F5) or reopen a recent run."""
 
+    #: Under 112 columns the form and the side panel share the width (app.tcss:
+    #: ``LaunchScreen.-narrow``): at 80 the side panel showed its first 20 columns.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (112, "-wide")]
+
     BINDINGS = [
         Binding("f5,ctrl+l", "launch", "Launch"),
         Binding("ctrl+r", "reload_runs", "Reload runs"),

@@ -56,10 +56,21 @@ PHASES_MAX_LINES = 13
 #: legend, one bar and a diagnosis.
 TABLE_MIN_LINES = 5
 PHASES_MIN_LINES = 3
+#: A terminal narrower than this leaves the system panel out (the charts take its columns;
+#: `g` opens the GPU monitor), and one shorter than this shows the loss chart alone, with
+#: fewer log lines (app.tcss: ``RunScreen.-narrow``, ``RunScreen.-short``): at 80x24 the run
+#: screen scrolled, its charts a few lines high.
+NARROW_BELOW = 100
+SHORT_BELOW = 32
+#: The least lines the charts' row keeps on a short screen (the loss chart alone).
+SHORT_CHARTS_MIN_LINES = 6
 
 
 class RunScreen(Screen):
     """Shows one run from a :class:`RunSource`; drives it when it is a live one."""
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_BELOW, "-tall")]
 
     BINDINGS = [
         Binding("s", "stop_run", "Stop run"),
@@ -318,7 +329,7 @@ class RunScreen(Screen):
         if not height or not self._redraw_timers:
             return
         fixed = sum(w.outer_size.height for w in self._fixed if w.display)
-        room = height - fixed - CHARTS_MIN_LINES
+        room = height - fixed - self.charts_min_lines()
         table = min(TABLE_MAX_LINES, len(self._table.lines) + 1)
         phases = min(PHASES_MAX_LINES, self._phases.wanted_lines) if self._phases.display else 0
         if table + phases > room:
@@ -328,6 +339,10 @@ class RunScreen(Screen):
             self._table.styles.max_height = table
         if phases and self._phases.limit(phases):
             self._show_phases()  # with the bars that fit, not clipped until the next drawing
+
+    def charts_min_lines(self) -> int:
+        """The least lines the charts' row keeps (its CSS min-height on this screen's size)."""
+        return SHORT_CHARTS_MIN_LINES if self.has_class("-short") else CHARTS_MIN_LINES
 
     def local_rank_devices(self, frame: RunFrame) -> dict[int, tuple[int | None, str | None]]:
         """The ranks whose processes run on this machine, for the system feed to track: in a

@@ -32,6 +32,31 @@ COLUMNS = RANK_COLUMNS
 STATE_FROM_END = len(RANK_COLUMNS) - RANK_COLUMNS.index("state")
 _RIGHT = {"rank", "pid", "loss", "samples/s", "step time", "last seen"}
 _GAP = "  "
+#: The columns a table too narrow for its state column leaves out, the first first, until the
+#: state column fits (an 80-column terminal: pid and device go). The rank, its epoch and step,
+#: loss, speed and state stay; "collective" and "where" run off the right edge as before.
+NARROW_DROP = ("pid", "device", "host", "last seen", "step time")
+
+
+def fit_columns(columns: tuple[str, ...], widths: list[int], room: int) -> tuple[int, ...]:
+    """The indices of the columns to show in ``room`` cells: every column when the table up
+    to its state column fits (or ``room`` is not known yet, 0), else fewer, leaving out
+    :data:`NARROW_DROP` in turn until it fits or none of them is left."""
+    keep = list(range(len(columns)))
+    if room <= 0 or "state" not in columns:
+        return tuple(keep)
+    state = columns.index("state")
+
+    def needed() -> int:
+        return 1 + sum(widths[i] + len(_GAP) for i in keep if i < state) + widths[state]
+
+    for name in NARROW_DROP:
+        if needed() <= room:
+            break
+        if name in columns:
+            keep.remove(columns.index(name))
+    return tuple(keep)
+
 
 STATE_STYLE = {
     "pending": "dim",
@@ -88,8 +113,15 @@ class RankTable(ScrollView, can_focus=True):
         self._strips: dict[int, tuple[tuple[int, int], Strip]] = {}
         self._header: tuple[tuple[int, int], Strip] | None = None
         self._base: Style | None = None
-        #: rank -> the cells as shown (state column as labelled), for tests and tools.
+        #: rank -> its cells (state column as labelled; every column, also those a narrow
+        #: table leaves out), for tests and tools.
         self.shown: dict[int, tuple[str, ...]] = {}
+        #: The frame shown last, drawn again when a new width shows other columns.
+        self._frame: RunFrame | None = None
+        #: What was shown last: (its columns, the width it had) and its styled lines with
+        #: every column (before a narrow table left any out).
+        self._shape: tuple[tuple[str, ...], int] | None = None
+        self._full: list[tuple[tuple[str, ...], str, str]] = []
         #: The table's lines in the order shown (node summaries and ranks).
         self.lines: tuple[TableLine, ...] = ()
 
@@ -98,17 +130,14 @@ class RankTable(ScrollView, can_focus=True):
         frame = rows_or_frame
         if not isinstance(frame, RunFrame):
             frame = _rows_frame(tuple(rows_or_frame))
+        self._frame = frame
         lines = table_lines(frame)
         columns = table_columns(frame)
         styled = [_styled(line) for line in lines]
-        if columns == self._columns and styled == self._lines:
+        room = self.scrollable_content_region.width
+        if (columns, room) == self._shape and styled == self._full:
             return
-        self.lines = lines
-        self.shown = {
-            line.key: cells
-            for line, (cells, _, _) in zip(lines, styled, strict=True)
-            if line.row is not None
-        }
+        self._shape, self._full = (columns, room), styled
         # Column by column (256 ranks on 32 nodes: 288 lines a refresh, at C speed).
         widths = [len(name) for name in columns]
         if styled:
@@ -116,6 +145,17 @@ class RankTable(ScrollView, can_focus=True):
             widths = [
                 max(w, max(map(len, column))) for w, column in zip(widths, by_column, strict=True)
             ]
+        keep = fit_columns(columns, widths, room)
+        self.lines = lines
+        self.shown = {
+            line.key: cells
+            for line, (cells, _, _) in zip(lines, styled, strict=True)
+            if line.row is not None
+        }
+        if len(keep) < len(columns):  # a narrow terminal: the state column stays in view
+            columns = tuple(columns[i] for i in keep)
+            widths = [widths[i] for i in keep]
+            styled = [(tuple(cells[i] for i in keep), line, state) for cells, line, state in styled]
         if columns != self._columns or widths != self._widths:
             self._strips.clear()
             self._header = None
@@ -134,6 +174,11 @@ class RankTable(ScrollView, can_focus=True):
             self.refresh(layout=True)
         else:
             self.refresh()
+
+    def on_resize(self) -> None:
+        """Another width may show other columns (see :func:`fit_columns`)."""
+        if self._frame is not None:
+            self.show(self._frame)
 
     # -- painting -------------------------------------------------------------------------------
     def render_line(self, y: int) -> Strip:
