@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import time
 
+from textual.widgets import ProgressBar, Static
+
 from ddptui.runs import bench
 from ddptui.tui.screens.bench import BenchApp, BenchScreen, SamplesChart
 from tests.test_bench import NO_CUDA, FakeSampler, FakeSession, _args
@@ -44,6 +46,8 @@ async def test_bench_screen_runs_the_matrix_and_charts_it(tmp_path):
         assert shown[1][:5] == ("x2 spawn gloo amp off *", "measured", "1,600 ±0%", "100%", "1.0s")
         assert shown[2][6].startswith("AMP fp16 needs a CUDA GPU")
         assert screen.now_line().startswith("bench done — results in")
+        bar = screen.query_one(ProgressBar)
+        assert bar.progress == bar.total == 2  # every run done: a full bar (it stood at 2/3)
         assert screen.query_one(SamplesChart).plt is not None
         await pilot.press("q")
     assert app.return_value == 0
@@ -91,3 +95,31 @@ def test_the_dashboard_marks_unstable_figures_and_says_why_there_is_no_efficienc
     assert shown[0][2].endswith("unstable") and "unstable" not in shown[1][2]
     assert shown[1][3].startswith("-- (x1 unstable (±")
     assert [r.stable for r in rows[:2]] == [False, True]
+
+
+async def test_a_narrow_terminal_leaves_first_step_and_rss_to_bench_md(tmp_path):
+    """At 80 columns every column was cut to a few characters ("5,767 no interval …")."""
+    opts = _opts(tmp_path, "--steps", "40")
+    app = BenchApp(
+        opts,
+        session_factory=lambda cfg: FakeSession(cfg, world=cfg.world_size),
+        sampler_factory=FakeSampler,
+    )
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        await _until(pilot, screen.done.is_set)
+        await pilot.pause(0.6)
+        table = screen.query_one("#bench-table", Static).content
+        headers = [c.header for c in table.columns]
+        assert headers == [
+            "configuration",
+            "state",
+            "samples/s",
+            "efficiency",
+            "accuracy / why not",
+        ]
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause(0.6)
+        table = screen.query_one("#bench-table", Static).content
+        assert "peak RSS/rank" in [c.header for c in table.columns]
+        await pilot.press("q")

@@ -441,6 +441,10 @@ class TableLine:
     row: RankRow | None = None
 
 
+#: Terminals narrower than this get the screens' compact layouts (the run screen without its
+#: system panel, the bench table without its first step and peak RSS columns).
+NARROW_BELOW = 100
+
 RANK_COLUMNS = (
     "rank",
     "pid",

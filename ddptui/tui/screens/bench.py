@@ -25,6 +25,7 @@ from textual_plotext import PlotextPlot
 from ddptui.formatting import fmt_duration
 from ddptui.runs.bench import BenchOptions, BenchRunner, Cancelled, Row
 from ddptui.runs.bench_report import about_lines, table_cells, write_results
+from ddptui.tui.model import NARROW_BELOW
 
 STATUS_STYLE = {
     "measured": "green",
@@ -126,6 +127,7 @@ class BenchScreen(Screen):
                 self.finished_runs += 1
                 if self.finished_runs >= self.total:  # --until-stable: runs beyond the plan
                     self.total = self.finished_runs + 1
+            self.total = self.finished_runs  # every run done: a full bar (it stood at 2/3)
         except Cancelled:
             self.code = 130
         except Exception as exc:  # a run directory that cannot be written, a bug: say so
@@ -172,13 +174,19 @@ class BenchScreen(Screen):
     def redraw(self) -> None:
         rows = self.runner.rows()
         table = Table(expand=True, show_edge=False, pad_edge=False, header_style="bold")
+        # Under NARROW_BELOW columns the first step and the peak RSS are left to bench.md:
+        # at 80 every column was cut to a few characters ("5,767 no interval …").
+        narrow = 0 < self.size.width < NARROW_BELOW
         for header in ("configuration", "state", "samples/s", "efficiency", "first step"):
-            table.add_column(header, no_wrap=True)
-        table.add_column("peak RSS/rank", no_wrap=True)
+            if not (narrow and header == "first step"):
+                table.add_column(header, no_wrap=True)
+        if not narrow:
+            table.add_column("peak RSS/rank", no_wrap=True)
         table.add_column("accuracy / why not", overflow="ellipsis", no_wrap=True, ratio=1)
         for cells in self.table_rows(rows):
             status = cells[1]
-            table.add_row(cells[0], Text(status, style=STATUS_STYLE.get(status, "")), *cells[2:])
+            shown = (*cells[2:4], cells[6]) if narrow else cells[2:]
+            table.add_row(cells[0], Text(status, style=STATUS_STYLE.get(status, "")), *shown)
         self.query_one("#bench-table", Static).update(table)
         self.query_one(ProgressBar).update(total=max(1, self.total), progress=self.finished_runs)
         self.query_one("#bench-now", Static).update(self.now_line())

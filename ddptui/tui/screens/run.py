@@ -26,7 +26,7 @@ from textual.worker import get_current_worker
 
 from ddptui.run.launcher import LaunchResult
 from ddptui.runfiles import CHECKPOINT_FILE
-from ddptui.tui.model import RunFrame, chart_data, run_frame
+from ddptui.tui.model import NARROW_BELOW, RunFrame, chart_data, run_frame
 from ddptui.tui.node_system import NodeSystemLine, local_node, node_system_lines
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.sources import LiveSource, RunSource
@@ -56,11 +56,10 @@ PHASES_MAX_LINES = 13
 #: legend, one bar and a diagnosis.
 TABLE_MIN_LINES = 5
 PHASES_MIN_LINES = 3
-#: A terminal narrower than this leaves the system panel out (the charts take its columns;
-#: `g` opens the GPU monitor), and one shorter than this shows the loss chart alone, with
-#: fewer log lines (app.tcss: ``RunScreen.-narrow``, ``RunScreen.-short``): at 80x24 the run
-#: screen scrolled, its charts a few lines high.
-NARROW_BELOW = 100
+#: A terminal narrower than NARROW_BELOW leaves the system panel out (the charts take its
+#: columns; `g` opens the GPU monitor), and one shorter than this shows the loss chart alone,
+#: with fewer log lines (app.tcss: ``RunScreen.-narrow``, ``RunScreen.-short``): at 80x24 the
+#: run screen scrolled, its charts a few lines high.
 SHORT_BELOW = 32
 #: The least lines the charts' row keeps on a short screen (the loss chart alone).
 SHORT_CHARTS_MIN_LINES = 6
