@@ -592,6 +592,32 @@ def test_a_rank_whose_beats_stopped_works_only_by_ddptuis_own_cpu_sample():
     assert working_ranks(state, 40.0, stuck, cpu_percent={0: 99.0}) == [0]
 
 
+def test_a_stopped_rank_is_no_work_once_its_recent_cpu_idles():
+    """pytorch/examples' imagenet, rank 1 stopped (SIGSTOP) mid-epoch: 22 s after its last
+    beat the note said "waiting for rank 1, which works", read from its CPU averaged over
+    20 s (busy until it was stopped). Work is what the rank does now: the recent sample."""
+    state = announced(2)
+    for rank in (0, 1):
+        state.apply(step_event(rank, 1, None), now=1.0)
+    beating(state, 0, 2.0, 10.0)  # rank 0's beats stop at 10 s: it was stopped
+    t = 2.0
+    while t <= 40.0:  # rank 1 stands still in a collective, waiting for rank 0
+        state.apply(beat(1, int(t * 10), "w", 1.0, waiting="all_reduce"), now=t)
+        t += 1.0
+    mean_20s, last_5s = {0: 25.0, 1: 0.5}, {0: 0.0, 1: 0.5}
+    d = Diagnoser(hang_timeout=10)
+    (found,) = d.check(state, 40.0, mean_20s)  # the 20 s mean alone: "works"
+    assert found.cause == "waiting" and "which works" in found.detail
+    d = Diagnoser(hang_timeout=10)
+    (found,) = d.check(state, 40.0, mean_20s, last_5s)
+    assert found.cause == "hang" and "rank 1 in all_reduce" in found.detail
+    assert "rank 0 at main (train.py:9): heartbeat silent for 38 s, CPU idle" in found.detail
+    # Busy now, silent (a long call that holds the GIL): work, whatever the mean says.
+    d = Diagnoser(hang_timeout=10)
+    (found,) = d.check(state, 40.0, {0: 30.0, 1: 0.5}, {0: 99.0, 1: 0.5})
+    assert found.cause == "waiting"
+
+
 def test_diagnoser_reports_the_hang_once_with_its_evidence():
     state = announced(2)
     for rank in (0, 1):

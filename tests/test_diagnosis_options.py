@@ -120,6 +120,17 @@ def test_probe_samples_a_live_process():
     assert isinstance(probe.memory_state(), MemoryState)
 
 
+def test_probe_reads_cpu_over_the_window_asked_for():
+    from collections import deque
+
+    probe = RankProbe()
+    # rank 0 busy for 15 s, then idle for 5 s (stopped); one sample a second
+    probe._cpu[0] = deque((float(t), 100.0 if t < 15 else 0.0) for t in range(20))
+    assert probe.cpu_percent()[0] == 75.0
+    assert probe.cpu_percent(4.0) == {0: 0.0}  # samples at 15..19 s
+    assert probe.cpu_percent(5.0)[0] == 100.0 / 6  # 14..19 s: one busy sample of six
+
+
 def test_probe_looks_up_a_pid_that_is_not_here_once(monkeypatch):
     """A rank on another node: its pid means nothing here; not looked up every second."""
     import os

@@ -327,6 +327,12 @@ IDLE_IO_BYTES_PER_S = 64 * 1024
 STILL_TOO_SHARE = 0.75
 #: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
 BEAT_LATE = 3
+#: Seconds of ddptui's own CPU samples that say what a rank whose beats stopped does now
+#: (busy: works; idle: stuck, once it stood still for the limit). Read over 20 s, a rank
+#: stopped mid-step (SIGSTOP, a frozen machine) "worked" for up to 20 s after its CPU fell to
+#: nothing (pytorch/examples' imagenet: "waiting for rank 1, which works" 22 s after rank 1's
+#: last beat and 16 s after it was stopped; the verdict named it 3 s later).
+RECENT_CPU_S = 5.0
 #: A rank's stack stood still for this many beats in a collective: it waits there (fewer: one
 #: sample, which may have caught a working rank passing through a collective's code).
 WAIT_STILL_BEATS = 2
@@ -390,7 +396,8 @@ def stuck_ranks(
     a core meanwhile, and it read or wrote under :data:`IDLE_IO_BYTES_PER_S` of storage (where
     the kernel counts it). A rank whose beats stopped coming (its heartbeat thread cannot run:
     the GIL is held, or the process is stopped) is stuck only when it stood still up to its
-    last beat and ddptui's own sample of its CPU (``cpu_percent``) idles. A rank that sends
+    last beat and ddptui's own recent sample of its CPU (``cpu_percent``; the diagnoser
+    passes :data:`RECENT_CPU_S` of it) idles. A rank that sends
     no beats at all (an older ddptui, or a rank that has not announced itself) is never
     judged: silence is not evidence. Nothing is stuck once the run has ended.
     """
@@ -430,7 +437,8 @@ def working_ranks(
     """The live ranks with evidence that they still work while the ``stuck`` ones stand still:
     their beats come and they are not stuck themselves (their stack moves, they use CPU, or
     they read or write storage), or their beats stopped but ddptui's own sample of their CPU
-    (``cpu_percent``) is busy (a long call that holds the GIL). Ranks that wait in a
+    (``cpu_percent``: pass the recent one, :data:`RECENT_CPU_S`) is busy (a long call that
+    holds the GIL). Ranks that wait in a
     collective for one of these are waiting, not hung: a rank-0 checkpoint or evaluation
     longer than the limit is work. A rank that waits in a collective itself is no such rank,
     busy or not (a CUDA synchronisation spins while an NCCL collective waits for a peer): its
@@ -946,8 +954,17 @@ class Diagnoser:
         return found
 
     def check(
-        self, state: Any, now: float, cpu_percent: Mapping[int, float] | None = None
+        self,
+        state: Any,
+        now: float,
+        cpu_percent: Mapping[int, float] | None = None,
+        recent_cpu: Mapping[int, float] | None = None,
     ) -> list[Diagnosis]:
+        """What this second's state shows. ``cpu_percent``: each rank's CPU by ddptui's own
+        sample over :data:`ddptui.run.probe.WINDOW_S` (the straggler rule's); ``recent_cpu``:
+        over the last :data:`RECENT_CPU_S`, what a rank whose beats stopped does now: busy,
+        it works; idle, it is stuck once it stood still for the limit (``cpu_percent`` when
+        not given)."""
         found = self.notes(state)  # notes are no verdicts: they never change the ones below
         if state.outcome:
             return found
@@ -973,8 +990,9 @@ class Diagnoser:
         if self.hang is None:
             limit = hang_limit(state, self.hang_timeout)
             before = prepare_limit(limit, self.hang_timeout)
-            stuck = stuck_ranks(state, now, limit, before, cpu_percent)
-            working = working_ranks(state, now, stuck, cpu_percent) if stuck else []
+            recent = cpu_percent if recent_cpu is None else recent_cpu
+            stuck = stuck_ranks(state, now, limit, before, recent)
+            working = working_ranks(state, now, stuck, recent) if stuck else []
             if stuck and working and limit is not None:
                 # Not a hang while a rank works: the stuck ones wait for it (said once).
                 if not self._waited:

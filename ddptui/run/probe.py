@@ -68,9 +68,17 @@ class RankProbe:
         while self._host and self._host[0][0] < now - WINDOW_S:
             self._host.popleft()
 
-    def cpu_percent(self) -> dict[int, float]:
-        """Each rank's mean CPU percent over the last :data:`WINDOW_S` seconds."""
-        return {r: sum(c for _, c in s) / len(s) for r, s in self._cpu.items() if s}
+    def cpu_percent(self, window: float = WINDOW_S) -> dict[int, float]:
+        """Each rank's mean CPU percent over its samples of the last ``window`` seconds
+        (at most :data:`WINDOW_S`), counted back from its newest sample."""
+        out = {}
+        for rank, samples in self._cpu.items():
+            if not samples:
+                continue
+            since = samples[-1][0] - window
+            recent = [cpu for at, cpu in samples if at >= since]
+            out[rank] = sum(recent) / len(recent)
+        return out
 
     def memory_state(self) -> MemoryState:
         """Memory pressure now and over the recent past (for a SIGKILL's diagnosis)."""

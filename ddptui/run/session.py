@@ -30,6 +30,7 @@ from ddptui.run.check_files import check_restart_checkpoint
 from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.collector import Collector, CollectorStats
 from ddptui.run.diagnosis import (
+    RECENT_CPU_S,
     Diagnoser,
     Diagnosis,
     completed_anywhere,
@@ -327,7 +328,12 @@ class RunSession:
             pids = local_pids(self.state, socket.gethostname())
         self.probe.sample(pids, now)
         with self._lock:
-            found = self.diagnoser.check(self.state, now, self.probe.cpu_percent())
+            found = self.diagnoser.check(
+                self.state,
+                now,
+                self.probe.cpu_percent(),
+                self.probe.cpu_percent(RECENT_CPU_S),
+            )
             self._news += found
         if self.diagnoser.hang is not None and not self._hung:
             self._on_hang(now)
