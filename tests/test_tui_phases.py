@@ -175,3 +175,25 @@ def test_a_narrow_table_leaves_out_columns_in_order_until_the_state_fits():
     least = fit_columns(RANK_COLUMNS, widths, 10)  # never fits: every droppable one goes
     assert {RANK_COLUMNS[i] for i in everything if i not in least} == set(NARROW_DROP)
     assert "state" in {RANK_COLUMNS[i] for i in least}
+
+
+async def test_a_failed_run_on_an_80x24_terminal_shows_the_failure_whole():
+    """The failure panel (9 lines at 120x40) made the short screen scroll: there it drops the
+    charts and keeps the stderr's last lines, where the error is."""
+    from tests.tui_fixtures.fakes import FAILED_RUN
+
+    app = primed_app("replay", replay_source=replay(FAILED_RUN))
+    async with app.run_test(size=(80, 24)) as pilot:
+        for _ in range(3):
+            await pilot.pause()
+            app.screen.refresh_view()
+        await pilot.pause()
+        screen = app.screen
+        assert screen.max_scroll_y == 0, "the screen itself scrolls"
+        assert not screen.query_one("#run-body").display
+        panel = screen.query_one("#failure")
+        shown = str(panel.content).splitlines()
+        assert panel.size.height == len(shown)  # nothing of it clipped
+        assert shown[0].startswith("✖ FAILED") and shown[-1].endswith(
+            "RuntimeError: boom on rank 1"
+        )

@@ -31,7 +31,7 @@ from ddptui.tui.node_system import NodeSystemLine, local_node, node_system_lines
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.sources import LiveSource, RunSource
 from ddptui.tui.widgets.charts import AccuracyChart, LossChart, ThroughputChart
-from ddptui.tui.widgets.failure import FailurePanel, desync_line
+from ddptui.tui.widgets.failure import TAIL_LINES, FailurePanel, desync_line
 from ddptui.tui.widgets.header import RunHeader
 from ddptui.tui.widgets.logs import RankLogs
 from ddptui.tui.widgets.phases import PhasePanel
@@ -61,8 +61,11 @@ PHASES_MIN_LINES = 3
 #: with fewer log lines (app.tcss: ``RunScreen.-narrow``, ``RunScreen.-short``): at 80x24 the
 #: run screen scrolled, its charts a few lines high.
 SHORT_BELOW = 32
-#: The least lines the charts' row keeps on a short screen (the loss chart alone).
+#: The least lines the charts' row keeps on a short screen (the loss chart alone); a short
+#: screen that shows a failure drops the charts, and the failure panel shows the last
+#: SHORT_TAIL_LINES lines of the rank's stderr (at most 8 lines in all).
 SHORT_CHARTS_MIN_LINES = 6
+SHORT_TAIL_LINES = 2
 
 
 class RunScreen(Screen):
@@ -226,7 +229,15 @@ class RunScreen(Screen):
         if frame.failure is not None:  # the desync that set it off, when the traces name one
             with source.locked():
                 desync = desync_line(source.diagnoses())
-        self._failure.show(frame.failure, frame.rows, multi_node=bool(frame.nodes), desync=desync)
+        self._failure.show(
+            frame.failure,
+            frame.rows,
+            multi_node=bool(frame.nodes),
+            desync=desync,
+            tail_lines=SHORT_TAIL_LINES if self.has_class("-short") else TAIL_LINES,
+        )
+        if self.has_class("-failed") != self._failure.display:  # a short screen drops the charts
+            self.set_class(self._failure.display, "-failed")
         # Once laid out: a panel shown just now has no height before its layout.
         self.call_after_refresh(self.fit_heights)
         self.app.feed.set_ranks(self.local_rank_devices(frame))
@@ -340,8 +351,11 @@ class RunScreen(Screen):
             self._show_phases()  # with the bars that fit, not clipped until the next drawing
 
     def charts_min_lines(self) -> int:
-        """The least lines the charts' row keeps (its CSS min-height on this screen's size)."""
-        return SHORT_CHARTS_MIN_LINES if self.has_class("-short") else CHARTS_MIN_LINES
+        """The least lines the charts' row keeps (its CSS min-height on this screen's size;
+        none on a short screen that shows a failure: the failure comes first)."""
+        if not self.has_class("-short"):
+            return CHARTS_MIN_LINES
+        return 0 if self.has_class("-failed") else SHORT_CHARTS_MIN_LINES
 
     def local_rank_devices(self, frame: RunFrame) -> dict[int, tuple[int | None, str | None]]:
         """The ranks whose processes run on this machine, for the system feed to track: in a

@@ -55,8 +55,10 @@ class FailurePanel(QuietStatic):
         log_name: str | None = None,
         multi_node: bool = False,
         desync: str | None = None,
+        tail_lines: int = TAIL_LINES,
     ) -> None:
-        """Show the failure; ``desync`` (a diagnosis line) is what set it off, when known."""
+        """Show the failure; ``desync`` (a diagnosis line) is what set it off, when known;
+        the last ``tail_lines`` lines of the rank's stderr."""
         failed = [r for r in rows if r.state == "failed"]
         if failure is None and not failed:
             if self.display:
@@ -92,6 +94,6 @@ class FailurePanel(QuietStatic):
             parts.append(Text(f"last lines of {where}:", style="dim"))
             parts.extend(
                 Text(f"  │ {line}", style="red", no_wrap=True, overflow="ellipsis")
-                for line in tail[-TAIL_LINES:]
+                for line in tail[-max(1, tail_lines) :]
             )
         self.show_text(Text("\n").join(parts))
