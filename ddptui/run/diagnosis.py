@@ -330,8 +330,8 @@ BEAT_LATE = 3
 #: Seconds of ddptui's own CPU samples that say what a rank whose beats stopped does now
 #: (busy: works; idle: stuck, once it stood still for the limit). Read over 20 s, a rank
 #: stopped mid-step (SIGSTOP, a frozen machine) "worked" for up to 20 s after its CPU fell to
-#: nothing (pytorch/examples' imagenet: "waiting for rank 1, which works" 22 s after rank 1's
-#: last beat and 16 s after it was stopped; the verdict named it 3 s later).
+#: nothing (pytorch/examples' imagenet, rank 1 stopped by SIGSTOP: "waiting for rank 1, which
+#: works" 22 s after rank 1's last beat; the verdict 3 s later).
 RECENT_CPU_S = 5.0
 #: A rank's stack stood still for this many beats in a collective: it waits there (fewer: one
 #: sample, which may have caught a working rank passing through a collective's code).
