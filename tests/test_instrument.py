@@ -766,6 +766,12 @@ def test_the_wrapped_torch_calls_take_every_argument_by_keyword(inst):
         (2, 3, None, "as divided"),  # a division that is not the accumulation's
         (1, 4, None, "as divided"),  # one backward: nothing accumulated
         (2, None, None, "as divided"),  # accumulation without a division: the mean
+        # The HF Trainer: each micro-batch's summed loss over the items of the whole window
+        # (all its micro-batches, every rank), times the world size: the losses add up.
+        (2, "window", None, "summed"),
+        (3, "window", "on", "summed"),
+        (1, "window", None, "summed"),
+        (2, "window / 1", None, "summed"),  # and the accumulation's own division, by 1 there
     ],
 )
 def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
@@ -784,7 +790,12 @@ def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
         for _ in range(micro):
             loss = model(torch.randn(3, 4)).pow(2).mean()
             undivided.append(loss.item())
-            if divide_by is not None:
+            if str(divide_by).startswith("window"):  # a mean over the window, as HF does
+                loss = loss / torch.tensor(float(micro) * 2)
+                loss *= 2  # its world size
+                if divide_by == "window / 1":
+                    loss = loss / 1
+            elif divide_by is not None:
                 loss = loss / divide_by
             (amp.scale(loss) if amp else loss).backward()
         if amp:
@@ -796,7 +807,10 @@ def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
     kept = min(micro, instrument.MAX_LOSSES)
     last = undivided[-micro:][:kept]
     mean = sum(last) / len(last)
-    expected = mean if expect == "undivided" else mean / (divide_by or 1)
+    if expect == "summed":
+        expected = sum(value / micro for value in undivided[-micro:])  # = the window's mean
+    else:
+        expected = mean if expect == "undivided" else mean / (divide_by or 1)
     assert inst.fake.logs[-1]["loss"] == pytest.approx(expected)
     assert len(inst.fake.logs) == 2
 

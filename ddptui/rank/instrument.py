@@ -445,11 +445,11 @@ class Instrument:
         self._active: set[int] = set()  # grad watches used in this step
         self._training_fwd = False  # inside a training forward (of DDP, or its inner module)
         # (id of the scaled loss, unscaled loss, the number it was divided by, if any)
-        self._scaled: tuple[int, Any, float | None] | None = None
+        self._scaled: tuple[int, Any, float | str | None] | None = None
         # The step's losses: how many backward() calls had one (the list keeps MAX_LOSSES),
         # and what each recorded one was divided by (None: not a division by a CPU number).
         self._loss_count = 0
-        self._loss_divisors: list[float | None] = []
+        self._loss_divisors: list[float | str | None] = []
         # Optimizer steps under way, one inside another: torch hooks the ``step`` of every
         # optimizer class it has made an instance of, so a subclass whose ``step`` calls
         # ``super().step()`` (or ZeroRedundancyOptimizer, whose step runs its inner
@@ -1120,10 +1120,11 @@ class Instrument:
         losses = self._losses
         loss: tuple[list[Any], int] | None = None  # CPU: the loss tensors, read off the path
         # Gradient accumulation that divides each micro-batch's loss by their number
-        # (``loss = loss / accumulation_steps``, nanoGPT's and most scripts' way): the step's
-        # loss is the micro-batches' mean before the division, not the mean of the quotients.
+        # (``loss = loss / accumulation_steps``, nanoGPT's and most scripts' way), or by the
+        # items of the whole window (the HF Trainer's): the step's loss is the sum of what went
+        # into ``backward()`` (the mean before nanoGPT's division), not the quotients' mean.
         count, divisors = self._loss_count, self._loss_divisors
-        scale = count if count > 1 and all(d == count for d in divisors) else 1
+        scale = count if count > 1 and all(d == count or d is WINDOW for d in divisors) else 1
         self._loss_count = 0
         if divisors:
             divisors.clear()  # read above only: no new list on every step
@@ -1406,15 +1407,40 @@ def _mean(values: Iterable[float]) -> float:
     return values[0] if len(values) == 1 else sum(values) / len(values)
 
 
-def _divisor(loss: Any) -> float | None:
-    """The number ``loss`` was made by dividing by (``loss / 4``, a CPU number or 0-dim
-    tensor: read without waiting for any device), or None. Never raises."""
+#: What :func:`_divisor` gives for a loss normalized over its accumulation window: the HF
+#: Trainer (transformers 4.46 and later, ``average_tokens_across_devices``, its default) divides
+#: each micro-batch's summed loss by the items of every micro-batch of the optimizer step on
+#: every rank, then multiplies it by the world size, so that the micro-batches' losses add up
+#: to the step's mean loss (the figure it logs).
+WINDOW = "window"
+
+
+#: Most trailing multiplications and divisions of a loss :func:`_divisor` looks through.
+SCALINGS_READ = 4
+
+
+def _divisor(loss: Any) -> float | str | None:
+    """How ``loss`` was scaled at its end, read from its graph without waiting for any device:
+    the number it was divided by last (``loss / 4``: a CPU number or 0-dim tensor), or
+    :data:`WINDOW` when its trailing scalings by 0-dim numbers both divide and multiply (the HF
+    Trainer's ``loss / items * world_size``, with or without a ``/ 1`` after it: the values,
+    maybe on a device, stay unread), or None. Never raises."""
     try:
-        node = loss.grad_fn
-        if node is None or type(node).__name__ != "DivBackward0":
+        node, kinds, top = loss.grad_fn, set(), None
+        for _ in range(SCALINGS_READ):
+            kind = type(node).__name__ if node is not None else None
+            if kind not in ("DivBackward0", "MulBackward0") or node._saved_other.dim():
+                break
+            kinds.add(kind)
+            if top is None:
+                top = node
+            node = node.next_functions[0][0]
+        if len(kinds) == 2:
+            return WINDOW
+        if top is None or type(top).__name__ != "DivBackward0":
             return None
-        other = node._saved_other
-        if other.dim() or other.device.type != "cpu":
+        other = top._saved_other
+        if other.device.type != "cpu":
             return None
         return float(other.item())
     except Exception:
