@@ -109,14 +109,11 @@ class PhaseHistory:
         #: old (the bars) takes the straggler rule's, computed a moment before.
         self._medians: dict[int, tuple[tuple[float, ...], float]] = {}
         self._changed: set[int] = set()
-        #: Each rank's latest phases as received (built-in and custom), for display.
-        self.latest: dict[int, dict[str, float]] = {}
 
     def add(self, rank: int, phases: Mapping[str, float] | None) -> None:
         """One step's (or one explicit log's) phases in seconds."""
         if not phases:
             return
-        self.latest[rank] = dict(phases)
         get = phases.get
         seconds = [get(p, 0.0) for p in PHASES]
         # Every phase a float, none negative and their sum finite (no NaN, no infinity): taken
