@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 import weakref
 
 import pytest
@@ -754,6 +755,61 @@ def test_the_wrapped_torch_calls_take_every_argument_by_keyword(inst):
     assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
     assert [log["epoch"] for log in inst.fake.logs] == [2, 2]
     assert [log["samples"] for log in inst.fake.logs] == [3, 3]
+
+
+class DataLoaderShard:
+    """HF accelerate's prepared loader, as far as its epochs go: no DistributedSampler; its
+    ``__iter__`` starts with ``set_epoch(self.iteration)`` and a finished pass adds one (the
+    HF Trainer also calls ``set_epoch(epoch)`` itself)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+        self.iteration = 0
+
+    def set_epoch(self, epoch):
+        self.iteration = epoch
+
+    def __iter__(self):
+        self.set_epoch(self.iteration)
+        yield from self.batches
+        self.iteration += 1
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_an_accelerate_loaders_pass_is_the_epoch_and_an_evaluations_is_not(
+    inst, monkeypatch, explicit
+):
+    """Accelerate (``Accelerator.prepare``, the HF Trainer) shards batches without a
+    DistributedSampler: ddptui showed no epoch for such runs. An evaluation loader's passes,
+    drawn between training steps (the Trainer's ``eval_steps``), are not the epoch."""
+    module = types.ModuleType("accelerate.data_loader")
+    module.DataLoaderShard = DataLoaderShard
+    monkeypatch.setitem(sys.modules, "accelerate.data_loader", module)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))  # accelerate.prepare makes it: hooks go on
+    opt = timed_sgd(model.parameters(), clock)
+    train = DataLoaderShard([torch.randn(3, 4) for _ in range(2)])
+    evaluation = DataLoaderShard([torch.randn(3, 4)])
+    for epoch in range(2):
+        if explicit:
+            train.set_epoch(epoch)
+        for i, x in enumerate(train):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i == 0:
+                model.eval()
+                for _ in range(3):  # three evaluation passes: its iteration is 3, then 6
+                    with torch.no_grad():
+                        for xe in evaluation:
+                            model(xe)
+                model.train()
+    inst.flush()
+    assert [log["epoch"] for log in inst.fake.logs] == [0, 0, 1, 1]
+    assert evaluation.iteration == 6
+    instrument.uninstall()
+    assert "__wrapped__" not in DataLoaderShard.__iter__.__dict__  # put back
 
 
 @pytest.mark.parametrize(

@@ -494,6 +494,10 @@ class Instrument:
         # The entry of the sampler whose pass started last, until a training step marks it
         # (the sampler that step's batches came from); None once marked.
         self._last_pass: _SamplerPasses | None = None
+        # The pass of the accelerate loader whose batch was drawn last (see
+        # _attach_accelerate): a training forward takes it as the epoch. None: no such loader.
+        self._loader_epoch: int | None = None
+        self._accelerate_attached = False
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, torch: Any) -> None:
@@ -649,6 +653,45 @@ class Instrument:
             return batch
 
         self._patch(iterator, "__next__", __next__)
+
+    def _attach_accelerate(self) -> None:
+        """The epoch of a loader HF accelerate shards (``Accelerator.prepare``, the HF
+        Trainer): it has no DistributedSampler; its ``iteration`` is the pass it is in (its
+        ``__iter__`` starts with ``set_epoch(iteration)``, the Trainer's ``set_epoch(epoch)``
+        sets it, a finished pass adds one). Each batch drawn notes its loader's pass, and a
+        training forward takes the pass of the batch drawn last as the epoch, so that an
+        evaluation loader's passes, drawn between training steps, never count. Attached when
+        a DDP module is made (accelerate makes it in ``prepare``), if accelerate is loaded."""
+        module = sys.modules.get("accelerate.data_loader")
+        if module is None:
+            return
+        self._accelerate_attached = True
+        for name in ("DataLoaderShard", "DataLoaderDispatcher"):
+            cls = getattr(module, name, None)
+            if isinstance(cls, type) and "__iter__" in cls.__dict__:
+                try:
+                    self._patch(cls, "__iter__", self._passes_noted(cls.__dict__["__iter__"]))
+                except Exception as exc:
+                    _warn(f"instrumentation: accelerate's {name} not followed ({exc})")
+
+    def _passes_noted(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        inst = self
+
+        @functools.wraps(original)
+        def __iter__(loader: Any, /) -> Any:
+            batches = iter(original(loader))
+            try:
+                for batch in batches:
+                    epoch = getattr(loader, "iteration", None)
+                    if type(epoch) is int and epoch >= 0:
+                        inst._loader_epoch = epoch
+                    yield batch
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+
+        return __iter__
 
     def _sampler_entry(self, sampler: Any) -> _SamplerPasses | None:
         """The pass record of ``sampler`` (made on first sight), or None when it cannot be
@@ -813,6 +856,8 @@ class Instrument:
             return
         if self._rank_unknown:  # DDP needs the group: a spawned worker's rank is known now
             self._rank_unknown = not spawned.learn_rank()
+        if not self._accelerate_attached:
+            self._attach_accelerate()
         try:
             inner = ddp.module
             outer_post = ddp.register_forward_hook(self._outer_post)
@@ -931,6 +976,8 @@ class Instrument:
         self._opt_depth = 0
         self._ddp_seen = True
         self._fwd_seen = True
+        if self._loader_epoch is not None:  # an accelerate loader's pass (_attach_accelerate)
+            self._epoch = self._loader_epoch
         first = self._mark is None
         now = self._transition("fwd_pre", new_seg)
         if first:
