@@ -1464,6 +1464,7 @@ WINDOW = "window"
 
 #: Most trailing multiplications and divisions of a loss :func:`_divisor` looks through.
 SCALINGS_READ = 4
+_SCALINGS = ("DivBackward0", "MulBackward0")
 
 
 def _divisor(loss: Any) -> float | str | None:
@@ -1473,16 +1474,19 @@ def _divisor(loss: Any) -> float | str | None:
     Trainer's ``loss / items * world_size``, with or without a ``/ 1`` after it: the values,
     maybe on a device, stay unread), or None. Never raises."""
     try:
-        node, kinds, top = loss.grad_fn, set(), None
+        node, top, divided, multiplied = loss.grad_fn, None, False, False
         for _ in range(SCALINGS_READ):
-            kind = type(node).__name__ if node is not None else None
-            if kind not in ("DivBackward0", "MulBackward0") or node._saved_other.dim():
+            kind = type(node).__name__  # None's type is NoneType: the loop ends there
+            if kind not in _SCALINGS or node._saved_other.dim():
                 break
-            kinds.add(kind)
+            if kind == "DivBackward0":
+                divided = True
+            else:
+                multiplied = True
             if top is None:
                 top = node
             node = node.next_functions[0][0]
-        if len(kinds) == 2:
+        if divided and multiplied:
             return WINDOW
         if top is None or type(top).__name__ != "DivBackward0":
             return None
