@@ -447,7 +447,8 @@ class Instrument:
         # (id of the scaled loss, unscaled loss, the number it was divided by, if any)
         self._scaled: tuple[int, Any, float | str | None] | None = None
         # The step's losses: how many backward() calls had one (the list keeps MAX_LOSSES),
-        # and what each recorded one was divided by (None: not a division by a CPU number).
+        # and what each recorded one was divided by (None: not a division by a CPU number;
+        # WINDOW: a mean over the accumulation window, see _divisor).
         self._loss_count = 0
         self._loss_divisors: list[float | str | None] = []
         # Optimizer steps under way, one inside another: torch hooks the ``step`` of every
@@ -614,6 +615,7 @@ class Instrument:
             original(sampler, epoch)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
                 inst._epoch = epoch
+                inst._loader_epoch = None  # the script's own word: an accelerate pass no more
             if not inst._sampler_noted and not inst.disabled:
                 inst._sampler_told(sampler)
 
