@@ -808,6 +808,12 @@ def test_an_accelerate_loaders_pass_is_the_epoch_and_an_evaluations_is_not(
     inst.flush()
     assert [log["epoch"] for log in inst.fake.logs] == [0, 0, 1, 1]
     assert evaluation.iteration == 6
+    # The script's own DistributedSampler.set_epoch afterwards (a plain loader): its word.
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler.set_epoch(5)
+    train_step(model, opt, clock)
+    inst.flush()
+    assert inst.fake.logs[-1]["epoch"] == 5
     instrument.uninstall()
     assert "__wrapped__" not in DataLoaderShard.__iter__.__dict__  # put back
 
