@@ -27,6 +27,19 @@ from ddptui.runs.bench import BenchOptions, BenchRunner, Cancelled, Row
 from ddptui.runs.bench_report import about_lines, table_cells, write_results
 from ddptui.tui.model import NARROW_BELOW
 
+#: The table's columns (the cells of :meth:`BenchScreen.table_rows`), and those a narrow
+#: terminal leaves to bench.md.
+TABLE_COLUMNS = (
+    "configuration",
+    "state",
+    "samples/s",
+    "efficiency",
+    "first step",
+    "peak RSS/rank",
+    "accuracy / why not",
+)
+NARROW_DROP = {"first step", "peak RSS/rank"}
+
 STATUS_STYLE = {
     "measured": "green",
     "skipped": "dim",
@@ -177,16 +190,14 @@ class BenchScreen(Screen):
         # Under NARROW_BELOW columns the first step and the peak RSS are left to bench.md:
         # at 80 every column was cut to a few characters ("5,767 no interval …").
         narrow = 0 < self.size.width < NARROW_BELOW
-        for header in ("configuration", "state", "samples/s", "efficiency", "first step"):
-            if not (narrow and header == "first step"):
-                table.add_column(header, no_wrap=True)
-        if not narrow:
-            table.add_column("peak RSS/rank", no_wrap=True)
-        table.add_column("accuracy / why not", overflow="ellipsis", no_wrap=True, ratio=1)
+        keep = [i for i, name in enumerate(TABLE_COLUMNS) if not (narrow and name in NARROW_DROP)]
+        for i in keep:  # the last (accuracy, or why not) takes the width left
+            table.add_column(
+                TABLE_COLUMNS[i], no_wrap=True, ratio=1 if i == len(TABLE_COLUMNS) - 1 else None
+            )
         for cells in self.table_rows(rows):
-            status = cells[1]
-            shown = (*cells[2:4], cells[6]) if narrow else cells[2:]
-            table.add_row(cells[0], Text(status, style=STATUS_STYLE.get(status, "")), *shown)
+            status = Text(cells[1], style=STATUS_STYLE.get(cells[1], ""))
+            table.add_row(*(status if i == 1 else cells[i] for i in keep))
         self.query_one("#bench-table", Static).update(table)
         self.query_one(ProgressBar).update(total=max(1, self.total), progress=self.finished_runs)
         self.query_one("#bench-now", Static).update(self.now_line())
