@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import time
 
+from rich.console import Console
 from textual.widgets import ProgressBar, Static
 
 from ddptui.runs import bench
@@ -118,6 +119,16 @@ async def test_a_narrow_terminal_leaves_first_step_and_rss_to_bench_md(tmp_path)
             "efficiency",
             "accuracy / why not",
         ]
+        # Every column keeps a share of the width, the state whole and the accuracy in view:
+        # an unstable figure's long notes pushed the accuracy off the screen ("mea…").
+        noisy = ("x1 spawn gloo amp off", "measured", "7,387 no interval unstable")
+        noisy += ("-- (x1 unstable (no interval))", "3.5s", "693 MiB", "0.991")
+        screen.table_rows = lambda rows: [noisy]
+        screen.redraw()
+        console = Console(width=screen.query_one("#bench-table").size.width, record=True)
+        console.print(screen.query_one("#bench-table", Static).content)
+        text = console.export_text()
+        assert "accuracy" in text and "measured" in text and "0.991" in text, text
         await pilot.resize_terminal(120, 40)
         await pilot.pause(0.6)
         table = screen.query_one("#bench-table", Static).content

@@ -27,17 +27,21 @@ from ddptui.runs.bench import BenchOptions, BenchRunner, Cancelled, Row
 from ddptui.runs.bench_report import about_lines, table_cells, write_results
 from ddptui.tui.model import NARROW_BELOW
 
-#: The table's columns (the cells of :meth:`BenchScreen.table_rows`), and those a narrow
-#: terminal leaves to bench.md.
-TABLE_COLUMNS = (
-    "configuration",
-    "state",
-    "samples/s",
-    "efficiency",
-    "first step",
-    "peak RSS/rank",
-    "accuracy / why not",
-)
+#: The table's columns (the cells of :meth:`BenchScreen.table_rows`) and each one's share of
+#: the width: every column gets its share, whatever its cells hold (sized by their cells, an
+#: unstable figure's note, "7,387 no interval unstable", pushed the accuracy column off an
+#: 80-column screen and cut the state to "mea…"). The state has a fixed width.
+TABLE_COLUMNS = {
+    "configuration": 4,
+    "state": 0,
+    "samples/s": 4,
+    "efficiency": 4,
+    "first step": 2,
+    "peak RSS/rank": 2,
+    "accuracy / why not": 3,
+}
+STATE_WIDTH = len("measured")
+#: The columns a narrow terminal leaves to bench.md.
 NARROW_DROP = {"first step", "peak RSS/rank"}
 
 STATUS_STYLE = {
@@ -191,9 +195,11 @@ class BenchScreen(Screen):
         # at 80 every column was cut to a few characters ("5,767 no interval …").
         narrow = 0 < self.size.width < NARROW_BELOW
         keep = [i for i, name in enumerate(TABLE_COLUMNS) if not (narrow and name in NARROW_DROP)]
-        for i in keep:  # the last (accuracy, or why not) takes the width left
+        names = list(TABLE_COLUMNS)
+        for i in keep:
+            share = TABLE_COLUMNS[names[i]]
             table.add_column(
-                TABLE_COLUMNS[i], no_wrap=True, ratio=1 if i == len(TABLE_COLUMNS) - 1 else None
+                names[i], no_wrap=True, ratio=share or None, width=None if share else STATE_WIDTH
             )
         for cells in self.table_rows(rows):
             status = Text(cells[1], style=STATUS_STYLE.get(cells[1], ""))
