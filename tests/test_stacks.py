@@ -102,3 +102,72 @@ def test_a_project_in_a_folder_named_ddptui_is_the_users_code():
     assert frames_module.classify(stack).where == "inject_fault (snapshot_trainer.py:41)"
     recorded = [{"filename": f.file, "line": f.line} for f in stack]
     assert flight._user_frame(recorded) == "snapshot_trainer.py:41"
+
+
+SLOW_DUMPER = """
+import signal, sys, time
+from ddptui.runfiles import RunDir
+
+path = RunDir(sys.argv[1]).stacks(int(sys.argv[2]))
+path.touch()
+threads = '''Thread 0x00007f08de0146c0 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+'''
+main = '''Current thread 0x00007f09a3c96b80 (most recent call first):
+  File "/venv/torch/autograd/graph.py", line 1113 in _engine_run_backward
+  File "/venv/torch/_tensor.py", line 623 in backward
+  File "/home/me/train.py", line 72 in _run_batch
+  File "/home/me/train.py", line 128 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+  File "<frozen runpy>", line 198 in _run_module_as_main
+'''
+
+def dump(signum, frame):  # as a rank descheduled between its threads
+    with open(path, "a") as f:
+        f.write(threads)
+    time.sleep(float(sys.argv[3]))
+    with open(path, "a") as f:
+        f.write(main)
+
+signal.signal(signal.SIGUSR2, dump)
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("pause", [0.4])
+def test_a_dump_cut_by_a_pause_is_read_whole(tmp_path, pause):
+    """A rank that stalls between its other threads and its main thread (faulthandler lists
+    the main thread last) is read to its main thread's outermost frame: cut off, its wait in
+    the gradient all-reduce read as a hang outside any collective."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_DUMPER, str(tmp_path), "0", str(pause)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        stacks = capture_stacks({0: proc.pid}, tmp_path, timeout=5.0)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert stacks[0].endswith("in _run_module_as_main\n"), stacks
+    info = classify_stack(stacks[0])
+    assert info.in_collective and info.where == "_run_batch (train.py:72)", info
+
+
+def test_whole_dump_ends_with_the_main_threads_outermost_frame():
+    from ddptui.rank.stacks import whole_dump
+
+    frame = '  File "/x/threading.py", line 1002 in _bootstrap\n'
+    assert not whole_dump("")
+    assert not whole_dump("Thread 0x1 (most recent call first):\n" + frame)
+    assert not whole_dump('  File "/home/me/train.py", line 128 in <module>')  # line unfinished
+    assert whole_dump('  File "/home/me/train.py", line 128 in <module>\n')
+    assert whole_dump('  File "<string>", line 1 in <module>\n')  # mp.spawn's child
+    assert whole_dump('  File "<frozen runpy>", line 198 in _run_module_as_main\n')
+    assert whole_dump(frame + "  ...\n")  # over faulthandler's 100 frames

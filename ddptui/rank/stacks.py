@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -23,8 +24,17 @@ from ddptui.runfiles import RunDir
 STACK_SIGNAL = signal.SIGUSR2
 #: Most bytes read back from one rank's dump.
 MAX_STACK_BYTES = 64 * 1024
-#: A dump is complete once its file stopped growing for this long.
-SETTLE_S = 0.1
+#: A dump that does not end as a whole one does (see :func:`whole_dump`) is taken once its
+#: file stopped growing for this long. A rank descheduled for a moment in the middle of its
+#: dump (two cores shared by a dozen processes) once had its main thread cut off by a shorter
+#: wait, and a rank waiting in the gradient all-reduce was named as hung outside any.
+SETTLE_S = 1.0
+#: How a whole dump ends: faulthandler lists the main thread last, and its outermost frame is
+#: the program's (``<module>``; runpy's ``_run_module_as_main`` under ``python -m``), or
+#: ``...`` when it is over faulthandler's 100 frames.
+_WHOLE_END = re.compile(
+    r'(?:  File "[^\n]*", line \d+ in (?:<module>|_run_module_as_main)|  \.\.\.)\n\Z'
+)
 
 _dump_file = None  # kept open for faulthandler (it writes to the file descriptor)
 
@@ -107,6 +117,10 @@ def capture_stacks(
             seen = sizes.get(rank)
             if seen is None or seen[0] != size:
                 sizes[rank] = (size, now)
+                text = _read_from(path, before)
+                if whole_dump(text):
+                    stacks[rank] = text
+                    del asked[rank]
             elif now - seen[1] >= SETTLE_S:
                 stacks[rank] = _read_from(path, before)
                 del asked[rank]
@@ -115,6 +129,12 @@ def capture_stacks(
         if (_size(path) or 0) > before:
             stacks[rank] = _read_from(path, before)
     return stacks
+
+
+def whole_dump(text: str) -> bool:
+    """Whether a faulthandler dump of all threads is whole: it ends with the main thread's
+    outermost frame (see :data:`_WHOLE_END`)."""
+    return _WHOLE_END.search(text) is not None
 
 
 def _read_from(path: Path, offset: int) -> str:
