@@ -851,6 +851,29 @@ def test_diagnose_hang_without_a_culprit_blames_the_run():
     ), remote.detail
 
 
+def test_diagnose_hang_does_not_read_a_cut_stack_as_the_ranks():
+    """A dump that stops before its main thread's outermost frame (the rank paused in the
+    middle of writing it; faulthandler writes the main thread last) holds only helper
+    threads: read as the rank's, a rank waiting in the gradient all-reduce was named hung
+    outside any collective beside the real culprit."""
+    helper = [("/usr/lib/python3.11/threading.py", 331, "wait"), ("/x/threading.py", 9, "run")]
+    victim = [(f"{TORCH}/autograd/graph.py", 1113, "_engine_run_backward"), *BOTTOM]
+    culprit = dump([(SCRIPT, 43, "inject_fault"), *BOTTOM])
+    whole = dump(helper, victim)
+    cut = whole[: whole.index("Current thread")]
+    assert classify_stack(cut).in_collective is False  # what it was taken for
+    out = diagnose_hang({0: 6.0, 1: 6.0}, {0: cut, 1: culprit}, 5.0, t=9.0)
+    assert [(d.rank, d.cause) for d in out] == [(1, "hang")]
+    assert "while no rank with a whole stack waits in a collective" in out[0].detail
+    assert out[0].detail.endswith("(limit 5 s); the stack of rank 0 was cut off")
+    # whole, the same dump names rank 0 as waiting
+    out = diagnose_hang({0: 6.0, 1: 6.0}, {0: whole, 1: culprit}, 5.0, t=9.0)
+    assert [(d.rank, d.cause) for d in out] == [(1, "hang"), (0, "collective")]
+    # every stack cut: the run as a whole, nobody named
+    (alone,) = diagnose_hang({0: 6.0, 1: 6.0}, {0: cut, 1: cut}, 5.0, t=9.0)
+    assert alone.rank is None and "the stack of ranks 0, 1 was cut off" in alone.detail
+
+
 # -- crashes ----------------------------------------------------------------------------------
 RESET = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"
 

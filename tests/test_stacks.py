@@ -171,3 +171,25 @@ def test_whole_dump_ends_with_the_main_threads_outermost_frame():
     assert whole_dump('  File "<string>", line 1 in <module>\n')  # mp.spawn's child
     assert whole_dump('  File "<frozen runpy>", line 198 in _run_module_as_main\n')
     assert whole_dump(frame + "  ...\n")  # over faulthandler's 100 frames
+
+
+def test_a_dump_over_the_size_kept_keeps_its_end_where_the_main_thread_is(tmp_path):
+    """faulthandler writes the main thread last: of a dump with dozens of threads, what is
+    kept is its end, from a thread's first line."""
+    from ddptui.rank.stacks import MAX_STACK_BYTES, _read_from, whole_dump
+
+    helper = "Thread 0x00007f{:010x} (most recent call first):\n" + (
+        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n' * 30
+    )
+    main = (
+        "Current thread 0x00007f09a3c96b80 (most recent call first):\n"
+        '  File "/venv/torch/autograd/graph.py", line 1113 in _engine_run_backward\n'
+        '  File "/home/me/train.py", line 128 in <module>\n'
+    )
+    path = tmp_path / "stacks-rank-0.txt"
+    path.write_text("old dump\n" + "\n".join(helper.format(i) for i in range(60)) + "\n" + main)
+    assert path.stat().st_size > MAX_STACK_BYTES
+    text = _read_from(path, len("old dump\n"))
+    assert len(text.encode()) <= MAX_STACK_BYTES
+    assert text.startswith("Thread 0x") and text.endswith(main) and whole_dump(text)
+    assert classify_stack(text).in_collective

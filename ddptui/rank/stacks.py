@@ -22,8 +22,13 @@ from ddptui.runfiles import RunDir
 #: The signal a rank dumps its stacks on. SIGUSR2 rather than SIGUSR1, which job schedulers
 #: (Slurm ``--signal``) and training frameworks often claim for checkpoint-and-requeue.
 STACK_SIGNAL = signal.SIGUSR2
-#: Most bytes read back from one rank's dump.
+#: Most bytes kept of one rank's dump: its end, where faulthandler writes the main thread.
 MAX_STACK_BYTES = 64 * 1024
+#: Most bytes read of one dump (faulthandler's own limits, 100 threads of 100 frames, keep a
+#: dump under about 2 MB).
+READ_LIMIT = 4 * 1024 * 1024
+#: Where a thread's part of a dump begins.
+_THREAD_HEAD = re.compile(r"^(?:Current thread|Thread) 0x", re.M)
 #: A dump that does not end as a whole one does (see :func:`whole_dump`) is taken once its
 #: file stopped growing for this long. A rank descheduled for a moment in the middle of its
 #: dump (two cores shared by a dozen processes) once had its main thread cut off by a shorter
@@ -138,10 +143,17 @@ def whole_dump(text: str) -> bool:
 
 
 def _read_from(path: Path, offset: int) -> str:
+    """What was written from ``offset`` on; of a dump over :data:`MAX_STACK_BYTES` (a rank
+    with dozens of threads), the threads that fit at its end, the main thread's last."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            data = f.read(MAX_STACK_BYTES)
+            data = f.read(READ_LIMIT)
     except OSError:
         return ""
-    return data.decode("utf-8", "replace")
+    text = data.decode("utf-8", "replace")
+    if len(data) <= MAX_STACK_BYTES:
+        return text
+    tail = text[-MAX_STACK_BYTES:]
+    head = _THREAD_HEAD.search(tail)
+    return tail[head.start() :] if head else tail

@@ -37,6 +37,7 @@ from typing import Any
 from ddptui.constants import PHASES
 from ddptui.rank.frames import Frame, StackInfo, classify
 from ddptui.rank.heartbeat import BEAT_S
+from ddptui.rank.stacks import whole_dump
 
 #: Every cause a diagnosis can name.
 CAUSES = (
@@ -580,7 +581,13 @@ def diagnose_hang(
     reported for the run as a whole."""
     quiet = max(hung.values()) if hung else 0.0
     head = f"{_ranks_text(hung)} stood still for {quiet:.0f} s, CPU idle (limit {limit:g} s)"
-    infos = {rank: classify_stack(text) for rank, text in sorted(stacks.items())}
+    # A dump cut before its main thread's end (see whole_dump) says nothing of where the
+    # rank is: read as another thread's, a rank waiting in the gradient all-reduce was once
+    # named hung outside any collective.
+    cut = sorted(rank for rank, text in stacks.items() if not whole_dump(text))
+    if cut:
+        head += f"; the stack of {_ranks_text(cut)} was cut off"
+    infos = {rank: classify_stack(text) for rank, text in sorted(stacks.items()) if rank not in cut}
     waiting = {r: i for r, i in infos.items() if i.in_collective}
     culprits = {r: i for r, i in infos.items() if not i.in_collective}
     out: list[Diagnosis] = []
@@ -588,6 +595,8 @@ def diagnose_hang(
         names = sorted({i.collective or "?" for i in waiting.values()})
         verb = "waits" if len(waiting) == 1 else "wait"
         waits = f"{_ranks_text(waiting)} {verb} in a collective ({'; '.join(names)})"
+    elif cut:
+        waits = "no rank with a whole stack waits in a collective"
     else:
         waits = "no rank waits in a collective"
     for rank, info in culprits.items():
@@ -609,7 +618,7 @@ def diagnose_hang(
             )
         )
     if not culprits:
-        unseen = sorted(set(hung) - set(stacks))
+        unseen = sorted(set(hung) - set(infos))
         if waiting and unseen:  # (a rank on another node: its stack stays there)
             why = f"{waits}; no stack from {_ranks_text(unseen)}"
         elif waiting:

@@ -578,6 +578,7 @@ def collect(
     ``frames`` (rank -> its heartbeat's frame) where it has no stack. The ranks in ``remote``
     run on other nodes: ``fetch(ranks, timeout)`` brings their traces into ``run_dir`` (their
     node's agent asks them), at the same time as the local ranks are asked."""
+    from ddptui.rank.stacks import whole_dump
     from ddptui.run.diagnosis import Diagnosis, classify_stack
 
     began = time.monotonic()
@@ -600,7 +601,13 @@ def collect(
     fresh = sorted(r for r, a in answers.items() if a == "ok")
     traces, unreadable = load_traces(run_dir, fresh)
     where = dict(frames or {})
-    where.update({rank: classify_stack(text).where for rank, text in (stacks or {}).items()})
+    where.update(  # a dump cut before its main thread (see whole_dump): the frame instead
+        {
+            rank: classify_stack(text).where
+            for rank, text in (stacks or {}).items()
+            if whole_dump(text)
+        }
+    )
     read = time.monotonic() - began
     found, why = explain(traces, world_size, where) if traces else ([], "no trace")
     note = "Flight Recorder"
