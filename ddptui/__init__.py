@@ -85,6 +85,8 @@ def phase(name: str) -> Any:
 def log_eval(**metrics: Any) -> None:
     """Report an all-reduced evaluation (``accuracy``, ``loss``, ``count``, ``epoch``);
     values may be tensors, as for :func:`log`."""
+    if _instrument is not None:  # the script's own: none are taken from its framework's
+        _instrument.explicit_eval = True
     _reporter().log_eval(**metrics)
 
 

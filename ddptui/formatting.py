@@ -40,3 +40,11 @@ def fmt_rate(samples_per_s: float, counted: bool) -> str:
 def fmt_samples(total: int, counted: bool) -> str:
     """``12,345 samples``; ``samples not counted`` (see :func:`fmt_rate`)."""
     return f"{total:,} samples" if counted else "samples not counted"
+
+
+def fmt_eval(accuracy: float | None, loss: float | None) -> str:
+    """The last evaluation in a status line: its accuracy, or its loss when it carries no
+    accuracy (the HF Trainer's ``eval_loss`` alone)."""
+    if accuracy is None and loss is not None:
+        return f"eval loss {fmt_num(loss)}"
+    return f"acc {fmt_num(accuracy)}"

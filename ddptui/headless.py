@@ -14,7 +14,14 @@ from typing import TextIO
 
 from ddptui import protocol
 from ddptui.constants import PHASES
-from ddptui.formatting import amp_label, fmt_duration, fmt_num, fmt_rate, fmt_samples
+from ddptui.formatting import (
+    amp_label,
+    fmt_duration,
+    fmt_eval,
+    fmt_num,
+    fmt_rate,
+    fmt_samples,
+)
 from ddptui.monitor import SystemMonitor, preflight
 from ddptui.run.diagnosis import Diagnosis
 from ddptui.run.options import RunConfig, resume_command
@@ -77,7 +84,7 @@ def progress_line(state: RunState, now: float) -> str:
         f"epoch {epochs}",
         fmt_rate(state.global_samples_per_s(now), state.samples_counted),
         f"loss {fmt_num(state.mean_loss)}",
-        f"acc {fmt_num(last.accuracy if last else None)}",
+        fmt_eval(last.accuracy, last.loss) if last else fmt_eval(None, None),
         f"ETA {fmt_duration(state.eta(now))}",
     ]
     preparing = [v for v in state.ranks.values() if v.activity == "preparing"]
@@ -136,8 +143,9 @@ class HeadlessConsole:
             elif isinstance(event, protocol.Eval) and event.rank == min(state.ranks):
                 epochs = f"/{state.epochs}" if state.epochs else ""
                 count = f" ({event.count} samples)" if event.count is not None else ""
+                accuracy = "" if event.accuracy is None else f"  accuracy {fmt_num(event.accuracy)}"
                 self.line(
-                    f"epoch {event.epoch}{epochs}  accuracy {fmt_num(event.accuracy)}"
+                    f"epoch {event.epoch}{epochs}{accuracy}"
                     f"{count}  eval loss {fmt_num(event.loss)}  "
                     f"{fmt_rate(state.global_samples_per_s(now), state.samples_counted)}  "
                     f"elapsed {fmt_duration(state.elapsed(now))}"
@@ -243,6 +251,8 @@ def eval_summary(state: RunState, script: bool) -> str:
     was reported (and, for a script, how to report one)."""
     last = state.last_eval
     if last is not None:
+        if last.accuracy is None and last.loss is not None:  # a loss alone (the HF Trainer's)
+            return f"final eval loss {fmt_num(last.loss)} (epoch {last.epoch})"
         return f"final accuracy {fmt_num(last.accuracy)} (epoch {last.epoch})"
     if script:
         return "the script reports no evaluation (ddptui.log_eval(epoch=…, accuracy=…) adds it)"

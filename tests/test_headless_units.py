@@ -65,6 +65,10 @@ def test_console_prints_status_and_one_line_per_evaluated_epoch():
     assert lines[0] == "rank 0 started: pid 7 on h, device cpu"
     assert lines[2].startswith("epoch 1/3  accuracy 0.9612 (1001 samples)  eval loss 0.1200")
     assert len(lines) == 3  # the eval of rank 1 is the same evaluation: not printed twice
+    loss_only = protocol.Eval(run="r", rank=0, seq=3, t=0.0, epoch=2, loss=5.38)
+    state.apply(loss_only, now=2.0)
+    console.on_events(state, [loss_only], now=2.0)
+    assert out.getvalue().splitlines()[3].startswith("epoch 2/3  eval loss 5.3800  ")
 
 
 def test_progress_line_shows_throughput_loss_accuracy_and_problems():
@@ -170,3 +174,15 @@ def test_no_evaluation_is_said_plainly_with_how_to_add_one():
         protocol.Eval(run="r", rank=0, t=0.0, seq=0, epoch=1, accuracy=0.5, count=10), now=1.0
     )
     assert eval_summary(state, script=True) == "final accuracy 0.5000 (epoch 1)"
+    # a loss alone (the HF Trainer's eval_loss): said as such, not "final accuracy --"
+    state.apply(protocol.Eval(run="r", rank=0, t=0.0, seq=1, epoch=2, loss=5.38), now=2.0)
+    assert eval_summary(state, script=True) == "final eval loss 5.3800 (epoch 2)"
+
+
+def test_the_status_line_shows_an_evaluations_loss_when_it_has_no_accuracy():
+    state = RunState("r", 1)
+    assert "acc --" in progress_line(state, 1.0)
+    state.apply(protocol.Eval(run="r", rank=0, t=0.0, seq=0, epoch=0, loss=5.38), now=1.0)
+    assert "  eval loss 5.3800  " in progress_line(state, 1.0)
+    state.apply(protocol.Eval(run="r", rank=0, t=0.0, seq=1, epoch=1, accuracy=0.5), now=2.0)
+    assert "  acc 0.5000  " in progress_line(state, 2.0)

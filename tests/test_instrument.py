@@ -74,6 +74,7 @@ def timed_sgd(params, clock, seconds=0.003):
 class FakeReporter:
     def __init__(self):
         self.logs = []
+        self.evals = []
         self.times = []
         self.flushes = 0
         self.before = None
@@ -84,6 +85,9 @@ class FakeReporter:
     def log_step_at(self, now, wall, **values):
         self.logs.append(values)
         self.times.append((now, wall))
+
+    def log_eval(self, **values):
+        self.evals.append(values)
 
     def before_send(self, flush):
         self.before = flush
@@ -816,6 +820,70 @@ def test_an_accelerate_loaders_pass_is_the_epoch_and_an_evaluations_is_not(
     assert inst.fake.logs[-1]["epoch"] == 5
     instrument.uninstall()
     assert "__wrapped__" not in DataLoaderShard.__iter__.__dict__  # put back
+
+
+class Trainer:
+    """The HF Trainer, as far as its evaluations go: ``evaluate`` returns the metrics it
+    logs, gathered from every rank, each named with its prefix; with several evaluation
+    datasets it calls itself once per dataset (``eval_<name>_`` prefixes) and returns them
+    all."""
+
+    def __init__(self, model, batches, accuracy=None):
+        self.model, self.batches, self.accuracy = model, batches, accuracy
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        if isinstance(eval_dataset, dict):
+            metrics = {}
+            for name, data in eval_dataset.items():
+                metrics.update(self.evaluate(data, None, f"{metric_key_prefix}_{name}"))
+            return metrics
+        self.model.eval()
+        with torch.no_grad():
+            loss = sum(self.model(x).pow(2).mean().item() for x in self.batches)
+        self.model.train()
+        metrics = {f"{metric_key_prefix}_loss": loss / len(self.batches)}
+        if self.accuracy is not None:
+            metrics[f"{metric_key_prefix}_accuracy"] = self.accuracy
+        metrics[f"{metric_key_prefix}_runtime"] = 0.25
+        metrics[f"{metric_key_prefix}_note"] = "text"  # not a number: left out
+        metrics["epoch"] = 0.5
+        return metrics
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit):
+    """The HF Trainer's ``eval_loss`` (and ``eval_accuracy``) were not picked up: the run
+    said the script reports no evaluation. Each ``evaluate`` is one evaluation of the epoch
+    training is in, unless the script reports its own."""
+    import numpy as np
+
+    module = types.ModuleType("transformers.trainer")
+    module.Trainer = Trainer
+    monkeypatch.setitem(sys.modules, "transformers.trainer", module)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))  # the Trainer makes it when it trains
+    opt = timed_sgd(model.parameters(), clock)
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler.set_epoch(2)
+    trainer = Trainer(model, [torch.randn(3, 4)], accuracy=np.float64(0.75))
+    if explicit:
+        ddptui.log_eval(accuracy=0.5)  # the script's own
+    train_step(model, opt, clock)
+    first = trainer.evaluate()
+    train_step(model, opt, clock)
+    trainer.accuracy = None
+    trainer.evaluate(eval_dataset={"a": [torch.randn(3, 4)], "b": [torch.randn(3, 4)]})
+    inst.flush()
+    if explicit:
+        assert inst.fake.evals == [{"accuracy": 0.5}]  # the script's own, alone
+        return
+    assert len(inst.fake.evals) == 1  # the outermost call of each; the second has no eval_loss
+    (evaluation,) = inst.fake.evals
+    assert evaluation == {"epoch": 2, "loss": first["eval_loss"], "accuracy": 0.75, "runtime": 0.25}
+    assert type(evaluation["accuracy"]) is float
+    assert len(inst.fake.logs) == 2  # the evaluation forwards are no training steps
+    instrument.uninstall()
+    assert "__wrapped__" not in Trainer.evaluate.__dict__  # put back
 
 
 @pytest.mark.parametrize(

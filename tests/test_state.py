@@ -154,6 +154,36 @@ def test_eval_from_every_rank_is_counted_once_per_epoch():
     assert s.last_eval.accuracy == 0.95
 
 
+def test_evaluations_within_an_epoch_are_each_kept_once():
+    """Evaluating every N steps (the HF Trainer's ``eval_steps``): each evaluation is a point,
+    reported by every rank once; the run's last one is the last of its last epoch."""
+    s = RunState("r", 2, epochs=2)
+    for acc, t in ((0.5, 1.0), (0.7, 2.0)):  # two evaluations in epoch 1, from both ranks
+        for rank in range(2):
+            s.apply(ev(protocol.Eval, rank, int(t) * 10 + rank, t, epoch=1, accuracy=acc))
+    s.apply(ev(protocol.Eval, 1, 99, 3.0, epoch=2, accuracy=0.8))  # rank 1 alone, say
+    s.apply(ev(protocol.Eval, 0, 98, 3.5, epoch=2, accuracy=0.8))
+    assert [(p.epoch, p.index, p.accuracy) for p in s.eval_history] == [
+        (1, 0, 0.5),
+        (1, 1, 0.7),
+        (2, 0, 0.8),
+    ]
+    assert s.last_eval.accuracy == 0.8
+    from ddptui.tui.model import chart_data
+
+    assert chart_data(s).accuracy == ([1.0, 1.5, 2.0], [0.5, 0.7, 0.8])
+
+
+def test_evaluations_kept_are_bounded():
+    from ddptui.run.state import MAX_EVALS
+
+    s = RunState("r", 1)
+    for i in range(MAX_EVALS + 50):
+        s.apply(ev(protocol.Eval, 0, i, float(i), epoch=i % 7, accuracy=i / 1e4))
+    assert len(s.evals) == MAX_EVALS
+    assert len(s.ranks[0].evals_in_epoch) <= MAX_EVALS
+
+
 def test_progress_and_eta_from_steps_per_epoch():
     s = RunState("r", 1, epochs=2)
     for i in range(1, 11):

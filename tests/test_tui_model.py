@@ -423,3 +423,44 @@ def test_rank_table_counts_steps_within_the_epoch_and_shows_preparing():
     rows = {row.rank: row for row in run_frame(state, 2.0).rows}
     assert rows[0].epoch_step == "2/2" and rows[0].state == "started"
     assert rows[1].state == "preparing" and rows[1].where == "build_index (data.py:41)"
+
+
+class _RecordingPlot:
+    """Records what a chart draws (plotext's calls)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self.calls.append((name, args))
+
+
+@pytest.mark.parametrize(
+    ("evals", "title", "xticks"),
+    [
+        # the HF Trainer without compute_metrics: eval_loss alone, epochs from accelerate's
+        # passes (from 0), two evaluations an epoch (eval_steps)
+        ([(0, None, 5.6), (0, None, 5.5), (1, None, 5.4)], "eval loss per epoch: 5.4000", [0, 1]),
+        ([(1, 0.5, 0.7), (2, 0.75, 0.4)], "eval accuracy per epoch: 0.7500", [1, 2]),
+    ],
+)
+def test_the_evaluation_chart_draws_a_loss_when_no_accuracy_comes(evals, title, xticks):
+    from ddptui.tui.widgets.charts import AccuracyChart
+
+    state = RunState("r", 1)
+    for seq, (epoch, accuracy, loss) in enumerate(evals):
+        state.apply(
+            protocol.Eval(
+                run="r", rank=0, seq=seq, t=seq, epoch=epoch, accuracy=accuracy, loss=loss
+            )
+        )
+    plot = _RecordingPlot()
+
+    class Chart(AccuracyChart):
+        plt = plot
+
+    assert Chart().draw(chart_data(state)) is True
+    assert ("title", (title,)) in plot.calls
+    assert ("xticks", (xticks,)) in plot.calls
+    drawn = next(args for name, args in plot.calls if name == "scatter")
+    assert drawn[0] == ([0.0, 0.5, 1.0] if title.startswith("eval loss") else [1.0, 2.0])

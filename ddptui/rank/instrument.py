@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import os
 import sys
 import threading
@@ -123,6 +124,10 @@ MAX_LOSSES = 8
 #: Finished steps go to the reporter from the drainer thread at most this often (the
 #: reporter batches its sends at the same interval).
 SEND_INTERVAL_S = 0.05
+
+#: Most of the HF Trainer's other evaluation numbers (runtime, samples per second, the
+#: ``compute_metrics`` ones) carried with an evaluation it reports.
+HF_EXTRA_METRICS = 16
 
 #: DistributedSamplers followed at once (their pass counts); more are not judged.
 MAX_SAMPLERS = 256
@@ -499,6 +504,11 @@ class Instrument:
         # _attach_accelerate): a training forward takes it as the epoch. None: no such loader.
         self._loader_epoch: int | None = None
         self._accelerate_attached = False
+        self._transformers_attached = False
+        self._evaluating = 0  # HF Trainer.evaluate calls under way, one inside another
+        #: The script reports its evaluations itself (``ddptui.log_eval``): none are taken
+        #: from a framework's.
+        self.explicit_eval = False
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, torch: Any) -> None:
@@ -675,6 +685,65 @@ class Instrument:
                     self._patch(cls, "__iter__", self._passes_noted(cls.__dict__["__iter__"]))
                 except Exception as exc:
                     _warn(f"instrumentation: accelerate's {name} not followed ({exc})")
+
+    def _attach_transformers(self) -> None:
+        """The HF Trainer's evaluations: ``Trainer.evaluate`` returns what it logs, gathered
+        from every rank (``eval_loss``; ``eval_accuracy`` when ``compute_metrics`` gives an
+        ``accuracy``), the same on each; each call becomes an evaluation of the epoch the
+        training is in (see :meth:`_trainer_evaluated`). Attached when a DDP module is made
+        (the Trainer makes it when it trains), if transformers' Trainer is loaded."""
+        module = sys.modules.get("transformers.trainer")
+        if module is None:
+            return
+        self._transformers_attached = True
+        cls = getattr(module, "Trainer", None)
+        original = cls.__dict__.get("evaluate") if isinstance(cls, type) else None
+        if not callable(original):
+            return
+        inst = self
+
+        @functools.wraps(original)
+        def evaluate(trainer: Any, /, *args: Any, **kwargs: Any) -> Any:
+            inst._evaluating += 1
+            try:
+                metrics = original(trainer, *args, **kwargs)
+            finally:
+                inst._evaluating -= 1
+            if inst._evaluating == 0:  # several eval datasets: one call each, inside this one
+                prefix = kwargs.get("metric_key_prefix", args[2] if len(args) > 2 else "eval")
+                inst._trainer_evaluated(metrics, prefix)
+            return metrics
+
+        try:
+            self._patch(cls, "evaluate", evaluate)
+        except Exception as exc:
+            _warn(f"instrumentation: the HF Trainer's evaluations not followed ({exc})")
+
+    def _trainer_evaluated(self, metrics: Any, prefix: Any) -> None:
+        """``Trainer.evaluate`` returned ``metrics``: its ``{prefix}_loss`` and
+        ``{prefix}_accuracy`` as an evaluation (with its other numbers as extras), unless the
+        script reports evaluations itself or neither is there."""
+        if self.disabled or self.explicit_eval or not isinstance(metrics, dict):
+            return
+        if not isinstance(prefix, str):
+            return
+        try:
+            named = {
+                str(k)[len(prefix) + 1 :]: _plain_number(v)
+                for k, v in metrics.items()
+                if str(k).startswith(prefix + "_") and _plain_number(v) is not None
+            }
+            loss, accuracy = named.pop("loss", None), named.pop("accuracy", None)
+            if loss is None and accuracy is None:
+                return
+            extras = dict(list(named.items())[:HF_EXTRA_METRICS])
+            from ddptui.rank import reporter as reporter_module
+
+            reporter_module.get_reporter().log_eval(
+                epoch=self._epoch, loss=loss, accuracy=accuracy, **extras
+            )
+        except Exception as exc:
+            self._fail(exc)
 
     def _passes_noted(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         inst = self
@@ -860,6 +929,8 @@ class Instrument:
             self._rank_unknown = not spawned.learn_rank()
         if not self._accelerate_attached:
             self._attach_accelerate()
+        if not self._transformers_attached:
+            self._attach_transformers()
         try:
             inner = ddp.module
             outer_post = ddp.register_forward_hook(self._outer_post)
@@ -1526,6 +1597,16 @@ def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
             if isinstance(item, tensor):
                 return int(item.shape[0]) if item.dim() else 0
     return 0
+
+
+def _plain_number(value: Any) -> int | float | None:
+    """``value`` as a plain int or float when it is a finite number (numpy's too; not a
+    bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int):
+        return int(value)
+    return float(value) if math.isfinite(value) else None
 
 
 def _warn(message: str) -> None:

@@ -19,6 +19,9 @@ from ddptui.run.diagnosis import PhaseHistory
 
 #: Points kept per series (loss, throughput, step time) per rank.
 SERIES_LENGTH = 2_000
+#: Most evaluations kept (the oldest go first): a script evaluating every few steps for days,
+#: or a forged stream of ``eval`` events, does not grow the state without end.
+MAX_EVALS = 2_000
 #: A rank whose recent step time exceeds this multiple of the ranks' median is a straggler.
 STRAGGLER_FACTOR = 1.5
 #: A running rank silent for this many expected step intervals (and MIN_SILENT_S) is silent.
@@ -47,6 +50,15 @@ class EvalPoint:
     count: int | None
     t: float
     attempt: int = 0
+    #: Which of its epoch's evaluations it is (0: the first).
+    index: int = 0
+
+
+def _eval_order(key: tuple[int | None, int]) -> tuple[bool, int, int]:
+    """Evaluations in training order: by epoch (those without one last), then as they came
+    within it."""
+    epoch, index = key
+    return (epoch is None, epoch or 0, index)
 
 
 @dataclass(frozen=True)
@@ -148,6 +160,9 @@ class RankView:
         default_factory=lambda: deque(maxlen=SERIES_LENGTH)
     )
     recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
+    #: Per epoch, the evaluations this rank reported in it (this attempt): the n-th of one
+    #: rank is the n-th of every other (see :meth:`RunState._on_eval`).
+    evals_in_epoch: dict[int | None, int] = field(default_factory=dict, repr=False)
     #: The latest step's phases in seconds (built-in and custom), when the rank sends them.
     phases: dict[str, float] | None = None
     # -- from the rank's heartbeat (``beat`` events) --
@@ -288,7 +303,8 @@ class RunState:
         self.world_size = world_size
         self.epochs = epochs
         self.ranks: dict[int, RankView] = {r: RankView(r) for r in range(world_size)}
-        self.evals: dict[int | None, EvalPoint] = {}
+        #: Evaluations by (epoch, index within the epoch): see :meth:`_on_eval`.
+        self.evals: dict[tuple[int | None, int], EvalPoint] = {}
         self.steps_per_epoch: int | None = None
         self.started_at: float | None = None
         self.first_step_at: float | None = None  # training time starts here (not start-up)
@@ -362,6 +378,7 @@ class RunState:
         view.epochs_done = 0
         view.samples_per_s = None
         view.recent_step_times.clear()
+        view.evals_in_epoch.clear()
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
@@ -510,12 +527,23 @@ class RunState:
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
         # Every rank reports the same all-reduced result; the first one to arrive counts (a
-        # later attempt's evaluation of the same epoch, after a restart, replaces it).
-        old = self.evals.get(ev.epoch)
+        # later attempt's evaluation of the same epoch, after a restart, replaces it). A
+        # script may evaluate more than once an epoch (every N steps: the HF Trainer's
+        # ``eval_steps``): the n-th evaluation of a rank in an epoch is the n-th of every
+        # rank, and a new point. Keyed by the epoch alone, all but an epoch's first were lost,
+        # and the run's "final accuracy" was its last epoch's first evaluation.
+        index = view.evals_in_epoch.get(ev.epoch, 0)
+        if index == 0 and len(view.evals_in_epoch) >= MAX_EVALS:
+            view.evals_in_epoch.pop(next(iter(view.evals_in_epoch)))
+        view.evals_in_epoch[ev.epoch] = index + 1
+        key = (ev.epoch, index)
+        old = self.evals.get(key)
         if old is None or ev.attempt > old.attempt:
-            self.evals[ev.epoch] = EvalPoint(
-                ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt
+            self.evals[key] = EvalPoint(
+                ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt, index
             )
+            if len(self.evals) > MAX_EVALS:
+                del self.evals[min(self.evals, key=_eval_order)]
 
     def _on_epochend(self, view: RankView, ev: protocol.EpochEnd, now: float) -> None:
         view.epochs_done = max(view.epochs_done, ev.epoch)
@@ -557,7 +585,7 @@ class RunState:
     # -- reading ----------------------------------------------------------------------------
     @property
     def eval_history(self) -> list[EvalPoint]:
-        return sorted(self.evals.values(), key=lambda p: (p.epoch is None, p.epoch or 0, p.t))
+        return [self.evals[key] for key in sorted(self.evals, key=_eval_order)]
 
     @property
     def last_eval(self) -> EvalPoint | None:

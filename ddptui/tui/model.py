@@ -8,12 +8,20 @@ after it is released. Pure functions, testable without Textual.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from ddptui.formatting import amp_label, fmt_duration, fmt_num, fmt_rate, fmt_samples
+from ddptui.formatting import (
+    amp_label,
+    fmt_duration,
+    fmt_eval,
+    fmt_num,
+    fmt_rate,
+    fmt_samples,
+)
 from ddptui.run.state import RankFailureInfo, RankView, RunState
 
 #: Most points drawn per chart line (more would not fit a terminal's width anyway).
@@ -209,7 +217,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     parts = [
         rate,
         f"loss {fmt_num(state.mean_loss)}",
-        f"acc {fmt_num(last.accuracy if last else None)}",
+        fmt_eval(last.accuracy, last.loss) if last else fmt_eval(None, None),
         fmt_samples(state.samples_total, counted),
     ]
     if state.dropped:
@@ -565,6 +573,8 @@ class ChartData:
     accuracy: tuple[list[float], list[float]]
     #: (seconds since start, global samples/s).
     throughput: tuple[list[float], list[float]]
+    #: (epochs, losses) of the evaluations that carry a loss.
+    eval_loss: tuple[list[float], list[float]] = ([], [])
     #: Epochs planned (None when unknown), for the accuracy chart's x range.
     epochs: int | None = None
     #: Steps (the loss chart's x) at which each restarted attempt began.
@@ -592,15 +602,12 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS, per_rank: bool = T
     # Throughput points per rank: two per bucket, fewer with many ranks (the sum's cost grows
     # with ranks x points; a thinned rank's value is carried forward between its points).
     per_rank = max(max_points // 4, min(2 * max_points, THROUGHPUT_POINTS // len(state.ranks)))
-    evals = [p for p in state.eval_history if p.accuracy is not None]
-    accuracy = (
-        [float(p.epoch if p.epoch is not None else i + 1) for i, p in enumerate(evals)],
-        [float(p.accuracy) for p in evals],
-    )  # type: ignore[arg-type]
+    accuracy, eval_loss = eval_series(state)
     return ChartData(
         loss_by_rank=by_rank,
         mean_loss=(mean_x, mean_y),
         accuracy=accuracy,
+        eval_loss=eval_loss,
         throughput=global_throughput(
             [
                 with_pauses(thin(list(v.sps_series), per_rank), v.pauses)
@@ -616,6 +623,27 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS, per_rank: bool = T
         epochs=state.epochs,
         restarts=tuple(float(a.first_step) for a in state.attempts[1:]),
     )
+
+
+def eval_series(state: RunState) -> tuple[tuple[list[float], list[float]], ...]:
+    """(epochs, accuracies) and (epochs, losses) of the evaluations so far. An epoch's n
+    evaluations (every N steps: the HF Trainer's ``eval_steps``) sit at epoch, epoch + 1/n,
+    ...; one an epoch at its epoch; those without an epoch at 1, 2, ... in order."""
+    history = state.eval_history
+    per_epoch, seen = Counter(p.epoch for p in history), Counter()
+    accuracy: tuple[list[float], list[float]] = ([], [])
+    loss: tuple[list[float], list[float]] = ([], [])
+    for i, point in enumerate(history):
+        if point.epoch is None:
+            x = float(i + 1)
+        else:
+            x = point.epoch + seen[point.epoch] / per_epoch[point.epoch]
+            seen[point.epoch] += 1
+        for series, value in ((accuracy, point.accuracy), (loss, point.loss)):
+            if value is not None:
+                series[0].append(x)
+                series[1].append(float(value))
+    return accuracy, loss
 
 
 def thin(points: Sequence[Any], max_points: int) -> list[Any]:

@@ -112,7 +112,12 @@ class AccuracyChart(_Chart):
     title = "eval accuracy"
 
     def signature(self, data: ChartData) -> Any:
-        return (data.epochs, data.no_eval, tuple(zip(*data.accuracy, strict=True)))
+        return (
+            data.epochs,
+            data.no_eval,
+            tuple(zip(*data.accuracy, strict=True)),
+            tuple(zip(*data.eval_loss, strict=True)) if not data.accuracy[0] else (),
+        )
 
     def empty_message(self, data: ChartData) -> str:
         if data.no_eval:
@@ -120,19 +125,27 @@ class AccuracyChart(_Chart):
         return "no data yet"
 
     def draw(self, data: ChartData) -> bool:
-        epochs, accuracy = data.accuracy
+        """The accuracy per epoch; the evaluations' loss when none carries an accuracy (the
+        HF Trainer's ``eval_loss`` without ``compute_metrics``)."""
+        epochs, values = data.accuracy
+        what = "accuracy"
         if not epochs:
-            return False
+            epochs, values = data.eval_loss
+            what = "loss"
+            if not epochs:
+                return False
         plt = self.plt
         if len(epochs) > 1:
-            plt.plot(epochs, accuracy, marker="braille", color="green")
-        plt.scatter(epochs, accuracy, marker="●", color="green")
+            plt.plot(epochs, values, marker="braille", color="green")
+        plt.scatter(epochs, values, marker="●", color="green")
+        first = min(1, math.floor(min(epochs)))  # epochs counted from 0 (accelerate's passes)
         last = max(data.epochs or 0, int(max(epochs)))
-        plt.xlim(0.5, last + 0.5)
-        plt.xticks(list(range(1, last + 1)))
-        # Accuracy near 1 is where runs differ: zoom in, to the nearest tenth below.
-        plt.ylim(max(0.0, math.floor((min(accuracy) - 0.05) * 10) / 10), 1.0)
-        plt.title(f"eval accuracy per epoch: {accuracy[-1]:.4f}")
+        plt.xlim(first - 0.5, last + 0.5)
+        plt.xticks(list(range(first, last + 1)))
+        if what == "accuracy":
+            # Accuracy near 1 is where runs differ: zoom in, to the nearest tenth below.
+            plt.ylim(max(0.0, math.floor((min(values) - 0.05) * 10) / 10), 1.0)
+        plt.title(f"eval {what} per epoch: {values[-1]:.4f}")
         return True
 
 
