@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+from ddptui import protocol
 from ddptui.runs import export
 from tests.data_fixtures.record import RUNS
 from tests.tui_fixtures.fakes import FAILED_RUN
@@ -126,6 +127,20 @@ def test_tensorboard_scalars_per_rank_and_global(run_dir):
         return
     accuracy = [(step, value) for tag, value, step, _ in scalars if tag == "global/eval_accuracy"]
     assert accuracy == [(1, 0.9475), (2, 0.965), (3, 0.975)]
+
+
+def test_tensorboard_scalars_keep_each_evaluation_of_an_epoch():
+    """Evaluating every N steps: each evaluation once (every rank reports it), at its epoch."""
+    events = [
+        protocol.Eval(run="r", rank=rank, seq=seq, t=float(seq), epoch=0, loss=loss)
+        for seq, loss in enumerate((5.6, 5.5))
+        for rank in (0, 1)
+    ]
+    scalars = list(export.tensorboard_scalars(events))
+    assert [(tag, value, step) for tag, value, step, _ in scalars] == [
+        ("global/eval_loss", 5.6, 0),
+        ("global/eval_loss", 5.5, 0),
+    ]
 
 
 def test_tensorboard_missing_is_one_line(monkeypatch, tmp_path, capsys):

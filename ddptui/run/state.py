@@ -22,6 +22,8 @@ SERIES_LENGTH = 2_000
 #: Most evaluations kept (the oldest go first): a script evaluating every few steps for days,
 #: or a forged stream of ``eval`` events, does not grow the state without end.
 MAX_EVALS = 2_000
+#: Most (rank, attempt, epoch) whose evaluations are counted (see :class:`EvalIndex`).
+MAX_EVAL_COUNTS = 100_000
 #: A rank whose recent step time exceeds this multiple of the ranks' median is a straggler.
 STRAGGLER_FACTOR = 1.5
 #: A running rank silent for this many expected step intervals (and MIN_SILENT_S) is silent.
@@ -52,6 +54,24 @@ class EvalPoint:
     attempt: int = 0
     #: Which of its epoch's evaluations it is (0: the first).
     index: int = 0
+
+
+class EvalIndex:
+    """Which evaluation of its epoch an ``eval`` event is, as ``(epoch, n)``: every rank
+    reports the same all-reduced result (or rank 0 alone), so the n-th evaluation one rank
+    reports in an epoch, in an attempt, is the n-th of every other rank. A script may evaluate
+    more than once an epoch (every N steps: the HF Trainer's ``eval_steps``)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[int, int, int | None], int] = {}
+
+    def key(self, event: protocol.Eval) -> tuple[int | None, int]:
+        counted = (event.rank, event.attempt, event.epoch)
+        n = self._counts.get(counted, 0)
+        if n == 0 and len(self._counts) >= MAX_EVAL_COUNTS:  # forged epochs: the oldest go
+            del self._counts[next(iter(self._counts))]
+        self._counts[counted] = n + 1
+        return event.epoch, n
 
 
 def _eval_order(key: tuple[int | None, int]) -> tuple[bool, int, int]:
@@ -160,9 +180,6 @@ class RankView:
         default_factory=lambda: deque(maxlen=SERIES_LENGTH)
     )
     recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
-    #: Per epoch, the evaluations this rank reported in it (this attempt): the n-th of one
-    #: rank is the n-th of every other (see :meth:`RunState._on_eval`).
-    evals_in_epoch: dict[int | None, int] = field(default_factory=dict, repr=False)
     #: The latest step's phases in seconds (built-in and custom), when the rank sends them.
     phases: dict[str, float] | None = None
     # -- from the rank's heartbeat (``beat`` events) --
@@ -305,6 +322,7 @@ class RunState:
         self.ranks: dict[int, RankView] = {r: RankView(r) for r in range(world_size)}
         #: Evaluations by (epoch, index within the epoch): see :meth:`_on_eval`.
         self.evals: dict[tuple[int | None, int], EvalPoint] = {}
+        self._eval_index = EvalIndex()
         self.steps_per_epoch: int | None = None
         self.started_at: float | None = None
         self.first_step_at: float | None = None  # training time starts here (not start-up)
@@ -378,7 +396,6 @@ class RunState:
         view.epochs_done = 0
         view.samples_per_s = None
         view.recent_step_times.clear()
-        view.evals_in_epoch.clear()
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
@@ -532,15 +549,11 @@ class RunState:
         # ``eval_steps``): the n-th evaluation of a rank in an epoch is the n-th of every
         # rank, and a new point. Keyed by the epoch alone, all but an epoch's first were lost,
         # and the run's "final accuracy" was its last epoch's first evaluation.
-        index = view.evals_in_epoch.get(ev.epoch, 0)
-        if index == 0 and len(view.evals_in_epoch) >= MAX_EVALS:
-            view.evals_in_epoch.pop(next(iter(view.evals_in_epoch)))
-        view.evals_in_epoch[ev.epoch] = index + 1
-        key = (ev.epoch, index)
+        key = self._eval_index.key(ev)
         old = self.evals.get(key)
         if old is None or ev.attempt > old.attempt:
             self.evals[key] = EvalPoint(
-                ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt, index
+                ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt, key[1]
             )
             if len(self.evals) > MAX_EVALS:
                 del self.evals[min(self.evals, key=_eval_order)]

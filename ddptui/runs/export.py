@@ -31,6 +31,7 @@ from typing import Any, TextIO
 from ddptui import protocol, safeio
 from ddptui.commands import UsageError, command_main, fail
 from ddptui.run.rundir import RunDirError, iter_events, read_config, require_events
+from ddptui.run.state import EvalIndex
 
 CSV_COLUMNS = (
     "kind",
@@ -161,7 +162,8 @@ def tensorboard_scalars(
     loss_at: dict[int, list[float]] = {}
     sps_at: dict[int, list[float]] = {}
     time_at: dict[int, float] = {}
-    evals: set[int | None] = set()
+    evals: set[tuple[int | None, int]] = set()
+    index = EvalIndex()
     n_evals = 0
     for event in events:
         if isinstance(event, protocol.Step):
@@ -181,10 +183,12 @@ def tensorboard_scalars(
                 sps_at.setdefault(step, []).append(event.samples_per_s)
             time_at[step] = max(time_at.get(step, t), t)
         elif isinstance(event, protocol.Eval):
-            # All-reduced: every rank reports the same result; the first one counts.
-            if event.epoch in evals:
+            # All-reduced: every rank reports the same result; the first one counts (each of
+            # an epoch's evaluations, at the epoch).
+            key = index.key(event)
+            if key in evals:
                 continue
-            evals.add(event.epoch)
+            evals.add(key)
             n_evals += 1
             x = event.epoch if event.epoch is not None else n_evals
             for name, value in (
