@@ -850,18 +850,20 @@ class Trainer:
         return metrics
 
 
-@pytest.mark.parametrize("explicit", [False, True])
-def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit):
+@pytest.mark.parametrize(("explicit", "ddp"), [(False, True), (True, True), (False, False)])
+def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit, ddp):
     """The HF Trainer's ``eval_loss`` (and ``eval_accuracy``) were not picked up: the run
     said the script reports no evaluation. Each ``evaluate`` is one evaluation of the epoch
-    training is in, unless the script reports its own."""
+    training is in, unless the script reports its own. One process makes no DDP module: its
+    evaluations count from its second step on."""
     import numpy as np
 
     module = types.ModuleType("transformers.trainer")
     module.Trainer = Trainer
     monkeypatch.setitem(sys.modules, "transformers.trainer", module)
     clock = inst.fake_clock
-    model = DistributedDataParallel(Net(clock))  # the Trainer makes it when it trains
+    # the Trainer makes a DDP module when it trains in several processes, none in one
+    model = DistributedDataParallel(Net(clock)) if ddp else Net(clock)
     opt = timed_sgd(model.parameters(), clock)
     sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
     sampler.set_epoch(2)
@@ -869,6 +871,8 @@ def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit):
     if explicit:
         ddptui.log_eval(accuracy=0.5)  # the script's own
     train_step(model, opt, clock)
+    if not ddp:
+        train_step(model, opt, clock)
     first = trainer.evaluate()
     train_step(model, opt, clock)
     trainer.accuracy = None
@@ -881,7 +885,7 @@ def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit):
     (evaluation,) = inst.fake.evals
     assert evaluation == {"epoch": 2, "loss": first["eval_loss"], "accuracy": 0.75, "runtime": 0.25}
     assert type(evaluation["accuracy"]) is float
-    assert len(inst.fake.logs) == 2  # the evaluation forwards are no training steps
+    assert len(inst.fake.logs) == (2 if ddp else 3)  # evaluation forwards are no steps
     instrument.uninstall()
     assert "__wrapped__" not in Trainer.evaluate.__dict__  # put back
 

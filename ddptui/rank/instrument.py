@@ -927,10 +927,7 @@ class Instrument:
             return
         if self._rank_unknown:  # DDP needs the group: a spawned worker's rank is known now
             self._rank_unknown = not spawned.learn_rank()
-        if not self._accelerate_attached:
-            self._attach_accelerate()
-        if not self._transformers_attached:
-            self._attach_transformers()
+        self._attach_frameworks()
         try:
             inner = ddp.module
             outer_post = ddp.register_forward_hook(self._outer_post)
@@ -1318,6 +1315,17 @@ class Instrument:
         rank is past its start-up even if it stalls now)."""
         self._first_released = True
         self._drainer.now()
+        # A run with no DDP module (one process: the HF Trainer and accelerate make none)
+        # still gets its framework's epochs and evaluations, from its second step on.
+        self._attach_frameworks()
+
+    def _attach_frameworks(self) -> None:
+        """Follow HF accelerate's loaders and the HF Trainer's evaluations, where loaded and
+        not yet followed."""
+        if not self._accelerate_attached:
+            self._attach_accelerate()
+        if not self._transformers_attached:
+            self._attach_transformers()
 
     def _drain(self) -> bool:
         """The drainer thread's work: send the finished steps that can go. Returns whether
