@@ -564,3 +564,56 @@ def test_device_timing_on_a_gpu():
     ((item, values),) = q.drain(timeout=10)
     assert item == "phase" and values[0][0] == "matmul_s"
     assert 0 < values[0][1] < 10 and q.failed == 0
+
+
+def test_a_metric_nothing_can_carry_costs_no_other_event(collector):
+    """A 2 MB text, an integer beyond 64 bits, 100 extra metrics: each made the message it
+    travelled in invalid, and the steps batched with it were lost. Each is made fit now (cut,
+    a float, the first 64), and an event that still cannot go is dropped alone."""
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        for i in range(12):
+            extra = {}
+            if i == 3:
+                extra = {"note": "x" * 2_000_000, "k" * 10_000: 1}
+            elif i == 5:
+                extra = {"big": 10**30, "huge": 10**400, "neg": -(10**20)}
+            elif i == 7:
+                extra = {f"m{j}": j for j in range(100)}
+            rep.log(loss=1.0 / (i + 1), samples=4, **extra)
+        rep.finished()
+        events = drain(collector, 14)
+    finally:
+        rep.close()
+    steps = [e for e in events if type(e).__name__ == "Step"]
+    assert [e.step for e in steps] == list(range(1, 13))
+    assert collector.stats.rejected == 0 and rep.dropped == 0
+    assert steps[3].metrics == {"note": "x" * 256, "k" * 64: 1}
+    assert steps[5].metrics == {"big": 1e30, "huge": None, "neg": -1e20}
+    assert list(steps[7].metrics) == [f"m{j}" for j in range(protocol.MAX_METRICS)]
+
+
+def test_an_event_that_cannot_be_sent_is_dropped_alone(collector, monkeypatch):
+    import ddptui.rank.reporter as reporter_module
+
+    real = protocol.encode_batch
+
+    def encode(events):  # one event nothing can encode (a value msgpack refuses)
+        if any(getattr(e, "step", None) == 3 for e in events):
+            raise OverflowError("can't serialize ints > 2**64 - 1")
+        return real(events)
+
+    monkeypatch.setattr(reporter_module.protocol, "encode_batch", encode)
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        with rep._lock:  # all in one batch, as the sender thread makes them
+            for i in range(6):
+                rep._steps.append((time.time(), i + 1, None, 1.0, 4, None, None, {}, None))
+            rep._make_steps()
+            rep._flush(time.monotonic())
+        events = drain(collector, 5)
+    finally:
+        monkeypatch.setattr(reporter_module.protocol, "encode_batch", real)
+        rep.close()
+    assert [e.step for e in events if type(e).__name__ == "Step"] == [1, 2, 4, 5, 6]
+    assert rep.dropped == 1

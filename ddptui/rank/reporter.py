@@ -278,16 +278,31 @@ class Reporter:
         self._deliver(batch, now)
 
     def _deliver(self, events: list[protocol.AnyEvent], now: float) -> None:
-        """Hand ``events`` to ZeroMQ, at most MAX_BATCH_EVENTS per message."""
+        """Hand ``events`` to ZeroMQ, at most MAX_BATCH_EVENTS per message. A message the
+        collector would refuse whole (over MAX_MESSAGE_BYTES) or that cannot be encoded is
+        halved until the event at fault is alone: only it is dropped (a script's 2 MB text
+        metric once took the two steps batched with it)."""
         step = protocol.MAX_BATCH_EVENTS
-        for start in range(0, len(events), step):
-            chunk = events[start : start + step]
+        chunks = [events[start : start + step] for start in range(0, len(events), step)]
+        while chunks:
+            chunk = chunks.pop(0)
             try:
-                self._socket.send(protocol.encode_batch(chunk), self._zmq.DONTWAIT)
+                data: bytes | None = protocol.encode_batch(chunk)
+            except Exception:  # noqa: BLE001 - whatever a value does, the rest still goes
+                data = None
+            if data is None or len(data) > protocol.MAX_MESSAGE_BYTES:
+                if len(chunk) == 1:
+                    self.dropped += 1
+                else:
+                    half = len(chunk) // 2
+                    chunks[:0] = [chunk[:half], chunk[half:]]
+                continue
+            try:
+                self._socket.send(data, self._zmq.DONTWAIT)
             except self._zmq.Again:
                 # Queue full (or the listener went away): drop without asking zmq again for a
                 # while, so a stalled collector costs the training loop almost nothing.
-                self.dropped += len(events) - start
+                self.dropped += len(chunk) + sum(map(len, chunks))
                 self._full_until = now + FULL_BACKOFF_S
                 return
             self.sent += len(chunk)
@@ -718,26 +733,49 @@ def _number(name: str, value: Any, device: list[tuple[Any, Any]]) -> float | Non
     return float(value)  # ints, numpy scalars
 
 
+#: Longest extra metric name and text value sent (cut beyond): with MAX_METRICS of them an
+#: event stays small, and no value makes the message it travels in too big for the collector.
+MAX_METRIC_NAME = 64
+MAX_METRIC_TEXT = 256
+
+
 def _metrics(values: dict[str, Any], device: list[tuple[Any, Any]]) -> dict[str, Any]:
     """Extra metrics as wire-safe scalars: numbers as they are, CPU tensors and numpy
-    scalars read now, CUDA tensors into ``device`` (None until read), anything else as text."""
+    scalars read now, CUDA tensors into ``device`` (None until read), anything else as text.
+    Whatever the script passes, the event stays valid: the first ``protocol.MAX_METRICS``,
+    names and text cut to MAX_METRIC_NAME and MAX_METRIC_TEXT characters, an integer beyond
+    64 bits as a float (None beyond a float's range)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        name = str(key)
-        if value is None or isinstance(value, bool | int | float | str):
-            out[name] = value
-        elif pending.torch_tensor(value):
+        if len(out) >= protocol.MAX_METRICS:
+            break
+        name = str(key)[:MAX_METRIC_NAME]
+        if pending.torch_tensor(value):
             _one_value(name, value)
             if value.device.type == "cuda":
                 device.append(((_METRIC, name), value))
                 out[name] = None
-            else:
-                out[name] = value.item()
-        elif hasattr(value, "item"):
-            out[name] = value.item()
-        else:
-            out[name] = str(value)
+                continue
+            value = value.item()
+        elif not isinstance(value, bool | int | float | str) and hasattr(value, "item"):
+            value = value.item()  # numpy scalars
+        out[name] = _wire_scalar(value)
     return out
+
+
+def _wire_scalar(value: Any) -> Any:
+    """``value`` as msgpack can carry it and the collector accepts it."""
+    if value is None or isinstance(value, bool | float):
+        return value
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**64:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    text = value if isinstance(value, str) else str(value)
+    return text[:MAX_METRIC_TEXT]
 
 
 def _fill(event: Any, values: list[tuple[Any, Any]]) -> None:
