@@ -246,6 +246,11 @@ _batch_decoder = msgspec.msgpack.Decoder(
 )
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder(AnyEvent)
+#: A message's events undecoded, each to be decoded alone (see :func:`decode_each`).
+_raw_batch_decoder = msgspec.msgpack.Decoder(
+    Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BATCH_EVENTS)]
+)
+_event_decoder = msgspec.msgpack.Decoder(AnyEvent)
 
 
 def clean_phases(phases: object) -> dict[str, float] | None:
@@ -414,6 +419,26 @@ def decode_batch(data: bytes) -> list[AnyEvent]:
         return _batch_decoder.decode(data)
     except Exception as exc:  # DecodeError, ValidationError, UnicodeDecodeError, anything
         raise InvalidEvent(f"{type(exc).__name__}: {exc}") from None
+
+
+def decode_each(data: bytes) -> tuple[list[AnyEvent], int]:
+    """A message :func:`decode_batch` refused, event by event: (the valid events, how many
+    were not). One invalid event (a script's ``epoch="1"``) refused the whole message, and
+    with it every step batched beside it. A message that is no list of events at all (or over
+    the limits) is all invalid: ``([], 1)``."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        return [], 1
+    try:
+        raws = _raw_batch_decoder.decode(data)
+    except Exception:  # noqa: BLE001 - not a msgpack list of at most MAX_BATCH_EVENTS
+        return [], 1
+    events: list[AnyEvent] = []
+    for raw in raws:
+        try:
+            events.append(_event_decoder.decode(raw))
+        except Exception:  # noqa: BLE001 - this event only
+            continue
+    return events, len(raws) - len(events)
 
 
 def to_json(event: AnyEvent) -> bytes:

@@ -85,6 +85,20 @@ def test_hostile_messages_are_counted_and_dropped_and_the_run_goes_on():
         assert stats.rejected == 10 and stats.received == 1
 
 
+def test_one_event_the_schema_refuses_costs_only_itself():
+    """A script's ``ddptui.log(epoch="1")`` made one invalid event, and the collector refused
+    the whole message: every step batched with it was lost (a run "finished without a
+    step")."""
+    events = [msgspec.to_builtins(step(seq=i)) for i in range(4)]
+    events[1]["epoch"] = "1"
+    events[2]["loss"] = {"not": "a number"}
+    with Collector("run-1", world_size=2) as collector:
+        push_all(collector.endpoint, [msgspec.msgpack.encode(events)])
+        got = drain(collector, lambda e: len(e) == 2)
+        assert [e.seq for e in got] == [0, 3]
+        assert collector.stats.malformed == 2 and collector.stats.received == 2
+
+
 def test_two_hundred_thousand_bogus_ranks_cost_no_memory():
     n = 200_000
     per_message = protocol.MAX_BATCH_EVENTS

@@ -205,7 +205,11 @@ class Collector:
                 stats.oversized += 1
                 continue
             try:
-                batch = decode(data)
+                try:
+                    batch = decode(data)
+                except invalid:  # an event the schema refuses: the others still count
+                    batch, bad = protocol.decode_each(data)
+                    stats.malformed += bad
                 for event in batch:
                     if event.run != run_id:
                         stats.foreign += 1
