@@ -251,9 +251,10 @@ def eval_summary(state: RunState, script: bool) -> str:
     was reported (and, for a script, how to report one)."""
     last = state.last_eval
     if last is not None:
+        epoch = f" (epoch {last.epoch})" if last.epoch is not None else ""
         if last.accuracy is None and last.loss is not None:  # a loss alone (the HF Trainer's)
-            return f"final eval loss {fmt_num(last.loss)} (epoch {last.epoch})"
-        return f"final accuracy {fmt_num(last.accuracy)} (epoch {last.epoch})"
+            return f"final eval loss {fmt_num(last.loss)}{epoch}"
+        return f"final accuracy {fmt_num(last.accuracy)}{epoch}"
     if script:
         return "the script reports no evaluation (ddptui.log_eval(epoch=…, accuracy=…) adds it)"
     return "no evaluation received"

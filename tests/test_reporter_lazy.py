@@ -617,3 +617,67 @@ def test_an_event_that_cannot_be_sent_is_dropped_alone(collector, monkeypatch):
         rep.close()
     assert [e.step for e in events if type(e).__name__ == "Step"] == [1, 2, 4, 5, 6]
     assert rep.dropped == 1
+
+
+def test_values_no_event_can_carry_are_left_out_and_the_step_kept(collector, capsys, monkeypatch):
+    """``ddptui.log(epoch="1")`` (or a fractional epoch, a negative count, an integer beyond 64
+    bits) made an event the collector refuses, and the steps batched with it went too: a run
+    "finished without a step". Each value is made what the event carries, or left out with a
+    line on stderr, once per name."""
+    np = pytest.importorskip("numpy")
+    import ddptui.rank.reporter as reporter_module
+
+    monkeypatch.setattr(reporter_module, "_said", set())
+    calls = [
+        ({"epoch": "1"}, None),
+        ({"epoch": 1.5}, 1),  # a fractional epoch: the one it is in
+        ({"epoch": np.int64(2)}, 2),
+        ({"epoch": -1}, None),
+        ({"epoch": 10**30}, None),
+        ({"epoch": True}, None),
+        ({"samples": "x"}, None),
+        ({"samples": -5}, None),
+        ({"samples": 2.7}, None),
+        ({"step": "s"}, None),
+        ({"loss": "abc"}, None),
+        ({"loss": 10**400}, None),
+        ({"step_time": -1.0}, None),
+        ({"samples_per_s": float("nan")}, None),
+        ({"step_time": "slow"}, None),
+    ]
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        for fields, _ in calls:
+            rep.log(**{"loss": 0.5, "samples": 4, **fields})
+        rep.log_eval(epoch="x", accuracy=0.5, count=-5)
+        rep.log_eval(epoch=3, accuracy=0.5, count=np.int32(7))
+        rep.finished()
+        events = drain(collector, len(calls) + 4)
+    finally:
+        rep.close()
+    assert collector.stats.rejected == 0 and rep.dropped == 0
+    steps = [e for e in events if type(e).__name__ == "Step"]
+    assert len(steps) == len(calls)
+    assert [s.epoch for s in steps[1:3]] == [1, 2]
+    assert [s.samples for s in steps[6:9]] == [0, 0, 2]
+    assert [s.step for s in steps] == list(range(1, len(calls) + 1))
+    assert [s.loss for s in steps[10:12]] == [None, None]
+    # left out, they are measured as when not given: the time since the last step, the rate
+    assert steps[12].step_time >= 0.0 and steps[14].step_time >= 0.0
+    assert math.isfinite(steps[13].samples_per_s)
+    evals = [e for e in events if type(e).__name__ == "Eval"]
+    assert [(e.epoch, e.count) for e in evals][-1] == (3, 7)
+    assert evals[0].count is None
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        "ddptui: epoch='1' is not a whole number of 0 or more: sent without it (said once)" in err
+    )
+    assert sorted(line.split("=")[0] for line in err) == [
+        "ddptui: count",
+        "ddptui: epoch",
+        "ddptui: loss",
+        "ddptui: samples",
+        "ddptui: samples_per_s",
+        "ddptui: step",
+        "ddptui: step_time",
+    ]

@@ -42,6 +42,7 @@ its call, so ``seq`` increases along ``events.jsonl`` for each rank. At most
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import socket
 import sys
@@ -503,15 +504,28 @@ class Reporter:
             return
         if "device" not in self._announced:
             self.started()
+        if epoch is not None and (type(epoch) is not int or not 0 <= epoch <= _INT_MAX):
+            epoch = _whole("epoch", epoch)
         if epoch is not None and epoch != self._epoch:
             if self._epoch_open:
                 self._end_epoch()
             self._epoch = epoch
             self._epoch_started = self._last_step_at or now
             self._epoch_samples = 0
-        samples = int(samples or 0)
+        if type(samples) is not int or not 0 <= samples <= _INT_MAX:
+            samples = _whole("samples", samples) or 0
+        if step is not None and (type(step) is not int or not 0 <= step <= _INT_MAX):
+            step = _whole("step", step)
         self.steps_logged += 1
-        self._step = int(step) if step is not None else self._step + 1
+        self._step = step if step is not None else self._step + 1
+        if step_time is not None and not (
+            type(step_time) is float and 0.0 <= step_time <= protocol.MAX_SECONDS
+        ):
+            step_time = _within("step_time", step_time, protocol.MAX_SECONDS)
+        if samples_per_s is not None and not (
+            type(samples_per_s) is float and 0.0 <= samples_per_s <= protocol.MAX_RATE
+        ):
+            samples_per_s = _within("samples_per_s", samples_per_s, protocol.MAX_RATE)
         if step_time is None and self._last_step_at is not None:
             step_time = now - self._last_step_at
         self._last_step_at = now
@@ -644,6 +658,8 @@ class Reporter:
             return
         self.started()
         epoch = values.pop("epoch", self._epoch)
+        if epoch is not None and (type(epoch) is not int or not 0 <= epoch <= _INT_MAX):
+            epoch = _whole("epoch", epoch)
         if self._epoch_open:
             self._end_epoch()
         device: list[tuple[Any, Any]] = []
@@ -656,7 +672,7 @@ class Reporter:
                 device.append(("count", count))
                 count = None
             else:
-                count = int(count)
+                count = _whole("count", count)
         metrics = _metrics(values, device)
         self._send(
             protocol.Eval,
@@ -721,7 +737,8 @@ def _one_value(name: str, tensor: Any) -> None:
 
 
 def _number(name: str, value: Any, device: list[tuple[Any, Any]]) -> float | None:
-    """``value`` as a float now; a CUDA tensor goes to ``device`` (None until it is read)."""
+    """``value`` as a float now; a CUDA tensor goes to ``device`` (None until it is read);
+    None, said once, for what is no number (text, an integer beyond a float's range)."""
     if value is None or type(value) is float:
         return value
     if pending.torch_tensor(value):
@@ -730,7 +747,62 @@ def _number(name: str, value: Any, device: list[tuple[Any, Any]]) -> float | Non
             device.append((name, value))
             return None
         return float(value.item())  # a CPU tensor: read now
-    return float(value)  # ints, numpy scalars
+    try:
+        return float(value)  # ints, numpy scalars
+    except (TypeError, ValueError, OverflowError):
+        _unusable(name, value, "a number")
+        return None
+
+
+#: The largest count or index an event carries (msgpack's signed 64 bits).
+_INT_MAX = 2**63 - 1
+_said: set[str] = set()
+
+
+def _whole(name: str, value: Any) -> int | None:
+    """A count or index the script passed (``epoch``, ``step``, ``samples``, ``count``) as
+    the int an event carries: an integral number as it is, a fraction's whole part (a
+    fractional epoch, 1.5: in epoch 1), numpy's and one-element tensors read; None, said
+    once, for anything else (text, a bool, a negative or non-finite number, one beyond 64
+    bits). Sent as given, one such value made the whole message invalid, and the collector
+    refused it with every step batched beside it."""
+    if pending.torch_tensor(value) and value.numel() == 1:
+        value = value.item()
+    elif not isinstance(value, bool | int | float) and hasattr(value, "item"):
+        try:
+            value = value.item()  # numpy scalars
+        except Exception:  # noqa: BLE001 - an .item() that is no number's
+            pass
+    if isinstance(value, float) and math.isfinite(value):
+        value = math.floor(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX:
+        return int(value)
+    _unusable(name, value, "a whole number of 0 or more")
+    return None
+
+
+def _within(name: str, value: Any, most: float) -> float | None:
+    """A duration or rate the script passed, as a float from 0 to ``most``; None, said once,
+    otherwise (the collector refuses an event with a negative or NaN one)."""
+    number = _number(name, value, [])
+    if number is not None and 0.0 <= number <= most:
+        return number
+    if number is not None:
+        _unusable(name, value, f"from 0 to {most:g}")
+    return None
+
+
+def _unusable(name: str, value: Any, wanted: str) -> None:
+    """Say once per name, on stderr, that a value was not sent."""
+    if name in _said:
+        return
+    _said.add(name)
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else f"{shown[:37]}..."
+    print(
+        f"ddptui: {name}={shown} is not {wanted}: sent without it (said once)",
+        file=sys.stderr,
+    )
 
 
 #: Longest extra metric name and text value sent (cut beyond): with MAX_METRICS of them an
