@@ -681,3 +681,42 @@ def test_values_no_event_can_carry_are_left_out_and_the_step_kept(collector, cap
         "ddptui: step",
         "ddptui: step_time",
     ]
+
+
+def test_an_announcement_with_values_no_event_carries_still_names_the_rank(collector, monkeypatch):
+    """``ddptui.started(device=torch.device("cuda", 0), epochs="3")``: the status that names
+    the rank's pid (what its stacks are taken by) was refused whole."""
+    import ddptui.rank.reporter as reporter_module
+
+    monkeypatch.setattr(reporter_module, "_said", set())
+
+    class Device:  # as a torch.device prints
+        def __str__(self):
+            return "cuda:0"
+
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep.started(device=Device(), device_uuid="u" * 1000, epochs="3", steps_per_epoch=-2)
+        rep.started(epochs=4)  # something new: announced again, the earlier values kept
+        rep.finished()
+        events = drain(collector, 3)
+    finally:
+        rep.close()
+    started = [e for e in events if type(e).__name__ == "Status" and e.state == "started"]
+    assert [(e.pid, e.device, len(e.device_uuid), e.epochs) for e in started] == [
+        (os.getpid(), "cuda:0", 128, None),
+        (os.getpid(), "cuda:0", 128, 4),
+    ]
+    assert all(e.steps_per_epoch is None for e in started)
+    assert collector.stats.rejected == 0
+
+
+def test_a_failure_given_as_an_exception_is_sent_as_its_text(collector):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep.finished(error=RuntimeError("x" * 5000), traceback=["not", "text"])
+        events = drain(collector, 2)
+    finally:
+        rep.close()
+    (failed,) = [e for e in events if type(e).__name__ == "Status" and e.state == "failed"]
+    assert failed.error == "x" * 2000 and failed.traceback == "['not', 'text']"

@@ -354,11 +354,15 @@ class Reporter:
             return
         if device is None and guess_device and "device" not in self._announced:
             device, device_uuid = _current_device()
+        # What the script passes, as the event carries it (a torch.device as its name): one
+        # value the collector refuses would lose the announcement, and the rank's pid with it.
         given = {
-            "device": device,
-            "device_uuid": device_uuid,
-            "epochs": epochs,
-            "steps_per_epoch": steps_per_epoch,
+            "device": None if device is None else _text(device),
+            "device_uuid": None if device_uuid is None else _text(device_uuid),
+            "epochs": None if epochs is None else _whole("epochs", epochs),
+            "steps_per_epoch": (
+                None if steps_per_epoch is None else _whole("steps_per_epoch", steps_per_epoch)
+            ),
         }
         news = {k: v for k, v in given.items() if v is not None and self._announced.get(k) != v}
         if self._started_sent and not news:
@@ -389,6 +393,8 @@ class Reporter:
             import traceback as tb
 
             traceback = "".join(tb.format_exception(sys.exc_info()[1]))
+        if traceback is not None and not isinstance(traceback, str):
+            traceback = str(traceback)
         if traceback and len(traceback) > protocol.MAX_TRACEBACK_CHARS:
             traceback = "[…]\n" + traceback[-(protocol.MAX_TRACEBACK_CHARS - 4) :]
         self._finished_sent = True
@@ -397,7 +403,7 @@ class Reporter:
             protocol.Status,
             state="failed" if error else "finished",
             pid=os.getpid(),
-            error=error[-2000:] if error else None,
+            error=str(error)[-2000:] if error else None,  # an exception passed: its text
             traceback=traceback if error else None,
             dropped=self.dropped,
         )
@@ -779,6 +785,16 @@ def _whole(name: str, value: Any) -> int | None:
         return int(value)
     _unusable(name, value, "a whole number of 0 or more")
     return None
+
+
+#: Longest device name or UUID sent.
+MAX_DEVICE_TEXT = 128
+
+
+def _text(value: Any) -> str:
+    """A device name or UUID as text (``torch.device("cuda", 0)``: ``cuda:0``), cut to
+    :data:`MAX_DEVICE_TEXT` characters."""
+    return (value if isinstance(value, str) else str(value))[:MAX_DEVICE_TEXT]
 
 
 def _within(name: str, value: Any, most: float) -> float | None:
