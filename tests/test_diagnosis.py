@@ -1144,3 +1144,21 @@ def test_a_reader_that_accepts_old_medians_takes_the_last_ones_computed_within_i
     now[0] += 2.0
     assert h.median_shares(0, max_age=1.0) == {**dict.fromkeys(PHASES, 0.0), "backward": 1.0}
     assert h.median_shares(0, max_age=1.0) == h.median_shares(0)
+
+
+def test_a_finding_that_comes_again_is_shown_once_as_last_found():
+    from ddptui.run.diagnosis import shown_details
+
+    found = [
+        (None, "communication", "communication-bound: 35 %"),
+        (2, "compute", "rank 2 computes more"),
+        (None, "hang", "ranks 0, 1 stood still"),
+        (None, "communication", "communication-bound: 33 %"),
+        (None, "hang", "Flight Recorder: traces of ranks 0, 1"),
+    ]
+    assert shown_details(found) == [
+        "rank 2 computes more",
+        "ranks 0, 1 stood still",
+        "communication-bound: 33 %",
+        "Flight Recorder: traces of ranks 0, 1",
+    ]

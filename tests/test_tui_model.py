@@ -464,3 +464,21 @@ def test_the_evaluation_chart_draws_a_loss_when_no_accuracy_comes(evals, title, 
     assert ("xticks", (xticks,)) in plot.calls
     drawn = next(args for name, args in plot.calls if name == "scatter")
     assert drawn[0] == ([0.0, 0.5, 1.0] if title.startswith("eval loss") else [1.0, 2.0])
+
+
+def test_replayed_diagnoses_with_odd_ranks_are_read(tmp_path):
+    """A summary's diagnoses as a file may hold them: a rank that is no int is none."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(FINISHED_RUN, run_dir)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["diagnoses"] = [
+        {"rank": [1], "cause": "compute", "detail": "old"},
+        {"rank": {"a": 1}, "cause": "compute", "detail": "new"},
+        {"rank": 3, "cause": "crash", "detail": "rank 3 failed first"},
+        "not a diagnosis",
+    ]
+    summary_path.write_text(json.dumps(summary))
+    assert ReplaySource.load(run_dir).diagnoses() == ["new", "rank 3 failed first"]

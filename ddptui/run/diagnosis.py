@@ -56,6 +56,25 @@ CAUSES = (
 )
 
 
+#: Causes that describe the run's current shape, found again while it lasts (or each time it
+#: comes back): shown once, as last found (see :func:`shown_details`).
+RECURRING = ("input", "compute", "host", "communication")
+
+
+def shown_details(found: Iterable[tuple[int | None, str, str]]) -> list[str]:
+    """The details of ``(rank, cause, detail)`` diagnoses, in order, to show: a recurring
+    finding (:data:`RECURRING`) once, where and as it was last found (a run that went
+    communication-bound, briefly was not, and was again showed the line twice, 35 % and
+    33 %); every other one as it is."""
+    found = list(found)
+    last = {(rank, cause): i for i, (rank, cause, _) in enumerate(found) if cause in RECURRING}
+    return [
+        detail
+        for i, (rank, cause, detail) in enumerate(found)
+        if cause not in RECURRING or last[rank, cause] == i
+    ]
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """One finding: the rank it names (None: the run as a whole), why, the evidence, and

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddptui.run.diagnosis import shown_details
 from ddptui.run.launcher import LaunchResult
 from ddptui.run.options import RunConfig
 from ddptui.run.rundir import load_run
@@ -96,15 +97,22 @@ class ReplaySource(RunSource):
         run_dir = Path(run_dir)
         config, state, summary = load_run(run_dir)
         source = cls(config, state, run_dir, now)
-        source.recorded_diagnoses = [
-            str(d.get("detail")) for d in summary.get("diagnoses") or () if isinstance(d, dict)
-        ]
+        source.recorded_diagnoses = shown_details(
+            (_rank(d.get("rank")), str(d.get("cause")), str(d.get("detail")))
+            for d in summary.get("diagnoses") or ()
+            if isinstance(d, dict)
+        )
         return source
 
     def now(self) -> float:
         if self._now is not None:
             return self._now
         return self.state.finished_at or self.state.last_event_at or 0.0
+
+
+def _rank(value: object) -> int | None:
+    """A rank read from a run's files: an int, else None (the file may say anything)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class LiveSource(RunSource):
@@ -136,7 +144,9 @@ class LiveSource(RunSource):
 
     def diagnoses(self) -> list[str]:
         diagnoser = getattr(self.session, "diagnoser", None)
-        return [d.detail for d in diagnoser.diagnoses] if diagnoser is not None else []
+        if diagnoser is None:
+            return []
+        return shown_details((d.rank, d.cause, d.detail) for d in diagnoser.diagnoses)
 
     def now(self) -> float:
         return self.session.clock()
