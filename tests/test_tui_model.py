@@ -471,9 +471,9 @@ def test_replayed_diagnoses_with_odd_ranks_are_read(tmp_path):
     import shutil
 
     run_dir = tmp_path / "run"
-    shutil.copytree(FINISHED_RUN, run_dir)
+    shutil.copytree(FAILED_RUN, run_dir)
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text())
+    summary = {"outcome": "failed", "exit_code": 1}
     summary["diagnoses"] = [
         {"rank": [1], "cause": "compute", "detail": "old"},
         {"rank": {"a": 1}, "cause": "compute", "detail": "new"},
