@@ -313,7 +313,7 @@ class LineAppender:
         try:
             while written < len(view):
                 written += os.write(self._fd, view[written:])
-        except OSError:
+        except BaseException:  # a full disk; or Ctrl-C's exception between two partial writes
             if written:
                 with contextlib.suppress(OSError):  # the error being raised says enough
                     os.ftruncate(self._fd, self.size)

@@ -336,3 +336,25 @@ def test_a_stale_temp_file_or_planted_symlink_is_not_written_through(tmp_path):
     (tmp_path / f".out.csv.{os.getpid()}.tmp").symlink_to(victim)
     _write(tmp_path / "out.csv")
     assert victim.read_text() == "keep" and (tmp_path / "out.csv").read_text() == "a,b\n"
+
+
+def test_an_interrupt_between_partial_writes_leaves_no_partial_line(tmp_path, monkeypatch):
+    """Ctrl-C's exception, raised between two writes of one append: the file keeps its whole
+    lines only."""
+    path = tmp_path / "events.jsonl"
+    appender = safeio.LineAppender(path)
+    appender.append(b'{"a": 1}\n')
+    real_write, calls = os.write, []
+
+    def write(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:5]))  # a partial write
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safeio.os, "write", write)
+    with pytest.raises(KeyboardInterrupt):
+        appender.append(b'{"b": 2}\n{"c": 3}\n')
+    monkeypatch.setattr(safeio.os, "write", real_write)
+    appender.append(b'{"d": 4}\n')
+    assert path.read_bytes() == b'{"a": 1}\n{"d": 4}\n'
