@@ -519,7 +519,7 @@ class Reporter:
             self._epoch_started = self._last_step_at or now
             self._epoch_samples = 0
         if type(samples) is not int or not 0 <= samples <= _INT_MAX:
-            samples = _whole("samples", samples) or 0
+            samples = 0 if samples is None else (_whole("samples", samples) or 0)
         if step is not None and (type(step) is not int or not 0 <= step <= _INT_MAX):
             step = _whole("step", step)
         self.steps_logged += 1
