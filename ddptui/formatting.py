@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -42,9 +43,12 @@ def fmt_samples(total: int, counted: bool) -> str:
     return f"{total:,} samples" if counted else "samples not counted"
 
 
-def fmt_eval(accuracy: float | None, loss: float | None) -> str:
-    """The last evaluation in a status line: its accuracy, or its loss when it carries no
-    accuracy (the HF Trainer's ``eval_loss`` alone)."""
-    if accuracy is None and loss is not None:
+def fmt_eval(evaluation: Any, accuracy: str = "acc") -> str:
+    """An evaluation (anything with ``accuracy`` and ``loss``, or None) in a line: its
+    accuracy, named ``accuracy``; or its loss when it carries no accuracy (the HF Trainer's
+    ``eval_loss`` alone)."""
+    acc = getattr(evaluation, "accuracy", None)
+    loss = getattr(evaluation, "loss", None)
+    if acc is None and loss is not None:
         return f"eval loss {fmt_num(loss)}"
-    return f"acc {fmt_num(accuracy)}"
+    return f"{accuracy} {fmt_num(acc)}"

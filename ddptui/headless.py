@@ -84,7 +84,7 @@ def progress_line(state: RunState, now: float) -> str:
         f"epoch {epochs}",
         fmt_rate(state.global_samples_per_s(now), state.samples_counted),
         f"loss {fmt_num(state.mean_loss)}",
-        fmt_eval(last.accuracy, last.loss) if last else fmt_eval(None, None),
+        fmt_eval(last),
         f"ETA {fmt_duration(state.eta(now))}",
     ]
     preparing = [v for v in state.ranks.values() if v.activity == "preparing"]
@@ -252,9 +252,7 @@ def eval_summary(state: RunState, script: bool) -> str:
     last = state.last_eval
     if last is not None:
         epoch = f" (epoch {last.epoch})" if last.epoch is not None else ""
-        if last.accuracy is None and last.loss is not None:  # a loss alone (the HF Trainer's)
-            return f"final eval loss {fmt_num(last.loss)}{epoch}"
-        return f"final accuracy {fmt_num(last.accuracy)}{epoch}"
+        return f"final {fmt_eval(last, 'accuracy')}{epoch}"
     if script:
         return "the script reports no evaluation (ddptui.log_eval(epoch=…, accuracy=…) adds it)"
     return "no evaluation received"

@@ -217,7 +217,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     parts = [
         rate,
         f"loss {fmt_num(state.mean_loss)}",
-        fmt_eval(last.accuracy, last.loss) if last else fmt_eval(None, None),
+        fmt_eval(last),
         fmt_samples(state.samples_total, counted),
     ]
     if state.dropped:
