@@ -194,13 +194,13 @@ class BenchScreen(Screen):
         # Under NARROW_BELOW columns the first step and the peak RSS are left to bench.md:
         # at 80 every column was cut to a few characters ("5,767 no interval …").
         narrow = 0 < self.size.width < NARROW_BELOW
-        keep = [i for i, name in enumerate(TABLE_COLUMNS) if not (narrow and name in NARROW_DROP)]
-        names = list(TABLE_COLUMNS)
-        for i in keep:
-            share = TABLE_COLUMNS[names[i]]
-            table.add_column(
-                names[i], no_wrap=True, ratio=share or None, width=None if share else STATE_WIDTH
-            )
+        keep = []  # the cells' indices of the columns shown
+        for i, (name, share) in enumerate(TABLE_COLUMNS.items()):
+            if narrow and name in NARROW_DROP:
+                continue
+            keep.append(i)
+            width = None if share else STATE_WIDTH
+            table.add_column(name, no_wrap=True, ratio=share or None, width=width)
         for cells in self.table_rows(rows):
             status = Text(cells[1], style=STATUS_STYLE.get(cells[1], ""))
             table.add_row(*(status if i == 1 else cells[i] for i in keep))
