@@ -122,9 +122,8 @@ def capture_stacks(
             seen = sizes.get(rank)
             if seen is None or seen[0] != size:
                 sizes[rank] = (size, now)
-                text = _read_from(path, before)
-                if whole_dump(text):
-                    stacks[rank] = text
+                if whole_dump(_tail(path, max(before, size - TAIL_BYTES))):
+                    stacks[rank] = _read_from(path, before)
                     del asked[rank]
             elif now - seen[1] >= SETTLE_S:
                 stacks[rank] = _read_from(path, before)
@@ -140,6 +139,20 @@ def whole_dump(text: str) -> bool:
     """Whether a faulthandler dump of all threads is whole: it ends with the main thread's
     outermost frame (see :data:`_WHOLE_END`)."""
     return _WHOLE_END.search(text) is not None
+
+
+#: How much of a dump's end :func:`whole_dump` is asked about while it grows (its last line).
+TAIL_BYTES = 8 * 1024
+
+
+def _tail(path: Path, offset: int) -> str:
+    """The file's text from ``offset`` to its end (at most :data:`TAIL_BYTES`)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(TAIL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _read_from(path: Path, offset: int) -> str:
