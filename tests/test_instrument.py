@@ -830,8 +830,11 @@ class Trainer:
 
     def __init__(self, model, batches, accuracy=None):
         self.model, self.batches, self.accuracy = model, batches, accuracy
+        self.eval_dataset = None
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        if eval_dataset is None and isinstance(self.eval_dataset, dict):
+            eval_dataset = self.eval_dataset
         if isinstance(eval_dataset, dict):
             metrics = {}
             for name, data in eval_dataset.items():
@@ -876,15 +879,28 @@ def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit, d
     first = trainer.evaluate()
     train_step(model, opt, clock)
     trainer.accuracy = None
-    trainer.evaluate(eval_dataset={"a": [torch.randn(3, 4)], "b": [torch.randn(3, 4)]})
+    both = trainer.evaluate(eval_dataset={"a": [torch.randn(3, 4)], "b": [torch.randn(3, 4)]})
+    trainer.eval_dataset = {"c": [torch.randn(3, 4)], "d_e": [torch.randn(3, 4)]}
+    third = trainer.evaluate()  # the Trainer's own datasets, as its training loop evaluates
     inst.flush()
     if explicit:
         assert inst.fake.evals == [{"accuracy": 0.5}]  # the script's own, alone
         return
-    assert len(inst.fake.evals) == 1  # the outermost call of each; the second has no eval_loss
-    (evaluation,) = inst.fake.evals
+    assert len(inst.fake.evals) == 3  # the outermost call of each
+    evaluation, several, own = inst.fake.evals
     assert evaluation == {"epoch": 2, "loss": first["eval_loss"], "accuracy": 0.75, "runtime": 0.25}
     assert type(evaluation["accuracy"]) is float
+    # Several datasets: the first one's loss is the evaluation's, the others' come first.
+    assert several == {
+        "epoch": 2,
+        "loss": both["eval_a_loss"],
+        "accuracy": None,
+        "b_loss": both["eval_b_loss"],
+        "a_runtime": 0.25,
+        "b_runtime": 0.25,
+    }
+    assert list(several)[:4] == ["epoch", "loss", "accuracy", "b_loss"]
+    assert own["loss"] == third["eval_c_loss"] and own["d_e_loss"] == third["eval_d_e_loss"]
     assert len(inst.fake.logs) == (2 if ddp else 3)  # evaluation forwards are no steps
     instrument.uninstall()
     assert "__wrapped__" not in Trainer.evaluate.__dict__  # put back

@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import math
 import os
 import sys
@@ -711,7 +712,11 @@ class Instrument:
                 inst._evaluating -= 1
             if inst._evaluating == 0:  # several eval datasets: one call each, inside this one
                 prefix = kwargs.get("metric_key_prefix", args[2] if len(args) > 2 else "eval")
-                inst._trainer_evaluated(metrics, prefix)
+                dataset = kwargs.get("eval_dataset", args[0] if args else None)
+                if dataset is None:
+                    dataset = getattr(trainer, "eval_dataset", None)
+                names = dataset if isinstance(dataset, dict) else ()
+                inst._trainer_evaluated(metrics, prefix, names)
             return metrics
 
         try:
@@ -719,10 +724,13 @@ class Instrument:
         except Exception as exc:
             _warn(f"instrumentation: the HF Trainer's evaluations not followed ({exc})")
 
-    def _trainer_evaluated(self, metrics: Any, prefix: Any) -> None:
+    def _trainer_evaluated(self, metrics: Any, prefix: Any, datasets: Iterable[Any] = ()) -> None:
         """``Trainer.evaluate`` returned ``metrics``: its ``{prefix}_loss`` and
         ``{prefix}_accuracy`` as an evaluation (with its other numbers as extras), unless the
-        script reports evaluations itself or neither is there."""
+        script reports evaluations itself or neither is there. With several evaluation
+        datasets (``datasets``, the names of ``eval_dataset`` a dict: HF names their metrics
+        ``{prefix}_{name}_loss``), the first one's are the evaluation and the others' loss and
+        accuracy come first among the extras (``{name}_loss``)."""
         if self.disabled or self.explicit_eval or not isinstance(metrics, dict):
             return
         if not isinstance(prefix, str):
@@ -733,10 +741,15 @@ class Instrument:
                 for k, v in metrics.items()
                 if str(k).startswith(prefix + "_") and _plain_number(v) is not None
             }
-            loss, accuracy = named.pop("loss", None), named.pop("accuracy", None)
+            names = [str(name) for name in itertools.islice(datasets, HF_EXTRA_METRICS + 1)]
+            first, *others = names or [""]
+            head = f"{first}_" if first else ""
+            loss, accuracy = named.pop(f"{head}loss", None), named.pop(f"{head}accuracy", None)
             if loss is None and accuracy is None:
                 return
-            extras = dict(list(named.items())[:HF_EXTRA_METRICS])
+            scores = [f"{name}_{what}" for name in others for what in ("loss", "accuracy")]
+            extras = {k: named.pop(k) for k in scores if k in named}
+            extras = dict(list({**extras, **named}.items())[:HF_EXTRA_METRICS])
             from ddptui.rank import reporter as reporter_module
 
             reporter_module.get_reporter().log_eval(
