@@ -1042,6 +1042,80 @@ def test_real_cuda_steps_carry_device_phases_and_loss(inst):
         assert log["samples"] == 64
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_script_without_ddp_reports_its_loss(inst):
+    """timm's train.py in one process (no DDP module) on a GPU: its steps went out with no
+    loss at all, where the same script on the CPU showed it."""
+    inst.clock = __import__("time").perf_counter
+    device = torch.device("cuda", 0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))
+    model = net.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    losses = []
+    for _ in range(10):
+        loss = model(torch.randn(64, 256, device=device)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    torch.cuda.synchronize()
+    inst.flush(timeout=10.0)
+    logs = inst.fake.logs
+    assert len(logs) == 10
+    assert [log["loss"] for log in logs] == pytest.approx([v.item() for v in losses], rel=1e-3)
+    assert all(log["phases"] is None for log in logs)  # no forward seen: no made-up split
+
+
+class OnGpu(torch.Tensor):
+    """A loss the hooks take for a GPU's (where they read ``device``); its values stay here.
+    No ``__torch_function__``: ``backward`` runs once, as a plain tensor's does."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def detach(self):
+        return torch.Tensor.detach(self).as_subclass(OnGpu)
+
+
+class FakeGpuTorch(FakeTorch):
+    """FakeTorch whose pinned host memory is plain memory (no GPU here)."""
+
+    def empty(self, *size, pin_memory=False, **kwargs):
+        return torch.empty(*size, **kwargs)
+
+
+def test_a_gpu_loss_without_ddp_is_read_only_once_the_device_has_passed_it(inst):
+    """A script without a DDP module on a GPU (timm's train.py in one process): its steps went
+    out with no loss, where the same script on the CPU showed it. Now the loss is copied to
+    the host at the step's end and read once the device has passed the copy: before, reading
+    it would wait for the device."""
+    clock = inst.fake_clock
+    done = [False]
+    inst.torch = FakeGpuTorch(clock, done)
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    losses = []
+    for _ in range(3):
+        clock.advance(0.005)
+        loss = model(torch.randn(6, 4)).pow(2).mean().as_subclass(OnGpu)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    inst.send_ready()
+    assert inst.fake.logs == []  # the device has not passed the copies: nothing is read
+    done[0] = True
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["loss"] for log in logs] == pytest.approx(losses)
+    assert all(log["phases"] is None for log in logs)  # no forward seen: no made-up split
+    assert [log["samples"] for log in logs] == [0, 0, 0]
+
+
 def test_a_forked_child_gets_its_own_send_lock_and_drainer(inst):
     """A DataLoader worker forked while the drainer thread held the lock must not inherit it
     held (its exit flush would wait forever)."""

@@ -157,6 +157,9 @@ COLLECTIVES = (
 )
 _FALSE = ("", "0", "false", "no", "off")
 _BWD = ("bwd", "after_bwd")  # segments that may hold gradients
+#: Devices whose losses are read without a DDP module: the CPU's with ``.item()`` off the
+#: step path, CUDA's through a pinned copy and an event (see :class:`LossRead`).
+_LOSS_DEVICES = ("cpu", "cuda")
 #: A step's phase accumulators before any time is added (copied: faster than building one).
 _NO_PHASES = dict.fromkeys(PHASES, 0.0)
 
@@ -335,6 +338,33 @@ class CudaStepRead:
         losses = [h if type(h) is float else float(h.item()) for h in self._losses]
         loss = _mean(losses) * self._scale if losses else None
         return [("phases", phases), ("loss", loss)]
+
+    def keys(self) -> list[str]:
+        return ["phases", "loss"]
+
+
+class LossRead:
+    """A step's loss copies from a GPU, in a script without a DDP module (so no device phases):
+    read once the device has passed ``event``, the same ``query()`` / ``values()`` / ``keys()``
+    shape as :class:`CudaStepRead`."""
+
+    __slots__ = ("_event", "_losses", "_phases", "_scale")
+
+    def __init__(
+        self, event: Any, losses: list[Any], phases: dict[str, float] | None, scale: int = 1
+    ) -> None:
+        self._event = event
+        self._losses = losses  # pinned host copies (or floats already read)
+        self._phases = phases  # the script's own phases, if any
+        self._scale = scale
+
+    def query(self) -> bool:
+        return bool(self._event.query())
+
+    def values(self) -> list[tuple[str, Any]]:
+        losses = [h if type(h) is float else float(h.item()) for h in self._losses]
+        loss = _mean(losses) * self._scale if losses else None
+        return [("phases", self._phases), ("loss", loss)]
 
     def keys(self) -> list[str]:
         return ["phases", "loss"]
@@ -1173,10 +1203,11 @@ class Instrument:
         self._opt_depth = 0
         if self.disabled:
             return
-        if self._seg not in _BWD and (self._ddp_seen or tensor.device.type != "cpu"):
+        if self._seg not in _BWD and (self._ddp_seen or tensor.device.type not in _LOSS_DEVICES):
             # Outside a DDP step's backward: not the loss. Without any DDP module (FSDP, a
-            # plain model) no forward is seen, and a CPU 0-dim tensor's backward is the loss
-            # all the same (a CUDA one is left alone: reading it would wait for the device).
+            # plain model, timm's train.py in one process) no forward is seen, and a 0-dim
+            # tensor's backward is the loss all the same: on the CPU, or on a GPU (copied to
+            # the host at the step's end and read once the device has passed the copy).
             return
         if self._closure_repeat:
             return  # the loss of a repeated closure evaluation: not the step's
@@ -1261,15 +1292,7 @@ class Instrument:
         cuda = self._cuda is not None
         if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
-            host_losses: list[Any] = []
-            torch = self.torch
-            for value in losses:
-                if value.device.type == "cuda":
-                    host = torch.empty((), dtype=value.dtype, pin_memory=True)
-                    host.copy_(value.detach(), non_blocking=True)
-                    host_losses.append(host)
-                else:  # a loss computed on the host: read now, it costs nothing
-                    host_losses.append(float(value.item()))
+            host_losses = [self._to_host(value) for value in losses]
         elif losses:
             loss = (losses, scale)  # read by the drainer: .item() costs microseconds here
         # After a closure's backward the optimizer updates: ``optimizer``, not ``data``.
@@ -1280,7 +1303,7 @@ class Instrument:
         start = self._step_start
         step_time = max(0.0, now - start) if start is not None else 0.0
         custom = self._custom
-        read: Any  # a CudaStepRead, or (phases, loss tensors) on the CPU
+        read: Any  # a CudaStepRead or LossRead (a GPU), or (phases, loss tensors) on the CPU
         if cuda and len(self._marks) > 1:
             read = CudaStepRead(self._marks, host_losses, custom, scale)
             self._marks = [("start", self._marks[-1][1])]
@@ -1295,6 +1318,13 @@ class Instrument:
             read = (phases, loss)
             if cuda:
                 self._marks = self._marks[-1:]
+            elif losses and not self._ddp_seen:  # a GPU's loss to the host behind its kernels
+                on_gpu = [value.device for value in losses if value.device.type == "cuda"]
+                if on_gpu:
+                    copies = [self._to_host(value) for value in losses]
+                    event = self.torch.cuda.Event()
+                    event.record(self.torch.cuda.current_stream(on_gpu[-1]))
+                    read = LossRead(event, copies, phases, scale)
         self._acc = _NO_PHASES.copy()
         if custom:
             self._custom = {}
@@ -1322,6 +1352,16 @@ class Instrument:
         self._pending.append((self._epoch, samples, step_time, read, time.monotonic(), time.time()))
         if self._first_released:
             self._drainer.poke()
+
+    def _to_host(self, value: Any) -> Any:
+        """A step's loss on its way to the host: a GPU's copied into pinned memory behind the
+        kernels that made it (read once the device has passed the copy), a host's read now
+        (it costs nothing)."""
+        if value.device.type != "cuda":
+            return float(value.item())
+        host = self.torch.empty((), dtype=value.dtype, pin_memory=True)
+        host.copy_(value.detach(), non_blocking=True)
+        return host
 
     def _release_first(self) -> None:
         """The step after the first has started: the first may go (at once: ddptui learns the
