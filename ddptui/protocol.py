@@ -134,8 +134,9 @@ class Beat(Event, tag="beat"):
     digest: Annotated[str, msgspec.Meta(max_length=32)] | None = None
     #: CPU seconds the process has used (all threads).
     cpu: float | None = None
-    #: Bytes the process has read from and written to storage so far (``/proc/self/io``
-    #: ``read_bytes`` + ``write_bytes``: files, not sockets), where the kernel counts them.
+    #: Bytes the process has read and written so far (``/proc/self/io``: ``rchar`` + ``wchar``
+    #: + ``read_bytes`` + ``write_bytes``: files, pipes, TLS connections and storage, not plain
+    #: sockets), where the kernel counts them. Only its growth is read.
     io: NonNegInt | None = None
     #: Steps the rank has taken so far (0: still preparing).
     steps: NonNegInt = 0

@@ -3,11 +3,13 @@ both launchers, with injected faults: an input straggler, a compute straggler an
 Real ranks, gloo, CPU. A crash's diagnosis is checked on the real-world tier's ``trainer_raise``
 run (tests/test_realworld.py), which is the same fault in another script."""
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,47 @@ def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
     )
     assert "hung (exit code 3)" in replay.stdout
     assert "diagnosis: rank 1 hung outside any collective" in replay.stdout
+
+
+def test_a_rank_0_checkpoint_streamed_to_an_uploader_is_work_not_a_hang(tmp_path):
+    """Rank 0 streams its checkpoint to an uploader that drains it at about 1.3 MB/s (a CLI
+    sending it to object storage, or an HTTPS transfer) for about 8 s, its main thread
+    waiting, its CPU idle, while rank 1 waits in a barrier; the limit is 3 s. It counted as
+    no I/O (storage only): the healthy run was torn down as hung. Now what its read and
+    write calls pass counts."""
+    import threading
+
+    fifo = tmp_path / "uploader"
+    os.mkfifo(fifo)
+    got = []
+
+    def uploader():  # 64 KiB every 50 ms
+        with open(fifo, "rb") as pipe:
+            while chunk := pipe.read(65536):
+                got.append(len(chunk))
+                time.sleep(0.05)
+
+    drain = threading.Thread(target=uploader, daemon=True)
+    drain.start()
+    size = 10 * 1024 * 1024
+    env = {
+        "PLAIN_EPOCHS": "2",
+        "PLAIN_STEPS": "3",
+        "PLAIN_UPLOAD_RANK": "0",
+        "PLAIN_UPLOAD_TO": str(fifo),
+        "PLAIN_UPLOAD_BYTES": str(size),
+    }
+    try:
+        proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "3")
+    finally:
+        if drain.is_alive():  # the rank never opened it: let the reader go
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        drain.join(10)
+    assert sum(got) == size  # the whole checkpoint went
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary["outcome"] == "finished"
+    assert not [d for d in summary["diagnoses"] if d["cause"] in ("hang", "collective")]
+    beats = [e for e in read_events(tmp_path / "run") if e["kind"] == "beat" and e["rank"] == 0]
+    moved = [b["io"] for b in beats if b.get("io") is not None]
+    assert moved and moved[-1] - moved[0] >= size  # the upload counts as rank 0's I/O

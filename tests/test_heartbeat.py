@@ -42,7 +42,7 @@ def test_cpu_counts_busy_children():
         child.wait()
 
 
-def test_io_counts_what_the_process_writes_to_storage_not_to_sockets(tmp_path):
+def test_io_counts_files_and_pipes_not_plain_sockets(tmp_path):
     import os
     import socket
 
@@ -64,6 +64,20 @@ def test_io_counts_what_the_process_writes_to_storage_not_to_sockets(tmp_path):
             while got < 64 << 10:
                 got += len(b.recv(64 << 10))
     assert heartbeat.process_io() - written < 64 * 1024  # sockets (telemetry, gloo) do not
+    # A checkpoint streamed to an uploader through a pipe (``aws s3 cp -``): its writes count
+    # (and the reader's reads, here the same process).
+    before = heartbeat.process_io()
+    r, w = os.pipe()
+    try:
+        for _ in range(16):
+            os.write(w, b"x" * (64 << 10))
+            got = 0
+            while got < 64 << 10:
+                got += len(os.read(r, 64 << 10))
+    finally:
+        os.close(r)
+        os.close(w)
+    assert heartbeat.process_io() - before >= 2 << 20
 
 
 class _Beats:

@@ -80,15 +80,25 @@ def process_cpu() -> float:
     return time.process_time() + _children_cpu(os.getpid())
 
 
+#: The counters of ``/proc/self/io`` that say a process moves data, summed: what its
+#: ``read()`` and ``write()`` calls passed (``rchar``, ``wchar``: files, cached or not, pipes,
+#: terminals, and TLS connections, whose OpenSSL socket calls are ``read`` and ``write``; not
+#: a plain socket's ``send`` and ``recv``) and what it made storage read or write
+#: (``read_bytes``, ``write_bytes``: also a memory-mapped file's pages).
+IO_COUNTERS = (b"rchar:", b"wchar:", b"read_bytes:", b"write_bytes:")
+
+
 def process_io() -> int | None:
-    """Bytes this process has read from and written to storage (``/proc/self/io``
-    ``read_bytes`` + ``write_bytes``: a checkpoint being written counts, socket traffic does
-    not); None where the kernel does not count them."""
+    """Bytes this process has moved (the :data:`IO_COUNTERS` of ``/proc/self/io``, summed):
+    a checkpoint written to a file, or streamed to an uploader through a pipe or over HTTPS
+    to object storage, counts; a plain socket's traffic does not, nor does a collective's
+    wait. None where the kernel does not count them. Its own reading of ``/proc`` adds about
+    200 bytes a second."""
     try:
         with open("/proc/self/io", "rb") as counters:
             total = 0
             for line in counters:
-                if line.startswith((b"read_bytes:", b"write_bytes:")):
+                if line.startswith(IO_COUNTERS):
                     total += int(line.split()[1])
             return total
     except (OSError, ValueError, IndexError):

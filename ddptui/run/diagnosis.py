@@ -335,9 +335,10 @@ PREPARE_HANG_S = 300.0
 #: included): its CPU idles. A rank blocked in a collective, a lock or a sleep uses ~0; a busy
 #: one gets far more even on a crowded machine (at a load of 13 on 2 cores, about 15 %).
 IDLE_CPU_SHARE = 0.02
-#: A rank standing still that read or wrote less storage than this per second (a checkpoint
-#: on a slow network file system writes megabytes a second with its CPU idle; a rank blocked
-#: in a collective writes nothing: sockets do not count) does no I/O.
+#: A rank standing still that read or wrote less than this per second (its heartbeat's
+#: ``io``: files, pipes, TLS connections and storage; a checkpoint on a slow network file
+#: system, or streamed to object storage, moves megabytes a second with its CPU idle; a rank
+#: blocked in a collective moves nothing: a plain socket's traffic does not count) does no I/O.
 IDLE_IO_BYTES_PER_S = 64 * 1024
 #: The waiting note says the working rank's stack stood in one place when it did for at
 #: least this share of the time the waiting ranks stood still.
@@ -409,14 +410,14 @@ def stuck_ranks(
     """The live ranks with evidence of being stuck (rank -> :class:`Stuck`).
 
     From the rank's heartbeat: its stack, steps and collectives have not moved for the limit
-    (``before_first_step`` until its first step), it used under :data:`IDLE_CPU_SHARE` of
-    a core meanwhile, and it read or wrote under :data:`IDLE_IO_BYTES_PER_S` of storage (where
-    the kernel counts it). A rank whose beats stopped coming (its heartbeat thread cannot run:
-    the GIL is held, or the process is stopped) is stuck only when it stood still up to its
-    last beat and ddptui's own recent sample of its CPU (``cpu_percent``; the diagnoser
-    passes :data:`RECENT_CPU_S` of it) idles. A rank that sends
-    no beats at all (an older ddptui, or a rank that has not announced itself) is never
-    judged: silence is not evidence. Nothing is stuck once the run has ended.
+    (``before_first_step`` until its first step), it used under :data:`IDLE_CPU_SHARE` of a
+    core meanwhile, and it read or wrote under :data:`IDLE_IO_BYTES_PER_S` (files, pipes,
+    TLS connections, storage; where the kernel counts it). A rank whose beats stopped coming
+    (its heartbeat thread cannot run: the GIL is held, or the process is stopped) is stuck
+    only when it stood still up to its last beat and ddptui's own recent sample of its CPU
+    (``cpu_percent``; the diagnoser passes :data:`RECENT_CPU_S` of it) idles. A rank that
+    sends no beats at all (an older ddptui, or a rank that has not announced itself) is
+    never judged: silence is not evidence. Nothing is stuck once the run has ended.
     """
     if limit is None or state.outcome:
         return {}
@@ -452,19 +453,18 @@ def working_ranks(
     beat_s: float = BEAT_S,
 ) -> list[int]:
     """The live ranks with evidence that they still work while the ``stuck`` ones stand still:
-    their beats come and they are not stuck themselves (their stack moves, they use CPU, or
-    they read or write storage), or their beats stopped but ddptui's own sample of their CPU
-    (``cpu_percent``: pass the recent one, :data:`RECENT_CPU_S`) is busy (a long call that
-    holds the GIL). Ranks that wait in a
-    collective for one of these are waiting, not hung: a rank-0 checkpoint or evaluation
-    longer than the limit is work. A rank that waits in a collective itself is no such rank,
-    busy or not (a CUDA synchronisation spins while an NCCL collective waits for a peer): its
-    stack is in one, or its NCCL Flight Recorder shows one started and not completed that no
-    rank has completed either (one another rank completed is stale on this one: every rank
-    entered it and nobody waits in it for a peer). gloo's marks are not read here: a gloo wait
-    shows on the stack, and its marks may lag a rank that went on. A
-    rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no work:
-    silence is no evidence either way. Waiting is read with the stack's stillness: a rank
+    their beats come and they are not stuck themselves (their stack moves, they use CPU, or they
+    read or write: files, pipes, TLS, storage), or their beats stopped but ddptui's own sample
+    of their CPU (``cpu_percent``: pass the recent one, :data:`RECENT_CPU_S`) is busy (a long
+    call that holds the GIL). Ranks that wait in a collective for one of these are waiting, not
+    hung: a rank-0 checkpoint or evaluation longer than the limit is work. A rank that waits in
+    a collective itself is no such rank, busy or not (a CUDA synchronisation spins while an NCCL
+    collective waits for a peer): its stack is in one, or its NCCL Flight Recorder shows one
+    started and not completed that no rank has completed either (one another rank completed is
+    stale on this one: every rank entered it and nobody waits in it for a peer). gloo's marks
+    are not read here: a gloo wait shows on the stack, and its marks may lag a rank that went
+    on. A rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no
+    work: silence is no evidence either way. Waiting is read with the stack's stillness: a rank
     waits in a collective when its stack has stood still there for :data:`WAIT_STILL_BEATS`
     beats. One beat is one sample of a stack: a rank that evaluates through its DDP module
     (nanoGPT's rank-0 ``estimate_loss``) is caught inside DDP's own code now and then, and one

@@ -194,10 +194,10 @@ class RankView:
     spawned: int = 0
     #: The process's CPU seconds at the last beat.
     cpu: float | None = None
-    #: The process's storage I/O bytes (read and written) at the last beat.
+    #: The bytes the process has read and written (files, pipes, TLS, storage) at the last beat.
     io: int | None = None
     #: Since when neither the stack, the steps nor the collectives moved; the CPU seconds and
-    #: storage I/O bytes then.
+    #: I/O bytes then.
     still_since: float | None = None
     cpu_since: float | None = None
     io_since: int | None = None

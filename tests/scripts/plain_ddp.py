@@ -8,6 +8,11 @@ Fault injection through environment variables (rank R, epochs counted from 1):
 * ``PLAIN_HANG_RANK=R``, ``PLAIN_HANG_EPOCH=E``: rank R stops for good at the start of E.
 * ``PLAIN_FAIL_RANK=R``, ``PLAIN_FAIL_EPOCH=E``: rank R raises at the start of epoch E.
 
+* ``PLAIN_UPLOAD_RANK=R``, ``PLAIN_UPLOAD_TO=FIFO``, ``PLAIN_UPLOAD_BYTES=N``: after the
+  first epoch rank R streams an N-byte checkpoint into FIFO, where an uploader drains it
+  slowly (as ``aws s3 cp - s3://...`` reading its stdin does): from a thread its main thread
+  waits for, the CPU idle; every rank then meets in a barrier.
+
 * ``PLAIN_PREPARE_S=S``: every rank prepares for S seconds of CPU work (hashing, as a
   tokeniser or an index build would) after ``init_process_group``, before its first step.
 
@@ -64,6 +69,23 @@ def stall_forever():
         time.sleep(1)
 
 
+def upload(path, size):
+    """The rank-0 checkpoint upload: a thread copies the saved checkpoint into the uploader's
+    pipe (64 KiB at a time, as ``shutil.copyfileobj`` does), the main thread waits (its stack
+    still, its CPU idle; as fsspec's and boto3's transfers do)."""
+    import io
+    import shutil
+    import threading
+
+    def send():
+        with open(path, "wb") as pipe:
+            shutil.copyfileobj(io.BytesIO(bytes(size)), pipe)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    sender.join()
+
+
 def prepare(seconds):
     """Host work before the first step: busy, its stack inside this one function."""
     import hashlib
@@ -102,6 +124,10 @@ def main():
             opt.zero_grad()
             loss.backward()
             opt.step()
+        if epoch == 1 and os.environ.get("PLAIN_UPLOAD_TO"):
+            if rank == env_int("PLAIN_UPLOAD_RANK"):
+                upload(os.environ["PLAIN_UPLOAD_TO"], env_int("PLAIN_UPLOAD_BYTES"))
+            dist.barrier()
     print(f"rank {rank} done, last loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()
 
