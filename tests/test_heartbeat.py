@@ -77,7 +77,40 @@ def test_io_counts_files_and_pipes_not_plain_sockets(tmp_path):
     finally:
         os.close(r)
         os.close(w)
-    assert heartbeat.process_io() - before >= 2 << 20
+    assert heartbeat.process_io() - before >= (2 << 20) - 4096  # less its /proc reading
+
+
+def test_io_counts_a_child_and_never_goes_back(tmp_path):
+    """An uploader the rank runs (``aws s3 cp``) moves the checkpoint, not the rank: its I/O
+    counts while it runs, and stays counted once it has ended (a total that went back would
+    read as the rank having moved)."""
+    import subprocess
+
+    import pytest
+
+    before = heartbeat.process_io()
+    if before is None:
+        pytest.skip("the kernel counts no I/O per process here (/proc/self/io)")
+    target = tmp_path / "upload.bin"
+    code = (
+        "import os, sys, time\n"
+        "with open(sys.argv[1], 'wb') as f:\n"
+        "    f.write(os.urandom(2 << 20))\n"
+        "print('written', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"written\n"
+        during = heartbeat.process_io()
+        assert during - before >= 2 << 20
+    finally:
+        child.kill()
+        child.wait()
+    assert heartbeat.process_io() >= during  # it ended: what it moved stays
+    idle = heartbeat.process_io()
+    time.sleep(0.2)
+    assert heartbeat.process_io() - idle < 4096  # its own reading of /proc is not I/O
 
 
 class _Beats:
