@@ -134,9 +134,9 @@ class Beat(Event, tag="beat"):
     digest: Annotated[str, msgspec.Meta(max_length=32)] | None = None
     #: CPU seconds the process has used (all threads).
     cpu: float | None = None
-    #: Bytes the process has read and written so far (``/proc/self/io``: ``rchar`` + ``wchar``
-    #: + ``read_bytes`` + ``write_bytes``: files, pipes, TLS connections and storage, not plain
-    #: sockets), where the kernel counts them. Only its growth is read.
+    #: Bytes the process and its children have read and written so far (``/proc/<pid>/io``:
+    #: ``rchar`` + ``wchar`` + ``read_bytes`` + ``write_bytes``: files, pipes, TLS connections
+    #: and storage, not plain sockets), where the kernel counts them. Only its growth is read.
     io: NonNegInt | None = None
     #: Steps the rank has taken so far (0: still preparing).
     steps: NonNegInt = 0
