@@ -132,9 +132,9 @@ class Beat(Event, tag="beat"):
     waiting: ShortText | None = None
     #: A digest of the main thread's whole stack: unchanged means the stack has not moved.
     digest: Annotated[str, msgspec.Meta(max_length=32)] | None = None
-    #: CPU seconds the process has used (all threads).
+    #: CPU seconds the process and its live descendants have used (all threads).
     cpu: float | None = None
-    #: Bytes the process and its children have read and written so far (``/proc/<pid>/io``:
+    #: Bytes the process and its descendants have read and written (``/proc/<pid>/io`` of each:
     #: ``rchar`` + ``wchar`` + ``read_bytes`` + ``write_bytes``: files, pipes, TLS connections
     #: and storage, not plain sockets), where the kernel counts them. Only its growth is read.
     io: NonNegInt | None = None

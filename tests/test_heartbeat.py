@@ -2,10 +2,13 @@
 and CPU time that counts the rank's DataLoader workers (a rank waiting for busy workers is not
 idle)."""
 
+import shlex
 import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from ddptui.rank import heartbeat
 
@@ -27,10 +30,14 @@ def test_the_main_frame_and_digest_follow_the_main_thread():
     assert heartbeat.digest(frames) != heartbeat.digest(frames[1:])
 
 
-def test_cpu_counts_busy_children():
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"]
-    )
+@pytest.mark.parametrize("shell", [False, True])
+def test_cpu_counts_busy_children(shell):
+    """A DataLoader worker, or an evaluation run through a shell (``os.system``: the busy
+    process is the shell's child, the rank's grandchild)."""
+    busy = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"]
+    if shell:  # "; true": the shell forks the command instead of becoming it
+        busy = ["/bin/sh", "-c", f"{shlex.join(busy)}; true"]
+    child = subprocess.Popen(busy)
     try:
         deadline = time.monotonic() + 10
         while heartbeat._children_cpu(heartbeat.os.getpid()) < 0.3:

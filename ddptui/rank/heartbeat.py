@@ -68,21 +68,37 @@ def _proc(path: str) -> bytes:
     return data
 
 
+#: Most descendants of a rank looked at each beat.
+MAX_DESCENDANTS = 256
+
+
 def _children(pid: int) -> set[bytes]:
-    """The live direct children of ``pid`` (a rank's DataLoader workers, an uploader it
-    runs), from /proc; empty where it cannot be read."""
-    children: set[bytes] = set()
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            children.update(_proc(f"/proc/{pid}/task/{task}/children").split())
-    except OSError:
-        return set()
-    return children
+    """The live descendants of ``pid`` (a rank's DataLoader workers, an uploader or an
+    evaluation it runs, through a shell too: ``os.system("python eval.py")``), from /proc,
+    at most :data:`MAX_DESCENDANTS`; empty where they cannot be read."""
+    found: set[bytes] = set()
+    parents = [str(pid).encode()]
+    while parents and len(found) < MAX_DESCENDANTS:
+        parent = parents.pop().decode()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue  # gone
+        for task in tasks:
+            try:
+                children = _proc(f"/proc/{parent}/task/{task}/children").split()
+            except OSError:
+                continue
+            for child in children[: MAX_DESCENDANTS - len(found)]:
+                if child not in found:
+                    found.add(child)
+                    parents.append(child)
+    return found
 
 
 def _children_cpu(pid: int, children: set[bytes] | None = None) -> float:
-    """CPU seconds of the live direct children of ``pid`` (a rank's DataLoader workers: the
-    rank waits for them, idle, while they work); 0.0 where it cannot be read."""
+    """CPU seconds of the live descendants of ``pid`` (a rank's DataLoader workers: the rank
+    waits for them, idle, while they work); 0.0 where it cannot be read."""
     try:
         ticks = os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError):
@@ -98,7 +114,7 @@ def _children_cpu(pid: int, children: set[bytes] | None = None) -> float:
 
 
 def process_cpu(children: set[bytes] | None = None) -> float:
-    """CPU seconds this process and its live children have used (all threads)."""
+    """CPU seconds this process and its live descendants have used (all threads)."""
     return time.process_time() + _children_cpu(os.getpid(), children)
 
 
@@ -127,7 +143,7 @@ _last_io = 0
 
 
 def process_io(children: set[bytes] | None = None) -> int | None:
-    """Bytes this process and its children have moved (the :data:`IO_COUNTERS` of
+    """Bytes this process and its descendants have moved (the :data:`IO_COUNTERS` of
     ``/proc/<pid>/io``, summed, less what this module read of ``/proc`` itself): a
     checkpoint written to a file, or streamed to an uploader through a pipe, over HTTPS to
     object storage or by a child process (``aws s3 cp``), counts; a plain socket's traffic
