@@ -15,7 +15,8 @@
 #   6. `ddptui monitor` on real NVML (plain and --json);
 #   7. public scripts from PUBLIC_DIR, unmodified, copied to /tmp and run there (never from the
 #      repository): karpathy/nanoGPT's train.py (bf16 and fp16, under ddptui and, for the
-#      iteration time, under plain torchrun) and pytorch/examples' multigpu_torchrun.py;
+#      iteration time, under plain torchrun), pytorch/examples' multigpu_torchrun.py and
+#      huggingface/pytorch-image-models' train.py (timm: one process, AMP, no DDP module);
 #   8. `ddptui bench` at world size 1 (nccl and gloo, AMP off/bf16/fp16);
 #   9. benchmarks/bench_startup.py (a CPU benchmark; here on a quieter, larger machine).
 # Everything goes to OUT_DIR/gpu-checks.log; run directories to OUT_DIR/runs.tgz.
@@ -109,6 +110,27 @@ if [[ -n $pub && -d $pub ]]; then
     (cd "$tut" && step tutorial-multigpu_torchrun 40 90 "${ddptui[@]}" --no-ui \
         --script multigpu_torchrun.py --world-size 1 --run-dir "$runs/tutorial" -- 5 2)
     summary "$runs"/tutorial >>"$log" && summary "$runs"/tutorial
+    # huggingface/pytorch-image-models' train.py (unmodified; its own copy of timm, and its
+    # pyyaml, huggingface_hub and safetensors as wheels in PUBLIC_DIR/timmwhl) on an image
+    # folder (PUBLIC_DIR/imgdata), one process: no DDP module, so its loss reaches ddptui
+    # through a pinned copy (every step must carry one).
+    timm="$work/pub/timm"
+    if [[ -d $timm && -d $work/pub/imgdata ]]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --target "$work/timmsite" "$work/pub"/timmwhl/*.whl >>"$log" 2>&1
+        targs=(--data-dir "$work/pub/imgdata" --model resnet18 --device cuda --amp -b 16
+            --epochs 4 --workers 2 --img-size 128 --num-classes 2 --log-interval 1
+            --no-prefetcher --output "$work/timm-out")
+        (cd "$timm" && PYTHONPATH="$PYTHONPATH:$work/timmsite:$timm" TAIL=6 step timm-ddptui-amp \
+            40 90 "${ddptui[@]}" --no-ui --script train.py --world-size 1 \
+            --run-dir "$runs/timm" -- "${targs[@]}")
+        summary "$runs"/timm >>"$log" && summary "$runs"/timm
+        python3 - "$runs/timm/events.jsonl" <<'EOF' | tee -a "$log"
+import json, sys
+steps = [e for e in map(json.loads, open(sys.argv[1])) if e.get("kind") == "step"]
+print(f"timm: {len(steps)} steps, {sum(e.get('loss') is not None for e in steps)} with a loss")
+EOF
+    fi
 fi
 
 TAIL=16 step bench-ws1 90 150 "${ddptui[@]}" bench --no-ui --trainer synthetic --world-size 1 \
