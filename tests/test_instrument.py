@@ -1014,26 +1014,33 @@ def test_uninstall_restores_torch(inst):
     assert not hasattr(dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_real_cuda_steps_carry_device_phases_and_loss(inst):
+def _real_cuda_steps(inst, ddp):
+    """Ten SGD steps of a small MLP on GPU 0 (in DDP or not), every step's events read:
+    (the steps sent, the losses as the script had them)."""
     inst.clock = __import__("time").perf_counter  # real time: the device's events are real
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))
-    model = DistributedDataParallel(net.to(device), device_ids=[0])
+    model = net.to(device)
+    if ddp:
+        model = DistributedDataParallel(model, device_ids=[0])
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     losses = []
     for _ in range(10):
-        x = torch.randn(64, 256, device=device)
-        loss = model(x).pow(2).mean()
+        loss = model(torch.randn(64, 256, device=device)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.detach())
     torch.cuda.synchronize()
     inst.flush(timeout=10.0)
-    logs = inst.fake.logs
+    return inst.fake.logs, losses
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_cuda_steps_carry_device_phases_and_loss(inst):
+    logs, losses = _real_cuda_steps(inst, ddp=True)
     assert len(logs) == 10
     for log, loss in zip(logs, losses, strict=True):
         assert set(PHASES) <= set(log["phases"])
@@ -1047,21 +1054,7 @@ def test_real_cuda_steps_carry_device_phases_and_loss(inst):
 def test_a_gpu_script_without_ddp_reports_its_loss(inst):
     """timm's train.py in one process (no DDP module) on a GPU: its steps went out with no
     loss at all, where the same script on the CPU showed it."""
-    inst.clock = __import__("time").perf_counter
-    device = torch.device("cuda", 0)
-    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))
-    model = net.to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.001)
-    losses = []
-    for _ in range(10):
-        loss = model(torch.randn(64, 256, device=device)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-    torch.cuda.synchronize()
-    inst.flush(timeout=10.0)
-    logs = inst.fake.logs
+    logs, losses = _real_cuda_steps(inst, ddp=False)
     assert len(logs) == 10
     assert [log["loss"] for log in logs] == pytest.approx([v.item() for v in losses], rel=1e-3)
     assert all(log["phases"] is None for log in logs)  # no forward seen: no made-up split

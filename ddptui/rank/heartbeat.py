@@ -212,13 +212,14 @@ class Heartbeat:
             return
         self.stop()
         try:
+            children = _children(os.getpid())
             self.reporter.beat(
                 frame=None,
                 waiting=None,
                 digest=None,
-                cpu=process_cpu(),
+                cpu=process_cpu(children),
                 collectives=_marks(),
-                io=process_io(),
+                io=process_io(children),
             )
         except Exception:  # telemetry never takes a rank down, nor its exit
             pass

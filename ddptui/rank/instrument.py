@@ -335,9 +335,7 @@ class CudaStepRead:
             phases[name] += max(0.0, previous.elapsed_time(event) / 1000.0)
             previous = event
         phases.update(self._custom)
-        losses = [h if type(h) is float else float(h.item()) for h in self._losses]
-        loss = _mean(losses) * self._scale if losses else None
-        return [("phases", phases), ("loss", loss)]
+        return [("phases", phases), ("loss", _host_loss(self._losses, self._scale))]
 
     def keys(self) -> list[str]:
         return ["phases", "loss"]
@@ -362,9 +360,7 @@ class LossRead:
         return bool(self._event.query())
 
     def values(self) -> list[tuple[str, Any]]:
-        losses = [h if type(h) is float else float(h.item()) for h in self._losses]
-        loss = _mean(losses) * self._scale if losses else None
-        return [("phases", self._phases), ("loss", loss)]
+        return [("phases", self._phases), ("loss", _host_loss(self._losses, self._scale))]
 
     def keys(self) -> list[str]:
         return ["phases", "loss"]
@@ -1580,6 +1576,13 @@ def _mean_item(values: list[Any], scale: int = 1) -> float | None:
         return _mean(float(value.item()) for value in values) * scale
     except Exception:
         return None
+
+
+def _host_loss(copies: list[Any], scale: int) -> float | None:
+    """A step's loss from its host copies (pinned tensors the device has filled, or floats
+    read already): their mean times ``scale`` (see ``_finish_step``); None without any."""
+    losses = [h if type(h) is float else float(h.item()) for h in copies]
+    return _mean(losses) * scale if losses else None
 
 
 def _mean(values: Iterable[float]) -> float:
