@@ -965,6 +965,66 @@ def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
     assert len(inst.fake.logs) == 2
 
 
+class StepTrainer:
+    """The HF Trainer, as far as its training loss goes: ``training_step`` runs one
+    micro-batch's forward and ``backward()``; where the model takes ``num_items_in_batch``
+    (``average_tokens_across_devices=False``), its loss is the micro-batch's summed loss over
+    the items of the whole window on this rank, so that the micro-batches' losses add up to
+    the window's mean loss, the figure the Trainer logs."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        summed = model(inputs).pow(2).sum()
+        loss = summed / num_items_in_batch if num_items_in_batch is not None else summed
+        loss.backward()
+        return loss.detach()
+
+
+@pytest.mark.parametrize("ddp", [True, False])
+def test_the_hf_trainers_loss_over_its_window_is_its_sum(inst, monkeypatch, ddp):
+    """An HF Trainer run with gradient accumulation and ``average_tokens_across_devices``
+    off: the Trainer logged 5.39 where ddptui showed 2.69 (two micro-batches, each divided by
+    the window's items: a division the graph cannot tell from a mean's). A step whose
+    micro-batches went through ``training_step`` reports their sum, as the Trainer logs it;
+    the same division outside the Trainer is still taken as the script's mean."""
+    module = types.ModuleType("transformers.trainer")
+    module.Trainer = StepTrainer
+    monkeypatch.setitem(sys.modules, "transformers.trainer", module)
+    clock = inst.fake_clock
+    # The Trainer makes a DDP module when it trains in several processes (and ddptui
+    # follows it from then on), none in one (followed from the second step on).
+    model = DistributedDataParallel(Net(clock)) if ddp else Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    trainer = StepTrainer(model)
+    if not ddp:
+        train_step(model, opt, clock)
+        train_step(model, opt, clock)
+    figures = []
+    for through_trainer in (True, False, True):
+        batches = [torch.randn(3, 4), torch.randn(3, 4)]
+        items = torch.tensor(float(sum(len(b) for b in batches)))  # the window's items
+        opt.zero_grad()
+        losses = []
+        for x in batches:
+            if through_trainer:
+                losses.append(trainer.training_step(model, x, items).item())
+            else:  # the same division in a script of its own: a mean's, as far as anyone knows
+                loss = model(x).pow(2).sum() / items
+                loss.backward()
+                losses.append(loss.item())
+        opt.step()
+        figures.append((sum(losses), sum(losses) / len(losses)))
+    inst.flush()
+    reported = [log["loss"] for log in inst.fake.logs[-3:]]
+    assert reported[0] == pytest.approx(figures[0][0])  # the sum: the Trainer's figure
+    assert reported[1] == pytest.approx(figures[1][1])  # outside it: the mean, as before
+    assert reported[2] == pytest.approx(figures[2][0])
+    instrument.uninstall()
+    assert "__wrapped__" not in StepTrainer.training_step.__dict__  # put back
+
+
 @pytest.mark.parametrize(
     "env, wanted",
     [

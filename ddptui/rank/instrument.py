@@ -64,7 +64,9 @@ optimizer steps. The loss is the mean of the 0-dim tensors ``backward()`` was ca
 the step (None when ``backward`` is reached another way, e.g. ``torch.autograd.backward``);
 when each was divided by their number (gradient accumulation written ``loss = loss /
 accumulation_steps``: the quotient's autograd node, ``DivBackward0``, holds that number on the
-host), the mean before the division, which is the loss the script has.
+host), the mean before the division, which is the loss the script has; the sum of the
+micro-batches' losses where they went through the HF Trainer's ``training_step`` (which
+divides them so that they add up, and logs their sum).
 The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it (None
 without a DistributedSampler). Samples per step: dim 0 of the first tensor argument of each
 training DDP forward in the step, summed (gradient accumulation). Without a DDP module (FSDP,
@@ -483,6 +485,9 @@ class Instrument:
         # WINDOW: a mean over the accumulation window, see _divisor).
         self._loss_count = 0
         self._loss_divisors: list[float | str | None] = []
+        # The step's micro-batches went through the HF Trainer's ``training_step``: their
+        # losses add up to the step's loss, however they were divided (see _attach_transformers).
+        self._summed_losses = False
         # Optimizer steps under way, one inside another: torch hooks the ``step`` of every
         # optimizer class it has made an instance of, so a subclass whose ``step`` calls
         # ``super().step()`` (or ZeroRedundancyOptimizer, whose step runs its inner
@@ -717,17 +722,37 @@ class Instrument:
         """The HF Trainer's evaluations: ``Trainer.evaluate`` returns what it logs, gathered
         from every rank (``eval_loss``; ``eval_accuracy`` when ``compute_metrics`` gives an
         ``accuracy``), the same on each; each call becomes an evaluation of the epoch the
-        training is in (see :meth:`_trainer_evaluated`). Attached when a DDP module is made
-        (the Trainer makes it when it trains), if transformers' Trainer is loaded."""
+        training is in (see :meth:`_trainer_evaluated`). And its training loss: the Trainer
+        logs the sum of what its ``training_step`` calls send into ``backward()`` over an
+        optimizer step's micro-batches, which it divides so that they add up (by the
+        accumulation steps; or, where the model takes ``num_items_in_batch``, by the items
+        of the window on this rank, which the graph cannot tell from a mean's division). A
+        step whose micro-batches went through it reports that sum. Attached when a DDP
+        module is made (the Trainer makes it when it trains), if transformers' Trainer is
+        loaded."""
         module = sys.modules.get("transformers.trainer")
         if module is None:
             return
         self._transformers_attached = True
         cls = getattr(module, "Trainer", None)
-        original = cls.__dict__.get("evaluate") if isinstance(cls, type) else None
-        if not callable(original):
+        if not isinstance(cls, type):
             return
         inst = self
+        training_step = cls.__dict__.get("training_step")
+        if callable(training_step):
+
+            @functools.wraps(training_step)
+            def step(trainer: Any, /, *args: Any, **kwargs: Any) -> Any:
+                inst._summed_losses = True
+                return training_step(trainer, *args, **kwargs)
+
+            try:
+                self._patch(cls, "training_step", step)
+            except Exception as exc:
+                _warn(f"instrumentation: the HF Trainer's training loss not followed ({exc})")
+        original = cls.__dict__.get("evaluate")
+        if not callable(original):
+            return
 
         @functools.wraps(original)
         def evaluate(trainer: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -1281,8 +1306,10 @@ class Instrument:
         # items of the whole window (the HF Trainer's): the step's loss is the sum of what went
         # into ``backward()`` (the mean before nanoGPT's division), not the quotients' mean.
         count, divisors = self._loss_count, self._loss_divisors
-        scale = count if count > 1 and all(d == count or d is WINDOW for d in divisors) else 1
+        summed = self._summed_losses or all(d == count or d is WINDOW for d in divisors)
+        scale = count if count > 1 and summed else 1
         self._loss_count = 0
+        self._summed_losses = False
         if divisors:
             divisors.clear()  # read above only: no new list on every step
         cuda = self._cuda is not None
