@@ -965,6 +965,87 @@ def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
     assert len(inst.fake.logs) == 2
 
 
+class Stage:
+    def __init__(self, value):
+        self.value = value
+
+
+class EvaluationLoop:
+    """Lightning's ``_EvaluationLoop``, as far as ddptui reads it: ``run`` evaluates and
+    returns, per loader, what ``self.log`` recorded for the epoch; ``_stage`` and
+    ``trainer.sanity_checking`` say which evaluation it was."""
+
+    def __init__(self, model, stage, outputs):
+        self.model, self._stage, self.outputs = model, Stage(stage), outputs
+        self.trainer = types.SimpleNamespace(sanity_checking=False)
+
+    def run(self):
+        with torch.no_grad():
+            self.model(torch.randn(3, 4))
+        return self.outputs
+
+
+def test_lightnings_validations_are_reported(inst, monkeypatch):
+    """Lightning's ``backbone_image_classifier.py`` under ddptui: two validations, and the
+    run said the script reports no evaluation. Each validation past the sanity check is an
+    evaluation of the epoch training is in: its loss and accuracy found by their names, the
+    other numbers as extras; the sanity check and the test stage are none."""
+    module = types.ModuleType("lightning.pytorch.loops.evaluation_loop")
+    module._EvaluationLoop = EvaluationLoop
+    monkeypatch.setitem(sys.modules, "lightning.pytorch.loops.evaluation_loop", module)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))  # the strategy wraps it before the check
+    opt = timed_sgd(model.parameters(), clock)
+    outputs = [
+        {
+            "val_recon_loss": torch.tensor(0.5),
+            "val_loss_epoch": torch.tensor(0.25),
+            "val/acc": torch.tensor(0.75),
+            "epoch": 1.0,  # no extra: the evaluation's own field
+        },
+        {"val_loss/dataloader_idx_1": 0.125},
+    ]
+    loop = EvaluationLoop(model, "validate", outputs)
+    loop.trainer.sanity_checking = True
+    loop.run()  # the sanity check, before training
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler.set_epoch(3)
+    loop.trainer.sanity_checking = False
+    train_step(model, opt, clock)
+    assert loop.run() is outputs  # returned as it was
+    EvaluationLoop(model, "test", outputs).run()  # trainer.test(): no evaluation of training
+    EvaluationLoop(model, "validate", [{"val_f1": 0.5}]).run()  # neither loss nor accuracy
+    inst.flush()
+    assert inst.fake.evals == [
+        {
+            "epoch": 3,
+            "loss": outputs[0]["val_loss_epoch"],
+            "accuracy": outputs[0]["val/acc"],
+            "val_recon_loss": outputs[0]["val_recon_loss"],
+            "val_loss/dataloader_idx_1": 0.125,
+        }
+    ]
+    instrument.uninstall()
+    assert "__wrapped__" not in EvaluationLoop.run.__dict__  # put back
+
+
+@pytest.mark.parametrize(
+    ("names", "loss", "accuracy"),
+    [
+        (["val_loss", "val_acc"], "val_loss", "val_acc"),
+        (["valid_loss_epoch"], "valid_loss_epoch", None),
+        (["val/recon_loss", "val/loss", "val/accuracy"], "val/loss", "val/accuracy"),
+        (["val_top1", "val_acc5_x"], None, "val_top1"),
+        (["lossless_f1", "accurate"], None, None),  # words, not letters in a word
+        (["Val-Loss", "VAL_ACC1"], "Val-Loss", "VAL_ACC1"),
+        ([], None, None),
+    ],
+)
+def test_a_logged_number_is_a_loss_or_an_accuracy_by_its_words(names, loss, accuracy):
+    assert instrument._metric_named(names, instrument.LOSS_WORDS) == loss
+    assert instrument._metric_named(names, instrument.ACCURACY_WORDS) == accuracy
+
+
 class StepTrainer:
     """The HF Trainer, as far as its training loss goes: ``training_step`` runs one
     micro-batch's forward and ``backward()``; where the model takes ``num_items_in_batch``

@@ -154,6 +154,21 @@ def test_eval_from_every_rank_is_counted_once_per_epoch():
     assert s.last_eval.accuracy == 0.95
 
 
+def test_an_evaluation_not_all_reduced_is_rank_0s():
+    """Lightning's ``self.log("val_loss", …)`` without ``sync_dist``: each rank reports its
+    own figure. Rank 0's is the one the script prints and logs, whichever arrives first; a
+    figure arriving later from a higher rank changes nothing, nor does a lower rank's from an
+    earlier attempt."""
+    s = RunState("r", 3, epochs=2)
+    s.apply(ev(protocol.Eval, 2, 0, 1.0, epoch=1, loss=0.3))
+    s.apply(ev(protocol.Eval, 0, 0, 1.1, epoch=1, loss=0.1))
+    s.apply(ev(protocol.Eval, 1, 0, 1.2, epoch=1, loss=0.2))
+    assert [(p.loss, p.rank) for p in s.eval_history] == [(0.1, 0)]
+    s.apply(ev(protocol.Eval, 2, 1, 2.0, epoch=2, loss=0.05, attempt=1))
+    s.apply(ev(protocol.Eval, 0, 1, 2.1, epoch=2, loss=0.5, attempt=0))  # late, old attempt
+    assert [(p.loss, p.rank) for p in s.eval_history] == [(0.1, 0), (0.05, 2)]
+
+
 def test_evaluations_within_an_epoch_are_each_kept_once():
     """Evaluating every N steps (the HF Trainer's ``eval_steps``): each evaluation is a point,
     reported by every rank once; the run's last one is the last of its last epoch."""

@@ -99,6 +99,7 @@ import functools
 import itertools
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -537,6 +538,7 @@ class Instrument:
         self._loader_epoch: int | None = None
         self._accelerate_attached = False
         self._transformers_attached = False
+        self._lightning_attached: set[str] = set()  # the Lightning packages followed
         self._evaluating = 0  # HF Trainer.evaluate calls under way, one inside another
         #: The script reports its evaluations itself (``ddptui.log_eval``): none are taken
         #: from a framework's.
@@ -774,6 +776,76 @@ class Instrument:
             self._patch(cls, "evaluate", evaluate)
         except Exception as exc:
             _warn(f"instrumentation: the HF Trainer's evaluations not followed ({exc})")
+
+    def _attach_lightning(self) -> None:
+        """PyTorch Lightning's validations: ``_EvaluationLoop.run`` returns, per validation
+        loader, the numbers ``self.log`` recorded for the epoch (``val_loss``; with
+        ``sync_dist=True`` all-reduced, else this rank's own, which is what Lightning prints
+        and logs on rank 0). Each run of the loop in the validation stage, past the sanity
+        check, becomes an evaluation of the epoch the training is in (see
+        :meth:`_lightning_validated`). Attached when a DDP module is made (the strategy makes
+        it before the sanity check), if Lightning's loop is loaded (``lightning.pytorch`` or
+        ``pytorch_lightning``)."""
+        inst = self
+        for name in LIGHTNING_LOOPS:
+            module = sys.modules.get(name)
+            cls = getattr(module, "_EvaluationLoop", None) if module is not None else None
+            original = cls.__dict__.get("run") if isinstance(cls, type) else None
+            if name in self._lightning_attached or not callable(original):
+                continue
+            self._lightning_attached.add(name)
+
+            def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+                @functools.wraps(original)
+                def run(loop: Any, /, *args: Any, **kwargs: Any) -> Any:
+                    outputs = original(loop, *args, **kwargs)
+                    stage = getattr(loop, "_stage", None)
+                    trainer = getattr(loop, "trainer", None)
+                    if getattr(stage, "value", stage) == "validate" and not getattr(
+                        trainer, "sanity_checking", False
+                    ):
+                        inst._lightning_validated(outputs)
+                    return outputs
+
+                return run
+
+            try:
+                self._patch(cls, "run", wrap(original))
+            except Exception as exc:
+                _warn(f"instrumentation: Lightning's validations not followed ({exc})")
+
+    def _lightning_validated(self, outputs: Any) -> None:
+        """A Lightning validation returned ``outputs`` (a dict of logged numbers per loader):
+        the first loader's loss and accuracy (the names :func:`_metric_named` finds) as an
+        evaluation, every other number as its extras; nothing unless one of the two is there,
+        or when the script reports evaluations itself."""
+        if self.disabled or self.explicit_eval or not isinstance(outputs, list | tuple):
+            return
+        try:
+            loaders = [o for o in outputs if isinstance(o, dict)]
+            first = loaders[0] if loaders else {}
+            loss_name = _metric_named(first, LOSS_WORDS)
+            accuracy_name = _metric_named(first, ACCURACY_WORDS)
+            if loss_name is None and accuracy_name is None:
+                return
+            chosen = {loss_name, accuracy_name}
+            extras = {
+                str(k): v
+                for loader in loaders
+                for k, v in loader.items()
+                if k not in chosen and str(k) not in _EVAL_FIELDS
+            }
+            extras = dict(itertools.islice(extras.items(), HF_EXTRA_METRICS))
+            from ddptui.rank import reporter as reporter_module
+
+            reporter_module.get_reporter().log_eval(
+                epoch=self._epoch,
+                loss=first.get(loss_name) if loss_name is not None else None,
+                accuracy=first.get(accuracy_name) if accuracy_name is not None else None,
+                **extras,
+            )
+        except Exception as exc:
+            self._fail(exc)
 
     def _trainer_evaluated(self, metrics: Any, prefix: Any, datasets: Iterable[Any] = ()) -> None:
         """``Trainer.evaluate`` returned ``metrics``: its ``{prefix}_loss`` and
@@ -1396,12 +1468,14 @@ class Instrument:
         self._attach_frameworks()
 
     def _attach_frameworks(self) -> None:
-        """Follow HF accelerate's loaders and the HF Trainer's evaluations, where loaded and
-        not yet followed."""
+        """Follow HF accelerate's loaders, the HF Trainer's evaluations and training loss, and
+        PyTorch Lightning's validations, where loaded and not yet followed."""
         if not self._accelerate_attached:
             self._attach_accelerate()
         if not self._transformers_attached:
             self._attach_transformers()
+        if len(self._lightning_attached) < len(LIGHTNING_LOOPS):
+            self._attach_lightning()
 
     def _drain(self) -> bool:
         """The drainer thread's work: send the finished steps that can go. Returns whether
@@ -1616,6 +1690,33 @@ def _mean(values: Iterable[float]) -> float:
     """The mean; one value exactly as it is (-0.0 stays -0.0)."""
     values = list(values)
     return values[0] if len(values) == 1 else sum(values) / len(values)
+
+
+#: Where PyTorch Lightning's evaluation loop is, in its two packages.
+LIGHTNING_LOOPS = (
+    "lightning.pytorch.loops.evaluation_loop",
+    "pytorch_lightning.loops.evaluation_loop",
+)
+#: ``log_eval``'s own arguments: a logged number of one of these names is no extra.
+_EVAL_FIELDS = frozenset({"epoch", "loss", "accuracy", "count"})
+#: The words that name a loss, and an accuracy, among a framework's logged numbers.
+LOSS_WORDS = frozenset({"loss"})
+ACCURACY_WORDS = frozenset({"acc", "accuracy", "acc1", "top1"})
+
+
+def _metric_named(names: Iterable[Any], words: frozenset[str]) -> Any:
+    """The name among ``names`` that says it is a loss (or an accuracy): one of its words
+    (split at whatever is not a letter or a digit, a trailing ``epoch`` left out:
+    Lightning's ``val_loss_epoch``) is in ``words``. Of several, the one of fewest words
+    (``val_loss`` before ``val_recon_loss``), then the first; None when none is."""
+    best: tuple[int, Any] | None = None
+    for name in names:
+        parts = [p for p in re.split(r"[^0-9a-z]+", str(name).lower()) if p]
+        if parts and parts[-1] == "epoch":
+            parts.pop()
+        if words.intersection(parts) and (best is None or len(parts) < best[0]):
+            best = (len(parts), name)
+    return None if best is None else best[1]
 
 
 #: What :func:`_divisor` gives for a loss normalized over its accumulation window: the HF

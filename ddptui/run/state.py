@@ -54,6 +54,8 @@ class EvalPoint:
     attempt: int = 0
     #: Which of its epoch's evaluations it is (0: the first).
     index: int = 0
+    #: The rank whose figures these are (the lowest that reported them).
+    rank: int | None = None
 
 
 class EvalIndex:
@@ -544,16 +546,19 @@ class RunState:
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
         # Every rank reports the same all-reduced result; the first one to arrive counts (a
-        # later attempt's evaluation of the same epoch, after a restart, replaces it). A
+        # later attempt's evaluation of the same epoch, after a restart, replaces it), until
+        # a lower rank's arrives: a figure that is not all-reduced (Lightning's ``self.log``
+        # without ``sync_dist``) is then rank 0's, the one the script prints and logs. A
         # script may evaluate more than once an epoch (every N steps: the HF Trainer's
         # ``eval_steps``): the n-th evaluation of a rank in an epoch is the n-th of every
         # rank, and a new point. Keyed by the epoch alone, all but an epoch's first were lost,
         # and the run's "final accuracy" was its last epoch's first evaluation.
         key = self._eval_index.key(ev)
         old = self.evals.get(key)
-        if old is None or ev.attempt > old.attempt:
+        lower = old is not None and ev.attempt == old.attempt and ev.rank < (old.rank or 0)
+        if old is None or ev.attempt > old.attempt or lower:
             self.evals[key] = EvalPoint(
-                ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt, key[1]
+                ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt, key[1], ev.rank
             )
             if len(self.evals) > MAX_EVALS:
                 del self.evals[min(self.evals, key=_eval_order)]
