@@ -1002,6 +1002,9 @@ def test_lightnings_validations_are_reported(inst, monkeypatch):
             "val_loss_epoch": torch.tensor(0.25),
             "val/acc": torch.tensor(0.75),
             "epoch": 1.0,  # no extra: the evaluation's own field
+            "val_confusion": torch.ones(2, 2),  # no number: left out, the rest still goes
+            "val_note": "text",
+            "val_loss_ok": True,
         },
         {"val_loss/dataloader_idx_1": 0.125},
     ]

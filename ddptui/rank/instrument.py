@@ -822,7 +822,12 @@ class Instrument:
         if self.disabled or self.explicit_eval or not isinstance(outputs, list | tuple):
             return
         try:
-            loaders = [o for o in outputs if isinstance(o, dict)]
+            tensor = self.torch.Tensor
+            loaders = [
+                {k: v for k, v in o.items() if _logged_scalar(v, tensor)}
+                for o in outputs
+                if isinstance(o, dict)
+            ]
             first = loaders[0] if loaders else {}
             loss_name = _metric_named(first, LOSS_WORDS)
             accuracy_name = _metric_named(first, ACCURACY_WORDS)
@@ -1789,6 +1794,14 @@ def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
             if isinstance(item, tensor):
                 return int(item.shape[0]) if item.dim() else 0
     return 0
+
+
+def _logged_scalar(value: Any, tensor: type) -> bool:
+    """Whether a framework's logged ``value`` is one number: an int or float (not a bool),
+    or a ``tensor`` (torch.Tensor) of one element (read when sent, a GPU's off the path)."""
+    if isinstance(value, tensor):
+        return value.numel() == 1
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _plain_number(value: Any) -> int | float | None:
