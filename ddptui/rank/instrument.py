@@ -129,8 +129,9 @@ MAX_LOSSES = 8
 #: reporter batches its sends at the same interval).
 SEND_INTERVAL_S = 0.05
 
-#: Most of the HF Trainer's other evaluation numbers (runtime, samples per second, the
-#: ``compute_metrics`` ones) carried with an evaluation it reports.
+#: Most of a framework's other evaluation numbers (the HF Trainer's runtime, samples per
+#: second and ``compute_metrics`` ones; Lightning's other logged numbers) carried with an
+#: evaluation it reports.
 HF_EXTRA_METRICS = 16
 
 #: DistributedSamplers followed at once (their pass counts); more are not judged.
