@@ -143,6 +143,26 @@ def test_tensorboard_scalars_keep_each_evaluation_of_an_epoch():
     ]
 
 
+def test_tensorboard_eval_is_rank_0s_and_the_latest_attempts_as_on_the_dashboard():
+    """A figure not all-reduced (Lightning's ``self.log`` without ``sync_dist``) is rank 0's,
+    whichever rank's arrived first; a restarted attempt's evaluation of an epoch replaces the
+    earlier attempt's; an evaluation without an epoch keeps its place."""
+    events = [
+        protocol.Eval(run="r", rank=1, seq=0, t=1.0, epoch=0, loss=0.7),
+        protocol.Eval(run="r", rank=0, seq=0, t=1.1, epoch=0, loss=0.6),
+        protocol.Eval(run="r", rank=1, seq=1, t=2.0, epoch=None, loss=0.5),
+        protocol.Eval(run="r", rank=1, seq=2, t=3.0, epoch=1, loss=0.4),
+        protocol.Eval(run="r", rank=1, seq=0, t=4.0, epoch=1, loss=0.3, attempt=1),
+        protocol.Eval(run="r", rank=0, seq=3, t=4.1, epoch=1, loss=0.9),  # the old attempt's
+    ]
+    scalars = list(export.tensorboard_scalars(events))
+    assert [(tag, value, step) for tag, value, step, _ in scalars] == [
+        ("global/eval_loss", 0.6, 0),
+        ("global/eval_loss", 0.5, 2),
+        ("global/eval_loss", 0.3, 1),
+    ]
+
+
 def test_tensorboard_missing_is_one_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
     assert export.main([str(RUN), "--tensorboard", str(tmp_path / "tb")]) == 2

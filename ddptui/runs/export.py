@@ -8,8 +8,9 @@ and TensorBoard.
   (``rank{N}/loss``, ``rank{N}/samples_per_s``, ``rank{N}/step_time`` and every numeric extra
   metric, such as ``rank{N}/lr``) against the rank's step, and for the whole run
   (``global/loss``: mean over the ranks that logged that step, ``global/samples_per_s``: sum
-  over them, ``global/eval_accuracy`` and ``global/eval_loss`` against the epoch), each at the
-  event's wall time. System metrics are exported once the run directory records them (today
+  over them, ``global/eval_accuracy`` and ``global/eval_loss`` against the epoch: the
+  figures the dashboard shows, rank 0's where the ranks' differ), each at the event's wall
+  time. System metrics are exported once the run directory records them (today
   ``events.jsonl`` holds none).
 
 A running run exports what it has written so far; a half-written last line is skipped.
@@ -162,9 +163,9 @@ def tensorboard_scalars(
     loss_at: dict[int, list[float]] = {}
     sps_at: dict[int, list[float]] = {}
     time_at: dict[int, float] = {}
-    evals: set[tuple[int | None, int]] = set()
+    # Per evaluation, the event that counts and its place among them (see RunState._on_eval).
+    evals: dict[tuple[int | None, int], tuple[protocol.Eval, int]] = {}
     index = EvalIndex()
-    n_evals = 0
     for event in events:
         if isinstance(event, protocol.Step):
             prefix, step, t = f"rank{event.rank}/", event.step, event.t
@@ -184,21 +185,26 @@ def tensorboard_scalars(
             time_at[step] = max(time_at.get(step, t), t)
         elif isinstance(event, protocol.Eval):
             # All-reduced: every rank reports the same result; the first one counts (each of
-            # an epoch's evaluations, at the epoch).
+            # an epoch's evaluations, at the epoch), as on the dashboard: a later attempt's
+            # replaces it, and so does a lower rank's (a figure not all-reduced is rank 0's).
             key = index.key(event)
-            if key in evals:
-                continue
-            evals.add(key)
-            n_evals += 1
-            x = event.epoch if event.epoch is not None else n_evals
-            for name, value in (
-                ("eval_accuracy", event.accuracy),
-                ("eval_loss", event.loss),
-                *sorted((f"eval_{k}", v) for k, v in event.metrics.items()),
+            old = evals.get(key)
+            if old is None:
+                evals[key] = (event, len(evals) + 1)
+            elif event.attempt > old[0].attempt or (
+                event.attempt == old[0].attempt and event.rank < old[0].rank
             ):
-                number = _number(value)
-                if number is not None:
-                    yield f"global/{name}", number, x, event.t
+                evals[key] = (event, old[1])
+    for event, n in evals.values():
+        x = event.epoch if event.epoch is not None else n
+        for name, value in (
+            ("eval_accuracy", event.accuracy),
+            ("eval_loss", event.loss),
+            *sorted((f"eval_{k}", v) for k, v in event.metrics.items()),
+        ):
+            number = _number(value)
+            if number is not None:
+                yield f"global/{name}", number, x, event.t
     for step in sorted(loss_at):
         values = [v for v in loss_at[step] if math.isfinite(v)]
         mean = sum(values) / len(values) if values else math.nan
