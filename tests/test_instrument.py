@@ -471,6 +471,63 @@ def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
     assert [log["samples"] for log in inst.fake.logs] == [4, 5 + 3, 6, 2]
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_without_ddp_or_a_sampler_the_epoch_is_the_training_passes(inst, workers):
+    """timm's ``train.py`` on one device: no DDP module, no DistributedSampler, and the
+    dashboard showed epoch ``-`` for the whole run. The epoch is the passes over the loader
+    that feeds training, from 0: not a peek at one batch before training, not an evaluation
+    loader's passes (under no_grad), not a pass cut short after one batch; a pass cut short
+    after more does count (a script's steps-per-epoch cap)."""
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    train, evaluation = _loader([4, 4, 4], workers), _loader([7, 7])
+
+    def step(x):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    x, _ = next(iter(train))  # the script looks at a batch's shape first
+    for _ in range(2):
+        for x, _ in train:
+            step(x)
+        with torch.no_grad():
+            for x, _ in evaluation:
+                model(x)
+    for i, (x, _) in enumerate(train):  # a third epoch, cut short after two steps
+        step(x)
+        if i == 1:
+            break
+    for x, _ in train:  # a fourth
+        step(x)
+        break
+    inst.flush()
+    assert [log["epoch"] for log in inst.fake.logs] == [0, 0, 0, 1, 1, 1, 2, 2, 3]
+
+
+def test_a_batch_drawn_with_a_new_iterator_each_step_is_no_epoch(inst):
+    """``x, y = next(iter(loader))`` each step starts a pass every step: those are no
+    epochs. A DistributedSampler told its epoch is the script's word, whatever the passes."""
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    loader = _loader([4, 4, 4])
+    for _ in range(3):
+        x, _ = next(iter(loader))
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler.set_epoch(5)
+    for x, _ in loader:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    inst.flush()
+    assert [log["epoch"] for log in inst.fake.logs] == [0, 0, 0, 5, 5, 5]
+
+
 def test_with_ddp_the_forwards_count_the_samples_not_the_loader(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))

@@ -67,11 +67,13 @@ accumulation_steps``: the quotient's autograd node, ``DivBackward0``, holds that
 host), the mean before the division, which is the loss the script has; the sum of the
 micro-batches' losses where they went through the HF Trainer's ``training_step`` (which
 divides them so that they add up, and logs their sum).
-The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it (None
-without a DistributedSampler). Samples per step: dim 0 of the first tensor argument of each
-training DDP forward in the step, summed (gradient accumulation). Without a DDP module (FSDP,
-a plain model): dim 0 of the first tensor of each batch a ``DataLoader`` gave since the last
-step with grad enabled, from the iterator that gave the last one, summed
+The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it;
+without one, an HF accelerate loader's pass, or (no DDP module either) the training passes
+over a DataLoader from 0 (see ``_loader_pass``); else None. Samples per step: dim 0 of the
+first tensor argument of each training DDP forward in the step, summed (gradient
+accumulation). Without a DDP module (FSDP, a plain model): dim 0 of the first tensor of each
+batch a ``DataLoader`` gave since the last step with grad enabled, from the iterator that
+gave the last one, summed
 (``_BaseDataLoaderIter.__next__`` is wrapped: one call per batch); 0 without a DataLoader.
 Evaluation forwards (no grad, or eval mode) are not timed: their time falls in the next
 step's ``data``.
@@ -507,6 +509,14 @@ class Instrument:
         # A spawned worker whose rank is not known yet (see spawned.learn_rank).
         self._rank_unknown = not spawned.learn_rank()
         self._epoch: int | None = None
+        # A DistributedSampler was told an epoch (``set_epoch``): the script's own numbering.
+        self._epoch_told = False
+        # Without a DDP module, a DistributedSampler or an accelerate loader, the epoch is the
+        # training passes over a DataLoader (see _loader_pass): the passes counted (-1: none
+        # yet), and the batches the current one gave and whether it ran to its end.
+        self._passes = -1
+        self._pass_batches = 0
+        self._pass_ended = False
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
         # Steps finished, waiting to be sent, and phases held for explicit logs. Each is
         # (epoch, samples, step time, read, monotonic and wall time of its end): read is
@@ -660,6 +670,7 @@ class Instrument:
             original(sampler, epoch)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
                 inst._epoch = epoch
+                inst._epoch_told = True
                 inst._loader_epoch = None  # the script's own word: an accelerate pass no more
             if not inst._sampler_noted and not inst.disabled:
                 inst._sampler_told(sampler)
@@ -687,19 +698,41 @@ class Instrument:
 
         @functools.wraps(original)
         def __next__(it: Any, /) -> Any:
-            batch = original(it)
+            try:
+                batch = original(it)
+            except StopIteration:
+                if id(it) == inst._loader_it:  # the training pass ran to its end
+                    inst._pass_ended = True
+                raise
             # with DDP its forwards count the samples; under no_grad it is an evaluation's
             if not inst._ddp_seen and grad_enabled():
                 try:
                     size = _batch_size(tensor, (batch,), {})
                 except Exception:  # a batch of the script's own kind: not ours to judge
                     size = 0
+                if getattr(it, "_num_yielded", None) == 1:  # a pass's first batch
+                    inst._loader_pass()
                 if id(it) != inst._loader_it:
                     inst._loader_it, inst._loader_samples = id(it), 0
                 inst._loader_samples += size
+                inst._pass_batches += 1
             return batch
 
         self._patch(iterator, "__next__", __next__)
+
+    def _loader_pass(self) -> None:
+        """A training pass over a DataLoader began (no DDP module: one process, a plain
+        model, as timm's ``train.py`` or pytorch/examples' ImageNet script run on one device).
+        Where no DistributedSampler was told an epoch, the epoch is the pass of the
+        accelerate loader this batch came through (the HF Trainer in one process), else the
+        passes counted from 0. The pass before counts only if it ran to its end
+        or gave more than one batch: a script that draws each step's batch with
+        ``next(iter(loader))`` starts a pass every step, and has no epochs."""
+        if self._passes < 0 or self._pass_ended or self._pass_batches > 1:
+            self._passes += 1
+        self._pass_batches, self._pass_ended = 0, False
+        if not self._epoch_told:  # an accelerate loader's pass, where it is one
+            self._epoch = self._passes if self._loader_epoch is None else self._loader_epoch
 
     def _attach_accelerate(self) -> None:
         """The epoch of a loader HF accelerate shards (``Accelerator.prepare``, the HF
