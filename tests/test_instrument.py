@@ -471,15 +471,16 @@ def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
     assert [log["samples"] for log in inst.fake.logs] == [4, 5 + 3, 6, 2]
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_without_ddp_or_a_sampler_the_epoch_is_the_training_passes(inst, workers):
+@pytest.mark.parametrize(("workers", "ddp"), [(0, False), (1, False), (0, True)])
+def test_without_a_sampler_the_epoch_is_the_training_passes(inst, workers, ddp):
     """timm's ``train.py`` on one device: no DDP module, no DistributedSampler, and the
-    dashboard showed epoch ``-`` for the whole run. The epoch is the passes over the loader
-    that feeds training, from 0: not a peek at one batch before training, not an evaluation
-    loader's passes (under no_grad), not a pass cut short after one batch; a pass cut short
-    after more does count (a script's steps-per-epoch cap)."""
+    dashboard showed epoch ``-`` for the whole run (so did DDP ranks that shard their data
+    themselves). The epoch is the passes over the loader that feeds training, from 0: not a
+    peek at one batch before training, not an evaluation loader's passes (under no_grad),
+    not a pass cut short after one batch; a pass cut short after more does count (a
+    script's steps-per-epoch cap)."""
     clock = inst.fake_clock
-    model = Net(clock)
+    model = DistributedDataParallel(Net(clock)) if ddp else Net(clock)
     opt = timed_sgd(model.parameters(), clock)
     train, evaluation = _loader([4, 4, 4], workers), _loader([7, 7])
 

@@ -68,8 +68,8 @@ host), the mean before the division, which is the loss the script has; the sum o
 micro-batches' losses where they went through the HF Trainer's ``training_step`` (which
 divides them so that they add up, and logs their sum).
 The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it;
-without one, an HF accelerate loader's pass, or (no DDP module either) the training passes
-over a DataLoader from 0 (see ``_loader_pass``); else None. Samples per step: dim 0 of the
+without one, an HF accelerate loader's pass, or the training passes over a DataLoader from 0
+(see ``_loader_pass``); else None. Samples per step: dim 0 of the
 first tensor argument of each training DDP forward in the step, summed (gradient
 accumulation). Without a DDP module (FSDP, a plain model): dim 0 of the first tensor of each
 batch a ``DataLoader`` gave since the last step with grad enabled, from the iterator that
@@ -511,10 +511,11 @@ class Instrument:
         self._epoch: int | None = None
         # A DistributedSampler was told an epoch (``set_epoch``): the script's own numbering.
         self._epoch_told = False
-        # Without a DDP module, a DistributedSampler or an accelerate loader, the epoch is the
-        # training passes over a DataLoader (see _loader_pass): the passes counted (-1: none
-        # yet), and the batches the current one gave and whether it ran to its end.
+        # Without a DistributedSampler told its epoch or an accelerate loader, the epoch is
+        # the training passes over a DataLoader (see _loader_pass): the passes counted (-1:
+        # none yet), and the batches the current one gave and whether it ran to its end.
         self._passes = -1
+        self._pass_it = 0  # the id of the iterator of the current pass
         self._pass_batches = 0
         self._pass_ended = False
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
@@ -701,36 +702,38 @@ class Instrument:
             try:
                 batch = original(it)
             except StopIteration:
-                if id(it) == inst._loader_it:  # the training pass ran to its end
+                if id(it) == inst._pass_it:  # the training pass ran to its end
                     inst._pass_ended = True
                 raise
-            # with DDP its forwards count the samples; under no_grad it is an evaluation's
-            if not inst._ddp_seen and grad_enabled():
+            if not grad_enabled():  # an evaluation's batch
+                return batch
+            if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
+                inst._loader_pass(id(it))
+            inst._pass_batches += 1
+            if not inst._ddp_seen:  # with DDP its forwards count the samples
                 try:
                     size = _batch_size(tensor, (batch,), {})
                 except Exception:  # a batch of the script's own kind: not ours to judge
                     size = 0
-                if getattr(it, "_num_yielded", None) == 1:  # a pass's first batch
-                    inst._loader_pass()
                 if id(it) != inst._loader_it:
                     inst._loader_it, inst._loader_samples = id(it), 0
                 inst._loader_samples += size
-                inst._pass_batches += 1
             return batch
 
         self._patch(iterator, "__next__", __next__)
 
-    def _loader_pass(self) -> None:
-        """A training pass over a DataLoader began (no DDP module: one process, a plain
-        model, as timm's ``train.py`` or pytorch/examples' ImageNet script run on one device).
-        Where no DistributedSampler was told an epoch, the epoch is the pass of the
-        accelerate loader this batch came through (the HF Trainer in one process), else the
-        passes counted from 0. The pass before counts only if it ran to its end
-        or gave more than one batch: a script that draws each step's batch with
+    def _loader_pass(self, it: int) -> None:
+        """A training pass over a DataLoader began (its iterator's first batch, ``it`` its id,
+        with grad enabled: an evaluation's passes run under no_grad). Where no
+        DistributedSampler was told an epoch (timm's ``train.py`` or pytorch/examples'
+        ImageNet script on one device, a script sharding an IterableDataset itself), the epoch
+        is the pass of the accelerate loader the batch came through (the HF Trainer in one
+        process), else the passes counted from 0. The pass before counts only if it ran to
+        its end or gave more than one batch: a script that draws each step's batch with
         ``next(iter(loader))`` starts a pass every step, and has no epochs."""
         if self._passes < 0 or self._pass_ended or self._pass_batches > 1:
             self._passes += 1
-        self._pass_batches, self._pass_ended = 0, False
+        self._pass_it, self._pass_batches, self._pass_ended = it, 0, False
         if not self._epoch_told:  # an accelerate loader's pass, where it is one
             self._epoch = self._passes if self._loader_epoch is None else self._loader_epoch
 
