@@ -69,11 +69,10 @@ micro-batches' losses where they went through the HF Trainer's ``training_step``
 divides them so that they add up, and logs their sum).
 The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it;
 without one, an HF accelerate loader's pass, or the training passes over a DataLoader from 0
-(see ``_loader_pass``); else None. Samples per step: dim 0 of the
-first tensor argument of each training DDP forward in the step, summed (gradient
-accumulation). Without a DDP module (FSDP, a plain model): dim 0 of the first tensor of each
-batch a ``DataLoader`` gave since the last step with grad enabled, from the iterator that
-gave the last one, summed
+(see ``_loader_pass``); else None. Samples per step: dim 0 of the first tensor argument of
+each training DDP forward in the step, summed (gradient accumulation). Without a DDP module
+(FSDP, a plain model): dim 0 of the first tensor of each batch a ``DataLoader`` gave since
+the last step with grad enabled, from the iterator that gave the last one, summed
 (``_BaseDataLoaderIter.__next__`` is wrapped: one call per batch); 0 without a DataLoader.
 Evaluation forwards (no grad, or eval mode) are not timed: their time falls in the next
 step's ``data``.
