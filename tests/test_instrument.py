@@ -124,6 +124,15 @@ def inst(monkeypatch, process_group):
     instrument.uninstall()
 
 
+def fake_module(monkeypatch, name, **attributes):
+    """A framework's module (``transformers.trainer``, say) as far as a test needs it: a
+    module of ``name`` holding ``attributes``, in ``sys.modules`` for the test only."""
+    module = types.ModuleType(name)
+    for attribute, value in attributes.items():
+        setattr(module, attribute, value)
+    monkeypatch.setitem(sys.modules, name, module)
+
+
 def train_step(model, opt, clock, batch=6, data_s=0.005, between_s=0.0, other_s=0.001):
     clock.advance(data_s)  # waiting for the batch
     x = torch.randn(batch, 4)
@@ -844,9 +853,7 @@ def test_an_accelerate_loaders_pass_is_the_epoch_and_an_evaluations_is_not(
     """Accelerate (``Accelerator.prepare``, the HF Trainer) shards batches without a
     DistributedSampler: ddptui showed no epoch for such runs. An evaluation loader's passes,
     drawn between training steps (the Trainer's ``eval_steps``), are not the epoch."""
-    module = types.ModuleType("accelerate.data_loader")
-    module.DataLoaderShard = DataLoaderShard
-    monkeypatch.setitem(sys.modules, "accelerate.data_loader", module)
+    fake_module(monkeypatch, "accelerate.data_loader", DataLoaderShard=DataLoaderShard)
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))  # accelerate.prepare makes it: hooks go on
     opt = timed_sgd(model.parameters(), clock)
@@ -919,9 +926,7 @@ def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit, d
     evaluations count from its second step on."""
     import numpy as np
 
-    module = types.ModuleType("transformers.trainer")
-    module.Trainer = Trainer
-    monkeypatch.setitem(sys.modules, "transformers.trainer", module)
+    fake_module(monkeypatch, "transformers.trainer", Trainer=Trainer)
     clock = inst.fake_clock
     # the Trainer makes a DDP module when it trains in several processes, none in one
     model = DistributedDataParallel(Net(clock)) if ddp else Net(clock)
@@ -1048,9 +1053,8 @@ def test_lightnings_validations_are_reported(inst, monkeypatch):
     run said the script reports no evaluation. Each validation past the sanity check is an
     evaluation of the epoch training is in: its loss and accuracy found by their names, the
     other numbers as extras; the sanity check and the test stage are none."""
-    module = types.ModuleType("lightning.pytorch.loops.evaluation_loop")
-    module._EvaluationLoop = EvaluationLoop
-    monkeypatch.setitem(sys.modules, "lightning.pytorch.loops.evaluation_loop", module)
+    loop_module = instrument.LIGHTNING_LOOPS[0]  # lightning.pytorch's
+    fake_module(monkeypatch, loop_module, _EvaluationLoop=EvaluationLoop)
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))  # the strategy wraps it before the check
     opt = timed_sgd(model.parameters(), clock)
@@ -1131,9 +1135,7 @@ def test_the_hf_trainers_loss_over_its_window_is_its_sum(inst, monkeypatch, ddp)
     the window's items: a division the graph cannot tell from a mean's). A step whose
     micro-batches went through ``training_step`` reports their sum, as the Trainer logs it;
     the same division outside the Trainer is still taken as the script's mean."""
-    module = types.ModuleType("transformers.trainer")
-    module.Trainer = StepTrainer
-    monkeypatch.setitem(sys.modules, "transformers.trainer", module)
+    fake_module(monkeypatch, "transformers.trainer", Trainer=StepTrainer)
     clock = inst.fake_clock
     # The Trainer makes a DDP module when it trains in several processes (and ddptui
     # follows it from then on), none in one (followed from the second step on).

@@ -870,23 +870,28 @@ class Instrument:
             if loss_name is None and accuracy_name is None:
                 return
             chosen = {loss_name, accuracy_name}
-            extras = {
-                str(k): v
-                for loader in loaders
-                for k, v in loader.items()
-                if k not in chosen and str(k) not in _EVAL_FIELDS
-            }
-            extras = dict(itertools.islice(extras.items(), HF_EXTRA_METRICS))
-            from ddptui.rank import reporter as reporter_module
-
-            reporter_module.get_reporter().log_eval(
-                epoch=self._epoch,
-                loss=first.get(loss_name) if loss_name is not None else None,
-                accuracy=first.get(accuracy_name) if accuracy_name is not None else None,
-                **extras,
+            extras = {str(k): v for loader in loaders for k, v in loader.items() if k not in chosen}
+            self._framework_eval(
+                first.get(loss_name) if loss_name is not None else None,
+                first.get(accuracy_name) if accuracy_name is not None else None,
+                extras,
             )
         except Exception as exc:
             self._fail(exc)
+
+    def _framework_eval(self, loss: Any, accuracy: Any, extras: dict[str, Any]) -> None:
+        """Report a framework's evaluation of the epoch training is in: its loss, accuracy
+        and the first :data:`HF_EXTRA_METRICS` of its other numbers (none named as one of
+        ``log_eval``'s own arguments)."""
+        kept = (item for item in extras.items() if item[0] not in _EVAL_FIELDS)
+        from ddptui.rank import reporter as reporter_module
+
+        reporter_module.get_reporter().log_eval(
+            epoch=self._epoch,
+            loss=loss,
+            accuracy=accuracy,
+            **dict(itertools.islice(kept, HF_EXTRA_METRICS)),
+        )
 
     def _trainer_evaluated(self, metrics: Any, prefix: Any, datasets: Iterable[Any] = ()) -> None:
         """``Trainer.evaluate`` returned ``metrics``: its ``{prefix}_loss`` and
@@ -913,12 +918,7 @@ class Instrument:
                 return
             scores = [f"{name}_{what}" for name in others for what in ("loss", "accuracy")]
             extras = {k: named.pop(k) for k in scores if k in named}
-            extras = dict(list({**extras, **named}.items())[:HF_EXTRA_METRICS])
-            from ddptui.rank import reporter as reporter_module
-
-            reporter_module.get_reporter().log_eval(
-                epoch=self._epoch, loss=loss, accuracy=accuracy, **extras
-            )
+            self._framework_eval(loss, accuracy, {**extras, **named})
         except Exception as exc:
             self._fail(exc)
 
@@ -1419,8 +1419,10 @@ class Instrument:
         # items of the whole window (the HF Trainer's): the step's loss is the sum of what went
         # into ``backward()`` (the mean before nanoGPT's division), not the quotients' mean.
         count, divisors = self._loss_count, self._loss_divisors
-        summed = self._summed_losses or all(d == count or d is WINDOW for d in divisors)
-        scale = count if count > 1 and summed else 1
+        summed = count > 1 and (
+            self._summed_losses or all(d == count or d is WINDOW for d in divisors)
+        )
+        scale = count if summed else 1
         self._loss_count = 0
         self._summed_losses = False
         if divisors:
