@@ -538,16 +538,66 @@ def test_a_batch_drawn_with_a_new_iterator_each_step_is_no_epoch(inst):
     assert [log["epoch"] for log in inst.fake.logs] == [0, 0, 0, 5, 5, 5]
 
 
-def test_with_ddp_the_forwards_count_the_samples_not_the_loader(inst):
+def test_with_ddp_the_loaders_batches_count_the_samples_not_each_forward(inst):
+    """A contrastive script (SimCLR's two views of each batch) or a GAN runs its DDP module
+    more than once a batch: the samples are the batch the step drew, once. A step that drew
+    none (the script makes its batches itself) counts its training forwards."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = timed_sgd(model.parameters(), clock)
     for x, _ in _loader([4, 5]):
         opt.zero_grad()
-        model(x[:2]).pow(2).mean().backward()  # the script feeds part of each batch
+        (model(x) - model(x.flip(0))).pow(2).mean().backward()  # two views, one batch
         opt.step()
+    opt.zero_grad()
+    model(torch.randn(3, 4)).pow(2).mean().backward()
+    opt.step()
     inst.flush()
-    assert [log["samples"] for log in inst.fake.logs] == [2, 2]
+    assert [log["samples"] for log in inst.fake.logs] == [4, 5, 3]
+
+
+@pytest.mark.parametrize("ddp", [False, True])
+def test_a_gan_iteration_is_one_step_with_the_discriminators_loss(inst, ddp):
+    """DCGAN (pytorch/examples): each batch steps the discriminator's optimizer, then the
+    generator's. ddptui showed two steps an iteration, every other one with no samples, and
+    the loss zigzagging between the mean of the discriminator's two losses and the
+    generator's. An iteration is one step: its samples the batch, its loss the script's
+    ``Loss_D`` (``errD_real + errD_fake``: two terms of one batch's objective), its time the
+    whole iteration's. One optimizer stepping again on a batch drawn once (overfitting one
+    batch) still ends a step each time."""
+    clock = inst.fake_clock
+    wrap = DistributedDataParallel if ddp else (lambda module: module)
+    netD = wrap(Net(clock))
+    netG = wrap(torch.nn.Linear(4, 4))
+    optD, optG = timed_sgd(netD.parameters(), clock), timed_sgd(netG.parameters(), clock)
+    loss_d = []
+    for x, _ in _loader([4, 5, 3]):
+        clock.advance(0.004)
+        optD.zero_grad()
+        err_real = netD(x).pow(2).mean()
+        err_real.backward()
+        fake = netG(torch.randn(len(x), 4))
+        err_fake = (netD(fake.detach()) - 1).pow(2).mean()
+        err_fake.backward()
+        optD.step()
+        loss_d.append((err_real + err_fake).item())
+        optG.zero_grad()
+        netD(fake).pow(2).mean().backward()
+        clock.advance(0.002)
+        optG.step()
+    iteration = 0.004 + 3 * 0.010 + 3 * 0.020 + 0.003 + 0.002 + 0.003  # data, D, G: fake time
+    x, _ = next(iter(_loader([6])))
+    for _ in range(2):  # one optimizer, one batch drawn once: a step each time
+        optD.zero_grad()
+        netD(x).pow(2).mean().backward()
+        optD.step()
+    inst.flush()
+    logs = inst.fake.logs
+    assert len(logs) == 5
+    assert [log["loss"] for log in logs[:3]] == pytest.approx(loss_d)
+    assert [log["samples"] for log in logs] == [4, 5, 3, 6, 0 if not ddp else 6]
+    # The first step starts at its first forward; the others span a whole iteration.
+    assert [log["step_time"] for log in logs[1:3]] == pytest.approx([iteration] * 2)
 
 
 def test_a_batch_of_the_scripts_own_kind_counts_nothing_and_the_iterator_is_not_kept(inst):

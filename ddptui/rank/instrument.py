@@ -60,20 +60,25 @@ Phases of one step (the built-in ones partition the step exactly; ``constants.PH
 
 Exactness. On CPU every phase is host time (``time.perf_counter``) between hook calls: exact
 up to the hooks' own cost (about a microsecond each). Step time is the interval between
-optimizer steps. The loss is the mean of the 0-dim tensors ``backward()`` was called on in
-the step (None when ``backward`` is reached another way, e.g. ``torch.autograd.backward``);
-when each was divided by their number (gradient accumulation written ``loss = loss /
+optimizer steps; an iteration that steps several optimizers on one batch (a GAN: DCGAN's
+``optimizerD.step()`` then ``optimizerG.step()``) is one step, which the first ends, where
+the script draws its batches from a DataLoader (see ``_joins``); the others' time is the next
+step's. The loss is the mean of the 0-dim tensors ``backward()`` was called on in the step
+(None when ``backward`` is reached another way, e.g. ``torch.autograd.backward``); when each
+was divided by their number (gradient accumulation written ``loss = loss /
 accumulation_steps``: the quotient's autograd node, ``DivBackward0``, holds that number on the
 host), the mean before the division, which is the loss the script has; the sum of the
 micro-batches' losses where they went through the HF Trainer's ``training_step`` (which
-divides them so that they add up, and logs their sum).
+divides them so that they add up, and logs their sum), or where they all came of one batch
+drawn from a DataLoader (the terms of one objective: DCGAN's ``errD_real + errD_fake``). A
+further optimizer's losses in the same iteration (the generator's) are not the step's.
 The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it;
 without one, an HF accelerate loader's pass, or the training passes over a DataLoader from 0
-(see ``_loader_pass``); else None. Samples per step: dim 0 of the first tensor argument of
-each training DDP forward in the step, summed (gradient accumulation). Without a DDP module
-(FSDP, a plain model): dim 0 of the first tensor of each batch a ``DataLoader`` gave since
-the last step with grad enabled, from the iterator that gave the last one, summed
-(``_BaseDataLoaderIter.__next__`` is wrapped: one call per batch); 0 without a DataLoader.
+(see ``_loader_pass``); else None. Samples per step: dim 0 of the first tensor of each batch
+a ``DataLoader`` gave since the last step with grad enabled, from the iterator that gave the
+last one, summed (``_BaseDataLoaderIter.__next__`` is wrapped: one call per batch). A step
+that drew none: with a DDP module, dim 0 of the first tensor argument of each training DDP
+forward in the step, summed (gradient accumulation); without one, 0.
 Evaluation forwards (no grad, or eval mode) are not timed: their time falls in the next
 step's ``data``.
 
@@ -517,6 +522,15 @@ class Instrument:
         self._pass_it = 0  # the id of the iterator of the current pass
         self._pass_batches = 0
         self._pass_ended = False
+        # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
+        # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
+        # drawn from a DataLoader since the last step ended, whether that step drew any, the
+        # optimizer that ended it, and the other optimizers that stepped since without a new
+        # batch (see _joins).
+        self._draws = 0
+        self._step_drew = False
+        self._step_ender = 0
+        self._joined: set[int] = set()
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
         # Steps finished, waiting to be sent, and phases held for explicit logs. Each is
         # (epoch, samples, step time, read, monotonic and wall time of its end): read is
@@ -709,14 +723,14 @@ class Instrument:
             if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
                 inst._loader_pass(id(it))
             inst._pass_batches += 1
-            if not inst._ddp_seen:  # with DDP its forwards count the samples
-                try:
-                    size = _batch_size(tensor, (batch,), {})
-                except Exception:  # a batch of the script's own kind: not ours to judge
-                    size = 0
-                if id(it) != inst._loader_it:
-                    inst._loader_it, inst._loader_samples = id(it), 0
-                inst._loader_samples += size
+            inst._draws += 1
+            try:
+                size = _batch_size(tensor, (batch,), {})
+            except Exception:  # a batch of the script's own kind: not ours to judge
+                size = 0
+            if id(it) != inst._loader_it:
+                inst._loader_it, inst._loader_samples = id(it), 0
+            inst._loader_samples += size
             return batch
 
         self._patch(iterator, "__next__", __next__)
@@ -1402,13 +1416,52 @@ class Instrument:
         if self.disabled:
             return None
         try:
-            if self._fwd_seen or not self._ddp_seen:
-                self._finish_step()
-            else:  # a second optimizer in the same iteration: part of the next step
+            key = id(optimizer)
+            if self._ddp_seen and not self._fwd_seen:
+                # a second optimizer in the same iteration: part of the next step
                 self._transition("opt_post", "data")
+            elif self._joins(key):
+                self._join(key)
+            else:
+                self._finish_step()
+                self._step_ender, self._step_drew = key, self._draws > 0
+                self._draws = 0
+                if self._joined:
+                    self._joined = set()
         except Exception as exc:
             self._fail(exc)
         return None
+
+    def _joins(self, key: int) -> bool:
+        """Whether the optimizer ``key`` steps in the iteration of the step that ended last
+        rather than ending one of its own: the script draws each step's batch from a
+        DataLoader (the last step drew one), none was drawn since, and this is another
+        optimizer than the one that ended that step, not yet stepped since (DCGAN's
+        ``optimizerG.step()`` after ``optimizerD.step()`` on the same batch). One optimizer
+        stepping again on a batch drawn once (a script that overfits one batch) ends a step
+        each time."""
+        return (
+            self._step_drew
+            and self._draws == 0
+            and key != self._step_ender
+            and key not in self._joined
+        )
+
+    def _join(self, key: int) -> None:
+        """A further optimizer's step in the same iteration (see :meth:`_joins`): its time is
+        the next step's (from here to the next forward: ``data``); its losses are its own
+        objective's (a GAN's generator), not the step's loss, and its forwards drew no batch:
+        no samples."""
+        self._joined.add(key)
+        self._transition("opt_post", "data")
+        if self._losses:
+            self._losses = []
+        self._loss_count = 0
+        self._loss_divisors.clear()
+        self._summed_losses = False
+        self._scaled = None
+        self._samples = 0
+        self._fwd_seen = False
 
     # -- ending a step ---------------------------------------------------------------------------
     def _finish_step(self) -> None:
@@ -1420,7 +1473,11 @@ class Instrument:
         # into ``backward()`` (the mean before nanoGPT's division), not the quotients' mean.
         count, divisors = self._loss_count, self._loss_divisors
         summed = count > 1 and (
-            self._summed_losses or all(d == count or d is WINDOW for d in divisors)
+            self._summed_losses
+            # several losses of one batch: the terms of one objective, which their gradients
+            # add up to (DCGAN's discriminator: its loss on real, then on generated images)
+            or self._draws == 1
+            or all(d == count or d is WINDOW for d in divisors)
         )
         scale = count if summed else 1
         self._loss_count = 0
@@ -1468,10 +1525,14 @@ class Instrument:
             self._custom = {}
         if losses:
             self._losses = []
-        if self._ddp_seen:
-            samples, self._samples = self._samples, 0
+        # The batches the step drew from a DataLoader, where it drew any (with DDP too: a
+        # GAN's or a contrastive script's several forwards of one batch are one batch), else
+        # its training DDP forwards' (a script that makes its batches itself).
+        if self._ddp_seen and not (self._draws and self._loader_samples):
+            samples = self._samples
         else:
-            samples, self._loader_samples = self._loader_samples, 0
+            samples = self._loader_samples
+        self._samples = self._loader_samples = 0
         self._fwd_seen = False
         self._step_start = now
         if self._last_pass is not None:  # the sampler of the pass started last fed this step
