@@ -538,10 +538,11 @@ def test_a_batch_drawn_with_a_new_iterator_each_step_is_no_epoch(inst):
     assert [log["epoch"] for log in inst.fake.logs] == [0, 0, 0, 5, 5, 5]
 
 
-def test_with_ddp_the_loaders_batches_count_the_samples_not_each_forward(inst):
+def test_with_ddp_the_forwards_count_the_samples_up_to_the_batches_drawn(inst):
     """A contrastive script (SimCLR's two views of each batch) or a GAN runs its DDP module
-    more than once a batch: the samples are the batch the step drew, once. A step that drew
-    none (the script makes its batches itself) counts its training forwards."""
+    more than once a batch: the batch counts once. A batch drawn ahead (Lightning's fetcher
+    prefetches the next) is not the step's; a step that feeds part of its batch counts that
+    part, and one that drew none (the script makes its batches) its forwards."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = timed_sgd(model.parameters(), clock)
@@ -549,11 +550,22 @@ def test_with_ddp_the_loaders_batches_count_the_samples_not_each_forward(inst):
         opt.zero_grad()
         (model(x) - model(x.flip(0))).pow(2).mean().backward()  # two views, one batch
         opt.step()
+    batches = iter(_loader([6, 7, 8]))
+    x, ahead = next(batches)[0], next(batches)[0]  # the next batch drawn ahead
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        x, ahead = ahead, next(batches, (ahead,))[0]
+    for x, _ in _loader([4]):
+        opt.zero_grad()
+        model(x[:2]).pow(2).mean().backward()  # the script feeds part of the batch
+        opt.step()
     opt.zero_grad()
     model(torch.randn(3, 4)).pow(2).mean().backward()
     opt.step()
     inst.flush()
-    assert [log["samples"] for log in inst.fake.logs] == [4, 5, 3]
+    assert [log["samples"] for log in inst.fake.logs] == [4, 5, 6, 7, 2, 3]
 
 
 @pytest.mark.parametrize("ddp", [False, True])

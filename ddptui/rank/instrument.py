@@ -74,11 +74,13 @@ drawn from a DataLoader (the terms of one objective: DCGAN's ``errD_real + errD_
 further optimizer's losses in the same iteration (the generator's) are not the step's.
 The epoch is the last ``DistributedSampler.set_epoch`` value, as the script numbers it;
 without one, an HF accelerate loader's pass, or the training passes over a DataLoader from 0
-(see ``_loader_pass``); else None. Samples per step: dim 0 of the first tensor of each batch
-a ``DataLoader`` gave since the last step with grad enabled, from the iterator that gave the
-last one, summed (``_BaseDataLoaderIter.__next__`` is wrapped: one call per batch). A step
-that drew none: with a DDP module, dim 0 of the first tensor argument of each training DDP
-forward in the step, summed (gradient accumulation); without one, 0.
+(see ``_loader_pass``); else None. Samples per step: dim 0 of the first tensor argument of
+each training DDP forward in the step, summed (gradient accumulation), but no more than the
+batches drawn: dim 0 of the first tensor of each batch a ``DataLoader`` gave since the last
+step with grad enabled, from the iterator that gave the last one, summed
+(``_BaseDataLoaderIter.__next__`` is wrapped: one call per batch), so that a GAN's or a
+contrastive script's several forwards of one batch count it once. Without a DDP module
+(FSDP, a plain model): the batches drawn; 0 without a DataLoader.
 Evaluation forwards (no grad, or eval mode) are not timed: their time falls in the next
 step's ``data``.
 
@@ -1525,13 +1527,13 @@ class Instrument:
             self._custom = {}
         if losses:
             self._losses = []
-        # The batches the step drew from a DataLoader, where it drew any (with DDP too: a
-        # GAN's or a contrastive script's several forwards of one batch are one batch), else
-        # its training DDP forwards' (a script that makes its batches itself).
-        if self._ddp_seen and not (self._draws and self._loader_samples):
+        # With DDP, its training forwards' samples, but no more than the batches the step
+        # drew from a DataLoader, where it drew any: a GAN's or a contrastive script's several
+        # forwards of one batch are one batch, and a batch drawn ahead (PyTorch Lightning
+        # prefetches the next) is not yet the step's. Without DDP, the batches drawn.
+        samples = self._loader_samples
+        if self._ddp_seen and (not self._draws or samples <= 0 or self._samples < samples):
             samples = self._samples
-        else:
-            samples = self._loader_samples
         self._samples = self._loader_samples = 0
         self._fwd_seen = False
         self._step_start = now
