@@ -540,8 +540,8 @@ def test_a_batch_drawn_with_a_new_iterator_each_step_is_no_epoch(inst):
 
 def test_with_ddp_the_forwards_count_the_samples_up_to_the_batches_drawn(inst):
     """A contrastive script (SimCLR's two views of each batch) or a GAN runs its DDP module
-    more than once a batch: the batch counts once. A batch drawn ahead (Lightning's fetcher
-    prefetches the next) is not the step's; a step that feeds part of its batch counts that
+    more than once a batch: the batch counts once. A batch drawn ahead of its step (a fetcher
+    that prefetches the next) is not the step's; a step that feeds part of its batch counts that
     part, and one that drew none (the script makes its batches) its forwards."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))

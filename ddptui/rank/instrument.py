@@ -1529,8 +1529,8 @@ class Instrument:
             self._losses = []
         # With DDP, its training forwards' samples, but no more than the batches the step
         # drew from a DataLoader, where it drew any: a GAN's or a contrastive script's several
-        # forwards of one batch are one batch, and a batch drawn ahead (PyTorch Lightning
-        # prefetches the next) is not yet the step's. Without DDP, the batches drawn.
+        # forwards of one batch are one batch, and a batch drawn ahead of its step (a
+        # fetcher that prefetches the next) is not yet the step's. Without DDP, the batches drawn.
         samples = self._loader_samples
         if self._ddp_seen and (not self._draws or samples <= 0 or self._samples < samples):
             samples = self._samples
