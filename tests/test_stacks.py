@@ -61,6 +61,83 @@ def test_capture_reads_each_ranks_stack(child, tmp_path):
     assert proc.poll() is None  # the signal does not end the rank
 
 
+SERVED = """
+import signal, sys, time
+from ddptui.rank.flight_recorder import TraceServer
+from ddptui.rank.stacks import STACK_SIGNAL, register_stack_dump
+register_stack_dump(sys.argv[1], int(sys.argv[2]))
+signal.signal(STACK_SIGNAL, signal.SIG_IGN)  # a signal would write nothing here
+server = TraceServer(sys.argv[3], sys.argv[1], int(sys.argv[2]))
+
+def waiting_for_godot():
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+
+waiting_for_godot()
+"""
+
+
+def test_a_rank_with_a_trace_socket_writes_its_stacks_when_asked_not_signalled(tmp_path):
+    """The signal's handler reads the other threads' frames without the GIL (a CI run's rank
+    ended by SIGSEGV mid-dump); asked over its trace socket, the rank's socket thread writes
+    the same dump holding the GIL. This rank ignores the signal: its stacks can only come
+    from the socket."""
+    from ddptui.rank.flight_recorder import STACKS_REQUEST
+    from ddptui.run import flight
+
+    sockets = tmp_path / "fr"
+    sockets.mkdir(mode=0o700)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVED, str(tmp_path), "1", str(sockets)],
+        env={**os.environ, "PYTHONPATH": os.getcwd(), RUN_ID_ENV: "run-a"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    asked = []
+
+    def ask(ranks):
+        asked.append(ranks)
+        answers = flight.request_traces(sockets, ranks, 2.0, STACKS_REQUEST)
+        return {rank for rank, answer in answers.items() if answer == "ok"}
+
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        stacks = capture_stacks({1: proc.pid}, tmp_path, timeout=5.0, run_id="run-a", ask=ask)
+        signalled = capture_stacks({1: proc.pid}, tmp_path, timeout=1.0, run_id="run-a")
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert asked == [[1]]
+    assert set(stacks) == {1} and "in waiting_for_godot" in stacks[1], stacks
+    assert "Current thread" in stacks[1] and "in _serve" in stacks[1]  # the socket's thread
+    assert classify_stack(stacks[1]).where.startswith("waiting_for_godot (<string>")
+    assert signalled == {}  # ignored: the dump above came over the socket
+
+
+def test_a_rank_that_does_not_answer_is_signalled(child, tmp_path):
+    proc = child(rank=1)
+    stacks = capture_stacks({1: proc.pid}, tmp_path, timeout=5.0, ask=lambda ranks: set())
+    assert "in waiting_for_godot" in stacks[1]
+
+
+def test_the_trace_socket_says_when_there_is_no_stacks_file(tmp_path, monkeypatch):
+    from ddptui.rank import stacks as stacks_module
+    from ddptui.rank.flight_recorder import STACKS_REQUEST, TraceServer
+    from ddptui.run import flight
+
+    monkeypatch.setattr(stacks_module, "_dump_file", None)
+    sockets = tmp_path / "fr"
+    sockets.mkdir(mode=0o700)
+    server = TraceServer(str(sockets), str(tmp_path), 0)
+    try:
+        answers = flight.request_traces(sockets, [0], 2.0, STACKS_REQUEST)
+    finally:
+        server.close()
+    assert answers == {0: "error no stacks file"}
+
+
 def test_capture_never_signals_a_process_without_the_handler(child, tmp_path):
     proc = child(rank=2, register=False)
     RunDir(tmp_path).stacks(3).touch()

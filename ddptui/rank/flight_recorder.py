@@ -32,14 +32,19 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ddptui.rank import stacks
+
 #: torch's variable for the recorder's ring buffer (entries per backend; 0 turns it off).
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 #: Entries ddptui asks for: torch's own default, written out so it is on whatever the default.
 DEFAULT_BUFFER = 2000
 #: The private directory ddptui made for the ranks' request sockets.
 SOCKET_DIR_ENV = "DDPTUI_FR_DIR"
-#: The one request there is.
+#: The request for the rank's Flight Recorder trace (``fr-rank-N.json``).
 REQUEST = b"dump"
+#: The request for the rank's Python stacks, appended to ``stacks-rank-N.txt`` from this
+#: socket's thread (see :func:`ddptui.rank.stacks.dump_now`).
+STACKS_REQUEST = b"stacks"
 #: Longest request line read (anything longer is refused).
 MAX_REQUEST = 64
 #: How long a connection may take to send its request.
@@ -306,7 +311,8 @@ def _read_request(conn: socket.socket) -> bytes | None:
 
 
 class TraceServer:
-    """The daemon thread that answers ``dump`` requests on ``<dir>/<rank>.sock``."""
+    """The daemon thread that answers ``dump`` (the trace) and ``stacks`` requests on
+    ``<dir>/<rank>.sock``."""
 
     def __init__(self, directory: str, run_dir: str, rank: int) -> None:
         self.run_dir = run_dir
@@ -336,6 +342,9 @@ class TraceServer:
         if not _same_user(conn):
             return
         request = _read_request(conn)
+        if request == STACKS_REQUEST:
+            conn.sendall(b"ok\n" if stacks.dump_now() else b"error no stacks file\n")
+            return
         if request != REQUEST:
             conn.sendall(b"error bad request\n")
             return

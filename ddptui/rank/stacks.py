@@ -1,10 +1,17 @@
-"""Every rank's Python stacks on demand, without ptrace: ``faulthandler`` on a signal.
+"""Every rank's Python stacks on demand, without ptrace: asked over the rank's Flight
+Recorder socket, else ``faulthandler`` on a signal.
 
 The rank entry calls :func:`register_stack_dump` before the target runs: on
 :data:`STACK_SIGNAL` the rank's C-level faulthandler writes the stacks of all its threads to
 ``RUN_DIR/stacks-rank-N.txt`` (appending), even while the main thread is blocked inside a
-collective in C++. ddptui calls :func:`capture_stacks` to signal every rank and read what
-each wrote. Stdlib only on the rank side (psutil only in :func:`capture_stacks`).
+collective in C++. That handler reads the other threads' frames without the GIL, while one of
+them may be running and changing them: in a CI run a rank ended by SIGSEGV with its dump cut
+off in the middle of a frame of its ZeroMQ sender thread. So ddptui asks first over the
+rank's trace socket (``stacks``), whose thread writes the same dump holding the GIL
+(:func:`dump_now`), where no other thread runs Python; the signal is for a rank that does
+not answer (no socket, or a thread stuck holding the GIL: then no other thread runs either).
+ddptui calls :func:`capture_stacks` to ask every rank and read what each wrote. Stdlib only
+on the rank side (psutil only in :func:`capture_stacks`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ddptui.constants import RUN_ID_ENV
@@ -67,6 +75,20 @@ def register_stack_dump(run_dir: str | os.PathLike[str], rank: int) -> Path | No
     return path
 
 
+def dump_now() -> bool:
+    """Append every thread's stack to the file :func:`register_stack_dump` opened, now, from
+    the calling thread, which holds the GIL: no other thread runs Python (or changes its
+    frames) while faulthandler reads them. False when there is no such file."""
+    dump = _dump_file
+    if dump is None:
+        return False
+    try:
+        faulthandler.dump_traceback(file=dump, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+        return False
+    return True
+
+
 def _size(path: Path) -> int | None:
     try:
         return path.stat().st_size
@@ -91,24 +113,32 @@ def capture_stacks(
     run_dir: str | os.PathLike[str],
     timeout: float = 5.0,
     run_id: str | None = None,
+    ask: Callable[[list[int]], set[int]] | None = None,
 ) -> dict[int, str]:
-    """Signal every rank to dump its stacks; return rank -> the text it wrote this time.
+    """Have every rank dump its stacks; return rank -> the text it wrote this time.
 
-    Only ranks whose stacks file exists are signalled (they registered the handler), and,
-    with ``run_id``, only processes that carry this run's id. Waits at most ``timeout``
-    seconds in all; a rank that wrote nothing by then is left out.
+    Only ranks whose stacks file exists are asked (they registered the handler), and, with
+    ``run_id``, only processes that carry this run's id. ``ask`` (ranks -> those that wrote
+    their dump when asked over their trace socket; see :func:`dump_now`) goes first; the
+    others are signalled. Waits at most ``timeout`` seconds in all after that; a rank that
+    wrote nothing by then is left out.
     """
     files = RunDir(run_dir)
-    asked: dict[int, tuple[Path, int]] = {}
+    found: dict[int, tuple[int, Path, int]] = {}
     for rank, pid in sorted(pids_by_rank.items()):
         path = files.stacks(rank)
         before = _size(path)
         if before is None or not isinstance(pid, int) or pid <= 0 or not _belongs(pid, run_id):
             continue
-        try:
-            os.kill(pid, STACK_SIGNAL)
-        except (ProcessLookupError, PermissionError):
-            continue
+        found[rank] = (pid, path, before)
+    answered = ask(sorted(found)) if ask is not None and found else set()
+    asked: dict[int, tuple[Path, int]] = {}
+    for rank, (pid, path, before) in found.items():
+        if rank not in answered:
+            try:
+                os.kill(pid, STACK_SIGNAL)
+            except (ProcessLookupError, PermissionError):
+                continue
         asked[rank] = (path, before)
     stacks: dict[int, str] = {}
     deadline = time.monotonic() + timeout

@@ -108,13 +108,13 @@ def remove_socket_dir(path: str | os.PathLike[str] | None) -> None:
         pass
 
 
-def _ask(path: Path, timeout: float) -> str:
+def _ask(path: Path, timeout: float, request: bytes = REQUEST) -> str:
     """One request: ``ok`` or why not (one line)."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
             conn.connect(str(path))
-            conn.sendall(REQUEST + b"\n")
+            conn.sendall(request + b"\n")
             answer = b""
             while b"\n" not in answer and len(answer) < MAX_ANSWER:
                 chunk = conn.recv(MAX_ANSWER - len(answer))
@@ -134,17 +134,21 @@ def _ask(path: Path, timeout: float) -> str:
 
 
 def request_traces(
-    socket_dir: str | os.PathLike[str], ranks: Iterable[int], timeout: float = REQUEST_TIMEOUT_S
+    socket_dir: str | os.PathLike[str],
+    ranks: Iterable[int],
+    timeout: float = REQUEST_TIMEOUT_S,
+    request: bytes = REQUEST,
 ) -> dict[int, str]:
-    """Ask every rank in ``ranks`` to write ``fr-rank-N.json``; rank -> ``ok`` or why not.
-    Requests run in parallel; the whole takes at most about ``timeout`` seconds per batch of
-    :data:`MAX_PARALLEL` ranks."""
+    """Ask every rank in ``ranks`` to write ``fr-rank-N.json`` (or, with
+    :data:`~ddptui.rank.flight_recorder.STACKS_REQUEST`, its stacks); rank -> ``ok`` or why
+    not. Requests run in parallel; the whole takes at most about ``timeout`` seconds per batch
+    of :data:`MAX_PARALLEL` ranks."""
     ranks = sorted(set(ranks))
     answers: dict[int, str] = {}
 
     def worker(batch: list[int]) -> None:
         for rank in batch:
-            answers[rank] = _ask(socket_path(socket_dir, rank), timeout)
+            answers[rank] = _ask(socket_path(socket_dir, rank), timeout, request)
 
     lanes = [ranks[i::MAX_PARALLEL] for i in range(min(MAX_PARALLEL, len(ranks)))]
     threads = [threading.Thread(target=worker, args=(lane,), daemon=True) for lane in lanes]

@@ -61,6 +61,8 @@ DRAIN_SECONDS = 0.5
 DIAGNOSE_EVERY_S = 1.0
 #: How long to wait for the ranks' stack dumps after a hang.
 STACKS_TIMEOUT_S = 5.0
+#: How long a rank's trace socket may take to write its stacks before it is signalled.
+STACKS_ASK_S = 1.0
 #: Every rank still for this long inside a collective: ask for the traces (a desync?).
 FLIGHT_WATCH_S = 1.0
 #: A failed multi-node run: how long the other nodes have to send their ranks' traces.
@@ -435,13 +437,25 @@ class RunSession:
         self._hung = True
         with self._lock:
             pids = {r: v.pid for r, v in self.state.ranks.items() if v.pid}
-        stacks = capture_stacks(pids, self.run_dir, STACKS_TIMEOUT_S, run_id=self.cfg.run_id)
+        stacks = capture_stacks(
+            pids, self.run_dir, STACKS_TIMEOUT_S, run_id=self.cfg.run_id, ask=self._ask_stacks
+        )
         with self._lock:
             self.stacks = stacks
             self._news += self.diagnoser.explain_hang(stacks, self.state.elapsed(now))
         self.flight_check(now)
         if self.on_hang != "keep" and self.launcher is not None and self.result is None:
             self._conclude(self.launcher.stop(), hung=True)
+
+    def _ask_stacks(self, ranks: list[int]) -> set[int]:
+        """The ranks that wrote their stacks when asked over their trace socket (from a thread
+        holding the GIL: see :mod:`ddptui.rank.stacks`); the others are signalled."""
+        if self.fr_dir is None:
+            return set()
+        answers = flight.request_traces(
+            self.fr_dir, ranks, STACKS_ASK_S, flight_recorder.STACKS_REQUEST
+        )
+        return {rank for rank, answer in answers.items() if answer == "ok"}
 
     def _diagnose_crash(self) -> None:
         state = self.state
