@@ -1425,11 +1425,7 @@ class Instrument:
             elif self._joins(key):
                 self._join(key)
             else:
-                self._finish_step()
-                self._step_ender, self._step_drew = key, self._draws > 0
-                self._draws = 0
-                if self._joined:
-                    self._joined = set()
+                self._finish_step(key)
         except Exception as exc:
             self._fail(exc)
         return None
@@ -1456,17 +1452,24 @@ class Instrument:
         no samples."""
         self._joined.add(key)
         self._transition("opt_post", "data")
-        if self._losses:
-            self._losses = []
-        self._loss_count = 0
-        self._loss_divisors.clear()
-        self._summed_losses = False
+        self._forget_losses()
         self._scaled = None
         self._samples = 0
         self._fwd_seen = False
 
+    def _forget_losses(self) -> None:
+        """The losses gathered since the last step ended: taken into a finished step's read
+        (which keeps its list), or not the step's (a joined optimizer's)."""
+        if self._losses:
+            self._losses = []
+        self._loss_count = 0
+        self._summed_losses = False
+        if self._loss_divisors:
+            self._loss_divisors.clear()  # no new list on every step
+
     # -- ending a step ---------------------------------------------------------------------------
-    def _finish_step(self) -> None:
+    def _finish_step(self, ender: int) -> None:
+        """The optimizer ``ender`` (its id) ended a training step: hand it to the drainer."""
         losses = self._losses
         loss: tuple[list[Any], int] | None = None  # CPU: the loss tensors, read off the path
         # Gradient accumulation that divides each micro-batch's loss by their number
@@ -1482,10 +1485,7 @@ class Instrument:
             or all(d == count or d is WINDOW for d in divisors)
         )
         scale = count if summed else 1
-        self._loss_count = 0
-        self._summed_losses = False
-        if divisors:
-            divisors.clear()  # read above only: no new list on every step
+        self._forget_losses()
         cuda = self._cuda is not None
         if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
@@ -1525,8 +1525,6 @@ class Instrument:
         self._acc = _NO_PHASES.copy()
         if custom:
             self._custom = {}
-        if losses:
-            self._losses = []
         # With DDP, its training forwards' samples, but no more than the batches the step
         # drew from a DataLoader, where it drew any: a GAN's or a contrastive script's several
         # forwards of one batch are one batch, and a batch drawn ahead of its step (a
@@ -1535,6 +1533,10 @@ class Instrument:
         if self._ddp_seen and (not self._draws or samples <= 0 or self._samples < samples):
             samples = self._samples
         self._samples = self._loader_samples = 0
+        # What the next optimizer's step is measured against (see _joins).
+        self._step_ender, self._step_drew, self._draws = ender, self._draws > 0, 0
+        if self._joined:
+            self._joined = set()
         self._fwd_seen = False
         self._step_start = now
         if self._last_pass is not None:  # the sampler of the pass started last fed this step

@@ -76,6 +76,16 @@ class EvalIndex:
         return event.epoch, n
 
 
+def eval_replaces(old_attempt: int, old_rank: int | None, attempt: int, rank: int) -> bool:
+    """Whether rank ``rank``'s report of an evaluation (in ``attempt``) replaces the one kept
+    (``old_rank``'s, in ``old_attempt``): a later attempt's does (after a restart), and so does
+    a lower rank's in the same attempt, so that a figure not all-reduced (Lightning's
+    ``self.log`` without ``sync_dist``) is rank 0's, the one the script prints and logs."""
+    if attempt != old_attempt:
+        return attempt > old_attempt
+    return old_rank is not None and rank < old_rank
+
+
 def _eval_order(key: tuple[int | None, int]) -> tuple[bool, int, int]:
     """Evaluations in training order: by epoch (those without one last), then as they came
     within it."""
@@ -545,18 +555,15 @@ class RunState:
             view.still_since, view.cpu_since, view.io_since = now, ev.cpu, ev.io
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
-        # Every rank reports the same all-reduced result; the first one to arrive counts (a
-        # later attempt's evaluation of the same epoch, after a restart, replaces it), until
-        # a lower rank's arrives: a figure that is not all-reduced (Lightning's ``self.log``
-        # without ``sync_dist``) is then rank 0's, the one the script prints and logs. A
+        # Every rank reports the same all-reduced result; the first one to arrive counts,
+        # until one that replaces it (see eval_replaces: a later attempt's, a lower rank's). A
         # script may evaluate more than once an epoch (every N steps: the HF Trainer's
         # ``eval_steps``): the n-th evaluation of a rank in an epoch is the n-th of every
         # rank, and a new point. Keyed by the epoch alone, all but an epoch's first were lost,
         # and the run's "final accuracy" was its last epoch's first evaluation.
         key = self._eval_index.key(ev)
         old = self.evals.get(key)
-        lower = old is not None and ev.attempt == old.attempt and ev.rank < (old.rank or 0)
-        if old is None or ev.attempt > old.attempt or lower:
+        if old is None or eval_replaces(old.attempt, old.rank, ev.attempt, ev.rank):
             self.evals[key] = EvalPoint(
                 ev.epoch, ev.accuracy, ev.loss, ev.count, now, ev.attempt, key[1], ev.rank
             )

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from ddptui import protocol, safeio
 from ddptui.commands import UsageError, command_main, fail
 from ddptui.run.rundir import RunDirError, iter_events, read_config, require_events
-from ddptui.run.state import EvalIndex
+from ddptui.run.state import EvalIndex, eval_replaces
 
 CSV_COLUMNS = (
     "kind",
@@ -185,15 +185,13 @@ def tensorboard_scalars(
             time_at[step] = max(time_at.get(step, t), t)
         elif isinstance(event, protocol.Eval):
             # All-reduced: every rank reports the same result; the first one counts (each of
-            # an epoch's evaluations, at the epoch), as on the dashboard: a later attempt's
-            # replaces it, and so does a lower rank's (a figure not all-reduced is rank 0's).
+            # an epoch's evaluations, at the epoch), until one that replaces it, as on the
+            # dashboard (a later attempt's, a lower rank's: see eval_replaces).
             key = index.key(event)
             old = evals.get(key)
             if old is None:
                 evals[key] = (event, len(evals) + 1)
-            elif event.attempt > old[0].attempt or (
-                event.attempt == old[0].attempt and event.rank < old[0].rank
-            ):
+            elif eval_replaces(old[0].attempt, old[0].rank, event.attempt, event.rank):
                 evals[key] = (event, old[1])
     for event, n in evals.values():
         x = event.epoch if event.epoch is not None else n
