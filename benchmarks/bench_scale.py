@@ -19,9 +19,12 @@ the range is printed):
   fourth pump of events, :data:`DELAY_SAMPLE`: reading them costs the measured process);
 * collector drops: per rank, events sent (by seq) against events received.
 
-``--profile`` adds where the time goes: every thread's stack, sampled, and the CPU time
-spent in each of the screen's drawing calls. ``BENCH_THREADS=1`` prints the CPU of each of
-the dashboard's threads.
+``--profile`` adds the CPU time spent in each of the screen's drawing calls, and every
+thread's stack sampled from inside the process (a sample needs the GIL, so a busy thread is
+seen only where it lets the GIL go: at 256 ranks it put the pump thread at its ``sleep``).
+``--py-spy`` says where the CPU goes instead: py-spy samples the dashboard from outside
+during the measured window (``pyspy.py``; not with ``--profile``, whose sampler it would
+see). ``BENCH_THREADS=1`` prints the CPU of each of the dashboard's threads.
 
 Prints numbers; it is not a test. Usage::
 
@@ -46,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_tui import (  # noqa: E402
+    PY_SPY_HELP,
     WARMUP_S,
     _NullSampler,
     delays,
@@ -513,11 +517,15 @@ def main() -> None:
     parser.add_argument("--refresh-hz", type=float, default=4.5)
     parser.add_argument("--no-monitor", action="store_true", help="no system sampling thread")
     parser.add_argument(
-        "--profile", action="store_true", help="sample every thread's stack (prints the top)"
+        "--profile",
+        action="store_true",
+        help="time the screen's drawing calls, and sample every thread's stack from inside"
+        " (only where a thread lets the GIL go: --py-spy tells where the CPU goes)",
     )
     parser.add_argument(
         "--ingest-only", action="store_true", help="also measure the session with no UI"
     )
+    parser.add_argument("--py-spy", action="store_true", help=PY_SPY_HELP)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--send", nargs=9, help=argparse.SUPPRESS)
@@ -534,6 +542,8 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    if args.py_spy:
+        os.environ["BENCH_PYSPY"] = "1"  # run_child reads it
     world = args.nodes * args.per_node
     common = [
         "--nodes", str(args.nodes), "--per-node", str(args.per_node), "--rate", str(args.rate),

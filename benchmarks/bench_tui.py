@@ -41,7 +41,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import pyspy  # noqa: E402
+
+#: ``--py-spy``: where the dashboard's CPU goes (see pyspy.py).
+PY_SPY_HELP = "profile the measured window with py-spy, from outside the process (by thread)"
 WARMUP_S = 5.0  # start-up (imports, first layout) is not what we measure
 SIZE = (120, 40)
 
@@ -366,9 +371,13 @@ def run_child(
     ps = psutil.Process(proc.pid)
     time.sleep(WARMUP_S)
     t0, c0, threads0 = time.monotonic(), sum(ps.cpu_times()[:2]), _thread_times(ps)
+    spy = pyspy.start(proc.pid, seconds) if os.environ.get("BENCH_PYSPY") else None
     time.sleep(seconds)
     t1, c1, threads1 = time.monotonic(), sum(ps.cpu_times()[:2]), _thread_times(ps)
+    profile = pyspy.finish(spy, seconds)
     proc.wait(timeout=60)
+    if profile:
+        print(profile)
     if os.environ.get("BENCH_THREADS"):  # where the process's CPU went, thread by thread
         used = {tid: threads1[tid][1] - threads0.get(tid, ("", 0.0))[1] for tid in threads1}
         named = out.with_suffix(".threads.json")  # Python's names, where the child wrote them
@@ -421,9 +430,12 @@ def main() -> None:
     parser.add_argument(
         "--ingest-only", action="store_true", help="also measure the session with no UI"
     )
+    parser.add_argument("--py-spy", action="store_true", help=PY_SPY_HELP)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--feed", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.py_spy:
+        os.environ["BENCH_PYSPY"] = "1"  # run_child reads it
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     if args.feed:
