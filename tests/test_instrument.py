@@ -1246,7 +1246,7 @@ def test_wanted_only_under_ddptui_and_not_switched_off(env, wanted):
 
 
 @pytest.mark.slow
-def test_install_waits_for_the_script_to_import_torch(tmp_path):
+def test_install_waits_for_the_script_to_import_torch_and_torch_dynamo(tmp_path):
     code = """
 import sys
 from ddptui.rank import instrument
@@ -1259,6 +1259,10 @@ assert inst.torch is torch
 assert DDP.__init__.__wrapped__ is not None
 assert torch.Tensor.backward.__wrapped__ is not None
 assert type(torch.__spec__.loader).__name__ != "_NotifyingLoader"
+assert "torch._dynamo" not in sys.modules, "attaching must not import torch.compile's tracer"
+import torch._dynamo
+assert torch._dynamo.trace_rules.check_file(instrument.__file__).skipped
+assert torch._dynamo.trace_rules.check_file(instrument.ddptui.__file__).skipped
 print("ok")
 """
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
@@ -1267,6 +1271,41 @@ print("ok")
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_a_compiled_ddp_module_steps_without_compiling_the_hooks(inst, monkeypatch):
+    """``torch.compile(DDP(model))``, the order torch's DDP notes advise: dynamo traces the
+    DDP module's call, hooks included. It must run them as they are (a call between two
+    compiled parts), not trace them: traced, each broke the graph at its clock read, and
+    guards on the instrument's state recompiled them on the following steps."""
+    from torch._dynamo import trace_rules
+
+    package = os.path.dirname(ddptui.__file__)
+    met = []  # (file, skipped) for each of ddptui's files dynamo decided on
+    check_file = trace_rules.check_file
+
+    def recording(filename, is_inlined_call=False):
+        result = check_file(filename, is_inlined_call)
+        if filename and filename.startswith(package):
+            met.append((os.path.basename(filename), result.skipped))
+        return result
+
+    monkeypatch.setattr(trace_rules, "check_file", recording)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model = torch.compile(DistributedDataParallel(net), backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        losses = [train_step(model, opt, inst.fake_clock, batch=6 + i).item() for i in range(4)]
+        inst.flush()
+    finally:
+        torch._dynamo.reset()
+    assert any(f == "instrument.py" for f, _ in met), "dynamo never met the hooks: no test"
+    assert all(skipped for _, skipped in met), met
+    steps = inst.fake.logs
+    assert [s["samples"] for s in steps] == [6, 7, 8, 9]
+    assert [s["loss"] for s in steps] == pytest.approx(losses)
 
 
 def test_uninstall_restores_torch(inst):

@@ -33,6 +33,16 @@ What is hooked (all removable, all cheap, none changes a result):
   script that peeks at a batch, ``next(iter(loader))``, after ``set_epoch`` passes twice at
   one epoch, rightly).
 
+``torch.compile`` (its tracer, dynamo) is told to leave ddptui's code alone, once
+``torch._dynamo`` is imported (``trace_rules.add("ddptui")``, a second import watcher when it
+is not loaded yet: importing it costs a second of CPU that a script without an optimizer or
+``torch.compile`` never pays). Compiling a DDP module, ``torch.compile(DDP(model))`` as
+torch's DDP notes advise, otherwise traced the hooks above into the user's compiled code:
+each broke the graph at its clock read, and guards on the instrument's state (a float
+timestamp) recompiled ``_forward_start`` on the next steps (1.8 s more compiling in a small
+2-rank run). Skipped, a hook is a plain call between two compiled parts, run as in eager
+mode; eager code pays nothing for it.
+
 Phases of one step (the built-in ones partition the step exactly; ``constants.PHASES``):
 
 * ``data``: from the end of the previous optimizer step to the next DDP forward (waiting for
@@ -247,16 +257,21 @@ def install_rank(run_dir: str | None, rank: int) -> None:
     install()
 
 
-class _TorchImportWatcher:
-    """A ``sys.meta_path`` finder that only waits for ``import torch``: it lets the normal
-    finders find torch, and calls ``on_loaded(torch)`` right after torch's ``__init__`` ran.
-    Every other import costs one string comparison."""
+#: torch.compile's tracer: ddptui's code is put on its skip list once it is imported.
+_DYNAMO = "torch._dynamo"
 
-    def __init__(self, on_loaded: Callable[[Any], None]) -> None:
+
+class _TorchImportWatcher:
+    """A ``sys.meta_path`` finder that only waits for one import (``import torch``, or
+    ``name``): it lets the normal finders find the module, and calls ``on_loaded(module)``
+    right after its ``__init__`` ran. Every other import costs one string comparison."""
+
+    def __init__(self, on_loaded: Callable[[Any], None], name: str = "torch") -> None:
         self.on_loaded = on_loaded
+        self.name = name
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
+        if name != self.name:
             return None
         try:
             sys.meta_path.remove(self)
@@ -585,6 +600,7 @@ class Instrument:
             self._atexit = True
             atexit.register(self._at_exit)
         steps = [
+            self._attach_dynamo,
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_backward,
@@ -600,6 +616,40 @@ class Instrument:
                 attach(torch)
             except Exception as exc:  # an older/newer torch without this hook point
                 _warn(f"instrumentation: {attach.__name__[8:]} hooks unavailable ({exc})")
+
+    def _attach_dynamo(self, torch: Any) -> None:
+        """Have ``torch.compile`` leave ddptui's code alone: now if ``torch._dynamo`` is
+        loaded, else when the script (or torch, at its first optimizer) imports it."""
+        dynamo = sys.modules.get(_DYNAMO)
+        if dynamo is not None and hasattr(dynamo, "trace_rules"):
+            self._skip_in_dynamo(dynamo)
+            return
+        watcher = _TorchImportWatcher(self._skip_in_dynamo, _DYNAMO)
+        sys.meta_path.insert(0, watcher)
+
+        def forget() -> None:
+            if watcher in sys.meta_path:
+                sys.meta_path.remove(watcher)
+
+        self._undo.append(forget)
+
+    def _skip_in_dynamo(self, dynamo: Any) -> None:
+        try:
+            rules = dynamo.trace_rules
+            before = set(rules.SKIP_DIRS)
+            rules.add(ddptui.__name__)
+            added = [d for d in rules.SKIP_DIRS if d not in before]
+        except Exception as exc:  # a torch without this rule: compiled code traces the hooks
+            _warn(f"instrumentation: torch.compile would trace its hooks ({exc})")
+            return
+
+        def undo() -> None:
+            for skipped in added:
+                if skipped in rules.SKIP_DIRS:
+                    rules.SKIP_DIRS.remove(skipped)
+            rules._recompile_re()
+
+        self._undo.append(undo)
 
     def detach(self) -> None:
         for undo in reversed(self._undo):
