@@ -1308,6 +1308,18 @@ def test_a_compiled_ddp_module_steps_without_compiling_the_hooks(inst, monkeypat
     assert [s["loss"] for s in steps] == pytest.approx(losses)
 
 
+def test_a_torch_without_dynamos_skip_list_says_so_once_and_trains(inst, capsys):
+    inst._skip_in_dynamo(types.SimpleNamespace())  # a torch whose dynamo has no trace_rules
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torch.compile would trace its hooks" in err
+    model = DistributedDataParallel(Net(inst.fake_clock))
+    opt = timed_sgd(model.parameters(), inst.fake_clock)
+    train_step(model, opt, inst.fake_clock)
+    train_step(model, opt, inst.fake_clock)
+    inst.flush()
+    assert len(inst.fake.logs) == 2
+
+
 def test_uninstall_restores_torch(inst):
     from torch.utils.data import dataloader
 
