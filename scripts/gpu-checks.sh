@@ -16,7 +16,8 @@
 #   7. public scripts from PUBLIC_DIR, unmodified, copied to /tmp and run there (never from the
 #      repository): karpathy/nanoGPT's train.py (bf16 and fp16, under ddptui and, for the
 #      iteration time, under plain torchrun), pytorch/examples' multigpu_torchrun.py and
-#      huggingface/pytorch-image-models' train.py (timm: one process, AMP, no DDP module);
+#      huggingface/pytorch-image-models' train.py (timm: one process, AMP, no DDP module),
+#      and nanoGPT again as published, with torch.compile (no recompile in ddptui's code);
 #   8. `ddptui bench` at world size 1 (nccl and gloo, AMP off/bf16/fp16);
 #   9. benchmarks/bench_startup.py (a CPU benchmark; here on a quieter, larger machine).
 # Everything goes to OUT_DIR/gpu-checks.log; run directories to OUT_DIR/runs.tgz.
@@ -131,6 +132,17 @@ steps = [e for e in map(json.loads, open(sys.argv[1])) if e.get("kind") == "step
 print(f"timm: {len(steps)} steps, {sum(e.get('loss') is not None for e in steps)} with a loss")
 EOF
     fi
+    # nanoGPT as published compiles its model (torch.compile, inductor, then DDP around it
+    # when under DDP); ddptui's hooks must stay out of the compiled code: no recompile names
+    # ddptui, and the run finishes with its steps.
+    (cd "$ng" && TORCH_LOGS=recompiles TAIL=12 step nanogpt-ddptui-compile 90 180 \
+        "${ddptui[@]}" --no-ui --script train.py --world-size 1 \
+        --run-dir "$runs/nanogpt-compile" -- config/train_shakespeare_char.py --compile=True \
+        --max_iters=300 --eval_interval=150 --eval_iters=20 --log_interval=50 \
+        --always_save_checkpoint=False --dtype=bfloat16 --out_dir="$work/ng-compile")
+    summary "$runs"/nanogpt-compile >>"$log" && summary "$runs"/nanogpt-compile
+    grep -h "Recompiling function" "$runs"/nanogpt-compile/rank-*.log 2>/dev/null |
+        sed 's/.*Recompiling function/recompiling/' | sort | uniq -c | tee -a "$log"
 fi
 
 TAIL=16 step bench-ws1 90 150 "${ddptui[@]}" bench --no-ui --trainer synthetic --world-size 1 \
