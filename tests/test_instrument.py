@@ -1156,6 +1156,106 @@ def test_lightnings_validations_are_reported(inst, monkeypatch):
     assert "__wrapped__" not in EvaluationLoop.run.__dict__  # put back
 
 
+class Metric(torch.nn.Module):
+    """torchmetrics' ``Metric`` as far as ddptui meets it: made, it wraps its ``compute``
+    (``_wrap_compute``; the real one gathers the state from every rank there); called on a
+    batch (``forward``), it updates its state and returns the batch's own value, computed
+    (unsynchronised) inside the forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.right = self.seen = 0
+        self.compute = self._wrap_compute(self.compute)
+
+    def _wrap_compute(self, compute):
+        return lambda *args, **kwargs: compute(*args, **kwargs)
+
+    def forward(self, preds, target):
+        kept = (self.right, self.seen)
+        self.right = self.seen = 0
+        self.update(preds, target)
+        batch = self.compute()
+        self.right, self.seen = self.right + kept[0], self.seen + kept[1]
+        return batch
+
+    def update(self, preds, target):
+        self.right += int((preds.argmax(-1) == target).sum())
+        self.seen += len(target)
+
+    def compute(self):
+        return torch.tensor(self.right / self.seen)
+
+
+class MulticlassAccuracy(Metric):
+    pass
+
+
+class MeanSquaredError(Metric):
+    def compute(self):
+        return torch.tensor(0.5)
+
+
+def test_a_torchmetrics_accuracy_computed_after_an_evaluation_is_its_accuracy(inst, monkeypatch):
+    """Lightning Fabric's examples: ``Accuracy`` called on each evaluation batch (each call
+    computes the batch's own value), then ``compute()`` once the pass is over (every rank's
+    state gathered): that is the evaluation's accuracy, of the epoch training is in. Not
+    each batch's, not one computed after training and before the evaluation (a training
+    accuracy), not twice for the same pass, not another kind of metric's."""
+    fake_module(monkeypatch, "torchmetrics.metric", Metric=Metric)
+
+    class MetricLoggingLoop(EvaluationLoop):
+        """A Lightning validation whose module logs a torchmetrics accuracy: Lightning's
+        evaluation, reported as Lightning's, once."""
+
+        def run(self):
+            outputs = EvaluationLoop.run(self)
+            self.outputs[0]["val_acc"] = acc.compute()  # ``self.log("val_acc", self.acc)``
+            return outputs
+
+    fake_module(monkeypatch, instrument.LIGHTNING_LOOPS[0], _EvaluationLoop=MetricLoggingLoop)
+    clock = inst.fake_clock
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 3))  # torchmetrics followed from here
+    opt = timed_sgd(model.parameters(), clock)
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    train_acc, acc, mse = MulticlassAccuracy(), MulticlassAccuracy(), MeanSquaredError()
+    batches = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(3)]
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            for x, y in batches:
+                acc(model(x), y)  # the batch's own accuracy: no evaluation
+        model.train()
+        mse.compute()  # not an accuracy
+        return acc.compute()
+
+    for epoch in (1, 2):
+        sampler.set_epoch(epoch)
+        model.eval()
+        with torch.no_grad():
+            model(batches[0][0])  # a look at the model before training (no accuracy taken)
+        model.train()
+        for _, y in batches:
+            train_step(model, opt, clock)
+            train_acc.update(torch.randn(8, 3), y)
+        train_acc.compute()  # the training's, before any evaluation
+        value = evaluate()
+        assert acc.compute() == value  # computed again to print it: once
+        acc.right = acc.seen = 0
+    train_step(model, opt, clock)
+    acc.update(torch.randn(8, 3), batches[0][1])
+    MetricLoggingLoop(model, "validate", [{"val_loss": 0.5}]).run()
+    inst.flush()
+    evals = inst.fake.evals
+    assert [e["epoch"] for e in evals] == [1, 2, 2]
+    assert [e["loss"] for e in evals] == [None, None, 0.5]  # the last one Lightning's
+    assert 0.0 <= float(evals[0]["accuracy"]) <= 1.0
+    assert float(evals[1]["accuracy"]) == float(value)
+    instrument.uninstall()
+    assert "__wrapped__" not in Metric.__dict__["forward"].__dict__  # put back
+
+
 @pytest.mark.parametrize(
     ("names", "loss", "accuracy"),
     [
@@ -1246,7 +1346,7 @@ def test_wanted_only_under_ddptui_and_not_switched_off(env, wanted):
 
 
 @pytest.mark.slow
-def test_install_waits_for_the_script_to_import_torch_and_torch_dynamo(tmp_path):
+def test_install_waits_for_the_script_to_import_torch_and_what_it_follows(tmp_path):
     code = """
 import sys
 from ddptui.rank import instrument
@@ -1263,9 +1363,21 @@ assert "torch._dynamo" not in sys.modules, "attaching must not import torch.comp
 import torch._dynamo
 assert torch._dynamo.trace_rules.check_file(instrument.__file__).skipped
 assert torch._dynamo.trace_rules.check_file(instrument.ddptui.__file__).skipped
+assert not inst._torchmetrics_attached
+import torchmetrics.metric  # the script's metrics library, imported after torch
+assert inst._torchmetrics_attached
+assert torchmetrics.metric.Metric.forward.__wrapped__ is not None
 print("ok")
 """
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    metrics = tmp_path / "torchmetrics"  # a stand-in: torchmetrics is not a dependency
+    metrics.mkdir()
+    (metrics / "__init__.py").write_text("")
+    (metrics / "metric.py").write_text(
+        "class Metric:\n"
+        "    def _wrap_compute(self, compute):\n        return compute\n"
+        "    def forward(self, *args):\n        return None\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{os.getcwd()}{os.pathsep}{tmp_path}"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )

@@ -259,6 +259,8 @@ def install_rank(run_dir: str | None, rank: int) -> None:
 
 #: torch.compile's tracer: ddptui's code is put on its skip list once it is imported.
 _DYNAMO = "torch._dynamo"
+#: torchmetrics' base class: its accuracies computed after an evaluation are reported.
+_TORCHMETRICS = "torchmetrics.metric"
 
 
 class _TorchImportWatcher:
@@ -582,6 +584,12 @@ class Instrument:
         self._transformers_attached = False
         self._lightning_attached: set[str] = set()  # the Lightning packages followed
         self._evaluating = 0  # HF Trainer.evaluate calls under way, one inside another
+        self._lightning_running = 0  # Lightning evaluation loops under way
+        self._torchmetrics_attached = False
+        self._metric_forwards = 0  # torchmetrics forwards under way (a batch's own value)
+        #: An evaluation pass (a DDP module's forward not training) ended since the last
+        #: training forward, and no accuracy was taken from it yet (see _metric_computed).
+        self._evaluated = False
         #: The script reports its evaluations itself (``ddptui.log_eval``): none are taken
         #: from a framework's.
         self.explicit_eval = False
@@ -601,6 +609,7 @@ class Instrument:
             atexit.register(self._at_exit)
         steps = [
             self._attach_dynamo,
+            self._watch_torchmetrics,
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_backward,
@@ -617,14 +626,14 @@ class Instrument:
             except Exception as exc:  # an older/newer torch without this hook point
                 _warn(f"instrumentation: {attach.__name__[8:]} hooks unavailable ({exc})")
 
-    def _attach_dynamo(self, torch: Any) -> None:
-        """Have ``torch.compile`` leave ddptui's code alone: now if ``torch._dynamo`` is
-        loaded, else when the script (or torch, at its first optimizer) imports it."""
-        dynamo = sys.modules.get(_DYNAMO)
-        if dynamo is not None and hasattr(dynamo, "trace_rules"):
-            self._skip_in_dynamo(dynamo)
+    def _when_imported(self, name: str, on_loaded: Callable[[Any], None]) -> None:
+        """``on_loaded(module)`` now if module ``name`` is loaded, else right after the
+        script (or a library) imports it."""
+        module = sys.modules.get(name)
+        if module is not None:
+            on_loaded(module)
             return
-        watcher = _TorchImportWatcher(self._skip_in_dynamo, _DYNAMO)
+        watcher = _TorchImportWatcher(on_loaded, name)
         sys.meta_path.insert(0, watcher)
 
         def forget() -> None:
@@ -632,6 +641,11 @@ class Instrument:
                 sys.meta_path.remove(watcher)
 
         self._undo.append(forget)
+
+    def _attach_dynamo(self, torch: Any) -> None:
+        """Have ``torch.compile`` leave ddptui's code alone: now if ``torch._dynamo`` is
+        loaded, else when the script (or torch, at its first optimizer) imports it."""
+        self._when_imported(_DYNAMO, self._skip_in_dynamo)
 
     def _skip_in_dynamo(self, dynamo: Any) -> None:
         try:
@@ -900,7 +914,11 @@ class Instrument:
             def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
                 @functools.wraps(original)
                 def run(loop: Any, /, *args: Any, **kwargs: Any) -> Any:
-                    outputs = original(loop, *args, **kwargs)
+                    inst._lightning_running += 1
+                    try:
+                        outputs = original(loop, *args, **kwargs)
+                    finally:
+                        inst._lightning_running -= 1
                     stage = getattr(loop, "_stage", None)
                     trainer = getattr(loop, "trainer", None)
                     if getattr(stage, "value", stage) == "validate" and not getattr(
@@ -915,6 +933,85 @@ class Instrument:
                 self._patch(cls, "run", wrap(original))
             except Exception as exc:
                 _warn(f"instrumentation: Lightning's validations not followed ({exc})")
+
+    def _watch_torchmetrics(self, torch: Any) -> None:
+        """Follow torchmetrics from its import on, or now if it is loaded: a script often
+        makes its accuracy before its DDP module."""
+        self._when_imported(_TORCHMETRICS, lambda module: self._attach_torchmetrics())
+
+    def _attach_torchmetrics(self) -> None:
+        """torchmetrics' accuracies, computed after an evaluation pass: a ``Metric`` wraps
+        its ``compute`` when made (``Metric._wrap_compute``), and the wrapped compute gathers
+        the metric's state from every rank, so that each rank gets the same accuracy of the
+        whole evaluation set (Lightning Fabric's examples print it; see
+        :meth:`_metric_computed`). Attached when ``torchmetrics.metric`` is imported (it
+        imports torch first: every metric is made after), else with the other frameworks."""
+        if self._torchmetrics_attached:
+            return
+        module = sys.modules.get(_TORCHMETRICS)
+        cls = getattr(module, "Metric", None) if module is not None else None
+        wrap_compute = cls.__dict__.get("_wrap_compute") if isinstance(cls, type) else None
+        forward = cls.__dict__.get("forward") if isinstance(cls, type) else None
+        if not callable(wrap_compute) or not callable(forward):
+            return
+        self._torchmetrics_attached = True
+        inst = self
+
+        @functools.wraps(wrap_compute)
+        def _wrap_compute(metric: Any, compute: Callable[..., Any]) -> Callable[..., Any]:
+            wrapped = wrap_compute(metric, compute)
+
+            @functools.wraps(wrapped)
+            def computed(*args: Any, **kwargs: Any) -> Any:
+                value = wrapped(*args, **kwargs)
+                if inst._evaluated and not inst._metric_forwards:
+                    inst._metric_computed(metric, value)
+                return value
+
+            return computed
+
+        # ``metric(preds, target)`` computes the batch's own value (unsynchronised): a
+        # compute inside a forward is not the evaluation's.
+        @functools.wraps(forward)
+        def forward_counted(metric: Any, /, *args: Any, **kwargs: Any) -> Any:
+            inst._metric_forwards += 1
+            try:
+                return forward(metric, *args, **kwargs)
+            finally:
+                inst._metric_forwards -= 1
+
+        try:
+            self._patch(cls, "forward", forward_counted)
+            self._patch(cls, "_wrap_compute", _wrap_compute)
+        except Exception as exc:
+            _warn(f"instrumentation: torchmetrics' accuracies not followed ({exc})")
+
+    def _metric_computed(self, metric: Any, value: Any) -> None:
+        """A torchmetrics metric computed ``value`` after an evaluation pass and before the
+        next training forward: an accuracy (its class's name says so: ``Accuracy``,
+        ``MulticlassAccuracy``, ``BinaryAccuracy``…) with one value is that evaluation's
+        accuracy, of the epoch training is in; once per pass (a script that computes it
+        again to print it reports it once). Not inside the HF Trainer's or Lightning's own
+        evaluations (they are reported as theirs), nor once the script reports its own."""
+        if (
+            self.disabled
+            or self.explicit_eval
+            or self._evaluating
+            or self._lightning_running
+            or "Accuracy" not in type(metric).__name__
+        ):
+            return
+        try:
+            tensor = self.torch.Tensor
+            if isinstance(value, tensor):
+                if value.numel() != 1 or not value.is_floating_point():
+                    return
+            elif _plain_number(value) is None:
+                return
+            self._evaluated = False
+            self._framework_eval(None, value, {})
+        except Exception as exc:
+            self._fail(exc)
 
     def _lightning_validated(self, outputs: Any) -> None:
         """A Lightning validation returned ``outputs`` (a dict of logged numbers per loader):
@@ -1269,8 +1366,10 @@ class Instrument:
         if start:
             if self._eval_start is None:  # the pass's first forward
                 self._eval_start = now
-        elif self._eval_start is not None:
-            self._eval_end = now
+        else:
+            self._evaluated = True
+            if self._eval_start is not None:
+                self._eval_end = now
 
     def _forward_start(self, args: tuple, kwargs: dict, new_seg: str) -> None:
         if self._closure_now:
@@ -1289,6 +1388,7 @@ class Instrument:
         self._opt_depth = 0
         self._ddp_seen = True
         self._fwd_seen = True
+        self._evaluated = False  # a metric computed from here on is the training's
         if self._loader_epoch is not None:  # an accelerate loader's pass (_attach_accelerate)
             self._epoch = self._loader_epoch
         first = self._mark is None
@@ -1634,6 +1734,8 @@ class Instrument:
             self._attach_transformers()
         if len(self._lightning_attached) < len(LIGHTNING_LOOPS):
             self._attach_lightning()
+        if not self._torchmetrics_attached:
+            self._attach_torchmetrics()
 
     def _drain(self) -> bool:
         """The drainer thread's work: send the finished steps that can go. Returns whether
