@@ -1246,6 +1246,8 @@ def test_a_torchmetrics_accuracy_computed_after_an_evaluation_is_its_accuracy(in
     train_step(model, opt, clock)
     acc.update(torch.randn(8, 3), batches[0][1])
     MetricLoggingLoop(model, "validate", [{"val_loss": 0.5}]).run()
+    train_acc.update(torch.randn(8, 3), batches[0][1])
+    train_acc.compute()  # ``self.log("train_acc", …)`` at the epoch's end: the training's
     inst.flush()
     evals = inst.fake.evals
     assert [e["epoch"] for e in evals] == [1, 2, 2]

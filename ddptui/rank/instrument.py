@@ -879,6 +879,7 @@ class Instrument:
                 metrics = original(trainer, *args, **kwargs)
             finally:
                 inst._evaluating -= 1
+                inst._evaluated = False  # its pass is the Trainer's, reported as such
             if inst._evaluating == 0:  # several eval datasets: one call each, inside this one
                 prefix = kwargs.get("metric_key_prefix", args[2] if len(args) > 2 else "eval")
                 dataset = kwargs.get("eval_dataset", args[0] if args else None)
@@ -919,6 +920,7 @@ class Instrument:
                         outputs = original(loop, *args, **kwargs)
                     finally:
                         inst._lightning_running -= 1
+                        inst._evaluated = False  # its pass is Lightning's, reported as such
                     stage = getattr(loop, "_stage", None)
                     trainer = getattr(loop, "trainer", None)
                     if getattr(stage, "value", stage) == "validate" and not getattr(
@@ -991,8 +993,10 @@ class Instrument:
         next training forward: an accuracy (its class's name says so: ``Accuracy``,
         ``MulticlassAccuracy``, ``BinaryAccuracy``…) with one value is that evaluation's
         accuracy, of the epoch training is in; once per pass (a script that computes it
-        again to print it reports it once). Not inside the HF Trainer's or Lightning's own
-        evaluations (they are reported as theirs), nor once the script reports its own."""
+        again to print it reports it once). Not inside or after the HF Trainer's or
+        Lightning's own evaluations (they are reported as theirs; Lightning logs a training
+        accuracy at the epoch's end, after its validation), nor once the script reports its
+        own."""
         if (
             self.disabled
             or self.explicit_eval
