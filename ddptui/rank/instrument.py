@@ -939,9 +939,9 @@ class Instrument:
     def _watch_torchmetrics(self, torch: Any) -> None:
         """Follow torchmetrics from its import on, or now if it is loaded: a script often
         makes its accuracy before its DDP module."""
-        self._when_imported(_TORCHMETRICS, lambda module: self._attach_torchmetrics())
+        self._when_imported(_TORCHMETRICS, self._attach_torchmetrics)
 
-    def _attach_torchmetrics(self) -> None:
+    def _attach_torchmetrics(self, module: Any = None) -> None:
         """torchmetrics' accuracies, computed after an evaluation pass: a ``Metric`` wraps
         its ``compute`` when made (``Metric._wrap_compute``), and the wrapped compute gathers
         the metric's state from every rank, so that each rank gets the same accuracy of the
@@ -950,8 +950,9 @@ class Instrument:
         imports torch first: every metric is made after), else with the other frameworks."""
         if self._torchmetrics_attached:
             return
-        module = sys.modules.get(_TORCHMETRICS)
-        cls = getattr(module, "Metric", None) if module is not None else None
+        if module is None:
+            module = sys.modules.get(_TORCHMETRICS)
+        cls = getattr(module, "Metric", None)
         wrap_compute = cls.__dict__.get("_wrap_compute") if isinstance(cls, type) else None
         forward = cls.__dict__.get("forward") if isinstance(cls, type) else None
         if not callable(wrap_compute) or not callable(forward):
