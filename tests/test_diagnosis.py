@@ -440,6 +440,35 @@ def test_a_working_rank_whose_stack_moves_is_not_said_to_stand_in_one_place():
     _waiting_for_rank_0(state, 2.0, 30.0, rank0_digest=lambda t: f"d{t}")
     (waiting,) = Diagnoser(hang_timeout=10).check(state, 30.0)
     assert waiting.cause == "waiting" and "in one place" not in waiting.detail
+    # a short limit: the two beats' allowance never makes a moving stack one in one place
+    state = announced(2)
+    _waiting_for_rank_0(state, 2.0, 4.0, rank0_digest=lambda t: f"d{t}")
+    (waiting,) = Diagnoser(hang_timeout=2).check(state, 4.0)
+    assert waiting.cause == "waiting" and "in one place" not in waiting.detail
+
+
+def test_a_stack_in_one_place_is_read_to_the_beats_own_resolution():
+    """Each rank's stillness is read at its own beats, one a second (so up to a beat late at
+    the start and a beat early at the end). Rank 1 waits in an all-reduce from 1.0 s (its
+    beats at whole seconds: still for 5 s at 6.0); rank 0 spins in one loop from 1.0 s, but its
+    beats fall just before the whole seconds: its first in the loop at 1.95, its last at 4.95,
+    so its stack read still for 3 s, under three quarters of 5 s, though it stood in one place
+    as long as rank 1 did (.ci/run once saw the endless loop without "in one place" so)."""
+    state = announced(2)
+    for rank in (0, 1):
+        state.apply(step_event(rank, 1, None), now=0.5)
+    t = 1.0
+    while t <= 6.0 + 1e-9:
+        state.apply(beat(1, int(t * 10), "w", 1.0, waiting="all_reduce"), now=t)
+        t += 1.0
+    t = 0.95
+    while t <= 5.0:
+        digest = "step" if t < 1.0 else "spin"
+        state.apply(beat(0, int(t * 100), digest, t * 0.98, frame="spin (f.py:87)"), now=t)
+        t += 1.0
+    (waiting,) = Diagnoser(hang_timeout=5).check(state, 6.0)
+    assert waiting.cause == "waiting", waiting
+    assert "which works (at spin (f.py:87)), its stack in one place for 3 s" in waiting.detail
 
 
 def test_once_the_working_rank_stands_still_too_it_is_a_hang():

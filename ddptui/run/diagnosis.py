@@ -341,7 +341,10 @@ IDLE_CPU_SHARE = 0.02
 #: blocked in a collective moves nothing: a plain socket's traffic does not count) does no I/O.
 IDLE_IO_BYTES_PER_S = 64 * 1024
 #: The waiting note says the working rank's stack stood in one place when it did for at
-#: least this share of the time the waiting ranks stood still.
+#: least this share of the time the waiting ranks stood still, less two beats: each rank's
+#: stillness is read at its own beats, which may start a beat late and end a beat early (an
+#: endless loop read 3 s still beside a 5 s wait, .ci/run under load); and never under
+#: :data:`WAIT_STILL_BEATS` beats.
 STILL_TOO_SHARE = 0.75
 #: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
 BEAT_LATE = 3
@@ -522,7 +525,9 @@ def waiting_marks(
     )
 
 
-def _waiting_detail(state: Any, stuck: Mapping[int, Stuck], working: list[int]) -> str:
+def _waiting_detail(
+    state: Any, stuck: Mapping[int, Stuck], working: list[int], beat_s: float = BEAT_S
+) -> str:
     """The waiting note's text, e.g. ``ranks 1, 2 stood still for 75 s (in barrier), waiting
     for rank 0, which works (at save (train.py:120)): not a hang while it does``; when the
     working rank's own stack stood in one place as long, the note says that too."""
@@ -536,7 +541,7 @@ def _waiting_detail(state: Any, stuck: Mapping[int, Stuck], working: list[int]) 
     # the two are measured at their own beats): one long call (a checkpoint pickled in one
     # go) or a loop that never ends look alike from here; say so.
     still = view.still_for or 0.0
-    if still >= STILL_TOO_SHARE * first.seconds:
+    if still >= max(STILL_TOO_SHARE * first.seconds - 2 * beat_s, WAIT_STILL_BEATS * beat_s):
         at += (
             f", its stack in one place for {still:.0f} s (one long call, or a loop that never ends)"
         )
