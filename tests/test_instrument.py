@@ -1258,6 +1258,75 @@ def test_a_torchmetrics_accuracy_computed_after_an_evaluation_is_its_accuracy(in
     assert "__wrapped__" not in Metric.__dict__["forward"].__dict__  # put back
 
 
+def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(inst):
+    """PyTorch Ignite (its CIFAR-10 example): at each epoch's end the trainer's handler runs
+    one evaluator over the training loader, then one over the test loader, each with
+    ``Accuracy`` and ``Loss`` attached (all-reduced when the run completes). The test set's
+    are the epoch's evaluation; the training set's are not one, during training or after it;
+    a metric of several values (per-class precision) is no number to report."""
+    from ignite.engine import Engine, Events
+    from ignite.metrics import Accuracy, Loss, Precision
+
+    clock = inst.fake_clock
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 3))
+    opt = timed_sgd(model.parameters(), clock)
+    criterion = torch.nn.CrossEntropyLoss()
+    data = torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randint(0, 3, (24,)))
+    sampler = torch.utils.data.distributed.DistributedSampler(data, num_replicas=1, rank=0)
+    train_loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
+    test_loader = torch.utils.data.DataLoader(data, batch_size=12)
+
+    def train(engine, batch):
+        x, y = batch
+        model.train()
+        loss = criterion(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    def evaluate(engine, batch):
+        model.eval()
+        with torch.no_grad():
+            return model(batch[0]), batch[1]
+
+    trainer = Engine(train)
+    evaluators = []
+    for _ in ("train", "test"):
+        evaluator = Engine(evaluate)
+        Accuracy().attach(evaluator, "Accuracy")
+        Loss(criterion).attach(evaluator, "Loss")
+        Precision().attach(evaluator, "Precision")
+        evaluators.append(evaluator)
+    on_train, on_test = evaluators
+    seen = []
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def set_epoch(engine):
+        sampler.set_epoch(engine.state.epoch - 1)
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def validate(engine):
+        on_train.run(train_loader)
+        seen.append(dict(on_test.run(test_loader).metrics))
+
+    trainer.run(train_loader, max_epochs=2)
+    on_train.run(train_loader)  # after training: still the training set
+    inst.flush()
+    evals = inst.fake.evals
+    assert [e["epoch"] for e in evals] == [0, 1], evals
+    for e, metrics in zip(evals, seen, strict=True):
+        assert e["accuracy"] == metrics["Accuracy"] and e["loss"] == metrics["Loss"]
+        assert set(e) <= {"epoch", "accuracy", "loss"}, e  # no precision per class
+    seen.append(dict(on_test.run(test_loader).metrics))  # after training, the test set
+    inst.flush()
+    assert [e["epoch"] for e in inst.fake.evals] == [0, 1, 1]
+    assert inst.fake.evals[-1]["accuracy"] == seen[-1]["Accuracy"]
+    instrument.uninstall()
+    assert "__wrapped__" not in Engine.__dict__["run"].__dict__  # put back
+
+
 @pytest.mark.parametrize(
     ("names", "loss", "accuracy"),
     [

@@ -261,6 +261,10 @@ def install_rank(run_dir: str | None, rank: int) -> None:
 _DYNAMO = "torch._dynamo"
 #: torchmetrics' base class: its accuracies computed after an evaluation are reported.
 _TORCHMETRICS = "torchmetrics.metric"
+#: PyTorch Ignite's engine: the metrics of an evaluator's run are reported.
+_IGNITE = "ignite.engine.engine"
+#: Most datasets of ignite engines that trained remembered (see Instrument._ignite_ran).
+MAX_IGNITE_TRAINED = 64
 
 
 class _TorchImportWatcher:
@@ -587,6 +591,12 @@ class Instrument:
         self._lightning_running = 0  # Lightning evaluation loops under way
         self._torchmetrics_attached = False
         self._metric_forwards = 0  # torchmetrics forwards under way (a batch's own value)
+        self._ignite_attached = False
+        #: The data of the ignite ``Engine.run`` calls under way, outermost first; and the
+        #: ids of the data of those that ran training steps.
+        self._ignite_runs: list[Any] = []
+        self._ignite_trained: set[int] = set()
+        self._steps_ended = 0  # training steps ended in this process
         #: An evaluation pass (a DDP module's forward not training) ended since the last
         #: training forward, and no accuracy was taken from it yet (see _metric_computed).
         self._evaluated = False
@@ -610,6 +620,7 @@ class Instrument:
         steps = [
             self._attach_dynamo,
             self._watch_torchmetrics,
+            self._watch_ignite,
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_backward,
@@ -1015,6 +1026,83 @@ class Instrument:
                 return
             self._evaluated = False
             self._framework_eval(None, value, {})
+        except Exception as exc:
+            self._fail(exc)
+
+    def _watch_ignite(self, torch: Any) -> None:
+        """Follow PyTorch Ignite's engines from its import on, or now if it is loaded."""
+        self._when_imported(_IGNITE, self._attach_ignite)
+
+    def _attach_ignite(self, module: Any = None) -> None:
+        """PyTorch Ignite's evaluations: a script makes an evaluator ``Engine`` and runs it
+        (``evaluator.run(val_loader)``), usually from a handler of its trainer's epoch end;
+        the metrics attached to it (``Accuracy``, ``Loss``) are all-reduced over the ranks
+        when the run completes and left in ``engine.state.metrics``, the same on each rank
+        (see :meth:`_ignite_ran`). Attached when ``ignite.engine.engine`` is imported, else
+        with the other frameworks."""
+        if self._ignite_attached:
+            return
+        if module is None:
+            module = sys.modules.get(_IGNITE)
+        cls = getattr(module, "Engine", None)
+        original = cls.__dict__.get("run") if isinstance(cls, type) else None
+        if not callable(original):
+            return
+        self._ignite_attached = True
+        inst = self
+
+        @functools.wraps(original)
+        def run(engine: Any, /, *args: Any, **kwargs: Any) -> Any:
+            data = kwargs.get("data", args[0] if args else None)
+            before = inst._steps_ended
+            inst._ignite_runs.append(data)
+            try:
+                state = original(engine, *args, **kwargs)
+            finally:
+                inst._ignite_runs.pop()
+            inst._ignite_ran(engine, data, before)
+            return state
+
+        try:
+            self._patch(cls, "run", run)
+        except Exception as exc:
+            _warn(f"instrumentation: ignite's evaluations not followed ({exc})")
+
+    def _ignite_ran(self, engine: Any, data: Any, before: int) -> None:
+        """An ignite engine's run over ``data`` completed. One that ended training steps is
+        a trainer: its data is training data from then on. One that ended none, after an
+        evaluation pass (a DDP module's forwards not training), is an evaluator: its metrics
+        (the ones :func:`_metric_named` finds a loss and an accuracy, the other numbers as
+        extras) are an evaluation of the epoch training is in; unless it ran over training
+        data (the data of a trainer running around it, or of one that ran before: ignite's
+        CIFAR-10 example evaluates its training set too, then its test set), or the script
+        reports evaluations itself."""
+        if self.disabled:
+            return
+        try:
+            if self._steps_ended != before:
+                if data is not None and len(self._ignite_trained) < MAX_IGNITE_TRAINED:
+                    self._ignite_trained.add(id(data))
+                return
+            evaluated, self._evaluated = self._evaluated, False
+            if not evaluated or self.explicit_eval:
+                return
+            if data is not None and (
+                id(data) in self._ignite_trained or any(d is data for d in self._ignite_runs)
+            ):
+                return
+            metrics = getattr(getattr(engine, "state", None), "metrics", None)
+            if not isinstance(metrics, dict):
+                return
+            tensor = self.torch.Tensor
+            numbers = {str(k): v for k, v in metrics.items() if _logged_scalar(v, tensor)}
+            loss_name = _metric_named(numbers, LOSS_WORDS)
+            accuracy_name = _metric_named(numbers, ACCURACY_WORDS)
+            if loss_name is None and accuracy_name is None:
+                return
+            loss = numbers.pop(loss_name) if loss_name is not None else None
+            accuracy = numbers.pop(accuracy_name) if accuracy_name is not None else None
+            self._framework_eval(loss, accuracy, numbers)
         except Exception as exc:
             self._fail(exc)
 
@@ -1678,6 +1766,7 @@ class Instrument:
                     event.record(self.torch.cuda.current_stream(on_gpu[-1]))
                     read = LossRead(event, copies, phases, scale)
         self._acc = _NO_PHASES.copy()
+        self._steps_ended += 1
         if custom:
             self._custom = {}
         # With DDP, its training forwards' samples, but no more than the batches the step
@@ -1741,6 +1830,8 @@ class Instrument:
             self._attach_lightning()
         if not self._torchmetrics_attached:
             self._attach_torchmetrics()
+        if not self._ignite_attached:
+            self._attach_ignite()
 
     def _drain(self) -> bool:
         """The drainer thread's work: send the finished steps that can go. Returns whether
