@@ -244,6 +244,56 @@ def test_workers_that_meet_at_torchruns_endpoint_train_under_ddptuis_torchrun(tm
     assert sum('"kind":"step"' in line for line in events) == 6  # 3 steps x 2 workers
 
 
+SHARING_SCRIPT = """
+import os
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+
+def work(index, out):
+    with open(os.path.join(out, f"worker-{index}"), "w") as f:
+        f.write(f"{torch.get_num_threads()} {os.environ.get('OMP_NUM_THREADS')}")
+
+
+if __name__ == "__main__":
+    mp.start_processes(work, args=(sys.argv[1],), nprocs=2, start_method=sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_the_workers_a_rank_spawns_share_its_threads(tmp_path, method):
+    """A one-rank run whose script spawns two workers (ignite's ``--nproc_per_node 2``,
+    pytorch/examples' ``multigpu.py``): the rank's threads (``DDPTUI_THREADS=4`` here) are
+    split between them, 2 each, whether they are spawned (they read ``OMP_NUM_THREADS`` as
+    they import torch) or forked (they had the spawner's torch threads). They took 4 each,
+    and on two cores ignite's CIFAR-10 example ran 8 times slower than under ``python``."""
+    from tests.helpers import processes_of_run
+
+    script = tmp_path / "share.py"
+    script.write_text(SHARING_SCRIPT)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ddptui.console", "--no-ui", "--launcher", "spawn"]
+    cmd += ["--script", str(script), "--world-size", "1", "--run-dir", str(run_dir)]
+    cmd += ["--", str(tmp_path), method]
+    env = {**os.environ, "DDPTUI_THREADS": "4", "OMP_NUM_THREADS": "4"}
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=150, cwd=tmp_path, env=env
+        )
+    finally:
+        config = run_dir / "config.json"
+        run_id = json.loads(config.read_text())["run_id"] if config.is_file() else None
+        for leftover in processes_of_run(run_id) if run_id else []:
+            leftover.kill()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for index in (0, 1):
+        assert (tmp_path / f"worker-{index}").read_text() == "2 2"
+
+
 # -- a spawner waiting for its workers' group ----------------------------------------------------
 def note_spawned(workers, rank=0, seq=1):
     return protocol.Note(run="r", rank=rank, t=0.0, seq=seq, code="spawned", workers=workers)
@@ -305,3 +355,17 @@ def test_the_spawner_says_how_many_workers_it_spawned_then_goes_quiet(monkeypatc
     fake.calls.clear()
     spawned.became_spawner("2")  # not a count: no note, still quiet
     assert fake.calls == [("beat stopped",), ("mute",)]
+
+
+@pytest.mark.parametrize(
+    ("workers", "threads"), [(3, "2"), (8, "1"), (20, "1"), (0, "8"), (True, "8"), ("2", "8")]
+)
+def test_a_spawners_threads_are_split_among_its_workers_at_least_one_each(
+    monkeypatch, workers, threads
+):
+    from ddptui.rank import spawned
+
+    monkeypatch.setenv("DDPTUI_THREADS", "8")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    spawned.share_threads(workers)  # no count of workers (0, a bool, a string): left alone
+    assert os.environ["OMP_NUM_THREADS"] == os.environ["DDPTUI_THREADS"] == threads

@@ -31,3 +31,10 @@ def threads_per_rank(local_world_size: int, environ: dict[str, str] | None = Non
     if explicit.isdigit() and int(explicit) > 0:
         return min(int(explicit), 4096)
     return max(1, usable_cpus() // max(1, local_world_size))
+
+
+def threads_for_workers(workers: int, environ: dict[str, str] | None = None) -> int:
+    """CPU threads for each of ``workers`` processes that a rank spawns itself (a script's
+    ``mp.spawn``, which then only waits): the rank's own share (:func:`threads_per_rank` of
+    one, ``DDPTUI_THREADS`` as the rank entry set it) split among them, at least one each."""
+    return max(1, threads_per_rank(1, environ) // max(1, workers))

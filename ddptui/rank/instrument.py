@@ -1297,6 +1297,7 @@ class Instrument:
                 # start_processes(fn, args=(), nprocs=1, ...): mp.spawn passes it by position
                 nprocs = kwargs.get("nprocs", args[1] if len(args) > 1 else 1)
                 spawned.became_spawner(nprocs)
+                spawned.share_threads(nprocs)
             return original(target, *args, **kwargs)
 
         self._patch(spawn_module, "start_processes", start_processes)
