@@ -205,8 +205,37 @@ def test_more_cuda_ranks_than_gpus_is_refused_whatever_the_backend(
 
 
 def device_env(cfg):
-    """The rank environment but the Flight Recorder's size (tested in test_flight.py)."""
-    return {k: v for k, v in cfg.rank_environment().items() if k != "TORCH_FR_BUFFER_SIZE"}
+    """The rank environment but the Flight Recorder's size (tested in test_flight.py) and
+    the threads (below)."""
+    skip = ("TORCH_FR_BUFFER_SIZE", "DDPTUI_THREADS")
+    return {k: v for k, v in cfg.rank_environment().items() if k not in skip}
+
+
+@pytest.mark.parametrize(
+    ("omp", "ddptui", "threads"),
+    [
+        ("3", None, "3"),  # the user's OMP_NUM_THREADS, as torchrun keeps it
+        (" 03 ", None, "3"),
+        ("3", "5", None),  # DDPTUI_THREADS wins (the ranks inherit it)
+        (None, None, None),  # each rank's share of the cores
+        ("0", None, None),
+        ("-1", None, None),
+        ("1e400", None, None),
+        ("4097", None, None),
+        ("", None, None),
+        ("٣", None, None),  # a digit, but not ASCII
+    ],
+)
+def test_the_users_omp_num_threads_is_each_ranks_threads(
+    tmp_path, monkeypatch, omp, ddptui, threads
+):
+    for name, value in (("OMP_NUM_THREADS", omp), ("DDPTUI_THREADS", ddptui)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    cfg = build_config({"device": "cpu", "run_dir": str(tmp_path)}, FOUR_GPUS)
+    assert cfg.rank_environment().get("DDPTUI_THREADS") == threads
 
 
 def test_device_cpu_on_a_gpu_machine_runs_gloo_cpu_ranks(tmp_path):

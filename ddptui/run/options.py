@@ -22,6 +22,7 @@ from ddptui.constants import (
     DEFAULT_CPU_WORLD_SIZE,
     DEVICE_ENV,
     NO_INSTRUMENT_ENV,
+    THREADS_ENV,
 )
 from ddptui.rank.flight_recorder import BUFFER_ENV as FR_BUFFER_ENV
 from ddptui.rank.flight_recorder import DEFAULT_BUFFER as FR_DEFAULT_BUFFER
@@ -164,9 +165,20 @@ class RunConfig:
         runs with ``--device cuda`` (or ``auto``). ``--no-instrument`` sets
         ``DDPTUI_NO_INSTRUMENT=1`` (the rank entry then installs no zero-code hooks).
         Collectives are recorded by torch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``, unless
-        the user set it); ``--no-flight-recorder`` sets it to 0.
+        the user set it); ``--no-flight-recorder`` sets it to 0. The user's own
+        ``OMP_NUM_THREADS`` (a whole number, 1 to 4096) is each rank's threads, as under
+        torchrun, unless ``DDPTUI_THREADS`` says otherwise: the launchers and the rank entry
+        otherwise set every rank to its share of the cores.
         """
         env = {DEVICE_ENV: self.device}
+        omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+        if (
+            THREADS_ENV not in os.environ
+            and omp.isascii()
+            and omp.isdigit()
+            and 0 < int(omp) <= 4096
+        ):
+            env[THREADS_ENV] = str(int(omp))
         if self.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         if not self.instrument:
