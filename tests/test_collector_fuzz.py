@@ -86,7 +86,7 @@ def test_hostile_messages_during_a_real_run_change_nothing(tmp_path):
     assert state.steps_per_epoch
     for view in state.ranks.values():
         assert view.state == "finished"
-        assert view.step == state.steps_per_epoch and view.epochs_done == 1
+        assert view.step == state.steps_per_epoch and view.ended_epoch == 1
         assert view.gaps == 0 and view.reporter_dropped == 0
     assert stats.received == state.events_applied
     assert state.events_applied - len(beats) == sum(v.last_seq + 1 for v in state.ranks.values())

@@ -176,7 +176,8 @@ class RankView:
     #: The first implausible seq jump (from, to): counted as one gap, not as that many drops.
     seq_jump: tuple[int, int] | None = None
     reporter_dropped: int = 0
-    epochs_done: int = 0
+    #: The last epoch this rank ended (its ``epoch_end``); None before it ended one.
+    ended_epoch: int | None = None
     attempt: int = 0  # the attempt this rank's latest events came from
     step_offset: int = 0  # steps of earlier attempts (series continue across attempts)
     loss_series: deque[tuple[int, float]] = field(
@@ -336,6 +337,10 @@ class RunState:
         self.evals: dict[tuple[int | None, int], EvalPoint] = {}
         self._eval_index = EvalIndex()
         self.steps_per_epoch: int | None = None
+        #: The number of the run's first epoch: 1 (the built-in trainers), or 0 once a rank
+        #: steps in an epoch 0 (``for epoch in range(epochs): sampler.set_epoch(epoch)``,
+        #: most public scripts): the epochs before epoch ``e`` are ``e - epoch_base``.
+        self.epoch_base = 1
         self.started_at: float | None = None
         self.first_step_at: float | None = None  # training time starts here (not start-up)
         #: Progress when the first step arrived: > 0 after --resume (epochs done before).
@@ -405,7 +410,7 @@ class RunState:
         view.error = view.traceback = None
         view.epoch = None
         view.steps_in_epoch = 0
-        view.epochs_done = 0
+        view.ended_epoch = None
         view.samples_per_s = None
         view.recent_step_times.clear()
 
@@ -487,6 +492,8 @@ class RunState:
         if ev.epoch is not None and ev.epoch != view.epoch:
             view.epoch = ev.epoch
             view.steps_in_epoch = 0
+            if ev.epoch == 0:
+                self.epoch_base = 0
         view.steps_in_epoch += 1
         view.step = view.step_offset + ev.step
         view.samples_total += ev.samples
@@ -571,7 +578,8 @@ class RunState:
                 del self.evals[min(self.evals, key=_eval_order)]
 
     def _on_epochend(self, view: RankView, ev: protocol.EpochEnd, now: float) -> None:
-        view.epochs_done = max(view.epochs_done, ev.epoch)
+        if view.ended_epoch is None or ev.epoch > view.ended_epoch:
+            view.ended_epoch = ev.epoch
         if self.steps_per_epoch is None and view.steps_in_epoch:
             self.steps_per_epoch = view.steps_in_epoch
 
@@ -679,9 +687,9 @@ class RunState:
         if not views:
             return 0.0
         slowest = min(views, key=lambda v: (v.epoch, v.steps_in_epoch))
-        done = slowest.epoch - 1
-        if slowest.epochs_done >= slowest.epoch:
-            done = slowest.epoch
+        done = slowest.epoch - self.epoch_base  # the epochs before the one it is in
+        if slowest.ended_epoch is not None and slowest.ended_epoch >= slowest.epoch:
+            done += 1
         elif self.steps_per_epoch:
             done += min(slowest.steps_in_epoch / self.steps_per_epoch, 1.0)
         return max(0.0, min(done / self.epochs, 1.0))

@@ -618,7 +618,8 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS, per_rank: bool = T
         ),
         no_eval=not state.evals
         and any(
-            v.epochs_done or (state.outcome == "finished" and v.step) for v in state.ranks.values()
+            v.ended_epoch is not None or (state.outcome == "finished" and v.step)
+            for v in state.ranks.values()
         ),
         epochs=state.epochs,
         restarts=tuple(float(a.first_step) for a in state.attempts[1:]),
