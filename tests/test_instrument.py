@@ -1259,11 +1259,13 @@ def test_a_torchmetrics_accuracy_computed_after_an_evaluation_is_its_accuracy(in
 
 
 def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(inst):
-    """PyTorch Ignite (its CIFAR-10 example): at each epoch's end the trainer's handler runs
-    one evaluator over the training loader, then one over the test loader, each with
-    ``Accuracy`` and ``Loss`` attached (all-reduced when the run completes). The test set's
-    are the epoch's evaluation; the training set's are not one, during training or after it;
-    a metric of several values (per-class precision) is no number to report."""
+    """PyTorch Ignite (its CIFAR-10 example and ImageNet reference): at each epoch's end the
+    trainer's handler runs evaluators with ``Accuracy`` and ``Loss`` attached (all-reduced
+    when the run completes): over the training loader itself, over a ``Subset`` of the
+    training set, then over the validation set, the other part of a ``random_split`` of one
+    dataset. The validation set's are the epoch's evaluation; the training set's are not
+    one, during training or after it; a metric of several values (per-class precision) is no
+    number to report."""
     from ignite.engine import Engine, Events
     from ignite.metrics import Accuracy, Loss, Precision
 
@@ -1272,10 +1274,16 @@ def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(ins
     model = DistributedDataParallel(torch.nn.Linear(4, 3))
     opt = timed_sgd(model.parameters(), clock)
     criterion = torch.nn.CrossEntropyLoss()
-    data = torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randint(0, 3, (24,)))
-    sampler = torch.utils.data.distributed.DistributedSampler(data, num_replicas=1, rank=0)
-    train_loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
-    test_loader = torch.utils.data.DataLoader(data, batch_size=12)
+    full = torch.utils.data.TensorDataset(torch.randn(36, 4), torch.randint(0, 3, (36,)))
+    train_ds, val_ds = torch.utils.data.random_split(full, [24, 12])
+    sampler = torch.utils.data.distributed.DistributedSampler(train_ds, num_replicas=1, rank=0)
+    train_loader = torch.utils.data.DataLoader(train_ds, batch_size=8, sampler=sampler)
+    part = torch.utils.data.Subset(train_ds, range(12))
+    loaders = {
+        "train": train_loader,
+        "train part": torch.utils.data.DataLoader(part, batch_size=12),
+        "val": torch.utils.data.DataLoader(val_ds, batch_size=12),
+    }
 
     def train(engine, batch):
         x, y = batch
@@ -1292,14 +1300,12 @@ def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(ins
             return model(batch[0]), batch[1]
 
     trainer = Engine(train)
-    evaluators = []
-    for _ in ("train", "test"):
-        evaluator = Engine(evaluate)
+    evaluators = {}
+    for name in loaders:
+        evaluator = evaluators[name] = Engine(evaluate)
         Accuracy().attach(evaluator, "Accuracy")
         Loss(criterion).attach(evaluator, "Loss")
         Precision().attach(evaluator, "Precision")
-        evaluators.append(evaluator)
-    on_train, on_test = evaluators
     seen = []
 
     @trainer.on(Events.EPOCH_STARTED)
@@ -1308,18 +1314,21 @@ def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(ins
 
     @trainer.on(Events.EPOCH_COMPLETED)
     def validate(engine):
-        on_train.run(train_loader)
-        seen.append(dict(on_test.run(test_loader).metrics))
+        for name, evaluator in evaluators.items():
+            state = evaluator.run(loaders[name])
+            if name == "val":
+                seen.append(dict(state.metrics))
 
     trainer.run(train_loader, max_epochs=2)
-    on_train.run(train_loader)  # after training: still the training set
+    for name in ("train", "train part"):  # after training: still the training set
+        evaluators[name].run(loaders[name])
     inst.flush()
     evals = inst.fake.evals
     assert [e["epoch"] for e in evals] == [0, 1], evals
     for e, metrics in zip(evals, seen, strict=True):
         assert e["accuracy"] == metrics["Accuracy"] and e["loss"] == metrics["Loss"]
         assert set(e) <= {"epoch", "accuracy", "loss"}, e  # no precision per class
-    seen.append(dict(on_test.run(test_loader).metrics))  # after training, the test set
+    seen.append(dict(evaluators["val"].run(loaders["val"]).metrics))  # after training
     inst.flush()
     assert [e["epoch"] for e in inst.fake.evals] == [0, 1, 1]
     assert inst.fake.evals[-1]["accuracy"] == seen[-1]["Accuracy"]

@@ -265,6 +265,9 @@ _TORCHMETRICS = "torchmetrics.metric"
 _IGNITE = "ignite.engine.engine"
 #: Most datasets of ignite engines that trained remembered (see Instrument._ignite_ran).
 MAX_IGNITE_TRAINED = 64
+#: How far down an evaluator's data is followed to the datasets it reads (its loader's
+#: dataset, a Subset's, ...) to find a trainer's dataset.
+MAX_DATA_DEPTH = 4
 
 
 class _TorchImportWatcher:
@@ -593,7 +596,7 @@ class Instrument:
         self._metric_forwards = 0  # torchmetrics forwards under way (a batch's own value)
         self._ignite_attached = False
         #: The data of the ignite ``Engine.run`` calls under way, outermost first; and the
-        #: ids of the data of those that ran training steps.
+        #: ids of the data (and datasets) of those that ran training steps.
         self._ignite_runs: list[Any] = []
         self._ignite_trained: set[int] = set()
         self._steps_ended = 0  # training steps ended in this process
@@ -1074,21 +1077,24 @@ class Instrument:
         evaluation pass (a DDP module's forwards not training), is an evaluator: its metrics
         (the ones :func:`_metric_named` finds a loss and an accuracy, the other numbers as
         extras) are an evaluation of the epoch training is in; unless it ran over training
-        data (the data of a trainer running around it, or of one that ran before: ignite's
-        CIFAR-10 example evaluates its training set too, then its test set), or the script
-        reports evaluations itself."""
+        data: the loader of a trainer running around it or of one that ran before (ignite's
+        CIFAR-10 example evaluates its training set too, then its test set), or data drawn
+        from that loader's dataset (a ``Subset`` of it: ignite's ImageNet reference). Not two
+        ``random_split`` parts of one dataset: the training part is the trainer's dataset, and
+        the validation part no subset of it. Nor when the script reports evaluations itself."""
         if self.disabled:
             return
         try:
             if self._steps_ended != before:
-                if data is not None and len(self._ignite_trained) < MAX_IGNITE_TRAINED:
-                    self._ignite_trained.add(id(data))
+                if len(self._ignite_trained) < MAX_IGNITE_TRAINED:
+                    self._ignite_trained |= _data_keys(data, 1)
                 return
             evaluated, self._evaluated = self._evaluated, False
             if not evaluated or self.explicit_eval:
                 return
-            if data is not None and (
-                id(data) in self._ignite_trained or any(d is data for d in self._ignite_runs)
+            keys = _data_keys(data, MAX_DATA_DEPTH)
+            if keys & self._ignite_trained or any(
+                keys & _data_keys(around, 1) for around in self._ignite_runs
             ):
                 return
             metrics = getattr(getattr(engine, "state", None), "metrics", None)
@@ -2154,6 +2160,18 @@ def _logged_scalar(value: Any, tensor: type) -> bool:
     if isinstance(value, tensor):
         return value.numel() == 1
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _data_keys(data: Any, depth: int) -> set[int]:
+    """The ids of an engine's ``data`` and of the datasets it reads from, ``depth`` levels
+    down (a DataLoader's ``dataset``, a ``Subset``'s)."""
+    keys: set[int] = set()
+    for _ in range(depth + 1):
+        if data is None:
+            break
+        keys.add(id(data))
+        data = getattr(data, "dataset", None)
+    return keys
 
 
 def _plain_number(value: Any) -> int | float | None:
