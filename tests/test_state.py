@@ -231,6 +231,33 @@ def test_progress_and_eta_of_a_script_that_counts_epochs_from_0():
     assert s.progress() == pytest.approx(1.0)
 
 
+def test_an_evaluation_in_the_middle_of_an_epoch_does_not_end_it():
+    """The HF Trainer's ``eval_steps``: an evaluation every 25 steps of 100-step epochs, each
+    closing the reporter's epoch (an ``epoch_end``) though more steps of it follow. Read as
+    the epoch's end, progress said the first of two epochs was done after its 25th step (and
+    an epoch 25 steps long): the ETA of a run 8 times longer. Once a step follows an end in
+    the same epoch, an end says nothing: an epoch is done when its steps go on in the next
+    one, and its length is that of an epoch whose next one began."""
+    s = RunState("r", 1, epochs=2)
+    seq = 0
+    for epoch in (0, 1):
+        for i in range(1, 101):
+            seq += 1
+            s.apply(step(0, seq, epoch * 100 + i, 0.0, epoch=epoch), now=float(seq))
+            if i % 25 == 0:
+                seq += 1
+                end = ev(protocol.EpochEnd, 0, seq, 0.0, epoch=epoch, time=1.0, samples=250)
+                s.apply(end, now=float(seq))
+            if epoch == 0 and i == 26:  # steps on after an end: it was no end
+                assert s.progress() == 0.0  # how long an epoch is: not known yet
+            if epoch == 0 and i == 50:
+                assert s.progress() == 0.0
+            if epoch == 1 and i == 50:
+                assert s.steps_per_epoch == 100
+                assert s.progress() == pytest.approx(0.75)
+    assert s.progress() == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize(
     ("times", "flagged"),
     [

@@ -337,6 +337,13 @@ class RunState:
         self.evals: dict[tuple[int | None, int], EvalPoint] = {}
         self._eval_index = EvalIndex()
         self.steps_per_epoch: int | None = None
+        #: Where :attr:`steps_per_epoch` came from: ``plan`` (a rank announced it), ``end`` (a
+        #: rank's steps when it ended its first epoch: an evaluation in the middle of an epoch
+        #: ends it too, so this one may be undone), ``next`` (an epoch whose next one began).
+        self._epoch_steps_from: str | None = None
+        #: A rank stepped on in an epoch it had ended: its evaluations end its epochs (the HF
+        #: Trainer's ``eval_steps``), so an epoch's end says nothing of its length or progress.
+        self.ends_mid_epoch = False
         #: The number of the run's first epoch: 1 (the built-in trainers), or 0 once a rank
         #: steps in an epoch 0 (``for epoch in range(epochs): sampler.set_epoch(epoch)``,
         #: most public scripts): the epochs before epoch ``e`` are ``e - epoch_base``.
@@ -480,8 +487,8 @@ class RunState:
             view.reporter_dropped = ev.dropped
         if ev.epochs and not self.epochs:
             self.epochs = ev.epochs
-        if ev.steps_per_epoch and not self.steps_per_epoch:
-            self.steps_per_epoch = ev.steps_per_epoch
+        if ev.steps_per_epoch and self._epoch_steps_from != "plan":
+            self.steps_per_epoch, self._epoch_steps_from = ev.steps_per_epoch, "plan"
 
     def _on_step(self, view: RankView, ev: protocol.Step, now: float) -> None:
         if self.first_step_at is None:
@@ -490,10 +497,14 @@ class RunState:
         if view.state == "pending":
             view.state = "started"
         if ev.epoch is not None and ev.epoch != view.epoch:
+            if view.epoch is not None and view.steps_in_epoch:
+                self._epoch_went_on(view.steps_in_epoch)
             view.epoch = ev.epoch
             view.steps_in_epoch = 0
             if ev.epoch == 0:
                 self.epoch_base = 0
+        elif ev.epoch is not None and ev.epoch == view.ended_epoch:
+            self._epoch_reopened(view)
         view.steps_in_epoch += 1
         view.step = view.step_offset + ev.step
         view.samples_total += ev.samples
@@ -580,8 +591,25 @@ class RunState:
     def _on_epochend(self, view: RankView, ev: protocol.EpochEnd, now: float) -> None:
         if view.ended_epoch is None or ev.epoch > view.ended_epoch:
             view.ended_epoch = ev.epoch
-        if self.steps_per_epoch is None and view.steps_in_epoch:
-            self.steps_per_epoch = view.steps_in_epoch
+        if self.steps_per_epoch is None and view.steps_in_epoch and not self.ends_mid_epoch:
+            self.steps_per_epoch, self._epoch_steps_from = view.steps_in_epoch, "end"
+
+    def _epoch_went_on(self, steps: int) -> None:
+        """A rank stepped into its next epoch after ``steps`` steps of the last: that is an
+        epoch's length (the longest so far: a run resumed in the middle of one begins with
+        fewer), unless a rank announced it."""
+        if self._epoch_steps_from == "plan":
+            return
+        if self._epoch_steps_from != "next" or steps > (self.steps_per_epoch or 0):
+            self.steps_per_epoch, self._epoch_steps_from = steps, "next"
+
+    def _epoch_reopened(self, view: RankView) -> None:
+        """``view`` steps on in an epoch it ended (an evaluation in its middle ended it): the
+        epoch was not as short as it then was, and the ends of epochs say nothing from now
+        on (see :attr:`ends_mid_epoch`)."""
+        self.ends_mid_epoch = True
+        if self._epoch_steps_from == "end":
+            self.steps_per_epoch = self._epoch_steps_from = None
 
     def _on_note(self, view: RankView, ev: protocol.Note, now: float) -> None:
         if ev.code == "spawned":  # the process's own state, not a finding
@@ -688,7 +716,8 @@ class RunState:
             return 0.0
         slowest = min(views, key=lambda v: (v.epoch, v.steps_in_epoch))
         done = slowest.epoch - self.epoch_base  # the epochs before the one it is in
-        if slowest.ended_epoch is not None and slowest.ended_epoch >= slowest.epoch:
+        ended = slowest.ended_epoch
+        if ended is not None and ended >= slowest.epoch and not self.ends_mid_epoch:
             done += 1
         elif self.steps_per_epoch:
             done += min(slowest.steps_in_epoch / self.steps_per_epoch, 1.0)
