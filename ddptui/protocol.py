@@ -214,7 +214,7 @@ class NodeSample(Event, tag="node"):
 #: Largest world a run may grow to when a script spawns its own ranks (ddptui.rank.spawned).
 MAX_GROWN_WORLD = 1024
 #: What a note may be about (``Note.code``).
-NoteCode = Literal["sampler_epoch", "spawned"]
+NoteCode = Literal["sampler_epoch", "spawned", "loader_steps"]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
 NoteNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)]
@@ -230,12 +230,17 @@ class Note(Event, tag="note"):
     pass: every epoch shuffles in the same order.
 
     ``spawned``: this process spawned ``workers`` workers (``torch.multiprocessing``); they are
-    the run's ranks once their process group forms, and it only waits for them from now on."""
+    the run's ranks once their process group forms, and it only waits for them from now on.
+
+    ``loader_steps``: a pass over the DataLoader this rank trains from makes ``steps`` steps
+    (its batches a pass, divided by the batches a step draws): an epoch's length, until the
+    run shows one."""
 
     code: NoteCode
     epoch: NoteNumber | None = None
     passes: Annotated[int, msgspec.Meta(ge=2, le=MAX_NOTE_NUMBER)] | None = None
     workers: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROWN_WORLD)] | None = None
+    steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_NOTE_NUMBER)] | None = None
 
 
 AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat | Note

@@ -75,6 +75,7 @@ class FakeReporter:
     def __init__(self):
         self.logs = []
         self.evals = []
+        self.notes = []
         self.times = []
         self.flushes = 0
         self.before = None
@@ -88,6 +89,9 @@ class FakeReporter:
 
     def log_eval(self, **values):
         self.evals.append(values)
+
+    def note(self, code, **numbers):
+        self.notes.append((code, numbers))
 
     def before_send(self, flush):
         self.before = flush
@@ -1334,6 +1338,44 @@ def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(ins
     assert inst.fake.evals[-1]["accuracy"] == seen[-1]["Accuracy"]
     instrument.uninstall()
     assert "__wrapped__" not in Engine.__dict__["run"].__dict__  # put back
+
+
+@pytest.mark.parametrize(("accumulate", "steps"), [(1, 10), (2, 5), (3, 3)])
+def test_a_training_loaders_length_says_how_many_steps_an_epoch_makes(inst, accumulate, steps):
+    """The first training pass over a DataLoader of 10 batches, ``accumulate`` batches a
+    step (gradient accumulation: the HF Trainer's ``gradient_accumulation_steps``): 10 //
+    ``accumulate`` steps an epoch, sent once, at the second step. Its evaluation loader (under
+    no_grad) and a later pass say nothing."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = timed_sgd(model.parameters(), clock)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    evaluation = torch.utils.data.DataLoader(data, batch_size=20)
+    for _ in range(2):
+        with torch.no_grad():
+            for (x,) in evaluation:
+                model(x)
+        for i, (x,) in enumerate(loader):
+            model(x).pow(2).mean().backward()
+            if (i + 1) % accumulate == 0:
+                opt.step()
+                opt.zero_grad()
+    assert inst.fake.notes == [("loader_steps", {"steps": steps})]
+
+
+def test_a_loader_without_a_length_says_nothing(inst):
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return (torch.randn(4) for _ in range(12))
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = timed_sgd(model.parameters(), clock)
+    for x in torch.utils.data.DataLoader(Stream(), batch_size=4):
+        model(x).pow(2).mean().backward()
+        opt.step()
+    assert inst.fake.notes == []
 
 
 @pytest.mark.parametrize(

@@ -258,6 +258,40 @@ def test_an_evaluation_in_the_middle_of_an_epoch_does_not_end_it():
     assert s.progress() == pytest.approx(1.0)
 
 
+def loader_steps(steps, rank=0, seq=0):
+    return ev(protocol.Note, rank, seq, 0.0, code="loader_steps", steps=steps)
+
+
+def test_a_training_loaders_steps_give_progress_until_the_run_shows_an_epoch():
+    """A script that announces no plan: its rank's training DataLoader says 10 steps an
+    epoch (``loader_steps``), so progress and ETA run from the first epoch on (before, none
+    until an epoch ended: a one-epoch run never had an ETA). What the run then shows wins: an
+    epoch's end, or a step into the next epoch. A second note changes nothing."""
+    s = RunState("r", 1, epochs=2)
+    s.apply(loader_steps(10), now=0.0)
+    for i in range(1, 6):
+        s.apply(step(0, i, i, 0.0, epoch=0), now=float(i))
+    assert s.steps_per_epoch == 10 and s.progress() == pytest.approx(0.25)
+    assert s.eta(5.0) == pytest.approx(4.0 * 0.75 / 0.2)
+    s.apply(loader_steps(99, seq=6), now=5.0)
+    assert s.steps_per_epoch == 10
+    for i in range(6, 13):  # the script breaks off at 12 steps an epoch, say
+        s.apply(step(0, i, i, 0.0, epoch=0), now=float(i))
+    s.apply(step(0, 13, 13, 0.0, epoch=1), now=13.0)
+    assert s.steps_per_epoch == 12
+
+
+def test_an_evaluation_in_the_middle_of_an_epoch_leaves_the_loaders_steps():
+    s = RunState("r", 1, epochs=2)
+    s.apply(loader_steps(100), now=0.0)
+    for i in range(1, 26):
+        s.apply(step(0, i, i, 0.0, epoch=0), now=float(i))
+    s.apply(ev(protocol.EpochEnd, 0, 26, 0.0, epoch=0, time=1.0, samples=250), now=25.0)
+    assert s.steps_per_epoch == 25  # an end: it may be one
+    s.apply(step(0, 27, 26, 0.0, epoch=0), now=26.0)  # it was not
+    assert s.steps_per_epoch == 100 and s.progress() == pytest.approx(0.13)
+
+
 @pytest.mark.parametrize(
     ("times", "flagged"),
     [
@@ -399,3 +433,11 @@ def test_typical_step_time_follows_the_window():
     assert view.typical_step_time == pytest.approx(0.25)
     view.recent_step_times.clear()
     assert view.typical_step_time is None
+
+
+@pytest.mark.parametrize("steps", [0, -1, 10**10, True, 2.5, "10"])
+def test_a_loader_steps_note_out_of_bounds_is_refused(steps):
+    raw = {"kind": "note", "v": 1, "run": "r", "rank": 0, "t": 0.0, "seq": 1}
+    raw.update(code="loader_steps", steps=steps)
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(msgspec.msgpack.encode([raw]))

@@ -546,6 +546,9 @@ class Instrument:
         # none yet), and the batches the current one gave and whether it ran to its end.
         self._passes = -1
         self._pass_it = 0  # the id of the iterator of the current pass
+        #: Batches in the first training pass over a DataLoader (0: it has no length), read
+        #: once: with the batches a step draws, an epoch's length (_finish_step).
+        self._pass_length: int | None = None
         self._pass_batches = 0
         self._pass_ended = False
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
@@ -802,6 +805,8 @@ class Instrument:
                 return batch
             if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
                 inst._loader_pass(id(it))
+                if inst._pass_length is None:
+                    inst._pass_length = _pass_length(it)
             inst._pass_batches += 1
             inst._draws += 1
             try:
@@ -1270,6 +1275,16 @@ class Instrument:
             epoch=epoch if 0 <= epoch <= top else None,
             passes=min(passes, top),
         )
+
+    def _send_loader_steps(self, steps: int) -> None:
+        """Tell ddptui the steps a pass over the training DataLoader makes: an epoch's length
+        for progress and ETA from the second step on, where the script announces none (until
+        an epoch's end or the next epoch shows it)."""
+        from ddptui import protocol
+        from ddptui.rank import reporter as reporter_module
+
+        if 1 <= steps <= protocol.MAX_NOTE_NUMBER:
+            reporter_module.get_reporter().note("loader_steps", steps=steps)
 
     def _attach_collectives(self, torch: Any) -> None:
         """Time the collectives a script calls itself (a ``barrier``, metric ``all_reduce``s
@@ -1784,6 +1799,9 @@ class Instrument:
         if self._ddp_seen and (not self._draws or samples <= 0 or self._samples < samples):
             samples = self._samples
         self._samples = self._loader_samples = 0
+        if self._steps_ended == 2 and self._pass_length and self._draws:
+            # The second step's draws (the first's may include a batch fetched ahead).
+            self._send_loader_steps(self._pass_length // self._draws)
         # What the next optimizer's step is measured against (see _joins).
         self._step_ender, self._step_drew, self._draws = ender, self._draws > 0, 0
         if self._joined:
@@ -2160,6 +2178,16 @@ def _logged_scalar(value: Any, tensor: type) -> bool:
     if isinstance(value, tensor):
         return value.numel() == 1
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _pass_length(it: Any) -> int:
+    """Batches in a DataLoader iterator's pass (``len``: its batch sampler's), 0 when it has
+    no length (an IterableDataset) or says anything else."""
+    try:
+        length = len(it)
+    except Exception:
+        return 0
+    return length if type(length) is int and length > 0 else 0
 
 
 def _data_keys(data: Any, depth: int) -> set[int]:

@@ -339,8 +339,10 @@ class RunState:
         self.steps_per_epoch: int | None = None
         #: Where :attr:`steps_per_epoch` came from: ``plan`` (a rank announced it), ``end`` (a
         #: rank's steps when it ended its first epoch: an evaluation in the middle of an epoch
-        #: ends it too, so this one may be undone), ``next`` (an epoch whose next one began).
+        #: ends it too, so this one may be undone), ``next`` (an epoch whose next one began),
+        #: ``loader`` (a rank's training DataLoader: its batches a pass, a guess until then).
         self._epoch_steps_from: str | None = None
+        self._loader_steps: int | None = None
         #: A rank stepped on in an epoch it had ended: its evaluations end its epochs (the HF
         #: Trainer's ``eval_steps``), so an epoch's end says nothing of its length or progress.
         self.ends_mid_epoch = False
@@ -591,7 +593,11 @@ class RunState:
     def _on_epochend(self, view: RankView, ev: protocol.EpochEnd, now: float) -> None:
         if view.ended_epoch is None or ev.epoch > view.ended_epoch:
             view.ended_epoch = ev.epoch
-        if self.steps_per_epoch is None and view.steps_in_epoch and not self.ends_mid_epoch:
+        if (
+            self._epoch_steps_from in (None, "loader")
+            and view.steps_in_epoch
+            and not self.ends_mid_epoch
+        ):
             self.steps_per_epoch, self._epoch_steps_from = view.steps_in_epoch, "end"
 
     def _epoch_went_on(self, steps: int) -> None:
@@ -609,13 +615,20 @@ class RunState:
         on (see :attr:`ends_mid_epoch`)."""
         self.ends_mid_epoch = True
         if self._epoch_steps_from == "end":
-            self.steps_per_epoch = self._epoch_steps_from = None
+            self.steps_per_epoch = self._loader_steps
+            self._epoch_steps_from = "loader" if self._loader_steps else None
 
     def _on_note(self, view: RankView, ev: protocol.Note, now: float) -> None:
         if ev.code == "spawned":  # the process's own state, not a finding
             if ev.workers:
                 view.spawned = ev.workers
                 view.frame = view.waiting = None  # where it stood before it spawned
+            return
+        if ev.code == "loader_steps":  # the run's plan as a loader says it, not a finding
+            if ev.steps and self._loader_steps is None:
+                self._loader_steps = ev.steps
+                if self._epoch_steps_from is None:
+                    self.steps_per_epoch, self._epoch_steps_from = ev.steps, "loader"
             return
         if ev.code not in self.notes:  # codes are a closed set (the schema): the dict stays tiny
             self.notes[ev.code] = NoteSeen(ev.code, view.rank, ev.epoch, ev.passes, now)
