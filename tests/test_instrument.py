@@ -1344,8 +1344,9 @@ def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(ins
 def test_a_training_loaders_length_says_how_many_steps_an_epoch_makes(inst, accumulate, steps):
     """The first training pass over a DataLoader of 10 batches, ``accumulate`` batches a
     step (gradient accumulation: the HF Trainer's ``gradient_accumulation_steps``): 10 //
-    ``accumulate`` steps an epoch, sent once, at the second step. Its evaluation loader (under
-    no_grad) and a later pass say nothing."""
+    ``accumulate`` steps an epoch, sent once, with the second step. Its evaluation loader
+    (under no_grad) and a later pass say nothing. Once the script calls ``ddptui.log``, the
+    steps it reports are its own: the note is taken back."""
     clock = inst.fake_clock
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
     opt = timed_sgd(model.parameters(), clock)
@@ -1361,7 +1362,10 @@ def test_a_training_loaders_length_says_how_many_steps_an_epoch_makes(inst, accu
             if (i + 1) % accumulate == 0:
                 opt.step()
                 opt.zero_grad()
+    inst.flush()
     assert inst.fake.notes == [("loader_steps", {"steps": steps})]
+    ddptui.log(loss=1.0)  # the script reports its own steps from now on: taken back
+    assert inst.fake.notes[1:] == [("loader_steps", {})]
 
 
 def test_a_loader_without_a_length_says_nothing(inst):
@@ -1375,6 +1379,23 @@ def test_a_loader_without_a_length_says_nothing(inst):
     for x in torch.utils.data.DataLoader(Stream(), batch_size=4):
         model(x).pow(2).mean().backward()
         opt.step()
+    inst.flush()
+    assert inst.fake.notes == []
+
+
+def test_a_script_that_reports_its_own_steps_from_the_start_says_nothing_of_its_loader(inst):
+    """``ddptui.log`` every 10th step: the steps the rank reports are not the loader's."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = timed_sgd(model.parameters(), clock)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4))
+    ddptui.log(loss=2.0)
+    for i, (x,) in enumerate(torch.utils.data.DataLoader(data, batch_size=4)):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        if i % 10 == 9:
+            ddptui.log(loss=1.0)
+    inst.flush()
     assert inst.fake.notes == []
 
 

@@ -281,6 +281,17 @@ def test_a_training_loaders_steps_give_progress_until_the_run_shows_an_epoch():
     assert s.steps_per_epoch == 12
 
 
+def test_loader_steps_taken_back_leave_no_epoch_length():
+    """The rank's steps became the script's own (``ddptui.log``, maybe every 10th step): the
+    loader's steps say nothing of them; none taken again."""
+    s = RunState("r", 2, epochs=2)
+    s.apply(loader_steps(10), now=0.0)
+    s.apply(ev(protocol.Note, 0, 1, 0.0, code="loader_steps"), now=1.0)
+    assert s.steps_per_epoch is None
+    s.apply(loader_steps(10, rank=1), now=2.0)
+    assert s.steps_per_epoch is None
+
+
 def test_an_evaluation_in_the_middle_of_an_epoch_leaves_the_loaders_steps():
     s = RunState("r", 1, epochs=2)
     s.apply(loader_steps(100), now=0.0)

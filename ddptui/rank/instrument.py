@@ -268,6 +268,8 @@ MAX_IGNITE_TRAINED = 64
 #: How far down an evaluator's data is followed to the datasets it reads (its loader's
 #: dataset, a Subset's, ...) to find a trainer's dataset.
 MAX_DATA_DEPTH = 4
+#: Most steps a ``loader_steps`` note says (protocol.MAX_NOTE_NUMBER, without loading it).
+MAX_LOADER_STEPS = 1_000_000_000
 
 
 class _TorchImportWatcher:
@@ -547,8 +549,11 @@ class Instrument:
         self._passes = -1
         self._pass_it = 0  # the id of the iterator of the current pass
         #: Batches in the first training pass over a DataLoader (0: it has no length), read
-        #: once: with the batches a step draws, an epoch's length (_finish_step).
+        #: once: with the batches a step draws, an epoch's length (_finish_step), sent with
+        #: the steps (_deliver) while they are the hooks' own (see explicit_log).
         self._pass_length: int | None = None
+        self._loader_steps = 0  # to send
+        self._loader_steps_sent = False
         self._pass_batches = 0
         self._pass_ended = False
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
@@ -1276,16 +1281,6 @@ class Instrument:
             passes=min(passes, top),
         )
 
-    def _send_loader_steps(self, steps: int) -> None:
-        """Tell ddptui the steps a pass over the training DataLoader makes: an epoch's length
-        for progress and ETA from the second step on, where the script announces none (until
-        an epoch's end or the next epoch shows it)."""
-        from ddptui import protocol
-        from ddptui.rank import reporter as reporter_module
-
-        if 1 <= steps <= protocol.MAX_NOTE_NUMBER:
-            reporter_module.get_reporter().note("loader_steps", steps=steps)
-
     def _attach_collectives(self, torch: Any) -> None:
         """Time the collectives a script calls itself (a ``barrier``, metric ``all_reduce``s
         between forward and backward): their time is ``comm``, taken out of the phase they
@@ -1801,7 +1796,7 @@ class Instrument:
         self._samples = self._loader_samples = 0
         if self._steps_ended == 2 and self._pass_length and self._draws:
             # The second step's draws (the first's may include a batch fetched ahead).
-            self._send_loader_steps(self._pass_length // self._draws)
+            self._loader_steps = self._pass_length // self._draws
         # What the next optimizer's step is measured against (see _joins).
         self._step_ender, self._step_drew, self._draws = ender, self._draws > 0, 0
         if self._joined:
@@ -1936,6 +1931,13 @@ class Instrument:
         reporter.log_step_at(
             now, wall, loss=loss, phases=phases, epoch=epoch, samples=samples, step_time=step_time
         )
+        if self._loader_steps:
+            # The steps a pass over the training DataLoader makes: an epoch's length for
+            # progress and ETA where the script announces none (until the run shows one).
+            steps, self._loader_steps = self._loader_steps, 0
+            if steps <= MAX_LOADER_STEPS:
+                reporter.note("loader_steps", steps=steps)
+                self._loader_steps_sent = True
         self.steps_sent += 1
         if self.steps_sent == 1:
             # Out at once (not batched): ddptui learns the rank is past its start-up even if
@@ -1975,7 +1977,16 @@ class Instrument:
     # -- the public API's side ---------------------------------------------------------------------
     def explicit_log(self, metrics: dict[str, Any]) -> None:
         """``ddptui.log`` was called: stop sending steps; give it the phases measured since
-        the previous explicit log (unless it brings its own ``phases``)."""
+        the previous explicit log (unless it brings its own ``phases``). The steps a pass over
+        the training DataLoader makes are no longer the steps the rank reports (a script may
+        log every 10th): said so, if they went."""
+        if not self.explicit:
+            self._loader_steps = 0
+            if self._loader_steps_sent and not self.disabled:
+                self._loader_steps_sent = False
+                from ddptui.rank import reporter as reporter_module
+
+                reporter_module.get_reporter().note("loader_steps")
         self.explicit = True
         if self.disabled:
             return

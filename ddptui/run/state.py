@@ -342,6 +342,8 @@ class RunState:
         #: ends it too, so this one may be undone), ``next`` (an epoch whose next one began),
         #: ``loader`` (a rank's training DataLoader: its batches a pass, a guess until then).
         self._epoch_steps_from: str | None = None
+        #: The steps a pass over a rank's training DataLoader makes (None: not said; 0: said
+        #: and taken back, the script reporting its own steps).
         self._loader_steps: int | None = None
         #: A rank stepped on in an epoch it had ended: its evaluations end its epochs (the HF
         #: Trainer's ``eval_steps``), so an epoch's end says nothing of its length or progress.
@@ -615,7 +617,7 @@ class RunState:
         on (see :attr:`ends_mid_epoch`)."""
         self.ends_mid_epoch = True
         if self._epoch_steps_from == "end":
-            self.steps_per_epoch = self._loader_steps
+            self.steps_per_epoch = self._loader_steps or None
             self._epoch_steps_from = "loader" if self._loader_steps else None
 
     def _on_note(self, view: RankView, ev: protocol.Note, now: float) -> None:
@@ -625,7 +627,11 @@ class RunState:
                 view.frame = view.waiting = None  # where it stood before it spawned
             return
         if ev.code == "loader_steps":  # the run's plan as a loader says it, not a finding
-            if ev.steps and self._loader_steps is None:
+            if ev.steps is None:  # the rank's steps are the script's own (ddptui.log) now
+                self._loader_steps = 0
+                if self._epoch_steps_from == "loader":
+                    self.steps_per_epoch = self._epoch_steps_from = None
+            elif self._loader_steps is None:
                 self._loader_steps = ev.steps
                 if self._epoch_steps_from is None:
                     self.steps_per_epoch, self._epoch_steps_from = ev.steps, "loader"
