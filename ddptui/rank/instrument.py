@@ -709,6 +709,16 @@ class Instrument:
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
 
+    def _follow(self, what: str, owner: Any, **wrappers: Any) -> None:
+        """Patch a framework's class ``owner`` with ``wrappers`` (attribute name -> wrapper);
+        where it is not as the hooks expect, say that ``what`` is not followed and go on
+        (training never stops for it)."""
+        try:
+            for name, wrapper in wrappers.items():
+                self._patch(owner, name, wrapper)
+        except Exception as exc:
+            _warn(f"instrumentation: {what} not followed ({exc})")
+
     def _attach_optimizer(self, torch: Any) -> None:
         import torch.optim.optimizer as optim
 
@@ -855,10 +865,11 @@ class Instrument:
         for name in ("DataLoaderShard", "DataLoaderDispatcher"):
             cls = getattr(module, name, None)
             if isinstance(cls, type) and "__iter__" in cls.__dict__:
-                try:
-                    self._patch(cls, "__iter__", self._passes_noted(cls.__dict__["__iter__"]))
-                except Exception as exc:
-                    _warn(f"instrumentation: accelerate's {name} not followed ({exc})")
+                self._follow(
+                    f"accelerate's {name}",
+                    cls,
+                    __iter__=self._passes_noted(cls.__dict__["__iter__"]),
+                )
 
     def _attach_transformers(self) -> None:
         """The HF Trainer's evaluations: ``Trainer.evaluate`` returns what it logs, gathered
@@ -888,10 +899,7 @@ class Instrument:
                 inst._summed_losses = True
                 return training_step(trainer, *args, **kwargs)
 
-            try:
-                self._patch(cls, "training_step", step)
-            except Exception as exc:
-                _warn(f"instrumentation: the HF Trainer's training loss not followed ({exc})")
+            self._follow("the HF Trainer's training loss", cls, training_step=step)
         original = cls.__dict__.get("evaluate")
         if not callable(original):
             return
@@ -913,10 +921,7 @@ class Instrument:
                 inst._trainer_evaluated(metrics, prefix, names)
             return metrics
 
-        try:
-            self._patch(cls, "evaluate", evaluate)
-        except Exception as exc:
-            _warn(f"instrumentation: the HF Trainer's evaluations not followed ({exc})")
+        self._follow("the HF Trainer's evaluations", cls, evaluate=evaluate)
 
     def _attach_lightning(self) -> None:
         """PyTorch Lightning's validations: ``_EvaluationLoop.run`` returns, per validation
@@ -955,10 +960,7 @@ class Instrument:
 
                 return run
 
-            try:
-                self._patch(cls, "run", wrap(original))
-            except Exception as exc:
-                _warn(f"instrumentation: Lightning's validations not followed ({exc})")
+            self._follow("Lightning's validations", cls, run=wrap(original))
 
     def _watch_torchmetrics(self, torch: Any) -> None:
         """Follow torchmetrics from its import on, or now if it is loaded: a script often
@@ -1007,11 +1009,9 @@ class Instrument:
             finally:
                 inst._metric_forwards -= 1
 
-        try:
-            self._patch(cls, "forward", forward_counted)
-            self._patch(cls, "_wrap_compute", _wrap_compute)
-        except Exception as exc:
-            _warn(f"instrumentation: torchmetrics' accuracies not followed ({exc})")
+        self._follow(
+            "torchmetrics' accuracies", cls, forward=forward_counted, _wrap_compute=_wrap_compute
+        )
 
     def _metric_computed(self, metric: Any, value: Any) -> None:
         """A torchmetrics metric computed ``value`` after an evaluation pass and before the
@@ -1076,10 +1076,7 @@ class Instrument:
             inst._ignite_ran(engine, data, before)
             return state
 
-        try:
-            self._patch(cls, "run", run)
-        except Exception as exc:
-            _warn(f"instrumentation: ignite's evaluations not followed ({exc})")
+        self._follow("ignite's evaluations", cls, run=run)
 
     def _ignite_ran(self, engine: Any, data: Any, before: int) -> None:
         """An ignite engine's run over ``data`` completed. One that ended training steps is
