@@ -14,6 +14,7 @@ from ddptui import protocol
 from ddptui.rank.reporter import Reporter
 from ddptui.run.collector import Collector
 from ddptui.run.state import RunState
+from tests.helpers import processes_of_run
 
 
 def started(rank, world_size, state="started", run="r"):
@@ -218,25 +219,34 @@ def test_no_agent_endpoint_leaves_the_flag_alone(monkeypatch):
     assert os.environ[spawned.AGENT_STORE_ENV] == "True"
 
 
+def run_headless(args, run_dir, env=None):
+    """``ddptui --no-ui --world-size 1 --hang-timeout 60 --run-dir run_dir`` with ``args``
+    (options, then the script's after ``--``), from the run directory's parent; whatever the
+    run started is killed once it returns, however it ends."""
+    cmd = [sys.executable, "-m", "ddptui.console", "--no-ui", "--world-size", "1"]
+    cmd += ["--hang-timeout", "60", "--run-dir", str(run_dir), *args]
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=150, cwd=run_dir.parent, env=env
+        )
+    finally:
+        config = run_dir / "config.json"
+        run_id = json.loads(config.read_text())["run_id"] if config.is_file() else None
+        for leftover in processes_of_run(run_id) if run_id else []:
+            leftover.kill()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_workers_that_meet_at_torchruns_endpoint_train_under_ddptuis_torchrun(tmp_path):
     """The shape of Lightning's ddp_spawn under torchrun: the workers keep torchrun's
     MASTER_ADDR/PORT. Without the agent's store their rank 0 failed to listen there
     ("address already in use"); plain torchrun runs it."""
-    from tests.helpers import ROOT, processes_of_run
+    from tests.helpers import ROOT
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ddptui.console", "--no-ui", "--launcher", "torchrun"]
-    cmd += ["--script", str(ROOT / "tests/scripts/spawn_at_agent.py"), "--world-size", "1"]
-    cmd += ["--run-dir", str(run_dir), "--hang-timeout", "60"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=tmp_path)
-    finally:
-        config = run_dir / "config.json"
-        run_id = json.loads(config.read_text())["run_id"] if config.is_file() else None
-        for leftover in processes_of_run(run_id) if run_id else []:
-            leftover.kill()
+    script = ROOT / "tests/scripts/spawn_at_agent.py"
+    proc = run_headless(["--launcher", "torchrun", "--script", str(script)], run_dir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (run_dir / "rank-0.log").read_text()
     assert "worker 0 done" in log and "worker 1 done" in log
@@ -271,24 +281,12 @@ def test_the_workers_a_rank_spawns_share_its_threads(tmp_path, method):
     split between them, 2 each, whether they are spawned (they read ``OMP_NUM_THREADS`` as
     they import torch) or forked (they had the spawner's torch threads). They took 4 each,
     and on two cores ignite's CIFAR-10 example ran 8 times slower than under ``python``."""
-    from tests.helpers import processes_of_run
-
     script = tmp_path / "share.py"
     script.write_text(SHARING_SCRIPT)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ddptui.console", "--no-ui", "--launcher", "spawn"]
-    cmd += ["--script", str(script), "--world-size", "1", "--run-dir", str(run_dir)]
-    cmd += ["--", str(tmp_path), method]
+    args = ["--launcher", "spawn", "--script", str(script), "--", str(tmp_path), method]
     env = {**os.environ, "DDPTUI_THREADS": "4", "OMP_NUM_THREADS": "4"}
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=150, cwd=tmp_path, env=env
-        )
-    finally:
-        config = run_dir / "config.json"
-        run_id = json.loads(config.read_text())["run_id"] if config.is_file() else None
-        for leftover in processes_of_run(run_id) if run_id else []:
-            leftover.kill()
+    proc = run_headless(args, run_dir, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for index in (0, 1):
         assert (tmp_path / f"worker-{index}").read_text() == "2 2"
