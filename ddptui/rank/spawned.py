@@ -51,10 +51,11 @@ def spawned_worker(
         os.environ[AGENT_ENDPOINT_ENV] = _endpoint()
     # A worker forked from the spawner has the spawner's torch threads: its share instead
     # (see share_threads; a spawned one read it from OMP_NUM_THREADS when it imported torch).
-    threads = os.environ.get(THREADS_ENV, "")
     torch = sys.modules.get("torch")
-    if threads.isdigit() and int(threads) > 0 and torch is not None:
-        torch.set_num_threads(int(threads))
+    if torch is not None and THREADS_ENV in os.environ:
+        from ddptui.rank.cpus import threads_per_rank
+
+        torch.set_num_threads(threads_per_rank(1))
     from ddptui.rank.reporter import get_reporter  # loaded on use: keeps this module light
 
     # The reporter first (its exit handler then runs last, after the hooks flushed the last
