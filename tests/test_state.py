@@ -1,3 +1,5 @@
+import statistics
+
 import msgspec
 import pytest
 
@@ -443,6 +445,12 @@ def test_typical_step_time_follows_the_window():
     view.recent_step_times.append(0.9)
     assert view.typical_step_time == pytest.approx(0.25)
     view.recent_step_times.clear()
+    assert view.typical_step_time is None
+    # A full window: each step replaces its oldest value, the length stays the same.
+    for i in range(3, 3 + 3 * view.recent_step_times.maxlen):
+        s.apply(protocol.Step(run="r", rank=0, t=float(i), seq=i, step=i + 1, step_time=i / 10))
+        assert view.typical_step_time == statistics.median(view.recent_step_times)
+    s.apply(protocol.Status(run="r", rank=0, t=99.0, seq=0, attempt=1, state="started"))
     assert view.typical_step_time is None
 
 

@@ -218,10 +218,12 @@ class RankView:
     #: ``(group, op, started, completed, backend)`` (see :class:`protocol.CollectiveMark`).
     collectives: tuple = ()
     _digest: str | None = field(default=None, repr=False)
-    #: ``typical_step_time`` and the window it was computed from: it is read for every rank
-    #: several times a frame (health, the table), while the window changes once a step.
-    _typical: tuple[tuple[float, ...], float | None] = field(
-        default=((), None), repr=False, compare=False
+    #: ``typical_step_time`` and what it was computed at: the rank's events applied and the
+    #: window's length. It is read for every rank several times a frame (health, the table)
+    #: and once a second by the diagnosis, while the window changes only in an applied event
+    #: (a step; a new attempt clears it), so an event count that moved says it may have.
+    _typical: tuple[tuple[int, int], float | None] = field(
+        default=((-1, -1), None), repr=False, compare=False
     )
 
     @property
@@ -288,9 +290,10 @@ class RankView:
     @property
     def typical_step_time(self) -> float | None:
         """The median of the recent step times (None before the first)."""
-        window = tuple(self.recent_step_times)
-        if window != self._typical[0]:
-            self._typical = (window, statistics.median(window) if window else None)
+        window = self.recent_step_times
+        key = (self.events, len(window))
+        if key != self._typical[0]:
+            self._typical = (key, statistics.median(window) if window else None)
         return self._typical[1]
 
 
