@@ -1368,6 +1368,31 @@ def test_a_training_loaders_length_says_how_many_steps_an_epoch_makes(inst, accu
     assert inst.fake.notes[1:] == [("loader_steps", {})]
 
 
+@pytest.mark.parametrize(("accumulate", "steps"), [(1, 10), (2, 5)])
+def test_a_step_that_draws_from_two_loaders_is_one_step_of_the_first_ones_pass(
+    inst, accumulate, steps
+):
+    """A second loader zipped with the training loader (unlabelled data, a second domain):
+    each step draws a batch from each, and the epoch is the first pass's 10 steps, not 5;
+    with gradient accumulation over the pairs, 10 // ``accumulate``."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = timed_sgd(model.parameters(), clock)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4))
+    pairs = zip(
+        torch.utils.data.DataLoader(data, batch_size=4),
+        torch.utils.data.DataLoader(data, batch_size=4),
+        strict=True,
+    )
+    for i, ((x,), (y,)) in enumerate(pairs):
+        (model(x).pow(2).mean() + model(y).abs().mean()).backward()
+        if (i + 1) % accumulate == 0:
+            opt.step()
+            opt.zero_grad()
+    inst.flush()
+    assert inst.fake.notes == [("loader_steps", {"steps": steps})]
+
+
 def test_a_loader_without_a_length_says_nothing(inst):
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):

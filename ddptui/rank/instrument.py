@@ -552,6 +552,11 @@ class Instrument:
         #: once: with the batches a step draws, an epoch's length (_finish_step), sent with
         #: the steps (_deliver) while they are the hooks' own (see explicit_log).
         self._pass_length: int | None = None
+        #: That pass's iterator (until the second step ends) and the batches drawn from it
+        #: in the step under way: a step that also draws from another loader (a second
+        #: dataset zipped with the first) makes one step of that pass, not two.
+        self._length_it: int | None = None
+        self._length_draws = 0
         self._loader_steps = 0  # to send
         self._loader_steps_sent = False
         self._pass_batches = 0
@@ -818,18 +823,22 @@ class Instrument:
                 raise
             if not grad_enabled():  # an evaluation's batch
                 return batch
+            key = id(it)
             if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
-                inst._loader_pass(id(it))
+                inst._loader_pass(key)
                 if inst._pass_length is None:
                     inst._pass_length = _pass_length(it)
+                    inst._length_it = key
             inst._pass_batches += 1
             inst._draws += 1
+            if key == inst._length_it:
+                inst._length_draws += 1
             try:
                 size = _batch_size(tensor, (batch,), {})
             except Exception:  # a batch of the script's own kind: not ours to judge
                 size = 0
-            if id(it) != inst._loader_it:
-                inst._loader_it, inst._loader_samples = id(it), 0
+            if key != inst._loader_it:
+                inst._loader_it, inst._loader_samples = key, 0
             inst._loader_samples += size
             return batch
 
@@ -1791,9 +1800,14 @@ class Instrument:
         if self._ddp_seen and (not self._draws or samples <= 0 or self._samples < samples):
             samples = self._samples
         self._samples = self._loader_samples = 0
-        if self._steps_ended == 2 and self._pass_length and self._draws:
-            # The second step's draws (the first's may include a batch fetched ahead).
-            self._loader_steps = self._pass_length // self._draws
+        if self._length_it is not None and self._steps_ended <= 2:
+            # The second step's draws from that pass (the first's may include a batch
+            # fetched ahead; a second loader's draws are not that pass's).
+            if self._steps_ended == 2:
+                if self._pass_length and self._length_draws:
+                    self._loader_steps = self._pass_length // self._length_draws
+                self._length_it = None
+            self._length_draws = 0
         # What the next optimizer's step is measured against (see _joins).
         self._step_ender, self._step_drew, self._draws = ender, self._draws > 0, 0
         if self._joined:
