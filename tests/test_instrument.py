@@ -3,6 +3,7 @@ hooks, a fake clock advanced by the model, data and optimizer themselves, so eve
 an exact expected value."""
 
 import gc
+import math
 import os
 import subprocess
 import sys
@@ -755,6 +756,34 @@ def test_grad_scaler_reports_the_unscaled_loss(inst):
         losses.append(loss.item())
     inst.flush()
     assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
+
+
+@pytest.mark.parametrize("bad", [(0, 1), (0, 1, 2, 3)], ids=["first two", "every one"])
+def test_a_step_the_grad_scaler_skips_is_a_step(inst, bad):
+    """fp16's first steps (the scale too high) or a run gone NaN: ``GradScaler.step`` skips
+    the optimizer's step on inf or NaN gradients. Each iteration is still one step, of its
+    own samples and time, with its own loss; skipped steps ran into the next (a step of 3
+    iterations, 9 samples), and a run whose every step was skipped showed no step at all."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    losses = []
+    for i in range(4):
+        x = torch.full((3, 4), math.nan) if i in bad else torch.randn(3, 4)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    assert scaler.get_scale() == 1024.0 / 2 ** len(bad)  # the steps were skipped
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [3, 3, 3, 3]
+    assert [log["loss"] for log in logs] == pytest.approx(losses, nan_ok=True)
+    assert all(log["step_time"] == pytest.approx(0.030 + (i not in bad) * 0.003)
+               for i, log in enumerate(logs[1:], 1))  # fmt: skip
 
 
 def test_a_closure_step_as_lightning_runs_it_has_each_phase_where_it_happens(inst):

@@ -775,6 +775,18 @@ class Instrument:
             return scaled
 
         self._patch(GradScaler, "scale", scale)
+        original_step = GradScaler.step
+        inst = self
+
+        @functools.wraps(original_step)
+        def step(scaler: Any, /, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = inst.hook_calls
+            result = original_step(scaler, optimizer, *args, **kwargs)
+            if inst.hook_calls == before:  # no optimizer step ran: the scaler skipped it
+                inst._scaler_skipped(optimizer)
+            return result
+
+        self._patch(GradScaler, "step", step)
 
     def _attach_sampler(self, torch: Any) -> None:
         from torch.utils.data.distributed import DistributedSampler
@@ -1695,6 +1707,17 @@ class Instrument:
         except Exception as exc:
             self._fail(exc)
         return None
+
+    def _scaler_skipped(self, optimizer: Any) -> None:
+        """``GradScaler.step`` skipped the optimizer's step (inf or NaN gradients: its first
+        steps, while fp16's scale comes down, or a run gone NaN): the iteration is a step all
+        the same, one that updated nothing. Ended as a step of no optimizer time, so that the
+        steps, samples and rates are the script's iterations; left open, each skipped one ran
+        into the next, and a run whose every step is skipped showed none at all."""
+        if self.disabled or not (self._seg == "after_bwd" or self._loss_count):
+            return  # no backward since the last step: nothing to end
+        self._opt_pre(optimizer, (), {})
+        self._opt_post(optimizer, (), {})
 
     def _joins(self, key: int) -> bool:
         """Whether the optimizer ``key`` steps in the iteration of the step that ended last
