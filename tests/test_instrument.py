@@ -758,12 +758,15 @@ def test_grad_scaler_reports_the_unscaled_loss(inst):
     assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
 
 
+@pytest.mark.parametrize("backward", ["tensor", "autograd"])
 @pytest.mark.parametrize("bad", [(0, 1), (0, 1, 2, 3)], ids=["first two", "every one"])
-def test_a_step_the_grad_scaler_skips_is_a_step(inst, bad):
+def test_a_step_the_grad_scaler_skips_is_a_step(inst, bad, backward):
     """fp16's first steps (the scale too high) or a run gone NaN: ``GradScaler.step`` skips
     the optimizer's step on inf or NaN gradients. Each iteration is still one step, of its
     own samples and time, with its own loss; skipped steps ran into the next (a step of 3
-    iterations, 9 samples), and a run whose every step was skipped showed no step at all."""
+    iterations, 9 samples), and a run whose every step was skipped showed no step at all.
+    ``torch.autograd.backward(loss)`` instead of ``loss.backward()``: no loss is seen, the
+    steps are the same."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = timed_sgd(model.parameters(), clock)
@@ -773,10 +776,13 @@ def test_a_step_the_grad_scaler_skips_is_a_step(inst, bad):
         x = torch.full((3, 4), math.nan) if i in bad else torch.randn(3, 4)
         loss = model(x).pow(2).mean()
         opt.zero_grad()
-        scaler.scale(loss).backward()
+        if backward == "tensor":
+            scaler.scale(loss).backward()
+        else:
+            torch.autograd.backward(scaler.scale(loss))
         scaler.step(opt)
         scaler.update()
-        losses.append(loss.item())
+        losses.append(loss.item() if backward == "tensor" else None)
     assert scaler.get_scale() == 1024.0 / 2 ** len(bad)  # the steps were skipped
     inst.flush()
     logs = inst.fake.logs

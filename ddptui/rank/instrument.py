@@ -24,7 +24,9 @@ What is hooked (all removable, all cheap, none changes a result):
   last keeps its hook (re-armed when it stops firing), so a step costs one call.
 * ``Tensor.backward`` is wrapped: the tensor it is called on is the loss (a 0-dim one), and
   its return marks the end of DDP's wait for the gradient all-reduce. ``GradScaler.scale`` is
-  wrapped to report the unscaled loss; ``DistributedSampler.set_epoch`` to learn the epoch.
+  wrapped to report the unscaled loss, and ``GradScaler.step`` to end the step whose
+  optimizer step it skipped (inf or NaN gradients); ``DistributedSampler.set_epoch`` to learn
+  the epoch.
 * ``DistributedSampler.__iter__`` (once per pass over the data, not per step): a shuffling
   sampler never told its epoch (``set_epoch``) that starts another training pass (grad
   enabled: an evaluation loop under ``no_grad`` is left alone) at the same epoch as its
@@ -1714,8 +1716,8 @@ class Instrument:
         the same, one that updated nothing. Ended as a step of no optimizer time, so that the
         steps, samples and rates are the script's iterations; left open, each skipped one ran
         into the next, and a run whose every step is skipped showed none at all."""
-        if self.disabled or not (self._seg == "after_bwd" or self._loss_count):
-            return  # no backward since the last step: nothing to end
+        if self.disabled or not (self._seg in _BWD or self._loss_count):
+            return  # no training forward or backward since the last step: nothing to end
         self._opt_pre(optimizer, (), {})
         self._opt_post(optimizer, (), {})
 
