@@ -18,6 +18,16 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{seconds}s"
 
 
+def fmt_eta(state: Any, now: float) -> str:
+    """A run's ETA (``RunState.eta``) as :func:`fmt_duration` writes it; once the run steps
+    with no number of epochs known (a script that does not say it, started without
+    ``--epochs``), why there is none: ``-- (epochs unknown)``."""
+    eta = state.eta(now)
+    if eta is None and not state.epochs and state.first_step_at is not None and not state.outcome:
+        return "-- (epochs unknown)"
+    return fmt_duration(eta)
+
+
 def amp_label(config: dict) -> str:
     """``amp bf16``; for a user script ``amp: script's`` (it does its own autocast, or not:
     ddptui's AMP option only configures the built-in trainers, so "amp off" would be wrong

@@ -17,6 +17,7 @@ from ddptui.constants import PHASES
 from ddptui.formatting import (
     amp_label,
     fmt_duration,
+    fmt_eta,
     fmt_eval,
     fmt_num,
     fmt_rate,
@@ -85,7 +86,7 @@ def progress_line(state: RunState, now: float) -> str:
         fmt_rate(state.global_samples_per_s(now), state.samples_counted),
         f"loss {fmt_num(state.mean_loss)}",
         fmt_eval(last),
-        f"ETA {fmt_duration(state.eta(now))}",
+        f"ETA {fmt_eta(state, now)}",
     ]
     preparing = [v for v in state.ranks.values() if v.activity == "preparing"]
     if preparing and not state.outcome:

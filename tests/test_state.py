@@ -4,6 +4,7 @@ import msgspec
 import pytest
 
 from ddptui import protocol
+from ddptui.formatting import fmt_eta
 from ddptui.headless import progress_line
 from ddptui.run.state import RankFailureInfo, RunState
 from ddptui.tui.model import run_frame
@@ -231,6 +232,25 @@ def test_progress_and_eta_of_a_script_that_counts_epochs_from_0():
     assert s.eta(16.0) == pytest.approx(5.0)
     s.apply(ev(protocol.EpochEnd, 0, 17, 16.0, epoch=1, time=6.0, samples=50), now=16.0)
     assert s.progress() == pytest.approx(1.0)
+
+
+def test_an_eta_that_needs_the_epochs_says_so():
+    """A script that does not say how many epochs it runs, started without ``--epochs``: its
+    ETA is ``--`` for the whole run (Lightning Fabric's MNIST example, 469 steps). Once it
+    steps, the header and the console say why; not before its first step, not with the
+    epochs known (the first epoch's length is what is missing then), not once it ended."""
+    for epochs, expected in ((None, "-- (epochs unknown)"), (2, "--")):
+        s = RunState("r", 1, epochs=epochs)
+        assert fmt_eta(s, 0.0) == "--"
+        for i in range(1, 4):
+            s.apply(step(0, i, i, float(i), epoch=0), now=float(i))
+        assert fmt_eta(s, 4.0) == expected
+        s.set_outcome("failed", RankFailureInfo(rank=0, exit_code=1), now=5.0)
+        assert fmt_eta(s, 6.0) == "--"
+    s = RunState("r", 1)
+    s.apply(step(0, 1, 1, 1.0, epoch=0), now=1.0)
+    s.set_outcome("finished", None, now=2.0)
+    assert fmt_eta(s, 3.0) == "0s"
 
 
 def test_an_evaluation_in_the_middle_of_an_epoch_does_not_end_it():

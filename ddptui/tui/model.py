@@ -17,6 +17,7 @@ from typing import Any
 from ddptui.formatting import (
     amp_label,
     fmt_duration,
+    fmt_eta,
     fmt_eval,
     fmt_num,
     fmt_rate,
@@ -226,7 +227,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     return RunFrame(
         status=state.status,
         elapsed=fmt_duration(state.elapsed(now)),
-        eta=fmt_duration(state.eta(now)),
+        eta=fmt_eta(state, now),
         progress=state.progress(),
         epoch=("-" if epoch is None else str(epoch)) + (f"/{state.epochs}" if state.epochs else ""),
         summary="  ".join(parts),

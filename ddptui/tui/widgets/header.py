@@ -63,6 +63,8 @@ class RunHeader(Vertical):
         shown = frame.progress is not None  # unknown epoch count: no bar to fill
         if bar.display != shown:
             bar.display = shown
+            # No bar: the timing takes its room (its ETA may say "-- (epochs unknown)").
+            self.set_class(not shown, "-no-progress")
         if frame.progress is not None and bar.progress != frame.progress:
             bar.update(total=1.0, progress=frame.progress)
         ended = frame.status in ("finished", "failed", "stopped")
