@@ -15,12 +15,14 @@ import pytest
 import zmq
 
 from ddptui import protocol
+from ddptui.join import agent as agent_module
 from ddptui.join.channel import Channel
 from ddptui.join.command import config_from_node0
 from ddptui.run.cluster.host import NodeHost
 from ddptui.run.cluster.slurm import sbatch_script, slurm_layout, srun_argv, tasks_per_node
 from ddptui.run.cluster.token import JoinToken, RunKeys, TokenError
 from ddptui.run.config import build_config
+from ddptui.run.launcher import LaunchResult
 from ddptui.run.machine import Machine
 from ddptui.run.options import ConfigError, RunConfig
 from ddptui.run.state import RankFailureInfo
@@ -434,3 +436,70 @@ def test_only_the_ranks_on_this_host_are_sampled():
         state.apply(status, now=0.0)
         state.ranks[rank].host = host
     assert local_pids(state, "here") == {0: 50, 2: 52}
+
+
+class _Node0Says:
+    """Node 0's channel as the agent reads it: every status answer says ``outcome``."""
+
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def answer(self, give_up_after=None):
+        return {"ok": True, "outcome": self.outcome, "failure": None, "traces": 0}
+
+    def ask_later(self, request):
+        pass
+
+    def send(self, events):
+        return 0
+
+
+class _Torchrun:
+    """A node's launcher that exits 0 by itself after ``polls`` polls (None: never)."""
+
+    def __init__(self, polls):
+        self.polls, self.left, self.stopped = polls, polls, False
+
+    def poll(self):
+        if self.left is None:
+            return None
+        self.left -= 1
+        return LaunchResult(0) if self.left < 0 else None
+
+    def stop(self, grace=None):
+        self.stopped = True
+        return LaunchResult(-15, stopped=True)
+
+
+class _NoEvents:
+    def poll(self, timeout):
+        time.sleep(min(timeout, 0.01))
+        return []
+
+
+@pytest.mark.parametrize(
+    ("outcome", "polls", "stopped", "code", "said"),
+    [
+        ("finished", 3, False, 0, "node 1 finished"),  # torchrun exits by itself
+        ("finished", None, True, 0, "node 1 finished"),  # not within the grace: stopped
+        ("failed", 3, True, 1, "the run ended failed"),  # no grace for a failed run
+    ],
+)
+def test_a_node_told_the_run_finished_lets_its_torchrun_exit_and_finishes(
+    monkeypatch, tmp_path, outcome, polls, stopped, code, said
+):
+    """Node 0 says the run finished once every rank did; this node's torchrun is then on
+    its way out (past its exit barrier). It gets a grace to exit by itself, and a node that
+    had to stop it after the run finished still finished. Stopped at once, this node said
+    "FAILED: node 1 (host vm): the launcher exited with code -15" and exited 1, as `.ci/run`
+    saw once on a loaded machine, in a run that had finished."""
+    monkeypatch.setattr(agent_module, "FINISHED_GRACE_S", 0.3)
+    cfg = RunConfig(launcher="torchrun", world_size=4, nnodes=2, run_dir=str(tmp_path))
+    node = agent_module.NodeAgent(cfg, 1, _Node0Says(outcome), "", "vm")
+    monkeypatch.setattr(node, "_send_sample", lambda: None)
+    torchrun = _Torchrun(polls)
+    result = node._follow(torchrun, _NoEvents())
+    assert torchrun.stopped is stopped
+    lines = []
+    assert node._conclude(result, lines.append) == code
+    assert lines[-1].startswith(said)

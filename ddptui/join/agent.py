@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -30,6 +31,9 @@ DRAIN_S = 0.5
 SAMPLE_EVERY_S = 2.0
 #: How long this node's ranks have to write their traces, and node 0 to take each.
 TRACE_TIMEOUT_S = 5.0
+#: Once node 0 says the run finished, how long this node's torchrun has to exit by itself:
+#: every rank has ended, and its agent is past torchrun's exit barrier or about to be.
+FINISHED_GRACE_S = 10.0
 
 
 def _value(value: object) -> object:
@@ -162,13 +166,24 @@ class NodeAgent:
                 self.close()
         if code is not None:
             return code
+        return self._conclude(result, say)
+
+    def _conclude(self, result: LaunchResult, say: Callable[[str], None]) -> int:
+        """How this node ended, said and as ``ddptui join``'s exit code, from its launcher's
+        ``result`` and what node 0 said of the run."""
         failure = result.failure
         if not result.ok and (failure is None or failure.signal is None):
             self._await_verdict()  # a rank here may only have lost its peer elsewhere
         if self.node0_outcome is not None and self.node0_outcome != "finished":
             say(f"the run ended {self.node0_outcome}: {self.node0_failure or 'on another node'}")
             return EXIT_CODES.get(self.node0_outcome, 1)
-        if result.failure is not None or not result.ok:
+        # Stopped by this agent once node 0 said every rank finished (its torchrun slower to
+        # exit than the grace): the node finished. It said "FAILED: ... exited with code -15"
+        # and exited 1 when node 0's answer came as this node's torchrun was on its way out.
+        stopped_finished = self.node0_outcome == "finished" and result.stopped
+        if (result.failure is not None or not result.ok) and not (
+            stopped_finished and result.failure is None
+        ):
             failure = result.failure or RankFailureInfo(rank=None, exit_code=result.exit_code)
             line = self.describe(failure)
             self._report_failure(failure, line)
@@ -196,6 +211,10 @@ class NodeAgent:
                     self.node0_outcome = outcome[:32]
                     failure = answer.get("failure")
                     self.node0_failure = str(failure)[:500] if failure else None
+                    if self.node0_outcome == "finished":
+                        ended = self._await_exit(launcher, collector, FINISHED_GRACE_S)
+                        if ended is not None:
+                            return ended
                     return launcher.stop()
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S
@@ -207,6 +226,18 @@ class NodeAgent:
                 self.node0_outcome = "failed"
                 self.node0_failure = f"node 0 has not answered for {LOST_AFTER_S:.0f} s"
                 return launcher.stop()
+
+    def _await_exit(
+        self, launcher: Launcher, collector: Collector, seconds: float
+    ) -> LaunchResult | None:
+        """The launcher's result once it exits by itself within ``seconds`` (relaying what
+        its ranks still send meanwhile), else None."""
+        deadline = time.monotonic() + seconds
+        while True:
+            result = launcher.poll()
+            if result is not None or time.monotonic() >= deadline:
+                return result
+            self._relay(collector, 0.1)
 
     def _send_traces(self, ask: object) -> None:
         """Node 0 asked for the Flight Recorder traces (request ``ask``, newer than the last
