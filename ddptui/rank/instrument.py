@@ -957,11 +957,10 @@ class Instrument:
         ``pytorch_lightning``)."""
         inst = self
         for name in LIGHTNING_LOOPS:
-            module = sys.modules.get(name)
-            cls = getattr(module, "_EvaluationLoop", None) if module is not None else None
-            original = cls.__dict__.get("run") if isinstance(cls, type) else None
-            if name in self._lightning_attached or not callable(original):
+            found = _own_methods(sys.modules.get(name), "_EvaluationLoop", "run")
+            if name in self._lightning_attached or found is None:
                 continue
+            cls, (original,) = found
             self._lightning_attached.add(name)
 
             def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -1001,11 +1000,10 @@ class Instrument:
             return
         if module is None:
             module = sys.modules.get(_TORCHMETRICS)
-        cls = getattr(module, "Metric", None)
-        wrap_compute = cls.__dict__.get("_wrap_compute") if isinstance(cls, type) else None
-        forward = cls.__dict__.get("forward") if isinstance(cls, type) else None
-        if not callable(wrap_compute) or not callable(forward):
+        found = _own_methods(module, "Metric", "_wrap_compute", "forward")
+        if found is None:
             return
+        cls, (wrap_compute, forward) = found
         self._torchmetrics_attached = True
         inst = self
 
@@ -1080,10 +1078,10 @@ class Instrument:
             return
         if module is None:
             module = sys.modules.get(_IGNITE)
-        cls = getattr(module, "Engine", None)
-        original = cls.__dict__.get("run") if isinstance(cls, type) else None
-        if not callable(original):
+        found = _own_methods(module, "Engine", "run")
+        if found is None:
             return
+        cls, (original,) = found
         self._ignite_attached = True
         inst = self
 
@@ -2225,6 +2223,17 @@ def _logged_scalar(value: Any, tensor: type) -> bool:
     if isinstance(value, tensor):
         return value.numel() == 1
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _own_methods(module: Any, class_name: str, *names: str) -> tuple[type, list[Any]] | None:
+    """``module``'s class ``class_name`` and its own (not inherited) methods ``names``, to
+    wrap; None where the module, the class or one of them is missing (a framework's version
+    that moved them)."""
+    cls = getattr(module, class_name, None) if module is not None else None
+    if not isinstance(cls, type):
+        return None
+    methods = [cls.__dict__.get(name) for name in names]
+    return (cls, methods) if all(callable(method) for method in methods) else None
 
 
 def _pass_length(it: Any) -> int:
