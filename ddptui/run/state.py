@@ -141,7 +141,7 @@ class AttemptRecord:
     first_step: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class RankView:
     """Latest values and bounded history for one rank."""
 
