@@ -485,14 +485,18 @@ def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
     assert [log["samples"] for log in inst.fake.logs] == [4, 5 + 3, 6, 2]
 
 
-@pytest.mark.parametrize(("workers", "ddp"), [(0, False), (1, False), (0, True)])
-def test_without_a_sampler_the_epoch_is_the_training_passes(inst, workers, ddp):
+@pytest.mark.parametrize(
+    ("workers", "ddp", "evaluate"),
+    [(0, False, "no_grad"), (1, False, "no_grad"), (0, True, "no_grad"), (0, True, "eval mode")],
+)
+def test_without_a_sampler_the_epoch_is_the_training_passes(inst, workers, ddp, evaluate):
     """timm's ``train.py`` on one device: no DDP module, no DistributedSampler, and the
     dashboard showed epoch ``-`` for the whole run (so did DDP ranks that shard their data
     themselves). The epoch is the passes over the loader that feeds training, from 0: not a
-    peek at one batch before training, not an evaluation loader's passes (under no_grad),
-    not a pass cut short after one batch; a pass cut short after more does count (a
-    script's steps-per-epoch cap)."""
+    peek at one batch before training, not an evaluation loader's passes (under no_grad, or
+    with grad enabled after ``model.eval()``: the DDP module in eval mode), not a pass cut
+    short after one batch; a pass cut short after more does count (a script's
+    steps-per-epoch cap)."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock)) if ddp else Net(clock)
     opt = timed_sgd(model.parameters(), clock)
@@ -507,9 +511,15 @@ def test_without_a_sampler_the_epoch_is_the_training_passes(inst, workers, ddp):
     for _ in range(2):
         for x, _ in train:
             step(x)
-        with torch.no_grad():
+        if evaluate == "no_grad":
+            with torch.no_grad():
+                for x, _ in evaluation:
+                    model(x)
+        else:
+            model.eval()
             for x, _ in evaluation:
                 model(x)
+            model.train()
     for i, (x, _) in enumerate(train):  # a third epoch, cut short after two steps
         step(x)
         if i == 1:

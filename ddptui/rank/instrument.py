@@ -482,6 +482,9 @@ class Instrument:
         self.clock = clock
         self.torch: Any = None
         self._grad_enabled: Callable[[], bool] = lambda: True  # torch.is_grad_enabled once attached
+        #: The DDP modules watched (weakly): a batch drawn while every one is in eval mode is
+        #: an evaluation's, with grad enabled or not.
+        self._models: list[weakref.ref] = []
         self.disabled = False
         self.explicit = False
         self.hook_calls = 0
@@ -808,11 +811,10 @@ class Instrument:
 
         self._patch(DistributedSampler, "set_epoch", set_epoch)
         original_iter = DistributedSampler.__iter__
-        grad_enabled = torch.is_grad_enabled
 
         @functools.wraps(original_iter)
         def __iter__(sampler: Any, /) -> Any:
-            if not inst._sampler_noted and not inst.disabled and grad_enabled():
+            if not inst._sampler_noted and not inst.disabled and not inst._eval_draw():
                 inst._sampler_pass(sampler)
             return original_iter(sampler)
 
@@ -825,7 +827,6 @@ class Instrument:
         original = iterator.__next__
         inst = self
         tensor = torch.Tensor
-        grad_enabled = torch.is_grad_enabled
 
         @functools.wraps(original)
         def __next__(it: Any, /) -> Any:
@@ -835,7 +836,7 @@ class Instrument:
                 if id(it) == inst._pass_it:  # the training pass ran to its end
                     inst._pass_ended = True
                 raise
-            if not grad_enabled():  # an evaluation's batch
+            if inst._eval_draw():  # an evaluation's batch
                 return batch
             key = id(it)
             if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
@@ -860,7 +861,7 @@ class Instrument:
 
     def _loader_pass(self, it: int) -> None:
         """A training pass over a DataLoader began (its iterator's first batch, ``it`` its id,
-        with grad enabled: an evaluation's passes run under no_grad). Where no
+        not an evaluation's: see :meth:`_eval_draw`). Where no
         DistributedSampler was told an epoch (timm's ``train.py`` or pytorch/examples'
         ImageNet script on one device, a script sharding an IterableDataset itself), the epoch
         is the pass of the accelerate loader the batch came through (the HF Trainer in one
@@ -1406,6 +1407,8 @@ class Instrument:
                 inner.register_forward_hook(self._inner_post),
             ]
             self._outer_posts[id(ddp)] = outer_post
+            self._models = [ref for ref in self._models if ref() is not None]
+            self._models.append(weakref.ref(ddp))
             param = next(iter(inner.parameters()), None)
             if param is not None and param.device.type == "cuda":
                 self._cuda = param.device
@@ -1527,6 +1530,18 @@ class Instrument:
             self._samples += _batch_size(self.torch.Tensor, args, kwargs)
         if not self._first_released and self._pending:
             self._release_first()
+
+    def _eval_draw(self) -> bool:
+        """Whether a batch drawn now is an evaluation's: grad is off, or every DDP module
+        watched is in eval mode (a script that evaluates after ``model.eval()`` without
+        ``torch.no_grad()``; a module in eval mode inside a DDP wrapper in train mode, or the
+        reverse as Lightning leaves it, trains). Before any DDP module, grad alone says."""
+        if not self._grad_enabled():
+            return True
+        models = [model for ref in self._models if (model := ref()) is not None]
+        return bool(models) and not any(
+            model.training or getattr(model.module, "training", False) for model in models
+        )
 
     def _training(self, module: Any) -> bool:
         return module.training and self._grad_enabled()
