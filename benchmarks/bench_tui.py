@@ -370,10 +370,12 @@ def run_child(
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
     ps = psutil.Process(proc.pid)
     time.sleep(WARMUP_S)
-    t0, c0, threads0 = time.monotonic(), sum(ps.cpu_times()[:2]), _thread_times(ps)
+    t0, times0, threads0 = time.monotonic(), ps.cpu_times(), _thread_times(ps)
+    c0 = sum(times0[:2])
     spy = pyspy.start(proc.pid, seconds) if os.environ.get("BENCH_PYSPY") else None
     time.sleep(seconds)
-    t1, c1, threads1 = time.monotonic(), sum(ps.cpu_times()[:2]), _thread_times(ps)
+    t1, times1, threads1 = time.monotonic(), ps.cpu_times(), _thread_times(ps)
+    c1 = sum(times1[:2])
     profile = pyspy.finish(spy, seconds)
     proc.wait(timeout=60)
     if profile:
@@ -388,6 +390,8 @@ def run_child(
                 tid: (f"{names[tid]}[{tid}]" if tid in names else name, c)
                 for tid, (name, c) in threads1.items()
             }
+        user, system = (100 * (times1[i] - times0[i]) / (t1 - t0) for i in (0, 1))
+        print(f"  CPU in user space {user:.1f} %, in the kernel {system:.1f} %")
         print(
             "  CPU by thread: "
             + ", ".join(
