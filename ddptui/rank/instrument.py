@@ -1538,10 +1538,14 @@ class Instrument:
         reverse as Lightning leaves it, trains). Before any DDP module, grad alone says."""
         if not self._grad_enabled():
             return True
-        models = [model for ref in self._models if (model := ref()) is not None]
-        return bool(models) and not any(
-            model.training or getattr(model.module, "training", False) for model in models
-        )
+        alive = False
+        for ref in self._models:  # training: the first module says so (no list, no generator)
+            model = ref()
+            if model is not None:
+                if model.training or getattr(model.module, "training", False):
+                    return False
+                alive = True
+        return alive
 
     def _training(self, module: Any) -> bool:
         return module.training and self._grad_enabled()
