@@ -627,6 +627,47 @@ def test_a_gan_iteration_is_one_step_with_the_discriminators_loss(inst, ddp):
     assert [log["step_time"] for log in logs[1:3]] == pytest.approx([iteration] * 2)
 
 
+@pytest.mark.parametrize(
+    ("bad_d", "bad_g"),
+    [((), ()), ((0,), ()), ((0, 1, 2), ()), ((0, 1, 2), (0, 1, 2)), ((), (1,))],
+    ids=["none", "D's first", "every D", "every D and G", "G's second"],
+)
+def test_a_gan_iteration_under_a_grad_scaler_is_one_step_whichever_optimizer_it_skips(
+    inst, bad_d, bad_g
+):
+    """DCGAN with AMP: one ``GradScaler`` steps the discriminator's optimizer, then the
+    generator's, and updates once an iteration. A step the scaler skips (inf or NaN
+    gradients: fp16's first steps) ends the iteration's step as the optimizer's own step
+    would: the discriminator's ends it, the generator's joins it, skipped or not. Each
+    iteration is one step of its batch, with the discriminator's loss."""
+    clock = inst.fake_clock
+    netD = DistributedDataParallel(Net(clock))
+    netG = DistributedDataParallel(torch.nn.Linear(4, 4))
+    optD, optG = timed_sgd(netD.parameters(), clock), timed_sgd(netG.parameters(), clock)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    loss_d = []
+    for i, (x, _) in enumerate(_loader([4, 5, 3])):
+        if i in bad_d:
+            x = torch.full_like(x, math.nan)
+        optD.zero_grad()
+        err_real = netD(x).pow(2).mean()
+        scaler.scale(err_real).backward()
+        noise = torch.full((len(x), 4), math.nan) if i in bad_g else torch.randn(len(x), 4)
+        fake = netG(noise)
+        err_fake = (netD(fake.detach()) - 1).pow(2).mean()
+        scaler.scale(err_fake).backward()
+        scaler.step(optD)
+        loss_d.append((err_real + err_fake).item())
+        optG.zero_grad()
+        scaler.scale(netD(fake).pow(2).mean()).backward()
+        scaler.step(optG)
+        scaler.update()
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [4, 5, 3]
+    assert [log["loss"] for log in logs] == pytest.approx(loss_d, nan_ok=True)
+
+
 def test_a_batch_of_the_scripts_own_kind_counts_nothing_and_the_iterator_is_not_kept(inst):
     clock = inst.fake_clock
     model = Net(clock)
