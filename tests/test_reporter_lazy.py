@@ -257,6 +257,7 @@ class FakeCuda:
     class device:  # noqa: N801 - mimics torch.device
         type = "cuda"
 
+    is_cuda = True
     shape = ()
 
     def __init__(self, value):

@@ -748,11 +748,18 @@ def _number(name: str, value: Any, device: list[tuple[Any, Any]]) -> float | Non
     if value is None or type(value) is float:
         return value
     if pending.torch_tensor(value):
-        _one_value(name, value)
-        if value.device.type == "cuda":
+        # On the step path, where each call into torch costs microseconds (its code is cold
+        # after the step's kernels): ``is_cuda`` makes no device object, and a CPU tensor's
+        # ``item()`` itself refuses more than one element (then said as below).
+        if value.is_cuda:
+            _one_value(name, value)
             device.append((name, value))
             return None
-        return float(value.item())  # a CPU tensor: read now
+        try:
+            return float(value.item())  # a CPU tensor: read now
+        except RuntimeError:
+            _one_value(name, value)
+            raise
     try:
         return float(value)  # ints, numpy scalars
     except (TypeError, ValueError, OverflowError):
