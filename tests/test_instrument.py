@@ -483,6 +483,8 @@ def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
     opt.step()
     inst.flush()
     assert [log["samples"] for log in inst.fake.logs] == [4, 5 + 3, 6, 2]
+    # the first step, timed from its first forward, is no rate; the others are
+    assert [log.get("rated", True) for log in inst.fake.logs] == [False, True, True, True]
 
 
 @pytest.mark.parametrize(

@@ -731,3 +731,27 @@ def test_a_failure_given_as_an_exception_is_sent_as_its_text(collector):
         rep.close()
     (failed,) = [e for e in events if type(e).__name__ == "Status" and e.state == "failed"]
     assert failed.error == "x" * 2000 and failed.traceback == "['not', 'text']"
+
+
+def test_a_step_whose_time_is_no_measure_of_its_rate_goes_without_one(collector):
+    """The hooks' first step is timed from its first forward (no step ended before it): its
+    batch's wait is not in its time, and its samples over that time were no rate (a
+    data-bound script's first step read 8,000 samples/s against 105 after). It goes with
+    its time and phases, without a rate; the next steps have theirs."""
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        now, wall = time.monotonic(), time.time()
+        phases = {"forward": 0.001, "backward": 0.002, "optimizer": 0.001}
+        rep.log_step_at(
+            now, wall, epoch=0, samples=32, step_time=0.004, phases=phases, loss=1.0, rated=False
+        )
+        rep.log_step_at(
+            now + 0.3, wall + 0.3, epoch=0, samples=32, step_time=0.3, phases=None, loss=0.9
+        )
+        rep.flush()
+        steps = [e for e in drain(collector, 3) if type(e) is protocol.Step]
+    finally:
+        rep.close()
+    assert [(s.step, s.step_time, s.samples) for s in steps] == [(1, 0.004, 32), (2, 0.3, 32)]
+    assert steps[0].samples_per_s is None and steps[0].phases == phases
+    assert steps[1].samples_per_s == pytest.approx(32 / 0.3)

@@ -484,12 +484,25 @@ class Reporter:
         step_time: float,
         phases: dict[str, float] | None,
         loss: float | None,
+        rated: bool = True,
     ) -> None:
         """A step that ended at ``now`` (``time.monotonic``) and ``wall`` (``time.time``),
         logged later (the zero-code instrumentation's steps, from its drainer thread, which
-        calls :meth:`flush` itself: the sender thread is not woken for them)."""
+        calls :meth:`flush` itself: the sender thread is not woken for them). ``rated``
+        False: its time is no measure of its rate (no samples/s is derived from it)."""
         self._log_step(
-            now, wall, epoch, samples, None, step_time, None, phases, loss, None, poke=False
+            now,
+            wall,
+            epoch,
+            samples,
+            None,
+            step_time,
+            None,
+            phases,
+            loss,
+            None,
+            poke=False,
+            rated=rated,
         )
 
     def _log_step(
@@ -505,6 +518,7 @@ class Reporter:
         loss: Any,
         values: dict[str, Any] | None,
         poke: bool = True,
+        rated: bool = True,
     ) -> None:
         if self._socket is None:
             return
@@ -535,7 +549,7 @@ class Reporter:
         if step_time is None and self._last_step_at is not None:
             step_time = now - self._last_step_at
         self._last_step_at = now
-        if samples_per_s is None and step_time and samples:
+        if samples_per_s is None and step_time and samples and rated:
             samples_per_s = samples / step_time
         if phases is not None:
             phases = protocol.clean_phases(phases)
