@@ -1981,33 +1981,21 @@ class Instrument:
             get_reporter = self._get_reporter = reporter_module.get_reporter
             get_reporter().before_send(self.send_ready)
         reporter = get_reporter()
-        if self.steps_sent:
-            reporter.log_step_at(
-                now,
-                wall,
-                loss=loss,
-                phases=phases,
-                epoch=epoch,
-                samples=samples,
-                step_time=step_time,
-            )
-        else:
-            # The first step's time starts at its first forward (no step ended before it):
-            # its batch's wait is not in it, and its samples over it were no rate. A
-            # data-bound script's first step read 8,000 samples/s a rank against 105 after,
-            # and the throughput chart's scale hid the run's real rate. Its time and phases
-            # go; no rate is made of them (as an explicit ``ddptui.log``'s first step has
-            # none).
-            reporter.log_step_at(
-                now,
-                wall,
-                loss=loss,
-                phases=phases,
-                epoch=epoch,
-                samples=samples,
-                step_time=step_time,
-                rated=False,
-            )
+        # The first step's time starts at its first forward (no step ended before it): its
+        # batch's wait is not in it, and its samples over it were no rate. A data-bound
+        # script's first step read 8,000 samples/s a rank against 105 after, and the
+        # throughput chart's scale hid the run's real rate. Its time and phases go; no rate
+        # is made of them (as an explicit ``ddptui.log``'s first step has none).
+        reporter.log_step_at(
+            now,
+            wall,
+            loss=loss,
+            phases=phases,
+            epoch=epoch,
+            samples=samples,
+            step_time=step_time,
+            rated=self.steps_sent > 0,
+        )
         if self._loader_steps:
             # The steps a pass over the training DataLoader makes: an epoch's length for
             # progress and ETA where the script announces none (until the run shows one).
