@@ -595,6 +595,8 @@ class Instrument:
         # an evaluation pass (forwards without grad, or in eval mode) since the last segment
         self._eval_start: float | None = None
         self._eval_end: float | None = None
+        # The evaluation passes' seconds in the step being timed: out of its step time.
+        self._eval_spent = 0.0
         # DistributedSamplers by id; an entry goes with its sampler. Once one note is sent,
         # none is followed.
         self._samplers: dict[int, _SamplerPasses] = {}
@@ -1479,15 +1481,20 @@ class Instrument:
     def _take_eval(self) -> None:
         """The evaluation pass that ran in the segment just closed (first evaluation forward
         to the last one's end, its data loading between them included) is ``eval``, out of
-        the time of the ``data`` segment it interrupted. CPU only (GPU phases are device
-        time, where the pass shows as the device's own work)."""
+        the time of the ``data`` segment it interrupted (CPU; GPU phases are device time,
+        where the pass shows as the device's own work), and out of the step's time on both:
+        evaluating is not training, and a step's rate is its samples over its training time
+        (as ``ddptui.log_eval`` starts the next step's interval for an explicit log)."""
         start, end = self._eval_start, self._eval_end
         self._eval_start = self._eval_end = None
-        if start is None or end is None or self._cuda is not None:
+        if start is None or end is None:
             return
-        spent = min(max(0.0, end - start), self._acc["data"])
-        self._acc["data"] -= spent
-        self._acc["eval"] += spent
+        spent = max(0.0, end - start)
+        if self._cuda is None:
+            spent = min(spent, self._acc["data"])
+            self._acc["data"] -= spent
+            self._acc["eval"] += spent
+        self._eval_spent += spent
 
     def _eval_forward(self, start: bool) -> None:
         """An evaluation forward of a DDP module begins (``start``) or ends."""
@@ -1806,7 +1813,8 @@ class Instrument:
         self._closure_repeat = False
         now = self._mark
         start = self._step_start
-        step_time = max(0.0, now - start) if start is not None else 0.0
+        step_time = max(0.0, now - start - self._eval_spent) if start is not None else 0.0
+        self._eval_spent = 0.0
         custom = self._custom
         read: Any  # a CudaStepRead or LossRead (a GPU), or (phases, loss tensors) on the CPU
         if cuda and len(self._marks) > 1:
