@@ -300,9 +300,32 @@ def time_calls():
     def refresh(self, *regions, **kwargs):
         if kwargs.get("layout"):  # a layout makes the compositor paint the whole screen
             counts[f"Widget.refresh(layout=True)[{type(self).__name__}]"] += 1
+        else:
+            counts[f"Widget.refresh()[{type(self).__name__}]"] += 1
         return original_refresh(self, *regions, **kwargs)
 
     Widget.refresh = refresh
+    # How much of the screen each compositor update paints: a partial update renders (from
+    # their line caches) every widget whose clip overlaps the box around the regions made
+    # dirty since the last update (a child of the screen: its clip is the whole screen).
+    from textual._compositor import Compositor
+    from textual.geometry import Region
+
+    original_full = Compositor.render_full_update
+    original_partial = Compositor.render_partial_update
+
+    def full_update(self, *a, **k):
+        counts["Compositor.update full screen"] += 1
+        return original_full(self, *a, **k)
+
+    def partial_update(self, *a, **k):
+        if self._dirty_regions:
+            box = Region.from_union(list(self._dirty_regions))
+            counts["Compositor.update partial"] += 1
+            counts[f"Compositor.update partial, lines {box.y}-{box.bottom}"] += 1
+        return original_partial(self, *a, **k)
+
+    Compositor.render_full_update, Compositor.render_partial_update = full_update, partial_update
     return totals, counts
 
 
@@ -489,7 +512,11 @@ def child(args: argparse.Namespace) -> None:
             for name, t in sorted(call_times[0].items(), key=lambda kv: -kv[1])
             for calls in [call_times[1]]
         ]
-        lines += [f"{n:6d} x  {name}" for name, n in call_times[1].items() if "layout" in name]
+        lines += [
+            f"{n:6d} x  {name}"
+            for name, n in sorted(call_times[1].items())
+            if "refresh(" in name or "Compositor" in name
+        ]
         out.with_suffix(".prof.txt").write_text(profiler.report() + "\n" + "\n".join(lines))
     shutil.rmtree(run_dir, ignore_errors=True)  # 64k events: ~13 MB of events.jsonl
     out.write_text(
