@@ -61,7 +61,7 @@ def phase_table(state: RunState) -> list[str]:
 
 
 def over_run(state: RunState) -> str:
-    """`` at 1,234 samples/s over the run`` (the ranks' means over their steps), or nothing
+    """`` at 1,234 samples/s over the run`` (the ranks' samples over their steps' time), or nothing
     where :meth:`RunState.samples_per_s_over_run` knows none."""
     rate = state.samples_per_s_over_run()
     return "" if rate is None else f" at {rate:,.0f} samples/s over the run"

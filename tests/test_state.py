@@ -133,6 +133,24 @@ def test_an_ended_run_shows_its_mean_rates_over_its_steps_not_the_last_or_a_deca
     assert frame.summary.startswith(f"{2 * mean:,.0f} samples/s over the run")
 
 
+def test_a_rank_that_ran_out_of_batches_early_trained_in_the_runs_time_not_its_own():
+    """Uneven inputs under DDP's Join: rank 0 runs out after 10 steps of 0.1 s, rank 1 goes
+    on for 250. 4,160 samples in 25 s is 166 samples/s, not each rank's 160 added (320)."""
+    s = RunState("r", 2)
+    for rank, steps in ((0, 10), (1, 250)):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        for i in range(1, steps + 1):
+            s.apply(step(rank, i, i, i * 0.1, samples=16, sps=160.0), now=i * 0.1)
+        s.apply(ev(protocol.Status, rank, steps + 1, steps * 0.1, state="finished"))
+    s.finished_at, s.outcome = 25.0, "finished"
+    assert [v.rate_over_run() for v in s.ranks.values()] == [pytest.approx(160.0)] * 2
+    assert s.final_samples_per_s() == pytest.approx(4160 / 25.0)
+    assert run_frame(s, 30.0).summary.startswith("166 samples/s over the run")
+    # ranks that step together: the sum of their means, as before
+    together, _ = stepping(ranks=(0, 1, 2), steps=20, step_time=0.05, samples=8)
+    assert together.final_samples_per_s() == pytest.approx(3 * 8 / 0.05)
+
+
 def test_a_rank_whose_steps_say_no_time_ends_with_its_last_rate():
     s = RunState("r", 1)
     s.apply(ev(protocol.Status, 0, 0, 0.0, state="started"), now=0.0)

@@ -327,11 +327,11 @@ def test_replay_of_a_finished_run_has_its_accuracy():
     source = ReplaySource.load(FINISHED_RUN)
     assert source.state.status == "finished"
     assert source.state.last_eval.accuracy == pytest.approx(0.975)
-    # no rank runs any more: the header gives the ranks' mean rates over their steps (their
-    # samples over their step times), and says so
+    # no rank runs any more: the header gives the run's rate over its steps (the ranks'
+    # samples over the longest time one stepped), and says so
     summary = run_frame(source.state, source.now()).summary
     views = source.state.ranks.values()
-    mean = sum(v.samples_timed / v.time_stepping for v in views)
+    mean = sum(v.samples_timed for v in views) / max(v.time_stepping for v in views)
     assert all(v.time_stepping > 0 for v in views)
     assert mean > 0 and summary.startswith(f"{mean:,.0f} samples/s over the run"), summary
 

@@ -256,8 +256,8 @@ class RankView:
 
     def rate_over_run(self) -> float | None:
         """The rank's mean samples/s over its steps: their samples over their summed step
-        times (a step that held an evaluation counts with its time); its latest rate when no
-        step said how long it took."""
+        times (a step that held an evaluation counts with its time, but for the evaluation
+        passes the hooks tell apart); its latest rate when no step said how long it took."""
         if self.samples_timed and self.time_stepping > 0.0:
             return self.samples_timed / self.time_stepping
         return self.samples_per_s
@@ -695,10 +695,23 @@ class RunState:
         )
 
     def final_samples_per_s(self) -> float:
-        """Sum of every rank's mean throughput over its steps (see
-        :meth:`RankView.rate_over_run`), whatever its state: for a run that ended. The last
-        step's rate says little then (nanoGPT's last step holds a 20 s evaluation)."""
-        return sum(v.rate_over_run() or 0.0 for v in self.ranks.values())
+        """The run's throughput over its steps, whatever the ranks' states: for a run that
+        ended (the last step's rate says little then: nanoGPT's last step holds a 20 s
+        evaluation). Every rank's timed samples over the longest time a rank spent stepping:
+        ranks that step together (DDP) share that time, and it is the sum of their means
+        over their steps (:meth:`RankView.rate_over_run`); a rank that ran out of batches
+        early (uneven inputs under DDP's ``Join``) or ended early trained its samples in the
+        run's time, not in its own: its mean added to the others' made a run of 4,160
+        samples in 26 s of steps read 318 samples/s instead of 159. A rank whose steps said
+        no time adds its latest rate."""
+        samples, longest, untimed = 0, 0.0, 0.0
+        for view in self.ranks.values():
+            if view.samples_timed and view.time_stepping > 0.0:
+                samples += view.samples_timed
+                longest = max(longest, view.time_stepping)
+            else:
+                untimed += view.samples_per_s or 0.0
+        return (samples / longest if longest else 0.0) + untimed
 
     def samples_per_s_over_run(self) -> float | None:
         """:meth:`final_samples_per_s` where it means something: None when no sample was
