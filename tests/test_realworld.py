@@ -5,7 +5,8 @@ tczhangzhi/pytorch-distributed), written for these tests, run unmodified under d
 Each script runs once (``tests/realworld_runs.py``: a few at a time, in the background) and
 many small tests read that run: ddptui exits as plain torchrun would, counts every step of
 every rank as the script does, shows the loss the script has, takes the epochs from
-``set_epoch``, names no straggler or hang on a healthy run and records ``finished``. Fault
+``set_epoch``, names no straggler or hang on a healthy run (a rank idle in DDP's ``Join``
+included) and records ``finished``. Fault
 variants of the Trainer-class script: a rank killed, a rank raising, a rank hung before its
 first step and mid-run.
 
@@ -43,6 +44,9 @@ VERDICTS = {"input", "compute", "hang", "collective", "crash", "consequence", "o
 LONG_PREP_HANG_TIMEOUT = 2
 SLOW_FIRST_HANG_TIMEOUT = 2
 FAULT_HANG_TIMEOUT = 5
+#: Rank 0 of the Join script waits UNEVEN_EXTRA batches of 0.1 s in ``Join``: over twice this.
+UNEVEN_HANG_TIMEOUT = 2
+UNEVEN_EXTRA = 45
 FAULT_STEP = 7  # the step before which a mid-run fault strikes (of 24)
 
 
@@ -117,6 +121,13 @@ SPECS = {
             args=lambda w: ["--compile-seconds", "2.5", "--data-seconds", "0.1"],
             hang_timeout=SLOW_FIRST_HANG_TIMEOUT,
             cost=2,
+        ),
+        RunSpec(
+            "uneven_join",
+            "uneven_join.py",
+            args=lambda w: ["--batches", "6", "--extra", str(UNEVEN_EXTRA), "--wait", "0.1"],
+            hang_timeout=UNEVEN_HANG_TIMEOUT,
+            cost=1.5,
         ),
         RunSpec(
             "trainer_kill",
@@ -323,6 +334,24 @@ def test_one_step_example_reports_its_step(run):
         steps = run.steps(rank)
         assert [e["step"] for e in steps] == [1], run.describe()
     assert run.summary["final_eval"] is None
+
+
+@pytest.mark.parametrize("run_name", ["uneven_join"])
+def test_a_rank_out_of_batches_in_join_is_no_hang_and_the_rate_is_the_runs(run):
+    """Rank 0 runs out of batches first and shadows rank 1's all-reduces in ``Join`` for over
+    twice the hang timeout: no hang (its collectives move), and the run's rate over the run
+    is its samples over rank 1's time, not rank 0's mean added to rank 1's."""
+    facts = run.facts
+    assert (facts[0]["steps"], facts[1]["steps"]) == (6, 6 + UNEVEN_EXTRA), run.describe()
+    timed = {rank: [e for e in run.steps(rank) if e.get("step_time") is not None] for rank in facts}
+    stepping = {rank: sum(e["step_time"] for e in steps) for rank, steps in timed.items()}
+    assert stepping[1] - stepping[0] > 2 * UNEVEN_HANG_TIMEOUT, stepping
+    samples = sum(e["samples"] for steps in timed.values() for e in steps)
+    assert samples == facts[0]["samples"] + facts[1]["samples"]
+    rate = run.summary["samples_per_s"]
+    assert rate == pytest.approx(samples / stepping[1], rel=1e-6)
+    means = sum(r["samples_per_s"] for r in run.summary["ranks"])
+    assert rate < 0.75 * means  # rank 0's own mean no longer added
 
 
 @pytest.mark.parametrize("run_name", ["long_prep"])
