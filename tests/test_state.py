@@ -151,6 +151,28 @@ def test_a_rank_that_ran_out_of_batches_early_trained_in_the_runs_time_not_its_o
     assert together.final_samples_per_s() == pytest.approx(3 * 8 / 0.05)
 
 
+def test_the_headers_loss_leaves_out_a_rank_that_stopped_stepping_while_the_run_went_on():
+    """Rank 0 out of batches under Join after 10 steps (loss 0.5), rank 1 on to step 250
+    (loss 0.25): the run's loss is rank 1's, not their mean; the row keeps rank 0's."""
+    s = RunState("r", 2)
+    for rank, steps, loss in ((0, 10, 0.5), (1, 250, 0.25)):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        for i in range(1, steps + 1):
+            s.apply(step(rank, i, i, i * 0.1, loss=loss), now=i * 0.1)
+    assert s.mean_loss == 0.25
+    frame = run_frame(s, 25.0)
+    assert "loss 0.2500" in frame.summary
+    assert [r.loss for r in frame.rows] == ["0.5000", "0.2500"]
+    # within its grace (2 s here) a rank a step or a few behind still counts
+    s.apply(step(0, 11, 11, 23.5, loss=0.75), now=23.5)
+    assert s.mean_loss == pytest.approx(0.5)
+    # ranks that pause together (an evaluation on every rank) all count, however long
+    together, last = stepping(steps=5)
+    for rank, loss in ((0, 1.0), (1, 3.0)):
+        together.apply(step(rank, 6, 6, last + 30.0, loss=loss), now=last + 30.0 + rank * 0.01)
+    assert together.mean_loss == pytest.approx(2.0)
+
+
 def test_a_rank_whose_steps_say_no_time_ends_with_its_last_rate():
     s = RunState("r", 1)
     s.apply(ev(protocol.Status, 0, 0, 0.0, state="started"), now=0.0)

@@ -732,8 +732,24 @@ class RunState:
 
     @property
     def mean_loss(self) -> float | None:
-        losses = [v.loss for v in self.ranks.values() if v.loss is not None]
-        return sum(losses) / len(losses) if losses else None
+        """The mean of the ranks' latest losses, of the ranks still stepping with the others:
+        a rank whose last step came more than its rate's grace (three of its step times, at
+        least 2 s) before the last step of any rank stopped while the run went on (out of
+        batches under DDP's ``Join``, or ended); its row keeps its loss, but the header's is
+        the run's now (a Join run ended reading 0.1227, its last step's loss 0.0001 and its
+        idle rank's, 390 steps before, 0.2454). Ranks that pause together (an evaluation, a
+        checkpoint) all count."""
+        stepped = [v for v in self.ranks.values() if v.loss is not None]
+        if not stepped:
+            return None
+        latest = max((v.last_step_at for v in stepped if v.last_step_at is not None), default=None)
+        if latest is not None:
+            stepped = [
+                v
+                for v in stepped
+                if v.last_step_at is None or latest - v.last_step_at <= v.rate_grace()
+            ]
+        return sum(v.loss for v in stepped) / len(stepped)
 
     @property
     def current_epoch(self) -> int | None:
