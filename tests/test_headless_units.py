@@ -64,11 +64,14 @@ def test_console_prints_status_and_one_line_per_evaluated_epoch():
     lines = out.getvalue().splitlines()
     assert lines[0] == "rank 0 started: pid 7 on h, device cpu"
     assert lines[2].startswith("epoch 1/3  accuracy 0.9612 (1001 samples)  eval loss 0.1200")
+    assert "  1,000 samples/s so far  " in lines[2]  # 2 x 50 samples in 0.1 s
     assert len(lines) == 3  # the eval of rank 1 is the same evaluation: not printed twice
     loss_only = protocol.Eval(run="r", rank=0, seq=3, t=0.0, epoch=2, loss=5.38)
-    state.apply(loss_only, now=2.0)
-    console.on_events(state, [loss_only], now=2.0)
-    assert out.getvalue().splitlines()[3].startswith("epoch 2/3  eval loss 5.3800  ")
+    state.apply(loss_only, now=30.0)  # 29 s after the last step: the rate now has decayed
+    console.on_events(state, [loss_only], now=30.0)
+    line = out.getvalue().splitlines()[3]
+    assert line.startswith("epoch 2/3  eval loss 5.3800  1,000 samples/s so far  "), line
+    assert state.global_samples_per_s(30.0) < 10
 
 
 def test_progress_line_shows_throughput_loss_accuracy_and_problems():
