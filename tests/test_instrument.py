@@ -418,6 +418,27 @@ def test_gpu_phases_come_from_events_read_only_once_complete(inst):
     assert [log["loss"] for log in logs[:3]] == pytest.approx(losses)  # host losses: read now
 
 
+def test_on_a_gpu_an_evaluation_pass_is_out_of_the_steps_time_not_out_of_its_phases(inst):
+    """GPU phases are the device's time: an evaluation's kernels between two steps are in
+    the next step's ``data``, as the device ran them; the step's time (what its rate divides
+    by) leaves out the pass's host time, as on the CPU."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    inst.torch = FakeTorch(clock, [True])
+    inst._cuda = "cuda:0"
+    train_step(model, opt, clock)
+    with torch.no_grad():
+        model(torch.randn(50, 4))  # 0.010 of fake forward time
+        model(torch.randn(50, 4))
+    train_step(model, opt, clock)
+    inst.flush()
+    second = inst.fake.logs[1]
+    assert second["phases"]["data"] == pytest.approx(0.005 + 0.020)
+    assert second["phases"]["eval"] == 0.0
+    assert second["step_time"] == pytest.approx(sum(second["phases"].values()) - 0.020)
+
+
 def test_gpu_steps_beyond_the_pending_limit_go_out_without_phases(inst, monkeypatch):
     monkeypatch.setattr(instrument, "MAX_PENDING", 2)
     clock = inst.fake_clock
