@@ -695,11 +695,12 @@ class RunState:
         )
 
     def final_samples_per_s(self) -> float:
-        """The run's throughput over its steps, whatever the ranks' states: for a run that
-        ended (the last step's rate says little then: nanoGPT's last step holds a 20 s
-        evaluation). Every rank's timed samples over the longest time a rank spent stepping:
-        ranks that step together (DDP) share that time, and it is the sum of their means
-        over their steps (:meth:`RankView.rate_over_run`); a rank that ran out of batches
+        """The run's throughput over its steps so far, whatever the ranks' states: for a run
+        that ended (the last step's rate says little then: nanoGPT's last step holds a 20 s
+        evaluation), and for an evaluation's console line. Every rank's timed samples over
+        the longest time a rank spent stepping: ranks that step together (DDP) share that
+        time, and it is the sum of their means over their steps
+        (:meth:`RankView.rate_over_run`); a rank that ran out of batches
         early (uneven inputs under DDP's ``Join``) or ended early trained its samples in the
         run's time, not in its own: its mean added to the others' made a run of 4,160
         samples in 26 s of steps read 318 samples/s instead of 159. A rank whose steps said
@@ -739,17 +740,13 @@ class RunState:
         the run's now (a Join run ended reading 0.1227, its last step's loss 0.0001 and its
         idle rank's, 390 steps before, 0.2454). Ranks that pause together (an evaluation, a
         checkpoint) all count."""
+        # A loss comes only with a step (_on_step), which sets last_step_at first.
         stepped = [v for v in self.ranks.values() if v.loss is not None]
         if not stepped:
             return None
-        latest = max((v.last_step_at for v in stepped if v.last_step_at is not None), default=None)
-        if latest is not None:
-            stepped = [
-                v
-                for v in stepped
-                if v.last_step_at is None or latest - v.last_step_at <= v.rate_grace()
-            ]
-        return sum(v.loss for v in stepped) / len(stepped)
+        latest = max(v.last_step_at for v in stepped)
+        current = [v.loss for v in stepped if latest - v.last_step_at <= v.rate_grace()]
+        return sum(current) / len(current)  # the latest rank's own loss at least
 
     @property
     def current_epoch(self) -> int | None:
