@@ -28,6 +28,20 @@ def fmt_eta(state: Any, now: float) -> str:
     return fmt_duration(eta)
 
 
+def fmt_epoch(state: Any, epoch: int | None) -> str:
+    """An epoch as a line shows it: ``2/10`` once the run's number of epochs is known, the
+    second of ten whatever the script's numbering (a script that counts from 0, ``for epoch in
+    range(10): sampler.set_epoch(epoch)``, is in its epoch 1: ``epoch 1/10`` at the end of such
+    a run read as one epoch still to go, beside 100 %); else the script's own number; ``-``
+    when there is none."""
+    if epoch is None:
+        return "-"
+    if not state.epochs:
+        return str(epoch)
+    ordinal = epoch - state.epoch_base + 1
+    return f"{ordinal if ordinal >= 0 else epoch}/{state.epochs}"
+
+
 def amp_label(config: dict) -> str:
     """``amp bf16``; for a user script ``amp: script's`` (it does its own autocast, or not:
     ddptui's AMP option only configures the built-in trainers, so "amp off" would be wrong

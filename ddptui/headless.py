@@ -17,6 +17,7 @@ from ddptui.constants import PHASES
 from ddptui.formatting import (
     amp_label,
     fmt_duration,
+    fmt_epoch,
     fmt_eta,
     fmt_eval,
     fmt_num,
@@ -76,13 +77,10 @@ def diagnosis_line(diagnosis: Diagnosis) -> str:
 
 def progress_line(state: RunState, now: float) -> str:
     """One line of live status, shared by the periodic print and the terminal bar."""
-    epoch = state.current_epoch
-    epochs = "-" if epoch is None else str(epoch)
-    epochs += f"/{state.epochs}" if state.epochs else ""
     last = state.last_eval
     parts = [
         f"[{fmt_duration(state.elapsed(now)):>6}]",
-        f"epoch {epochs}",
+        f"epoch {fmt_epoch(state, state.current_epoch)}",
         fmt_rate(state.global_samples_per_s(now), state.samples_counted),
         f"loss {fmt_num(state.mean_loss)}",
         fmt_eval(last),
@@ -142,7 +140,6 @@ class HeadlessConsole:
                 elif event.state == "failed":
                     self.line(f"rank {event.rank} failed: {event.error}")
             elif isinstance(event, protocol.Eval) and event.rank == min(state.ranks):
-                epochs = f"/{state.epochs}" if state.epochs else ""
                 count = f" ({event.count} samples)" if event.count is not None else ""
                 accuracy = "" if event.accuracy is None else f"  accuracy {fmt_num(event.accuracy)}"
                 # The run's rate over its steps so far, not the rate now: an evaluation comes
@@ -151,7 +148,7 @@ class HeadlessConsole:
                 # stepped, and 11 at its last evaluation, run after its last step).
                 rate = fmt_rate(state.final_samples_per_s(), state.samples_counted)
                 self.line(
-                    f"epoch {event.epoch}{epochs}{accuracy}"
+                    f"epoch {fmt_epoch(state, event.epoch)}{accuracy}"
                     f"{count}  eval loss {fmt_num(event.loss)}  {rate} so far  "
                     f"elapsed {fmt_duration(state.elapsed(now))}"
                 )

@@ -3,6 +3,7 @@
 import io
 
 from ddptui import protocol
+from ddptui.formatting import fmt_epoch
 from ddptui.headless import HeadlessConsole, eval_summary, gpu_preflight, progress_line
 from ddptui.run.config import build_config
 from ddptui.run.machine import Machine
@@ -151,7 +152,35 @@ def test_epoch_zero_is_shown_and_an_unknown_total_is_not_a_question_mark():
     assert "epoch 0  " in line and "/?" not in line
     state.epochs = 20
     state.apply(step(0, 1, 19), now=3.0)
-    assert "epoch 19/20" in progress_line(state, 4.0)
+    # Counted from 0, the script's epoch 19 is the last of 20: "19/20" read as one to go.
+    assert "epoch 20/20" in progress_line(state, 4.0)
+
+
+def test_of_n_epochs_counts_from_one_whatever_the_scripts_numbering():
+    """``E/N`` is the E-th of N: a script counting from 0 (ignite's sampler, most loops) ended
+    its run showing ``epoch 1/2`` beside 100 %. Counted from 1 (the built-in trainers), the
+    numbers are the script's; without N, a lone number stays the script's own."""
+    zero = RunState("r", 1)
+    zero.apply(step(0, 0, 0), now=1.0)
+    assert "epoch 0  " in progress_line(zero, 1.5)  # no N: the script's own number
+    zero.epochs = 2
+    assert "epoch 1/2  " in progress_line(zero, 2.0)
+    zero.apply(step(0, 1, 1), now=3.0)
+    assert "epoch 2/2  " in progress_line(zero, 4.0)
+    assert run_frame(zero, 4.0).epoch == "2/2"  # the dashboard's header, the same
+    out = io.StringIO()
+    last = protocol.Eval(run="r", rank=0, seq=2, t=0.0, epoch=1, accuracy=0.8)
+    zero.apply(last, now=5.0)
+    HeadlessConsole(out, tty=False).on_events(zero, [last], now=5.0)
+    assert out.getvalue().startswith("epoch 2/2  accuracy 0.8000"), out.getvalue()
+    one = RunState("r", 1)
+    one.epochs = 2
+    one.apply(step(0, 0, 1), now=1.0)
+    assert "epoch 1/2  " in progress_line(one, 2.0)
+    one.apply(step(0, 1, 2), now=3.0)
+    assert "epoch 2/2  " in progress_line(one, 4.0)
+    assert fmt_epoch(one, None) == "-"
+    assert fmt_epoch(RunState("r", 1), 7) == "7"
 
 
 def test_a_preparing_rank_is_shown_with_its_frame():

@@ -17,6 +17,7 @@ from typing import Any
 from ddptui.formatting import (
     amp_label,
     fmt_duration,
+    fmt_epoch,
     fmt_eta,
     fmt_eval,
     fmt_num,
@@ -223,13 +224,12 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     ]
     if state.dropped:
         parts.append(f"{state.dropped} events dropped")
-    epoch = state.current_epoch
     return RunFrame(
         status=state.status,
         elapsed=fmt_duration(state.elapsed(now)),
         eta=fmt_eta(state, now),
         progress=state.progress(),
-        epoch=("-" if epoch is None else str(epoch)) + (f"/{state.epochs}" if state.epochs else ""),
+        epoch=fmt_epoch(state, state.current_epoch),
         summary="  ".join(parts),
         rows=tuple(rows),
         problems=problems,
