@@ -253,7 +253,7 @@ def eval_summary(state: RunState, script: bool) -> str:
     was reported (and, for a script, how to report one)."""
     last = state.last_eval
     if last is not None:
-        epoch = f" (epoch {last.epoch})" if last.epoch is not None else ""
+        epoch = f" (epoch {fmt_epoch(state, last.epoch)})" if last.epoch is not None else ""
         return f"final {fmt_eval(last, 'accuracy')}{epoch}"
     if script:
         return "the script reports no evaluation (ddptui.log_eval(epoch=…, accuracy=…) adds it)"

@@ -173,6 +173,7 @@ def test_of_n_epochs_counts_from_one_whatever_the_scripts_numbering():
     zero.apply(last, now=5.0)
     HeadlessConsole(out, tty=False).on_events(zero, [last], now=5.0)
     assert out.getvalue().startswith("epoch 2/2  accuracy 0.8000"), out.getvalue()
+    assert eval_summary(zero, script=True) == "final accuracy 0.8000 (epoch 2/2)"
     one = RunState("r", 1)
     one.epochs = 2
     one.apply(step(0, 0, 1), now=1.0)
