@@ -1,7 +1,15 @@
 """Dashboard cost at scale: 256 ranks on 32 nodes, 10 step events/s each (2,560 events/s).
 
-Simulated senders (a few processes, 64 ranks each by default) send over the real telemetry
-path (ZeroMQ PUSH → the dashboard's Collector → events.jsonl → RunState). Each rank's
+The dashboard is node 0 of a multi-node run, as ``ddptui --nnodes 32`` makes it: its join
+service and its CURVE inbox are up, and simulated senders (a few processes) send over the
+real telemetry paths. Node 0's own ranks send straight to the dashboard's Collector (ZeroMQ
+PUSH, a step to a message, as a rank's reporter sends at 10 steps a second); every other
+node joins as its ``ddptui join`` agent does (the join service, with the run's token) and
+sends its ranks' events over its own CURVE connection as its agent relays them (gathered
+every ``RELAY_EVERY_S``; ``--relay-every 0``: each by itself, as the agents did before),
+asks node 0 how the run stands every 0.5 s and sends its system sample every 2 s. Then on:
+events.jsonl → RunState → the screen. ``--direct`` makes every rank send straight to the
+dashboard instead (the bench's only way before: no node agents, no CURVE). Each rank's
 ``started`` Status names its host ``node-K`` and its node rank ``K`` (8 ranks per node), as
 a multi-node run's ranks do, and a pid: node 0's ranks a live one (the sender's), the other
 nodes' a pid no process here has (another machine's pid means nothing on this one). The
@@ -30,11 +38,13 @@ Prints numbers; it is not a test. Usage::
 
     python benchmarks/bench_scale.py                          # 256 ranks x 10/s, 3 x 20 s
     python benchmarks/bench_scale.py --nodes 8 --seconds 10 --transport tcp
+    python benchmarks/bench_scale.py --direct                 # no node agents
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -88,7 +98,101 @@ def table_cell(step: int) -> tuple[int, int]:
     return epoch, step - first + 1
 
 
-# -- a sender: ``count`` simulated ranks from ``first`` -------------------------------------------
+class SimRanks:
+    """``count`` simulated ranks from ``first`` (``per_node`` to a node) of a run of ``world``
+    ranks: the events each sends, step by step, with its own ``seq``."""
+
+    def __init__(
+        self, run_id: str, first: int, count: int, per_node: int, world: int, rate: float
+    ) -> None:
+        from ddptui.rank.heartbeat import BEAT_S
+
+        self.run_id, self.per_node, self.world, self.rate = run_id, per_node, world, rate
+        self.ranks = range(first, first + count)
+        self.seq = dict.fromkeys(self.ranks, 0)
+        self.ticks_per_beat = max(1, round(BEAT_S * rate))
+
+    def _common(self, rank: int) -> dict:
+        self.seq[rank] += 1
+        return {"run": self.run_id, "rank": rank, "t": time.time(), "seq": self.seq[rank] - 1}
+
+    def started(self) -> list:
+        from ddptui import protocol
+
+        return [
+            protocol.Status(
+                state="started",
+                # Node 0's ranks run here (a live process); another node's pid means nothing
+                # on this machine: one beyond the largest pid Linux gives (2**22).
+                pid=os.getpid() if rank < self.per_node else (1 << 22) + 1 + rank,
+                host=f"node-{rank // self.per_node}",
+                local_rank=rank % self.per_node,
+                world_size=self.world,
+                device="cpu",
+                node=rank // self.per_node,  # the node rank, as the multi-node engine adds it
+                **self._common(rank),
+            )
+            for rank in self.ranks
+        ]
+
+    def step(self, step: int) -> list:
+        """Every rank's events of its step ``step``: the step, and every second its beat."""
+        from ddptui import protocol
+
+        events = []
+        for rank in self.ranks:
+            fields = simulated_step(rank, step, 1 / self.rate)
+            step_time = fields["step_time"]
+            events.append(
+                protocol.Step(
+                    **fields,
+                    # Where the step went, as the built-in trainers and the hooks report it.
+                    phases={
+                        "data": 0.05 * step_time,
+                        "forward": 0.3 * step_time,
+                        "backward": 0.4 * step_time,
+                        "comm": (0.2 - 0.0001 * rank) * step_time,
+                        "optimizer": (0.05 + 0.0001 * rank) * step_time,
+                    },
+                    **self._common(rank),
+                )
+            )
+            if (step + rank) % self.ticks_per_beat == 0:  # its beat, spread over the ticks
+                events.append(
+                    protocol.Beat(
+                        frame="train_step (train.py:42)",
+                        digest=f"{step:x}",  # the stack moves from step to step
+                        cpu=time.process_time(),
+                        steps=step,
+                        **self._common(rank),
+                    )
+                )
+        return events
+
+    def finished(self) -> list:
+        from ddptui import protocol
+
+        return [protocol.Status(state="finished", **self._common(r)) for r in self.ranks]
+
+    def steps(self, seconds: float):
+        """The steps' numbers, each yielded when it is due (``rate`` a second, in lock-step:
+        DDP), for ``seconds``."""
+        start = time.monotonic()
+        step = 0
+        while True:
+            step += 1
+            delay = start + step / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if time.monotonic() - start > seconds:
+                return
+            yield step
+
+    def write_sent(self, out: str) -> None:
+        Path(out).write_text(json.dumps({str(r): n for r, n in self.seq.items()}))
+
+
+# -- a sender: ``count`` simulated ranks from ``first``, each straight to the dashboard ----------
 def send(
     endpoint: str,
     run_id: str,
@@ -108,72 +212,86 @@ def send(
     sock.setsockopt(zmq.LINGER, 5000)
     sock.setsockopt(zmq.SNDHWM, 100_000)
     sock.connect(endpoint)
-    ranks = range(first, first + count)
-    seq = dict.fromkeys(ranks, 0)
-
-    def common(rank: int) -> dict:
-        seq[rank] += 1
-        return {"run": run_id, "rank": rank, "t": time.time(), "seq": seq[rank] - 1}
-
-    from ddptui.rank.heartbeat import BEAT_S
-
-    for rank in ranks:
-        node = rank // per_node
-        started = protocol.Status(
-            state="started",
-            # Node 0's ranks run here (a live process); another node's pid means nothing on
-            # this machine: one beyond the largest pid Linux gives (2**22).
-            pid=os.getpid() if node == 0 else (1 << 22) + 1 + rank,
-            host=f"node-{node}",
-            local_rank=rank % per_node,
-            world_size=world,
-            device="cpu",
-            **common(rank),
-        )
-        # The node rank, as the multi-node engine adds it (an older decoder ignores it).
-        fields = {f: getattr(started, f) for f in started.__struct_fields__}
-        raw = {"kind": "status", **fields, "node": node}
-        sock.send(protocol._msgpack_encoder.encode([raw]))
-    start = time.monotonic()
-    step = 0
-    ticks_per_beat = max(1, round(BEAT_S * rate))
-    # Ranks of a node step in lock-step (DDP); a little skew between ranks in time.
-    while True:
-        step += 1
-        due = start + step / rate
-        delay = due - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        if time.monotonic() - start > seconds:
-            break
-        for rank in ranks:
-            fields = simulated_step(rank, step, 1 / rate)
-            step_time = fields["step_time"]
-            event = protocol.Step(
-                **fields,
-                # Where the step went, as the built-in trainers and the hooks report it.
-                phases={
-                    "data": 0.05 * step_time,
-                    "forward": 0.3 * step_time,
-                    "backward": 0.4 * step_time,
-                    "comm": (0.2 - 0.0001 * rank) * step_time,
-                    "optimizer": (0.05 + 0.0001 * rank) * step_time,
-                },
-                **common(rank),
-            )
-            sock.send(protocol.encode_batch([event]))  # one message per rank per step
-            if (step + rank) % ticks_per_beat == 0:  # each rank's beat, spread over the ticks
-                beat = protocol.Beat(
-                    frame="train_step (train.py:42)",
-                    digest=f"{step:x}",  # the stack moves from step to step
-                    cpu=time.process_time(),
-                    steps=step,
-                    **common(rank),
-                )
-                sock.send(protocol.encode_batch([beat]))
-    for rank in ranks:
-        sock.send(protocol.encode_batch([protocol.Status(state="finished", **common(rank))]))
+    sim = SimRanks(run_id, first, count, per_node, world, rate)
+    for event in sim.started():
+        sock.send(protocol.encode_batch([event]))
+    for step in sim.steps(seconds):
+        for event in sim.step(step):
+            sock.send(protocol.encode_batch([event]))  # a rank's reporter: a step a message
+    for event in sim.finished():
+        sock.send(protocol.encode_batch([event]))
     sock.close()
+    sim.write_sent(out)
+
+
+# -- a relay: ``nodes`` simulated nodes from ``first_node``, as their ``ddptui join`` agents ------
+def relay(
+    run_id: str,
+    first_node: int,
+    nodes: int,
+    per_node: int,
+    world: int,
+    rate: float,
+    seconds: float,
+    relay_every: float,
+    out: str,
+) -> None:
+    """Nodes other than node 0, each as its ``ddptui join`` agent meets node 0: it joins over
+    the join service (CURVE, the run's join token from ``BENCH_JOIN_TOKEN``), sends its ranks'
+    events over its own authenticated connection (``Channel.send``) gathered every
+    ``relay_every`` seconds (0: each by itself, as the agents relayed before RELAY_EVERY_S),
+    asks node 0 how the run stands every ``STATUS_EVERY_S`` and sends its system sample every
+    ``SAMPLE_EVERY_S``."""
+    from ddptui import protocol
+    from ddptui.join.agent import SAMPLE_EVERY_S
+    from ddptui.join.channel import STATUS_EVERY_S, Channel
+    from ddptui.run.cluster.token import JoinToken
+
+    token = JoinToken.decode(os.environ["BENCH_JOIN_TOKEN"])
+    sims, channels = [], []
+    for node in range(first_node, first_node + nodes):
+        channel = Channel(token)
+        reply = channel.ask({"op": "join", "v": 1, "node": node, "host": f"node-{node}"}, 30)
+        if not reply or not reply.get("ok"):
+            raise SystemExit(f"node {node} could not join: {reply}")
+        channel.open_telemetry(reply["telemetry"])
+        sims.append(SimRanks(run_id, node * per_node, per_node, per_node, world, rate))
+        channels.append(channel)
+    gathered: list[list] = [sim.started() for sim in sims]
+    next_send = next_status = next_sample = 0.0
+    samples = 0
+    for step in sims[0].steps(seconds):
+        now = time.monotonic()
+        for node, sim in enumerate(sims):
+            gathered[node] += sim.step(step)
+        if now >= next_sample:
+            next_sample = now + SAMPLE_EVERY_S
+            samples += 1
+            for node, _ in enumerate(sims):
+                sample = protocol.NodeSample(
+                    run=run_id, rank=0, t=time.time(), seq=samples, node=first_node + node,
+                    host=f"node-{first_node + node}", cpu_percent=50.0, load1=8.0,
+                    mem_used=1 << 34, mem_total=1 << 36, gpu_reason="a simulated node",
+                )  # fmt: skip
+                channels[node].send([sample])
+        if now >= next_send or relay_every <= 0:
+            next_send = now + relay_every
+            for node, channel in enumerate(channels):
+                if relay_every <= 0:
+                    for event in gathered[node]:
+                        channel.send([event])
+                else:
+                    channel.send(gathered[node])
+                gathered[node] = []
+        if now >= next_status:
+            next_status = now + STATUS_EVERY_S
+            for node, channel in enumerate(channels):
+                channel.answer()
+                channel.ask_later({"op": "status", "v": 1, "node": first_node + node})
+    for node, (sim, channel) in enumerate(zip(sims, channels, strict=True)):
+        channel.send(gathered[node] + sim.finished())
+        channel.close()
+    seq = {r: n for sim in sims for r, n in sim.seq.items()}
     Path(out).write_text(json.dumps({str(r): n for r, n in seq.items()}))
 
 
@@ -339,31 +457,38 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
     world = args.nodes * args.per_node
 
     class Senders:
-        """Launcher stand-in: runs the sender processes instead of the ranks."""
+        """Launcher stand-in: runs the sender processes instead of the ranks. ``--direct``:
+        every rank straight to the dashboard's collector. Else as a multi-node run is made:
+        node 0's ranks straight to it, every other node's through its agent (``relay``)."""
 
-        def __init__(self, endpoint: str, run_id: str, seconds: float):
-            per = -(-world // args.senders)
+        def __init__(self, endpoint: str, run_id: str, seconds: float, token: str | None):
+            self.env = {**os.environ, "BENCH_JOIN_TOKEN": token} if token else None
+            tail = [str(args.per_node), str(world), str(args.rate), str(seconds)]
+            if token is None:
+                per = -(-world // args.senders)
+                self.cmds = [
+                    [sys.executable, __file__, "--send", endpoint, run_id, str(first),
+                     str(min(per, world - first)), *tail, str(sent_dir / f"sent-{first}.json")]
+                    for first in range(0, world, per)
+                ]  # fmt: skip
+                return
+            # node 0's ranks: one sender; the other nodes shared among the rest
             self.cmds = [
-                [
-                    sys.executable,
-                    __file__,
-                    "--send",
-                    endpoint,
-                    run_id,
-                    str(first),
-                    str(min(per, world - first)),
-                    str(args.per_node),
-                    str(world),
-                    str(args.rate),
-                    str(seconds),
-                    str(sent_dir / f"sent-{first}.json"),
-                ]
-                for first in range(0, world, per)
-            ]
+                [sys.executable, __file__, "--send", endpoint, run_id, "0", str(args.per_node),
+                 *tail, str(sent_dir / "sent-0.json")]
+            ]  # fmt: skip
+            relays = max(1, args.senders - 1)
+            per = -(-(args.nodes - 1) // relays)
+            self.cmds += [
+                [sys.executable, __file__, "--relay", run_id, str(first),
+                 str(min(per, args.nodes - first)), *tail, str(args.relay_every),
+                 str(sent_dir / f"sent-node-{first}.json")]
+                for first in range(1, args.nodes, per)
+            ]  # fmt: skip
             self.procs: list[subprocess.Popen] = []
 
         def start(self) -> None:
-            self.procs = [subprocess.Popen(cmd, cwd=ROOT) for cmd in self.cmds]
+            self.procs = [subprocess.Popen(cmd, cwd=ROOT, env=self.env) for cmd in self.cmds]
 
         def poll(self) -> LaunchResult | None:
             codes = [p.poll() for p in self.procs]
@@ -385,8 +510,13 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
 
         def _new_launcher(self) -> Senders:
             assert self.collector is not None
+            token = None
+            if not args.direct:  # node 0 of a multi-node run: its join service and inbox
+                self._open_host()
+                assert self.host is not None
+                token = self.host.token().encode()
             # The senders end before the dashboard does, so that everything sent arrives.
-            return Senders(self.collector.endpoint, self.cfg.run_id, args.seconds + WARMUP_S)
+            return Senders(self.collector.endpoint, self.cfg.run_id, args.seconds + WARMUP_S, token)
 
         def _record(self, events) -> None:
             super()._record(events)
@@ -425,6 +555,11 @@ def child(args: argparse.Namespace) -> None:
     cfg = RunConfig(
         world_size=world, epochs=None, run_dir=str(run_dir / "run"), run_id="scale", backend="gloo"
     )
+    if not args.direct:  # node 0 of a multi-node run, its join service on loopback
+        cfg = dataclasses.replace(
+            cfg, launcher="torchrun", nnodes=args.nodes, bind="127.0.0.1",
+            rdzv_endpoint="127.0.0.1:29400",
+        )  # fmt: skip
     if args.ingest_only:  # the same session pumped with no UI: what ingest alone costs
         session = Session(cfg)
         session.start()
@@ -555,7 +690,21 @@ def main() -> None:
     parser.add_argument("--py-spy", action="store_true", help=PY_SPY_HELP)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="every rank straight to the dashboard (before: the bench's only way) instead of"
+        " node 0's ranks only and every other node through its join agent, over CURVE",
+    )
+    parser.add_argument(
+        "--relay-every",
+        type=float,
+        default=None,
+        help="seconds a node's agent gathers its ranks' events (default: the agent's"
+        " RELAY_EVERY_S; 0: each event sent on by itself, as the agents did before)",
+    )
     parser.add_argument("--send", nargs=9, help=argparse.SUPPRESS)
+    parser.add_argument("--relay", nargs=9, help=argparse.SUPPRESS)
     # bench_tui.run_child passes these through; accepted and unused here.
     parser.add_argument("--ranks", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -566,6 +715,15 @@ def main() -> None:
         send(e, run_id, int(first), int(count), int(per_node), int(world), float(rate),
              float(seconds), out)  # fmt: skip
         return
+    if args.relay:
+        run_id, first, nodes, per_node, world, rate, seconds, every, out = args.relay
+        relay(run_id, int(first), int(nodes), int(per_node), int(world), float(rate),
+              float(seconds), float(every), out)  # fmt: skip
+        return
+    if args.relay_every is None:
+        from ddptui.join.agent import RELAY_EVERY_S
+
+        args.relay_every = RELAY_EVERY_S
     if args.child:
         child(args)
         return
@@ -576,7 +734,10 @@ def main() -> None:
         "--nodes", str(args.nodes), "--per-node", str(args.per_node), "--rate", str(args.rate),
         "--seconds", str(args.seconds), "--senders", str(args.senders),
         "--transport", args.transport, "--refresh-hz", str(args.refresh_hz),
+        "--relay-every", str(args.relay_every),
     ]  # fmt: skip
+    if args.direct:
+        common.append("--direct")
     if args.no_monitor:
         common.append("--no-monitor")
     if args.profile:
@@ -584,10 +745,21 @@ def main() -> None:
     from ddptui.tui.screens.run import LARGE_RUN_HZ, LARGE_RUN_RANKS
 
     table_hz = min(args.refresh_hz, LARGE_RUN_HZ) if world > LARGE_RUN_RANKS else args.refresh_hz
+    if args.direct:
+        path = f"every rank straight to the dashboard over {args.transport}"
+    else:
+        gathered = (
+            f"gathered every {args.relay_every:g} s" if args.relay_every > 0 else "one by one"
+        )
+        path = (
+            f"node 0's ranks straight to the dashboard over {args.transport}, the other "
+            f"{args.nodes - 1} nodes' through their join agents over CURVE ({gathered}; status "
+            "asked every 0.5 s, a system sample every 2 s)"
+        )
     print(
         f"ddptui scale benchmark: {world} ranks on {args.nodes} nodes x {args.rate:g} events/s "
-        f"({world * args.rate:g} events/s) from {args.senders} sender processes over "
-        f"{args.transport}, beats every second per rank, refresh {args.refresh_hz:g} Hz "
+        f"({world * args.rate:g} events/s) from {args.senders} sender processes, {path}, "
+        f"beats every second per rank, refresh {args.refresh_hz:g} Hz "
         f"(header and table {table_hz:g} Hz at {world} ranks; phase bars 1 Hz), "
         f"{args.repeat} x {args.seconds:g} s window, {os.cpu_count()} CPUs"
     )

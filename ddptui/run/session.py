@@ -265,13 +265,12 @@ class RunSession:
             return self._start_host()
         return make_launcher(self.cfg, self.collector.endpoint)
 
-    def _start_host(self) -> Launcher:
-        """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
-        ranks (slot 0) under c10d, or, under Slurm, srun starting one agent per node."""
+    def _open_host(self) -> None:
+        """Node 0's side of a multi-node run: the keys, the join service and the CURVE inbox
+        (benchmarks open it for the nodes they simulate)."""
         assert self.collector is not None
-        # CURVE, the join service, srun (14 ms of imports): only a multi-node run needs them
+        # CURVE and the join service (part of 14 ms of imports): only a multi-node run
         from ddptui.run.cluster.host import NodeHost
-        from ddptui.run.cluster.slurm import SrunLauncher
 
         try:
             self.host = NodeHost(self.cfg)
@@ -280,6 +279,15 @@ class RunSession:
                 f"cannot host the run's telemetry on {self.cfg.bind}: {exc}"
             ) from None
         self.host.inbox.stats = self.collector.stats  # one count of what arrived
+
+    def _start_host(self) -> Launcher:
+        """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
+        ranks (slot 0) under c10d, or, under Slurm, srun starting one agent per node."""
+        # srun (part of 14 ms of imports): only a multi-node run needs it
+        from ddptui.run.cluster.slurm import SrunLauncher
+
+        self._open_host()
+        assert self.host is not None
         if self.cfg.launcher == "slurm":
             return SrunLauncher(self.cfg, self.host.token().encode())
         assert self.cfg.rdzv_endpoint is not None
