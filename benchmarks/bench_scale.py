@@ -5,9 +5,10 @@ service and its CURVE inbox are up, and simulated senders (a few processes) send
 real telemetry paths. Node 0's own ranks send straight to the dashboard's Collector (ZeroMQ
 PUSH, a step to a message, as a rank's reporter sends at 10 steps a second); every other
 node joins as its ``ddptui join`` agent does (the join service, with the run's token) and
-sends its ranks' events over its own CURVE connection as its agent relays them (gathered
-every ``RELAY_EVERY_S``; ``--relay-every 0``: each by itself, as the agents did before),
-asks node 0 how the run stands every 0.5 s and sends its system sample every 2 s. Then on:
+sends its ranks' events over its own CURVE connection as its agent relays them (each as it
+comes; ``--relay-every S``: gathered into one message every S seconds, each node's sends
+spread over the interval), asks node 0 how the run stands every 0.5 s and sends its system
+sample every 2 s. Then on:
 events.jsonl → RunState → the screen. ``--direct`` makes every rank send straight to the
 dashboard instead (the bench's only way before: no node agents, no CURVE). Each rank's
 ``started`` Status names its host ``node-K`` and its node rank ``K`` (8 ranks per node), as
@@ -23,8 +24,10 @@ the range is printed):
 * CPU of the dashboard process (all threads: pump, monitor sampler, UI), % of one core: the
   process's CPU seconds (user + system) per second of the window, so that other load on the
   machine does not count;
-* delay from an event's arrival in the dashboard to the first refresh that shows it (on every
-  fourth pump of events, :data:`DELAY_SAMPLE`: reading them costs the measured process);
+* delay from an event's sending (its ``t``: by its rank, or for another node's rank by the
+  simulated rank behind its agent) to the first refresh that shows it (on every fourth pump of
+  events, :data:`DELAY_SAMPLE`: reading them costs the measured process): the time in its
+  agent, in the socket and until the screen shows it;
 * collector drops: per rank, events sent (by seq) against events received.
 
 ``--profile`` adds the CPU time spent in each of the screen's drawing calls, and every
@@ -239,7 +242,7 @@ def relay(
     """Nodes other than node 0, each as its ``ddptui join`` agent meets node 0: it joins over
     the join service (CURVE, the run's join token from ``BENCH_JOIN_TOKEN``), sends its ranks'
     events over its own authenticated connection (``Channel.send``) gathered every
-    ``relay_every`` seconds (0: each by itself, as the agents relayed before RELAY_EVERY_S),
+    ``relay_every`` seconds (0: each by itself, as the agents relay them),
     asks node 0 how the run stands every ``STATUS_EVERY_S`` and sends its system sample every
     ``SAMPLE_EVERY_S``."""
     from ddptui import protocol
@@ -258,36 +261,48 @@ def relay(
         sims.append(SimRanks(run_id, node * per_node, per_node, per_node, world, rate))
         channels.append(channel)
     gathered: list[list] = [sim.started() for sim in sims]
-    next_send = next_status = next_sample = 0.0
-    samples = 0
-    for step in sims[0].steps(seconds):
+    began = time.monotonic()
+    # Each agent sends every ``relay_every`` from when it started: the nodes' sends spread over
+    # the interval (their agents started at different times), not in step with the ranks'.
+    sends = [began + relay_every * (node + 1) / len(sims) for node in range(len(sims))]
+    step, next_status, next_sample, samples = 0, began, began, 0
+    while True:
         now = time.monotonic()
-        for node, sim in enumerate(sims):
-            gathered[node] += sim.step(step)
+        if now - began > seconds:
+            break
+        if now >= began + (step + 1) / rate:  # the ranks' next step (lock-step: DDP)
+            step += 1
+            for node, sim in enumerate(sims):
+                gathered[node] += sim.step(step)
+        for node, channel in enumerate(channels):
+            if relay_every <= 0:
+                for event in gathered[node]:
+                    channel.send([event])
+                gathered[node] = []
+            elif now >= sends[node]:
+                sends[node] += relay_every
+                if gathered[node]:
+                    channel.send(gathered[node])
+                    gathered[node] = []
         if now >= next_sample:
-            next_sample = now + SAMPLE_EVERY_S
+            next_sample += SAMPLE_EVERY_S
             samples += 1
-            for node, _ in enumerate(sims):
+            for node, channel in enumerate(channels):
                 sample = protocol.NodeSample(
                     run=run_id, rank=0, t=time.time(), seq=samples, node=first_node + node,
                     host=f"node-{first_node + node}", cpu_percent=50.0, load1=8.0,
                     mem_used=1 << 34, mem_total=1 << 36, gpu_reason="a simulated node",
                 )  # fmt: skip
-                channels[node].send([sample])
-        if now >= next_send or relay_every <= 0:
-            next_send = now + relay_every
-            for node, channel in enumerate(channels):
-                if relay_every <= 0:
-                    for event in gathered[node]:
-                        channel.send([event])
-                else:
-                    channel.send(gathered[node])
-                gathered[node] = []
+                channel.send([sample])
         if now >= next_status:
-            next_status = now + STATUS_EVERY_S
+            next_status += STATUS_EVERY_S
             for node, channel in enumerate(channels):
                 channel.answer()
                 channel.ask_later({"op": "status", "v": 1, "node": first_node + node})
+        due = [began + (step + 1) / rate, next_status, next_sample]
+        if relay_every > 0:
+            due.append(min(sends))
+        time.sleep(max(0.0, min(due) - time.monotonic()))
     for node, (sim, channel) in enumerate(zip(sims, channels, strict=True)):
         channel.send(gathered[node] + sim.finished())
         channel.close()
@@ -531,8 +546,10 @@ def make_session_class(args: argparse.Namespace, sent_dir: Path):
             else:
                 step = protocol.Step
                 newest = {event.rank: event.step for event in events if type(event) is step}
-                if newest:
-                    self.arrivals.append((time.monotonic(), newest, len(events)))
+                if newest:  # how long ago each was sent (the same machine's clock)
+                    wall = time.time()
+                    lags = [round(wall - event.t, 4) for event in events]
+                    self.arrivals.append((time.monotonic(), newest, len(events), lags))
             self.pumps += 1
 
     return ScaleSession
@@ -699,9 +716,9 @@ def main() -> None:
     parser.add_argument(
         "--relay-every",
         type=float,
-        default=None,
-        help="seconds a node's agent gathers its ranks' events (default: the agent's"
-        " RELAY_EVERY_S; 0: each event sent on by itself, as the agents did before)",
+        default=0.0,
+        help="seconds a simulated node's agent gathers its ranks' events before it sends them"
+        " on in one message (default 0: each as it comes, as ddptui join's agent relays them)",
     )
     parser.add_argument("--send", nargs=9, help=argparse.SUPPRESS)
     parser.add_argument("--relay", nargs=9, help=argparse.SUPPRESS)
@@ -720,10 +737,6 @@ def main() -> None:
         relay(run_id, int(first), int(nodes), int(per_node), int(world), float(rate),
               float(seconds), float(every), out)  # fmt: skip
         return
-    if args.relay_every is None:
-        from ddptui.join.agent import RELAY_EVERY_S
-
-        args.relay_every = RELAY_EVERY_S
     if args.child:
         child(args)
         return
@@ -793,7 +806,8 @@ def one_run(common: list[str], args: argparse.Namespace, world: int) -> dict | N
     paints = [(t, {int(r): tuple(s) for r, s in shown.items()}) for t, shown in data["paints"]]
     arrivals = [
         (t, None if newest is None else {int(r): table_cell(s) for r, s in newest.items()}, n)
-        for t, newest, n in data["arrivals"]
+        + tuple(lags)
+        for t, newest, n, *lags in data["arrivals"]
     ]
     if not arrivals or not paints:
         return None
@@ -806,7 +820,7 @@ def one_run(common: list[str], args: argparse.Namespace, world: int) -> dict | N
     shutil.rmtree(data["sent_dir"], ignore_errors=True)
     received = {int(r): v for r, v in data["received"].items()}
     missing = {r: n - received.get(r, [0])[0] for r, n in sent.items()}
-    batches = [n for t, _, n in arrivals if window[0] <= t <= window[1]]
+    batches = [n for t, _, n, *_ in arrivals if window[0] <= t <= window[1]]
     prof = out.with_suffix(".prof.txt")
     profile = prof.read_text()[:8000] if prof.exists() else ""
     prof.unlink(missing_ok=True)

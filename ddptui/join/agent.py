@@ -27,9 +27,6 @@ from ddptui.runfiles import write_json_atomic
 
 #: After the ranks end, keep relaying this long for events still in flight.
 DRAIN_S = 0.5
-#: The longest a rank's event waits in this node's agent before it is sent on to node 0 with
-#: the others gathered meanwhile: one message a tick for the whole node, not one a step a rank.
-RELAY_EVERY_S = 0.1
 #: How often the node's system (host load, GPUs) is sampled and sent to node 0.
 SAMPLE_EVERY_S = 2.0
 #: How long this node's ranks have to write their traces, and node 0 to take each.
@@ -300,27 +297,13 @@ class NodeAgent:
             self._monitor = None
 
     def _relay(self, collector: Collector, timeout: float) -> None:
-        """Relay what this node's ranks send for up to ``timeout`` seconds (returning early
-        when nothing comes), gathered: at most one message every :data:`RELAY_EVERY_S`
-        (as many as :data:`protocol.MAX_BATCH_EVENTS` allows). Sent as each poll returned
-        them, a node's ranks' events went to node 0 about one to a message (their reporters
-        send each step by itself at 10 steps a second), each one decrypted and decoded there
-        by itself: 31 nodes of 8 ranks made node 0 take 2,500 messages a second."""
         deadline = time.monotonic() + timeout
-        send_at = time.monotonic() + RELAY_EVERY_S
-        batch: list[protocol.AnyEvent] = []
         while True:
-            now = time.monotonic()
-            events = collector.poll(min(0.1, max(0.0, min(deadline, send_at) - now)))
-            batch += events
-            now = time.monotonic()
-            done = now >= deadline or (not batch and timeout <= 0.1)
-            if batch and (done or now >= send_at or len(batch) >= protocol.MAX_BATCH_EVENTS):
-                self.dropped += self.channel.send(batch)
-                self.relayed += len(batch)
-                batch = []
-                send_at = now + RELAY_EVERY_S
-            if done:
+            events = collector.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+            if events:
+                self.dropped += self.channel.send(events)
+                self.relayed += len(events)
+            if time.monotonic() >= deadline or (not events and timeout <= 0.1):
                 return
 
     def _report_failure(self, failure: RankFailureInfo, line: str) -> None:
