@@ -141,6 +141,22 @@ def test_node_summaries_only_for_more_than_one_node():
     assert node_summaries(run_frame(fresh, 0.0).rows) == ()
 
 
+def test_ranks_still_starting_are_no_node_of_their_own():
+    """A single-node run while its ranks start: the first rank that said its host and the
+    ranks not yet heard from were two groups, and the table showed them as two nodes
+    (``node ?  1 rank  vm``) until the last rank started."""
+    starting = RunState("r", 3)
+    starting.apply(Status(run="r", rank=0, t=0.0, seq=0, state="started", host="vm"), now=0.0)
+    frame = run_frame(starting, 0.5)
+    assert node_summaries(frame.rows) == () and frame.nodes == ()
+    assert table_columns(frame) == RANK_COLUMNS
+    assert [line.key for line in table_lines(frame)] == [0, 1, 2]
+    # Two hosts heard of: two nodes, and the rank not yet heard from in a group of its own.
+    starting.apply(Status(run="r", rank=1, t=0.0, seq=0, state="started", host="b"), now=0.0)
+    groups = [summary.ranks for summary in node_summaries(run_frame(starting, 0.5).rows)]
+    assert sorted(groups) == [(0,), (1,), (2,)]
+
+
 # -- the system panel's per-node model -------------------------------------------------------
 def test_node_system_lines_from_snapshots_dicts_and_nothing():
     nodes = [(0, "node-0"), (1, "node-1"), (2, "node-2"), (3, "node-3")]

@@ -407,11 +407,14 @@ def _group_order(group: int | str | None) -> tuple[int, int, str]:
 
 def node_summaries(rows: Sequence[RankRow]) -> tuple[NodeSummary, ...]:
     """A summary per node, in node order, when the ranks run on more than one node (by node
-    rank, else by host); empty for a single-node run (or while no rank has said where)."""
+    rank, else by host); empty for a single-node run (or while no rank has said where). Ranks
+    that have not said where yet are no node of their own: while a single-node run's ranks
+    started, the first to say its host made the table group the ranks into "nodes" (``vm``
+    and the ranks still pending), as if the run spanned two machines."""
     groups: dict[int | str | None, list[RankRow]] = {}
     for row in rows:
         groups.setdefault(row.group, []).append(row)
-    if len(groups) < 2:
+    if len(groups.keys() - {None}) < 2:
         return ()
     out = []
     for group in sorted(groups, key=_group_order):
