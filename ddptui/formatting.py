@@ -62,9 +62,14 @@ def fmt_rate(samples_per_s: float, counted: bool) -> str:
     return f"{samples_per_s:,.0f} samples/s" if counted else "-- samples/s"
 
 
-def fmt_samples(total: int, counted: bool) -> str:
-    """``12,345 samples``; ``samples not counted`` (see :func:`fmt_rate`)."""
-    return f"{total:,} samples" if counted else "samples not counted"
+def fmt_samples(state: Any) -> str:
+    """A run's samples (``RunState``): ``12,345 samples``; ``samples not counted`` once its
+    ranks step without counting any (see :func:`fmt_rate`); ``0 samples`` before any step
+    (while a run's ranks started, or of a run that failed before its first step, it said
+    "samples not counted" of runs that would have counted them)."""
+    if state.samples_counted:
+        return f"{state.samples_total:,} samples"
+    return "0 samples" if state.first_step_at is None else "samples not counted"
 
 
 def fmt_eval(evaluation: Any, accuracy: str = "acc") -> str:

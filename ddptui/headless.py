@@ -198,7 +198,7 @@ class HeadlessConsole:
         self.line(
             f"run {verdict} after {fmt_duration(state.elapsed(now))}: "
             f"{eval_summary(state, bool(session.cfg.script))}; "
-            f"{fmt_samples(state.samples_total, state.samples_counted)}"
+            f"{fmt_samples(state)}"
             f"{over_run(state)}; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )

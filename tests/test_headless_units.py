@@ -91,7 +91,11 @@ def test_a_run_whose_ranks_count_no_samples_shows_no_rate_rather_than_zero():
     """Steps without samples (ddptui.log without samples=, a model fed without a DataLoader
     or DDP): the rate is unknown, not 0 samples/s, in the console and in the dashboard."""
     state = RunState("r", 1)
-    state.apply(protocol.Step(run="r", rank=0, seq=0, t=0.0, step=1, loss=0.5, samples=0), now=0.0)
+    # Before any step, nothing is known either way: no "samples not counted" yet.
+    state.apply(protocol.Status(run="r", rank=0, seq=0, t=0.0, state="started", pid=7), now=0.0)
+    assert "-- samples/s" in run_frame(state, now=0.5).summary
+    assert run_frame(state, now=0.5).summary.endswith("  0 samples")
+    state.apply(protocol.Step(run="r", rank=0, seq=1, t=0.0, step=1, loss=0.5, samples=0), now=0.0)
     assert not state.samples_counted
     assert "-- samples/s" in progress_line(state, now=1.0)
     assert "-- samples/s" in run_frame(state, now=1.0).summary

@@ -220,7 +220,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         rate,
         f"loss {fmt_num(state.mean_loss)}",
         fmt_eval(last),
-        fmt_samples(state.samples_total, counted),
+        fmt_samples(state),
     ]
     if state.dropped:
         parts.append(f"{state.dropped} events dropped")
