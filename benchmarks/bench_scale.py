@@ -727,6 +727,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if not 0.0 <= args.relay_every <= 10.0:  # nan and inf fail too
+        parser.error("--relay-every must be 0 to 10 seconds")
+    if min(args.nodes, args.per_node, args.senders) < 1 or not 0.0 < args.rate <= 1000.0:
+        parser.error("--nodes, --per-node and --senders must be at least 1, --rate 0 to 1000")
+    if args.nodes == 1:
+        args.direct = True  # one node: no other node's agent to relay
     if args.send:
         e, run_id, first, count, per_node, world, rate, seconds, out = args.send
         send(e, run_id, int(first), int(count), int(per_node), int(world), float(rate),
