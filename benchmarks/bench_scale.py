@@ -70,6 +70,7 @@ from bench_tui import (  # noqa: E402
     run_child,
     run_figures,
     run_line,
+    simulated_phases,
 )
 
 GOAL_CPU = 10.0
@@ -149,14 +150,7 @@ class SimRanks:
             events.append(
                 protocol.Step(
                     **fields,
-                    # Where the step went, as the built-in trainers and the hooks report it.
-                    phases={
-                        "data": 0.05 * step_time,
-                        "forward": 0.3 * step_time,
-                        "backward": 0.4 * step_time,
-                        "comm": (0.2 - 0.0001 * rank) * step_time,
-                        "optimizer": (0.05 + 0.0001 * rank) * step_time,
-                    },
+                    phases=simulated_phases(step_time, 0.0001 * rank),
                     **self._common(rank),
                 )
             )
@@ -191,8 +185,11 @@ class SimRanks:
                 return
             yield step
 
-    def write_sent(self, out: str) -> None:
-        Path(out).write_text(json.dumps({str(r): n for r, n in self.seq.items()}))
+
+def write_sent(out: str, sims: list[SimRanks]) -> None:
+    """What each simulated rank sent (its last ``seq``), for the drop count."""
+    sent = {str(r): n for sim in sims for r, n in sim.seq.items()}
+    Path(out).write_text(json.dumps(sent))
 
 
 # -- a sender: ``count`` simulated ranks from ``first``, each straight to the dashboard ----------
@@ -224,7 +221,7 @@ def send(
     for event in sim.finished():
         sock.send(protocol.encode_batch([event]))
     sock.close()
-    sim.write_sent(out)
+    write_sent(out, [sim])
 
 
 # -- a relay: ``nodes`` simulated nodes from ``first_node``, as their ``ddptui join`` agents ------
@@ -306,8 +303,7 @@ def relay(
     for node, (sim, channel) in enumerate(zip(sims, channels, strict=True)):
         channel.send(gathered[node] + sim.finished())
         channel.close()
-    seq = {r: n for sim in sims for r, n in sim.seq.items()}
-    Path(out).write_text(json.dumps({str(r): n for r, n in seq.items()}))
+    write_sent(out, sims)
 
 
 # -- where the dashboard's time goes -------------------------------------------------------------

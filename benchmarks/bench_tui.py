@@ -52,6 +52,18 @@ WARMUP_S = 5.0  # start-up (imports, first layout) is not what we measure
 SIZE = (120, 40)
 
 
+def simulated_phases(step_time: float, skew: float) -> dict[str, float]:
+    """Where a simulated step went, as the built-in trainers and the hooks report it: ``skew``
+    (a share of the step) moved from comm to the optimizer, so that ranks differ a little."""
+    return {
+        "data": 0.05 * step_time,
+        "forward": 0.3 * step_time,
+        "backward": 0.4 * step_time,
+        "comm": (0.2 - skew) * step_time,
+        "optimizer": (0.05 + skew) * step_time,
+    }
+
+
 # -- the feeder: a synthetic run over the real wire protocol ------------------------------------
 def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, out: str) -> None:
     import zmq
@@ -107,14 +119,7 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, ou
                     samples=32,
                     samples_per_s=32 / step_time,
                     step_time=step_time,
-                    # Where the step went, as the built-in trainers and the hooks report it.
-                    phases={
-                        "data": 0.05 * step_time,
-                        "forward": 0.3 * step_time,
-                        "backward": 0.4 * step_time,
-                        "comm": (0.2 - 0.01 * rank) * step_time,
-                        "optimizer": (0.05 + 0.01 * rank) * step_time,
-                    },
+                    phases=simulated_phases(step_time, 0.01 * rank),
                     **common(rank),
                 )
             ]
