@@ -14,7 +14,7 @@ from ddptui.monitor.units import GiB, format_bytes, format_percent, format_value
 from ddptui.tui.node_system import NodeSystemLine
 from ddptui.tui.system_feed import SystemFeed
 from ddptui.tui.widgets.spark import FixedSparkline
-from ddptui.tui.widgets.text import QuietStatic
+from ddptui.tui.widgets.text import QuietStatic, TextLines
 
 #: Most samples handed to a sparkline (one column each; a terminal is rarely wider).
 SPARK_POINTS = 240
@@ -251,8 +251,10 @@ class RankProcesses(QuietStatic):
         self.show_text(Text("\n").join(lines))
 
 
-class NodeLoads(QuietStatic):
-    """Every node's host load and GPUs (multi-node runs); hidden for a single node."""
+class NodeLoads(TextLines):
+    """Every node's host load and GPUs (multi-node runs); hidden for a single node. Drawn
+    line by line: each second every node's sample age changes, and only the lines in view
+    are painted."""
 
     def show(self, nodes: tuple[NodeSystemLine, ...]) -> None:
         if self.display != bool(nodes):
@@ -272,7 +274,7 @@ class NodeLoads(QuietStatic):
             lines.append(Text(f"  {node.host_load}"))
             lines.extend(Text(f"  {gpu}") for gpu in node.gpus)
         lines.append(Text("this machine", style="bold"))
-        self.show_text(Text("\n").join(lines))
+        self.show_lines(lines)
 
 
 class SystemPanel(VerticalScroll):

@@ -1,4 +1,4 @@
-"""A Static that redraws cheaply.
+"""Text widgets that redraw cheaply: :class:`QuietStatic` and :class:`TextLines`.
 
 ``Static.update`` asks for a layout of the whole screen each time, which at a few updates
 per second per widget made layout and full-screen repaints the dashboard's main cost.
@@ -8,7 +8,13 @@ height the text needs may have changed (its line count, wrapped lines included).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from rich.style import Style
 from rich.text import Text
+from textual.geometry import Region, Size
+from textual.strip import Strip
+from textual.widget import Widget
 from textual.widgets import Static
 
 
@@ -35,3 +41,94 @@ class QuietStatic(Static):
         layout = height is None or height != self._shown_height
         self._shown_text, self._shown_height = text, height
         self.update(text, layout=layout)
+
+
+class TextLines(Widget):
+    """Lines of text painted with Textual's line API, for a panel of many lines that change a
+    few at a time (every node's load in a multi-node run: 32 nodes are 90-odd lines, each
+    node's sample age changing every second).
+
+    A Static re-renders all of its text on any change, lines out of view included (at 32
+    nodes 10 ms a second, the dashboard's costliest widget at 256 ranks). :meth:`show_lines`
+    instead marks dirty only the lines that changed, and painting renders only the lines in
+    view (a line taken from its cache when unchanged). A line longer than the widget is
+    wide wraps, as in a Static; the widget is as tall as its lines.
+    """
+
+    DEFAULT_CSS = "TextLines { height: auto; }"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        #: The texts as given, and as shown: wrapped to :attr:`_width` cells.
+        self._texts: tuple[Text, ...] = ()
+        self._lines: list[Text] = []
+        self._width = 0
+        #: Line -> its strip as painted (dropped when the line changes or the style does).
+        self._strips: dict[int, Strip] = {}
+        self._base: Style | None = None
+
+    @property
+    def plain(self) -> str:
+        """The text shown, one line per line of the widget (for tests and tools)."""
+        return "\n".join(line.plain for line in self._lines)
+
+    def show_lines(self, texts: Iterable[Text | str]) -> None:
+        """Show these lines, repainting only the ones that changed."""
+        texts = tuple(Text(t) if isinstance(t, str) else t for t in texts)
+        if texts == self._texts:
+            return
+        self._texts = texts
+        self._fold(self.content_size.width)
+
+    def _wrapped(self, width: int) -> list[Text]:
+        if width <= 0:
+            return list(self._texts)
+        lines: list[Text] = []
+        for text in self._texts:
+            if text.cell_len <= width and "\n" not in text.plain:
+                lines.append(text)
+            else:
+                lines.extend(text.wrap(self.app.console, width))
+        return lines
+
+    def _fold(self, width: int) -> None:
+        """Fold the texts at ``width`` and mark what changed dirty."""
+        old, lines = self._lines, self._wrapped(width)
+        self._lines = lines
+        if len(lines) != len(old) or width != self._width:
+            self._width = width
+            self._strips.clear()
+            self.refresh(layout=True)
+            return
+        for y, (line, was) in enumerate(zip(lines, old, strict=True)):
+            if line != was:
+                self._strips.pop(y, None)
+                self.refresh(Region(0, y, width, 1))
+
+    def on_resize(self) -> None:
+        if self.content_size.width != self._width:
+            self._fold(self.content_size.width)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._wrapped(width)) if width != self._width else len(self._lines)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.content_size.width
+        if self._base is None:
+            self._base = self.rich_style
+        if y >= len(self._lines):
+            return Strip.blank(width, self._base)
+        strip = self._strips.get(y)
+        if strip is None or strip.cell_length != width:
+            line, console = self._lines[y], self.app.console
+            # A Text's own style is its renderer's to apply (Text.render applies only spans).
+            style = self._base + console.get_style(line.style) if line.style else self._base
+            strip = Strip(line.render(console)).apply_style(style)
+            strip = strip.crop_extend(0, width, self._base)
+            self._strips[y] = strip
+        return strip
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+        self._base = None
