@@ -145,3 +145,22 @@ async def test_text_lines_take_strings_and_keep_their_styles():
         assert all(s.cell_length == 40 for s in strips)
         assert any(seg.style and seg.style.bold for seg in strips[1])
         assert not any(seg.style and seg.style.bold for seg in strips[0])
+
+
+async def test_blank_cells_take_only_the_background_as_a_statics_do():
+    class Coloured(App):
+        CSS = "TextLines { color: red; background: blue; }"
+
+        def compose(self) -> ComposeResult:
+            yield TextLines()
+
+    app = Coloured()
+    async with app.run_test(size=(20, 5)) as pilot:
+        lines = app.query_one(TextLines)
+        lines.show_lines(["abcd", "ef"])
+        await pilot.pause()
+        for y in (0, 1):
+            for segment in lines.render_line(y):
+                assert segment.style.bgcolor is not None
+                # the text takes the CSS color; the blank cells after it only the background
+                assert (segment.style.color is not None) == bool(segment.text.strip())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region, Size
@@ -117,14 +118,16 @@ class TextLines(Widget):
         if self._base is None:
             self._base = self.rich_style
         if y >= len(self._lines):
-            return Strip.blank(width, self._base)
+            return Strip.blank(width, Style(bgcolor=self._base.bgcolor))
         strip = self._strips.get(y)
         if strip is None or strip.cell_length != width:
             line, console = self._lines[y], self.app.console
             # A Text's own style is its renderer's to apply (Text.render applies only spans).
             style = self._base + console.get_style(line.style) if line.style else self._base
-            strip = Strip(line.render(console)).apply_style(style)
-            strip = strip.crop_extend(0, width, self._base)
+            # Blank cells take the background only, as a Static's do.
+            blank = Style(bgcolor=self._base.bgcolor)
+            segments = Segment.apply_style(line.render(console), style)
+            strip = Strip(segments).crop_extend(0, width, blank)
             self._strips[y] = strip
         return strip
 
