@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from ddptui.argv import split_passthrough
+from ddptui.formatting import escaped
 
 #: Exit code of a usage error (bad option or value), before anything starts.
 USAGE_ERROR = 2
@@ -30,7 +31,7 @@ class CommandParser(argparse.ArgumentParser):
 
 def fail(message: str, code: int = USAGE_ERROR) -> int:
     """Print ``ddptui: error: MESSAGE`` (one line) on stderr; return ``code``."""
-    text = " ".join(str(message).split())
+    text = " ".join(escaped(str(message)).split())
     if len(text) > MAX_MESSAGE:  # a safety net: every echoed value is clipped where it is shown
         text = text[: MAX_MESSAGE - 1] + "…"
     print(f"ddptui: error: {text}", file=sys.stderr)

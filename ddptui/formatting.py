@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 
@@ -81,3 +82,59 @@ def fmt_eval(evaluation: Any, accuracy: str = "acc") -> str:
     if acc is None and loss is not None:
         return f"eval loss {fmt_num(loss)}"
     return f"{accuracy} {fmt_num(acc)}"
+
+
+#: Terminal escape sequences: CSI (``ESC [`` … final byte, or the C1 ``CSI``), OSC, DCS, SOS,
+#: PM and APC strings (to BEL or ``ESC \``, or to the end of the text), and any other
+#: two-character ``ESC`` sequence.
+_ESCAPES = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b[\]P^_X]|[\x9d\x90\x9e\x9f\x98])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -~]?"
+)
+#: What is left that a terminal would act on rather than show: C0 controls (but tab and
+#: newline, handled apart), DEL, C1 controls, and the Unicode line and paragraph separators.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _as_shown(line: str) -> str:
+    """A line with carriage returns as a terminal shows it: each part after a ``\\r``
+    written over the start of what was there (a progress bar's last state)."""
+    parts = line.split("\r")
+    shown = parts[0]
+    for part in parts[1:]:
+        shown = part + shown[len(part) :]
+    return shown
+
+
+def printable(text: str, newlines: bool = True) -> str:
+    """``text`` as it may go to a terminal: no escape sequence or control character that
+    would move the cursor, clear the screen, ring, retitle the window or recolour what
+    follows. Text from outside ddptui (a rank's output, its exception, a host or process
+    name, a path) passes through this before it is drawn.
+
+    Escape sequences are removed (a script's coloured log line keeps its words); carriage
+    returns are resolved as a terminal would (``10%\\r20%`` shows ``20%``); tabs become
+    spaces; other controls become ``�``. Newlines stay, unless ``newlines`` is false (a
+    table cell, one line): then each becomes a space. Text with nothing to change (nearly
+    all of it) is returned as it is, after one check at C speed.
+    """
+    if text.isprintable():
+        return text
+    text = _ESCAPES.sub("", text)
+    if "\r" in text:
+        text = "\n".join(_as_shown(line) for line in text.split("\n"))
+    if "\t" in text:
+        text = text.expandtabs(4)
+    text = _CONTROLS.sub("\ufffd", text)
+    return text if newlines else text.replace("\n", " ")
+
+
+def escaped(text: str) -> str:
+    """``text`` with each control character written as its escape (``\\x1b``, ``\\r``): for a
+    message that quotes what a user gave (a path with an escape sequence in its name), so
+    that they see what was there, and the terminal acts on none of it. Tabs and newlines
+    stay."""
+    if text.isprintable():
+        return text
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)

@@ -16,6 +16,7 @@ from ddptui import protocol
 from ddptui.constants import PHASES
 from ddptui.formatting import (
     amp_label,
+    escaped,
     fmt_duration,
     fmt_epoch,
     fmt_eta,
@@ -23,6 +24,7 @@ from ddptui.formatting import (
     fmt_num,
     fmt_rate,
     fmt_samples,
+    printable,
 )
 from ddptui.monitor import SystemMonitor, preflight
 from ddptui.run.diagnosis import Diagnosis
@@ -117,11 +119,12 @@ class HeadlessConsole:
         self._announced: set[int] = set()
 
     def line(self, text: str) -> None:
-        """Print one line (clearing the progress bar first when it is shown)."""
+        """Print one line (clearing the progress bar first when it is shown), made printable:
+        a rank's error or a host's name never moves the cursor or recolours the terminal."""
         if self._bar_shown:
             self.out.write("\r\x1b[2K")
             self._bar_shown = False
-        self.out.write(text + "\n")
+        self.out.write(printable(text) + "\n")
         self.out.flush()
 
     def width(self) -> int:
@@ -174,7 +177,7 @@ class HeadlessConsole:
             "█" * filled
             + "░" * (BAR_WIDTH - filled)
             + f" {progress:4.0%} "
-            + progress_line(state, now)
+            + printable(progress_line(state, now), newlines=False)
         )
         room = max(1, self.width() - 1)  # the last column would wrap on some terminals
         return text if len(text) <= room else text[: room - 1] + "…"
@@ -301,7 +304,7 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                 with signals_deferred():
                     session.start()
             except RunDirError as exc:
-                print(f"ddptui: error: {exc}", file=sys.stderr)
+                print(f"ddptui: error: {escaped(str(exc))}", file=sys.stderr)
                 session.close()
                 return 2
             if session.host is not None:
@@ -344,5 +347,5 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         console.line(diagnosis_line(diagnosis))
     console.summary(session, time.monotonic())
     if session.fault:
-        print(f"ddptui: error: {session.fault}", file=sys.stderr)
+        print(f"ddptui: error: {escaped(str(session.fault))}", file=sys.stderr)
     return session.exit_code

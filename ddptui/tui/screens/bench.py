@@ -26,6 +26,7 @@ from ddptui.formatting import fmt_duration
 from ddptui.runs.bench import BenchOptions, BenchRunner, Cancelled, Row
 from ddptui.runs.bench_report import about_lines, table_cells, write_results
 from ddptui.tui.model import NARROW_BELOW
+from ddptui.tui.widgets.text import as_text
 
 #: The table's columns (the cells of :meth:`BenchScreen.table_rows`) and each one's share of
 #: the width: every column gets its share, whatever its cells hold (sized by their cells, an
@@ -203,7 +204,7 @@ class BenchScreen(Screen):
             table.add_column(name, no_wrap=True, ratio=share or None, width=width)
         for cells in self.table_rows(rows):
             status = Text(cells[1], style=STATUS_STYLE.get(cells[1], ""))
-            table.add_row(*(status if i == 1 else cells[i] for i in keep))
+            table.add_row(*(status if i == 1 else as_text(cells[i]) for i in keep))
         self.query_one("#bench-table", Static).update(table)
         self.query_one(ProgressBar).update(total=max(1, self.total), progress=self.finished_runs)
         self.query_one("#bench-now", Static).update(self.now_line())

@@ -7,7 +7,6 @@ import math
 from typing import Any
 
 from rich.table import Table
-from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -15,9 +14,11 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
+from ddptui.formatting import printable
 from ddptui.runs.compare import RunFacts, comparison_rows
 from ddptui.tui.model import chart_data
 from ddptui.tui.widgets.charts import RANK_COLORS
+from ddptui.tui.widgets.text import as_text
 
 
 def run_color(i: int) -> str:
@@ -66,7 +67,7 @@ def _loss_series(runs: list[RunFacts]) -> list[tuple[str, list[float], list[floa
     for run in runs:
         xs, ys = chart_data(run.state).mean_loss
         kept = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
-        out.append((run.label, [x for x, _ in kept], [y for _, y in kept]))
+        out.append((printable(run.label, False), [x for x, _ in kept], [y for _, y in kept]))
     return out
 
 
@@ -75,7 +76,7 @@ def _accuracy_series(runs: list[RunFacts]) -> list[tuple[str, list[float], list[
     for run in runs:
         xs, ys = chart_data(run.state).accuracy
         kept = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
-        out.append((run.label, [x for x, _ in kept], [y for _, y in kept]))
+        out.append((printable(run.label, False), [x for x, _ in kept], [y for _, y in kept]))
     return out
 
 
@@ -83,9 +84,9 @@ def comparison_table(runs: list[RunFacts]) -> Table:
     table = Table(expand=True, show_edge=False, pad_edge=False, header_style="bold")
     table.add_column("", style="dim", no_wrap=True)
     for i, run in enumerate(runs):
-        table.add_column(Text(run.label, style=f"bold {run_color(i)}"), overflow="fold")
-    for name, cells in comparison_rows(runs):
-        table.add_row(name, *cells)
+        table.add_column(as_text(run.label, style=f"bold {run_color(i)}"), overflow="fold")
+    for name, cells in comparison_rows(runs):  # runs' names and values from their files
+        table.add_row(name, *(as_text(c) if isinstance(c, str) else c for c in cells))
     return table
 
 

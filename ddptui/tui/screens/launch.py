@@ -32,6 +32,7 @@ from ddptui.run.config import check_options as check_run_options
 from ddptui.run.options import TRAINER_OPTIONS, ConfigError, RunConfig, default_workers
 from ddptui.run.registry import DEFAULT_TRAINER, trainer_names
 from ddptui.tui.machine import HostInfo, RecentRun, recent_runs
+from ddptui.tui.widgets.text import as_text
 
 #: The trainer choice that means "my own script".
 OWN_SCRIPT = "__script__"
@@ -328,17 +329,17 @@ class LaunchScreen(Screen):
             "stopped": "yellow",
         }
         for run in message.runs:
-            table.add_row(
-                run.run_id,
-                Text(run.outcome, style=style.get(run.outcome, "")),
+            table.add_row(  # a run's name and target as found on disk: never markup
+                as_text(run.run_id),
+                as_text(run.outcome, style=style.get(run.outcome, "")),
                 str(run.world_size or "?"),
-                run.target,
+                as_text(run.target),
                 key=str(run.run_dir),
             )
         empty = self.query_one("#recent-empty", Static)
         empty.display = not message.runs
         table.display = bool(message.runs)
-        empty.update(Text(f"no runs in {self.runs_root}/ yet", style="dim"))
+        empty.update(as_text(f"no runs in {self.runs_root}/ yet", style="dim"))
 
     @on(DataTable.RowSelected, "#recent")
     def _open_recent(self, event: DataTable.RowSelected) -> None:
@@ -407,12 +408,12 @@ class LaunchScreen(Screen):
             widget.display = bool(messages)
             if messages:
                 shown.add(name)
-                widget.update("✖ " + "\n✖ ".join(messages))
+                widget.update(as_text("✖ " + "\n✖ ".join(messages), newlines=True))
             self.query_one(f"#row-{name}").set_class(bool(messages), "-invalid")
         rest = [m for f, ms in by_field.items() if f not in shown for m in ms]
         general = self.query_one("#form-errors", Static)
         general.display = bool(rest)
-        general.update("✖ " + "\n✖ ".join(rest) if rest else "")
+        general.update(as_text("✖ " + "\n✖ ".join(rest) if rest else "", newlines=True))
         self._show_hints()
         self._show_defaults()
         ready = self.app.host_info is not None

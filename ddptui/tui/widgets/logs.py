@@ -13,6 +13,7 @@ from textual.containers import Vertical
 from textual.widgets import Log, Select
 
 from ddptui import safeio
+from ddptui.formatting import printable
 
 #: Lines kept per rank and shown in the pane.
 MAX_LINES = 1000
@@ -141,4 +142,6 @@ class RankLogs(Vertical):
 
 
 def _fmt(rank: int, line: str) -> str:
-    return f"r{rank}│ {line}"
+    """A rank's output line as shown: its colours and cursor moves (a coloured logger, a
+    progress bar's ``\r``) left out, so that they never reach the terminal."""
+    return f"r{rank}│ {printable(line, newlines=False)}"

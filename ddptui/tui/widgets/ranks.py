@@ -15,6 +15,7 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from ddptui.formatting import printable
 from ddptui.tui.model import (
     RANK_COLUMNS,
     RankRow,
@@ -83,16 +84,26 @@ def state_label(row: RankRow) -> tuple[str, str]:
     return row.state, STATE_STYLE.get(row.state, "")
 
 
+def _printable(cells: tuple[str, ...]) -> tuple[str, ...]:
+    """The cells with nothing a terminal would act on, each one line (a host, a device, a
+    collective or a frame as a rank or another node sent it); one check a line at C speed."""
+    if "".join(cells).isprintable():
+        return cells
+    return tuple(printable(cell, newlines=False) for cell in cells)
+
+
 def _styled(line: TableLine) -> tuple[tuple[str, ...], str, str]:
     """(cells as shown, the line's style, the state cell's style)."""
     if line.row is None:  # a node's summary
-        return line.cells, NODE_STYLE, NODE_STATE_STYLE.get(line.severity, NODE_STYLE)
+        cells = _printable(line.cells)
+        return cells, NODE_STYLE, NODE_STATE_STYLE.get(line.severity, NODE_STYLE)
     row = line.row
     label, state_style = state_label(row)
+    label = printable(label, newlines=False)
     line_style = ""
     if row.problem:
         line_style = "red" if row.state == "failed" else "yellow"
-    cells = line.cells
+    cells = _printable(line.cells)
     return (
         (*cells[:-STATE_FROM_END], label, *cells[len(cells) - STATE_FROM_END + 1 :]),
         (line_style),

@@ -14,7 +14,7 @@ from ddptui.monitor.units import GiB, format_bytes, format_percent, format_value
 from ddptui.tui.node_system import NodeSystemLine
 from ddptui.tui.system_feed import SystemFeed
 from ddptui.tui.widgets.spark import FixedSparkline
-from ddptui.tui.widgets.text import QuietStatic, TextLines
+from ddptui.tui.widgets.text import QuietStatic, TextLines, as_text
 
 #: Most samples handed to a sparkline (one column each; a terminal is rarely wider).
 SPARK_POINTS = 240
@@ -328,7 +328,7 @@ class ProcessTable(DataTable):
             if rank is not None:
                 label = Text(f"rank {rank}", style="magenta")
             elif pid in feed.env_labels:  # a rank of some run, found by its environment
-                label = Text(feed.env_labels[pid], style="cyan")
+                label = as_text(feed.env_labels[pid], style="cyan")
             else:
                 label = Text("other", style="yellow" if gpu != "-" else "dim")
             self.add_row(
@@ -338,5 +338,5 @@ class ProcessTable(DataTable):
                 format_bytes(memory),
                 format_percent(proc.cpu_percent) if proc else "N/A",
                 format_bytes(proc.rss) if proc else "N/A",
-                str(proc.name) if proc else "N/A",
+                as_text(proc.name) if proc else "N/A",  # a process may name itself anything
             )

@@ -18,6 +18,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
+from ddptui.formatting import printable
+
 
 def text_height(plain: str, width: int) -> int | None:
     """Rows ``plain`` needs at ``width`` columns, counting wrapped lines (an estimate by
@@ -27,6 +29,33 @@ def text_height(plain: str, width: int) -> int | None:
     return sum(max(1, -(-len(line) // width)) for line in plain.split("\n"))
 
 
+def printable_text(text: Text, newlines: bool = True) -> Text:
+    """``text`` with :func:`~ddptui.formatting.printable` applied to its words, its styles
+    kept: nothing in it a terminal would act on (a rank's coloured output, a host name
+    with an escape sequence). ``text`` itself when there is nothing to change."""
+    plain = text.plain
+    if plain.isprintable() or (newlines and printable(plain) == plain):
+        return text
+    # Cut at every style's edges, so that each piece is styled throughout and keeps its
+    # styles however much cleaning shortens it.
+    edges = sorted({edge for span in text.spans for edge in (span.start, span.end)})
+    out = Text(style=text.style, justify=text.justify, no_wrap=text.no_wrap, end=text.end)
+    for piece in text.divide(edges):
+        start, cleaned = len(out), printable(piece.plain, newlines)
+        out.append(cleaned)
+        for span in piece.spans:
+            if span.end > span.start:
+                out.stylize(span.style, start, start + len(cleaned))
+    return out
+
+
+def as_text(value: object, style: str = "", newlines: bool = False) -> Text:
+    """A value from outside ddptui (a path, a run's name, a process name) as a Text: never
+    read as markup (Textual and Rich read ``[...]`` in a plain string as markup: a
+    ``[/]`` in a file name raised), nothing in it a terminal would act on."""
+    return Text(printable(str(value), newlines), style=style)
+
+
 class QuietStatic(Static):
     """Static with :meth:`show_text`: no-op when unchanged, repaint-only when it can be."""
 
@@ -34,8 +63,8 @@ class QuietStatic(Static):
     _shown_height: int | None = None
 
     def show_text(self, text: Text | str) -> None:
-        if isinstance(text, str):
-            text = Text(text)
+        """Show ``text`` (a str is never read as markup), made printable."""
+        text = printable_text(Text(text) if isinstance(text, str) else text)
         if self._shown_text is not None and text == self._shown_text:
             return
         height = text_height(text.plain, self.content_region.width)
@@ -74,8 +103,9 @@ class TextLines(Widget):
         return "\n".join(line.plain for line in self._lines)
 
     def show_lines(self, texts: Iterable[Text | str]) -> None:
-        """Show these lines, repainting only the ones that changed."""
-        texts = tuple(Text(t) if isinstance(t, str) else t for t in texts)
+        """Show these lines (a str is never read as markup), made printable, repainting
+        only the ones that changed."""
+        texts = tuple(printable_text(Text(t) if isinstance(t, str) else t) for t in texts)
         if texts == self._texts:
             return
         self._texts = texts
