@@ -130,6 +130,10 @@ async def test_the_launch_form_shows_a_bracketed_path_as_typed():
         await pilot.pause(0.3)
         lines = [s.text for s in app.screen._compositor.render_strips()]
         assert any("✖ script not found: exp[/]run/a[bold]b.py" in line for line in lines)
+        await pilot.press("f5")  # launching anyway: the refusal is a notification, as typed
+        await pilot.pause()
+        (note,) = list(app._notifications)
+        assert note.message == "script not found: exp[/]run/a[bold]b.py" and not note.markup
 
 
 async def test_recent_runs_named_with_brackets_and_escapes_are_listed_as_words(tmp_path):

@@ -21,6 +21,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
+from ddptui.formatting import printable
 from ddptui.monitor.pcie import pcie_interval
 from ddptui.run.options import RunConfig, new_run_id
 from ddptui.run.rundir import EXIT_CODES
@@ -191,7 +192,9 @@ class DdpTuiApp(App[int]):
         try:
             cfg = restart_config(message.config)
         except (TypeError, ValueError) as exc:
-            self.notify(f"cannot restart this run: {exc}", severity="error")
+            self.notify(
+                printable(f"cannot restart this run: {exc}"), severity="error", markup=False
+            )
             return
         self.launch(cfg)
 

@@ -7,6 +7,7 @@ When the run ends the header says how, and a notification says it once.
 
 from __future__ import annotations
 
+from ddptui.formatting import printable
 from ddptui.tui.follow import FollowSource
 from ddptui.tui.screens.run import RunScreen
 
@@ -39,7 +40,7 @@ class AttachScreen(RunScreen):
         self.refresh_charts()
         self.refresh_charts()
         self.refresh_bindings()
-        self.notify(self.follow.ended, title="the run has ended")
+        self.notify(printable(self.follow.ended), title="the run has ended", markup=False)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("stop_run", "restart", "back"):

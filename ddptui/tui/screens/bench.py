@@ -22,7 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, Static
 from textual_plotext import PlotextPlot
 
-from ddptui.formatting import fmt_duration
+from ddptui.formatting import fmt_duration, printable
 from ddptui.runs.bench import BenchOptions, BenchRunner, Cancelled, Row
 from ddptui.runs.bench_report import about_lines, table_cells, write_results
 from ddptui.tui.model import NARROW_BELOW
@@ -233,7 +233,7 @@ class BenchScreen(Screen):
     def on_bench_screen_done(self, message: Done) -> None:
         self.redraw()
         if message.error:
-            self.notify(message.error, severity="error", title="bench")
+            self.notify(printable(message.error), severity="error", title="bench", markup=False)
         if self.cancel.is_set():
             self.app.exit(message.code)
 

@@ -26,6 +26,7 @@ from ddptui.constants import (
     DEVICE_CHOICES,
     LAUNCHERS,
 )
+from ddptui.formatting import printable
 from ddptui.monitor.units import format_bytes
 from ddptui.run.config import build_config
 from ddptui.run.config import check_options as check_run_options
@@ -502,12 +503,17 @@ class LaunchScreen(Screen):
             self.notify("still checking the machine; try again in a moment", severity="warning")
             return
         if self.validate():
-            self.notify(str(self.errors[0]), title="cannot launch", severity="error")
+            self.notify(
+                printable(str(self.errors[0])),
+                title="cannot launch",
+                severity="error",
+                markup=False,
+            )
             return
         raw = self.raw_options()
         try:
             cfg = build_config(raw, info.machine)
         except ConfigError as exc:  # e.g. the script vanished since the last check
-            self.notify(str(exc), title="cannot launch", severity="error")
+            self.notify(printable(str(exc)), title="cannot launch", severity="error", markup=False)
             return
         self.post_message(self.LaunchRequested(cfg, raw))

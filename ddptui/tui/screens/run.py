@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from ddptui.formatting import printable
 from ddptui.run.launcher import LaunchResult
 from ddptui.runfiles import CHECKPOINT_FILE
 from ddptui.tui.model import NARROW_BELOW, RunFrame, chart_data, run_frame
@@ -208,7 +209,12 @@ class RunScreen(Screen):
         elif after == "back":
             self.post_message(self.BackRequested(self))
         if message.error:
-            self.notify(message.error, title="run could not start", severity="error")
+            self.notify(
+                printable(message.error),
+                title="run could not start",
+                severity="error",
+                markup=False,
+            )
 
     # -- drawing ------------------------------------------------------------------------------
     def refresh_view(self) -> None:
@@ -426,8 +432,9 @@ class RunScreen(Screen):
             lines = [d.detail for d in found] or [session.flight_note or "no answer"]
             self.app.call_from_thread(
                 self.notify,
-                "\n".join(lines),
+                printable("\n".join(lines)),  # collective names and shapes: [[8]] is no markup
                 title="Collectives",
+                markup=False,
                 severity="warning" if found else "information",
                 timeout=20,
             )
