@@ -11,6 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ddptui.tui.widgets.system import GpuList, HostLine, ProcessTable, history_legend
+from ddptui.tui.widgets.text import printable_text
 
 
 class MonitorScreen(Screen):
@@ -55,7 +56,7 @@ class MonitorScreen(Screen):
         if snap.gpu.available and snap.gpu.driver_version:
             title.append(f"  driver {snap.gpu.driver_version}", "dim")
         title.append(f"  history: {history_legend(feed.interval)}", "dim")
-        self.query_one("#monitor-title", Static).update(title)
+        self.query_one("#monitor-title", Static).update(printable_text(title))  # NVML's words
         self.query_one(HostLine).show(feed, wide=True)
         self.query_one(GpuList).show(feed)
         self.query_one(ProcessTable).show(feed)
