@@ -298,6 +298,61 @@ def test_log_follower_lists_the_folder_once_and_asks_each_path_once(tmp_path, mo
     assert LogFollower(lambda r: tmp_path / "absent" / "x.log").poll([0]) == []
 
 
+def test_a_progress_bar_without_newlines_keeps_one_state_and_shows_its_last(tmp_path):
+    """tqdm writing to a file: carriage returns for an hour, the newline at the loop's end.
+    The line waiting for its newline stayed whole (megabytes, copied at every poll); now it
+    keeps only its latest state, and shows that once the newline comes."""
+    from ddptui.tui.widgets.logs import MAX_PARTIAL, _fmt
+
+    log = tmp_path / "rank-0.log"
+    log.write_text("start\n")
+    follower = LogFollower(lambda r: log)
+    assert follower.poll([0]) == [(0, "start")]
+    for chunk in range(200):  # each poll reads 55 KB of states, under MAX_READ
+        with open(log, "a") as f:
+            f.write(
+                "".join(
+                    f"\r{i:6d}/200000 |{'#' * 40}|" for i in range(chunk * 1000, (chunk + 1) * 1000)
+                )
+            )
+        assert follower.poll([0]) == []
+        assert len(follower._partial[0]) < 100  # one state, not all of them
+    with open(log, "a") as f:
+        f.write(f"\r{'200000/200000 |done|':<56}\nafter\n")  # padded, as tqdm pads
+    (last, after) = follower.poll([0])
+    assert _fmt(*last).rstrip() == "r0│ 200000/200000 |done|" and after == (0, "after")
+    # A line with no newline and no carriage return is shown once it is too long to wait.
+    lines = []
+    for _ in range(3):  # a chunk a poll: the pane keeps up
+        with open(log, "a") as f:
+            f.write("x" * MAX_PARTIAL)
+        lines += follower.poll([0])
+    assert lines and all(len(line) <= 2 * MAX_PARTIAL for _, line in lines)
+    assert (
+        sum(len(line) for _, line in lines) + len(follower._partial.get(0, b"")) == 3 * MAX_PARTIAL
+    )
+
+
+def test_a_rank_writing_faster_than_the_pane_reads_shows_its_latest_lines(tmp_path):
+    """At most MAX_READ a poll: a rank writing more than that between polls left the pane
+    ever further behind. Now the pane skips to the latest lines and says what it skipped."""
+    from ddptui.tui.widgets.logs import MAX_READ
+
+    log = tmp_path / "rank-0.log"
+    log.write_text("first\n")
+    follower = LogFollower(lambda r: log)
+    assert follower.poll([0]) == [(0, "first")]
+    with open(log, "a") as f:
+        f.write("".join(f"step {i}\n" for i in range(100_000)))
+    new = follower.poll([0])
+    skipped = log.stat().st_size - MAX_READ - len("first\n")
+    assert new[0] == (0, f"… {skipped:,} bytes written faster than shown: all in rank-0.log")
+    assert new[-1] == (0, "step 99999") and all(line.startswith("step ") for _, line in new[1:])
+    with open(log, "a") as f:
+        f.write("next\n")
+    assert follower.poll([0]) == [(0, "next")]  # caught up: nothing skipped
+
+
 def test_log_follower_starts_near_the_end_of_a_big_file(tmp_path):
     log = tmp_path / "rank-0.log"
     log.write_text("".join(f"line {i}\n" for i in range(100_000)))

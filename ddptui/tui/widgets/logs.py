@@ -20,6 +20,8 @@ MAX_LINES = 1000
 #: Most bytes read from one file per poll; a first look at a big file reads only its end.
 MAX_READ = 64 * 1024
 ALL = -1
+#: Most bytes of a line kept while its newline has not come; a longer one is shown as it is.
+MAX_PARTIAL = MAX_READ
 
 
 class LogFollower:
@@ -77,10 +79,16 @@ class LogFollower:
             with safeio.open_regular(path) as f:  # a FIFO or device: no lines, never a wait
                 size = os.fstat(f.fileno()).st_size
                 offset = self._offsets.get(rank)
-                skip_partial = False
+                skip_partial, skipped = False, 0
                 if offset is None or offset > size:  # first look, or the file was replaced
                     offset = max(0, size - MAX_READ)
                     skip_partial = offset > 0
+                    self._partial.pop(rank, None)
+                elif size - offset > MAX_READ:
+                    # The rank writes faster than the pane reads: its latest lines, not a
+                    # backlog that would grow for as long as the run lasts.
+                    skipped = size - MAX_READ - offset
+                    offset, skip_partial = size - MAX_READ, True
                     self._partial.pop(rank, None)
                 f.seek(offset)
                 data = f.read(MAX_READ)
@@ -91,9 +99,20 @@ class LogFollower:
         if skip_partial:
             data = data.partition(b"\n")[2]
         *complete, rest = data.split(b"\n")
+        if b"\r" in rest:
+            # A progress bar redrawn with carriage returns and no newline (tqdm writing to a
+            # file: one line for the whole loop): only its latest state is kept, as on a
+            # terminal, so that the line waiting for its newline stays one state long.
+            rest = rest[rest.rfind(b"\r") :]
+        if len(rest) > MAX_PARTIAL:  # no newline coming: shown as a line of its own
+            complete.append(rest)
+            rest = b""
         if rest:
             self._partial[rank] = rest
-        return [line.decode("utf-8", "replace").rstrip("\r") for line in complete if line.strip()]
+        lines = [line.decode("utf-8", "replace").rstrip("\r") for line in complete if line.strip()]
+        if skipped:
+            lines.insert(0, f"… {skipped:,} bytes written faster than shown: all in {path.name}")
+        return lines
 
 
 class RankLogs(Vertical):
