@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from ddptui.formatting import escaped
 from ddptui.runfiles import CONFIG_FILE, EVENTS_FILE, is_run_file_name
 
 #: Deepest JSON nesting accepted (ddptui writes at most 4 levels; users' metrics a few more).
@@ -45,7 +46,7 @@ class UnsafeFile(OSError):
 
 def shown(path: str | os.PathLike[str] | object, limit: int = MAX_SHOWN) -> str:
     """``path`` as text for a message: one line, at most ``limit`` characters (the middle cut)."""
-    text = " ".join(str(path).split()) if str(path).strip() else repr(str(path))
+    text = " ".join(escaped(str(path)).split()) if str(path).strip() else repr(str(path))
     if len(text) <= limit:
         return text
     half = (limit - 1) // 2

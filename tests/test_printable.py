@@ -181,3 +181,28 @@ async def test_a_failure_with_colour_codes_and_a_rank_log_with_escapes_reach_no_
         assert not ACTED_ON.search(screen) and "\x1b" not in screen
         assert "RuntimeError: boom" in screen
         assert any(line.startswith("r1│ CLEARED BY RANK") for line in lines)
+
+
+def test_replay_without_the_ui_prints_a_runs_errors_as_words(tmp_path):
+    from ddptui.runs.replay import print_replay
+    from tests.tui_fixtures.fakes import FAILED_RUN
+
+    run = tmp_path / "run"
+    shutil.copytree(FAILED_RUN, run)
+    events = run / "events.jsonl"
+    events.write_text(
+        events.read_text().replace(
+            "RuntimeError: boom on rank 1", "\\u001b[31mRuntimeError\\u001b[0m: boom\\u001b[2J"
+        )
+    )
+    out = io.StringIO()
+    print_replay(run, out)
+    text = out.getvalue()
+    assert "error: RuntimeError: boom" in text
+    assert "\x1b" not in text and not ACTED_ON.search(text)
+
+
+def test_a_path_in_a_message_shows_its_escapes_as_typed():
+    from ddptui.safeio import shown
+
+    assert shown("runs/x\x1b[2Jy") == "runs/x\\x1b[2Jy"

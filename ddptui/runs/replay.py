@@ -6,40 +6,42 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from ddptui.formatting import amp_label, fmt_duration, fmt_num
+from ddptui.formatting import amp_label, fmt_duration, fmt_num, printable
 from ddptui.run.rundir import load_run
 
 
 def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
     """Print the run's outcome, evaluations and ranks; raises RunDirError for a bad dir."""
     out = out or sys.stdout
+
+    def emit(text: str) -> None:
+        """One line from the run's files (a rank's error, a device): never an escape."""
+        out.write(printable(text) + "\n")
+
     config, state, summary = load_run(run_dir)
     end = state.last_event_at or 0.0
     target = config.get("script") or config.get("trainer")
-    print(
+    emit(
         f"run {state.run_id}: {target} x{state.world_size} ({config.get('launcher')}, "
         f"{config.get('backend')}, {amp_label(config)}) — {summary['outcome']} "
-        f"(exit code {summary['exit_code']}), {fmt_duration(state.elapsed(end))}",
-        file=out,
+        f"(exit code {summary['exit_code']}), {fmt_duration(state.elapsed(end))}"
     )
     for point in state.eval_history:
-        print(
+        emit(
             f"  epoch {point.epoch}: accuracy {fmt_num(point.accuracy)} "
-            f"loss {fmt_num(point.loss)} ({point.count} samples)",
-            file=out,
+            f"loss {fmt_num(point.loss)} ({point.count} samples)"
         )
     for rank, view in sorted(state.ranks.items()):
-        print(
+        emit(
             f"  rank {rank}: {view.state}, pid {view.pid}, {view.device}, "
             f"step {view.step}, loss {fmt_num(view.loss)}, {view.samples_total:,} samples"
-            + (f", error: {view.error}" if view.error else ""),
-            file=out,
+            + (f", error: {view.error}" if view.error else "")
         )
     failure = summary.get("failure")
     if failure:
-        print(f"  FAILED: {failure.get('how')}", file=out)
+        emit(f"  FAILED: {failure.get('how')}")
     diagnoses = summary.get("diagnoses")
     for item in diagnoses if isinstance(diagnoses, list) else []:
         if isinstance(item, dict) and isinstance(item.get("detail"), str):
-            print(f"  diagnosis: {item['detail'][:500]}", file=out)
+            emit(f"  diagnosis: {item['detail'][:500]}")
     return 0
