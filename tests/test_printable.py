@@ -183,6 +183,23 @@ async def test_a_failure_with_colour_codes_and_a_rank_log_with_escapes_reach_no_
         assert any(line.startswith("r1│ CLEARED BY RANK") for line in lines)
 
 
+async def test_the_logs_pane_shows_a_progress_bar_being_redrawn_under_the_lines(tmp_path):
+    from tests.tui_fixtures.fakes import FAILED_RUN, no_gpu_snapshots, primed_app, replay
+
+    run = tmp_path / "run"
+    shutil.copytree(FAILED_RUN, run)
+    with open(run / "rank-0.log", "a") as log:
+        log.write("epoch 1\n\r 10%|#         | 1/10\r 40%|####      | 4/10")
+    app = primed_app("replay", replay_source=replay(run), snapshots=no_gpu_snapshots())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.pause(1.2)
+        lines = [s.text.rstrip() for s in app.screen._compositor.render_strips()]
+        pane = next(i for i, line in enumerate(lines) if line.startswith("all ranks"))
+        assert "r0│  40%|####      | 4/10" in lines[pane:-1]  # above the footer, its last state
+        assert not any("10%" in line for line in lines)
+
+
 def test_replay_without_the_ui_prints_a_runs_errors_as_words(tmp_path):
     from ddptui.runs.replay import print_replay
     from tests.tui_fixtures.fakes import FAILED_RUN

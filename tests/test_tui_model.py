@@ -333,6 +333,34 @@ def test_a_progress_bar_without_newlines_keeps_one_state_and_shows_its_last(tmp_
     )
 
 
+def test_a_progress_bar_being_redrawn_is_live_until_its_newline(tmp_path):
+    from ddptui.tui.widgets.logs import _fmt
+
+    logs = {r: tmp_path / f"rank-{r}.log" for r in (0, 1)}
+    for log in logs.values():
+        log.write_text("start\n")
+    follower = LogFollower(logs.__getitem__)
+    follower.poll([0, 1])
+    assert follower.live == {}
+    with open(logs[0], "a") as f:
+        f.write("\r 10%|#    |\r 20%|##   |")
+    with open(logs[1], "a") as f:
+        f.write("\r 50%|#####|")
+    assert follower.poll([0, 1]) == []
+    assert {r: _fmt(r, bar) for r, bar in follower.live.items()} == {
+        0: "r0│  20%|##   |",
+        1: "r1│  50%|#####|",
+    }
+    with open(logs[0], "a") as f:  # rank 0's bar moves on: it is the newest
+        f.write("\r 30%|###  |")
+    follower.poll([0, 1])
+    assert list(follower.live) == [1, 0]
+    with open(logs[0], "a") as f:  # its newline: a line among the others, no longer live
+        f.write("\r100%|#####|\n")
+    assert [_fmt(r, line) for r, line in follower.poll([0, 1])] == ["r0│ 100%|#####|"]
+    assert list(follower.live) == [1]
+
+
 def test_a_rank_writing_faster_than_the_pane_reads_shows_its_latest_lines(tmp_path):
     """At most MAX_READ a poll: a rank writing more than that between polls left the pane
     ever further behind. Now the pane skips to the latest lines and says what it skipped."""

@@ -14,6 +14,7 @@ from textual.widgets import Log, Select
 
 from ddptui import safeio
 from ddptui.formatting import printable
+from ddptui.tui.widgets.text import QuietStatic
 
 #: Lines kept per rank and shown in the pane.
 MAX_LINES = 1000
@@ -39,6 +40,9 @@ class LogFollower:
         self.by_rank: dict[int, deque[str]] = {}
         self.merged: deque[tuple[int, str]] = deque(maxlen=keep)
         self._keep = keep
+        #: Rank -> the latest state of its progress bar: a line still being redrawn with
+        #: carriage returns, its newline not yet come (tqdm writing to a file), newest last.
+        self.live: dict[int, str] = {}
 
     def poll(self, ranks: Iterable[int]) -> list[tuple[int, str]]:
         """New (rank, line) pairs, rank by rank, oldest first."""
@@ -109,6 +113,11 @@ class LogFollower:
             rest = b""
         if rest:
             self._partial[rank] = rest
+        bar = rest.decode("utf-8", "replace") if rest.startswith(b"\r") and rest.strip() else None
+        if bar != self.live.get(rank):  # a bar that changed goes last: newest last
+            self.live.pop(rank, None)
+            if bar is not None:
+                self.live[rank] = bar
         lines = [line.decode("utf-8", "replace").rstrip("\r") for line in complete if line.strip()]
         if skipped:
             lines.insert(0, f"… {skipped:,} bytes written faster than shown: all in {path.name}")
@@ -129,6 +138,7 @@ class RankLogs(Vertical):
             [("all ranks", ALL)], value=ALL, allow_blank=False, compact=True, id="log-filter"
         )
         yield Log(max_lines=MAX_LINES, id="log-lines")
+        yield QuietStatic(id="log-live")
 
     def set_ranks(self, ranks: Iterable[int]) -> None:
         ranks = tuple(sorted(ranks))
@@ -145,6 +155,17 @@ class RankLogs(Vertical):
         lines = [_fmt(r, line) for r, line in new if self.rank_filter in (ALL, r)]
         if lines:
             log.write_lines(lines)
+        self._show_live()
+
+    def _show_live(self) -> None:
+        """Under the lines, the progress bar a rank is redrawing now (the newest, of the ranks
+        shown), until its newline puts it among the lines."""
+        live = self.query_one("#log-live", QuietStatic)
+        bars = [(r, bar) for r, bar in self.follower.live.items() if self.rank_filter in (ALL, r)]
+        if live.display != bool(bars):
+            live.display = bool(bars)
+        if bars:
+            live.show_text(_fmt(*bars[-1]))
 
     def cycle_filter(self) -> None:
         options = [ALL, *self._ranks]
@@ -158,6 +179,7 @@ class RankLogs(Vertical):
         log = self.query_one(Log)
         log.clear()
         log.write_lines([_fmt(r, line) for r, line in self.follower.lines(value)])
+        self._show_live()
 
 
 def _fmt(rank: int, line: str) -> str:
