@@ -157,61 +157,61 @@ async def test_recent_runs_named_with_brackets_and_escapes_are_listed_as_words(t
         assert "exp[/]1" in screen and "\x1b" not in screen
 
 
-async def test_a_failure_with_colour_codes_and_a_rank_log_with_escapes_reach_no_terminal(
-    tmp_path,
-):
-    from tests.tui_fixtures.fakes import FAILED_RUN, no_gpu_snapshots, primed_app, replay
-
-    run = tmp_path / "run"
-    shutil.copytree(FAILED_RUN, run)
-    events = run / "events.jsonl"
-    events.write_text(
-        events.read_text().replace(
-            "RuntimeError: boom on rank 1", "\\u001b[31mRuntimeError\\u001b[0m: boom\\u001b[2J"
-        )
-    )
-    with open(run / "rank-1.log", "a") as log:
-        log.write("\x1b[2J\x1b[H\x1b[41mCLEARED BY RANK\x1b[0m\nstep\r step 2\n")
-    app = primed_app("replay", replay_source=replay(run), snapshots=no_gpu_snapshots())
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause()
-        await pilot.pause(1.2)
-        lines = [s.text for s in app.screen._compositor.render_strips()]
-        screen = "\n".join(lines)
-        assert not ACTED_ON.search(screen) and "\x1b" not in screen
-        assert "RuntimeError: boom" in screen
-        assert any(line.startswith("r1│ CLEARED BY RANK") for line in lines)
-
-
-async def test_the_logs_pane_shows_a_progress_bar_being_redrawn_under_the_lines(tmp_path):
-    from tests.tui_fixtures.fakes import FAILED_RUN, no_gpu_snapshots, primed_app, replay
-
-    run = tmp_path / "run"
-    shutil.copytree(FAILED_RUN, run)
-    with open(run / "rank-0.log", "a") as log:
-        log.write("epoch 1\n\r 10%|#         | 1/10\r 40%|####      | 4/10")
-    app = primed_app("replay", replay_source=replay(run), snapshots=no_gpu_snapshots())
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause()
-        await pilot.pause(1.2)
-        lines = [s.text.rstrip() for s in app.screen._compositor.render_strips()]
-        pane = next(i for i, line in enumerate(lines) if line.startswith("all ranks"))
-        assert "r0│  40%|####      | 4/10" in lines[pane:-1]  # above the footer, its last state
-        assert not any("10%" in line for line in lines)
-
-
-def test_replay_without_the_ui_prints_a_runs_errors_as_words(tmp_path):
-    from ddptui.runs.replay import print_replay
+def _failed_run(tmp_path, coloured_error: bool = False):
+    """A copy of the recorded failed run; its rank 1's error in colour, with a clear-screen."""
     from tests.tui_fixtures.fakes import FAILED_RUN
 
     run = tmp_path / "run"
     shutil.copytree(FAILED_RUN, run)
-    events = run / "events.jsonl"
-    events.write_text(
-        events.read_text().replace(
-            "RuntimeError: boom on rank 1", "\\u001b[31mRuntimeError\\u001b[0m: boom\\u001b[2J"
+    if coloured_error:
+        events = run / "events.jsonl"
+        events.write_text(
+            events.read_text().replace(
+                "RuntimeError: boom on rank 1",
+                "\\u001b[31mRuntimeError\\u001b[0m: boom\\u001b[2J",
+            )
         )
-    )
+    return run
+
+
+async def _replayed_screen(run) -> list[str]:
+    """The screen's lines (right ends stripped) of the run replayed at 120x40."""
+    from tests.tui_fixtures.fakes import no_gpu_snapshots, primed_app, replay
+
+    app = primed_app("replay", replay_source=replay(run), snapshots=no_gpu_snapshots())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.pause(1.2)
+        return [s.text.rstrip() for s in app.screen._compositor.render_strips()]
+
+
+async def test_a_failure_with_colour_codes_and_a_rank_log_with_escapes_reach_no_terminal(
+    tmp_path,
+):
+    run = _failed_run(tmp_path, coloured_error=True)
+    with open(run / "rank-1.log", "a") as log:
+        log.write("\x1b[2J\x1b[H\x1b[41mCLEARED BY RANK\x1b[0m\nstep\r step 2\n")
+    lines = await _replayed_screen(run)
+    screen = "\n".join(lines)
+    assert not ACTED_ON.search(screen) and "\x1b" not in screen
+    assert "RuntimeError: boom" in screen
+    assert any(line.startswith("r1│ CLEARED BY RANK") for line in lines)
+
+
+async def test_the_logs_pane_shows_a_progress_bar_being_redrawn_under_the_lines(tmp_path):
+    run = _failed_run(tmp_path)
+    with open(run / "rank-0.log", "a") as log:
+        log.write("epoch 1\n\r 10%|#         | 1/10\r 40%|####      | 4/10")
+    lines = await _replayed_screen(run)
+    pane = next(i for i, line in enumerate(lines) if line.startswith("all ranks"))
+    assert "r0│  40%|####      | 4/10" in lines[pane:-1]  # above the footer, its last state
+    assert not any("10%" in line for line in lines)
+
+
+def test_replay_without_the_ui_prints_a_runs_errors_as_words(tmp_path):
+    from ddptui.runs.replay import print_replay
+
+    run = _failed_run(tmp_path, coloured_error=True)
     out = io.StringIO()
     print_replay(run, out)
     text = out.getvalue()

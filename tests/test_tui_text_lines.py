@@ -42,6 +42,11 @@ class Painted(NodeLoads):
         return super().render_line(y)
 
 
+def _rows(app: App, rows: int = PANEL_HEIGHT) -> list[str]:
+    """The screen's first ``rows`` lines, as shown."""
+    return [strip.text for strip in app.screen._compositor.render_strips()[:rows]]
+
+
 class Panel(App):
     CSS = f"VerticalScroll {{ width: 44; height: {PANEL_HEIGHT}; padding: 0 1; }}"
 
@@ -66,7 +71,7 @@ async def test_only_changed_lines_in_view_are_painted_again():
         ]
         # ...and only the lines the panel shows were painted.
         assert sorted(set(loads.painted)) == list(range(PANEL_HEIGHT))
-        shown = [app.screen._compositor.render_strips()[y].text for y in range(PANEL_HEIGHT)]
+        shown = _rows(app)
         assert shown[1].strip().startswith("node 0 node-0  1s ago")
         assert shown[3].strip() == "GPU0 0% 30/80G 61°C"
 
@@ -76,7 +81,7 @@ async def test_only_changed_lines_in_view_are_painted_again():
         await pilot.pause()
         ages_in_view = [y for y in range(PANEL_HEIGHT) if y % 3 == 1]
         assert sorted(set(loads.painted)) == ages_in_view
-        shown = [app.screen._compositor.render_strips()[y].text for y in range(PANEL_HEIGHT)]
+        shown = _rows(app)
         assert shown[1].strip().startswith("node 0 node-0  2s ago")
 
         # Nothing changed: nothing paints.
@@ -89,8 +94,7 @@ async def test_only_changed_lines_in_view_are_painted_again():
         app.query_one(VerticalScroll).scroll_end(animate=False)
         await pilot.pause()
         assert max(loads.painted) == loads.size.height - 1
-        bottom = app.screen._compositor.render_strips()[PANEL_HEIGHT - 1].text
-        assert bottom.strip() == "this machine"
+        assert _rows(app)[-1].strip() == "this machine"
 
 
 async def test_a_node_more_or_fewer_changes_the_height_and_none_hides_it():

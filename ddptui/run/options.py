@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import secrets
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from ddptui.constants import (
     NO_INSTRUMENT_ENV,
     THREADS_ENV,
 )
+from ddptui.formatting import printable
 from ddptui.rank.flight_recorder import BUFFER_ENV as FR_BUFFER_ENV
 from ddptui.rank.flight_recorder import DEFAULT_BUFFER as FR_DEFAULT_BUFFER
 from ddptui.run.registry import DEFAULT_TRAINER
@@ -375,6 +375,6 @@ def os_reason(exc: OSError) -> str:
 
 
 def first_line(exc: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
+    text = printable(str(exc)).strip().splitlines()  # an exception's colours never printed
     line = text[0] if text else ""
     return line if len(line) <= 120 else line[:119] + "…"

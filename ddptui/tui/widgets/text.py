@@ -29,19 +29,19 @@ def text_height(plain: str, width: int) -> int | None:
     return sum(max(1, -(-len(line) // width)) for line in plain.split("\n"))
 
 
-def printable_text(text: Text, newlines: bool = True) -> Text:
+def printable_text(text: Text) -> Text:
     """``text`` with :func:`~ddptui.formatting.printable` applied to its words, its styles
     kept: nothing in it a terminal would act on (a rank's coloured output, a host name
     with an escape sequence). ``text`` itself when there is nothing to change."""
     plain = text.plain
-    if plain.isprintable() or (newlines and printable(plain) == plain):
+    if plain.isprintable() or printable(plain) == plain:
         return text
     # Cut at every style's edges, so that each piece is styled throughout and keeps its
     # styles however much cleaning shortens it.
     edges = sorted({edge for span in text.spans for edge in (span.start, span.end)})
     out = Text(style=text.style, justify=text.justify, no_wrap=text.no_wrap, end=text.end)
     for piece in text.divide(edges):
-        start, cleaned = len(out), printable(piece.plain, newlines)
+        start, cleaned = len(out), printable(piece.plain)
         out.append(cleaned)
         for span in piece.spans:
             if span.end > span.start:
