@@ -470,6 +470,33 @@ def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     assert last["step_time"] == pytest.approx(0.005 + 0.010 + 0.020 + 0.001 + 0.003)
 
 
+@pytest.mark.parametrize("loader", [True, False])
+def test_without_ddp_the_first_step_is_timed_from_its_first_batch_or_not_at_all(inst, loader):
+    """No DDP forward marks where the first step begins (FSDP, a plain model: pytorch/examples'
+    ImageNet script on CPU wraps nothing). Its time was the optimizer's alone: 12 ms for a
+    step of 1.25 s there, and the mean rate over the run counted its samples in those 12 ms.
+    Now it runs from the moment its first batch came out of the DataLoader (its wait not in
+    it, as a DDP step's from its forward); without a DataLoader its time is not known (None:
+    no time, no rate), and the steps after it are timed from the one before, as ever."""
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    batches = iter(_loader([6, 6, 6]))
+    for _ in range(3):
+        clock.advance(0.005)  # waiting for the batch
+        x = next(batches)[0] if loader else torch.randn(6, 4)
+        clock.advance(0.002)  # moving it, say
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    inst.flush()
+    times = [log["step_time"] for log in inst.fake.logs]
+    # forward 10 ms, backward 20 ms, the optimizer 3 ms: 35 ms from the batch; 40 ms a step
+    assert times[0] == (pytest.approx(0.035) if loader else None)
+    assert times[1:] == pytest.approx([0.040, 0.040])
+    assert [log.get("rated", True) for log in inst.fake.logs] == [False, True, True]
+
+
 def _loader(sizes, workers=0):
     """A DataLoader whose batches are (inputs, targets) of the given sizes."""
     data = [torch.randn(n, 4) for n in sizes]

@@ -504,6 +504,9 @@ class Instrument:
         self._acc = dict.fromkeys(PHASES, 0.0)
         self._custom: dict[str, float] = {}
         self._step_start: float | None = None
+        #: When the first training batch came out of a DataLoader, before any step or DDP
+        #: forward: where the first step starts when no forward is seen (see _opt_pre).
+        self._first_draw: float | None = None
         self._fwd_seen = False
         self._ddp_seen = False
         self._samples = 0
@@ -846,6 +849,8 @@ class Instrument:
                 if inst._pass_length is None:
                     inst._pass_length = _pass_length(it)
                     inst._length_it = key
+            if inst._mark is None and inst._first_draw is None:  # before the first step
+                inst._first_draw = inst.clock()
             inst._pass_batches += 1
             inst._draws += 1
             if key == inst._length_it:
@@ -1706,7 +1711,14 @@ class Instrument:
             self._closure_now = self._closure_repeat = False
             now = self._transition("closure_pre" if self._closure_loop else "opt_pre", "optimizer")
             if first:
-                self._step_start = now
+                # No forward seen before the first step's optimizer: with a closure (LBFGS)
+                # the whole step is inside it. Else no DDP module watched (FSDP, a plain
+                # model): the step began when its first batch came out of the DataLoader, as
+                # a DDP step begins at its forward (the batch's wait not in it). Without that
+                # either, its beginning is not known, nor its time: the optimizer's own (12 ms
+                # of pytorch/examples' ImageNet step of 1.25 s on CPU) passed for it.
+                closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0]: self
+                self._step_start = now if callable(closure) else self._first_draw
             if not self._first_released and self._pending:
                 self._release_first()
         except Exception as exc:
@@ -1813,7 +1825,7 @@ class Instrument:
         self._closure_repeat = False
         now = self._mark
         start = self._step_start
-        step_time = max(0.0, now - start - self._eval_spent) if start is not None else 0.0
+        step_time = max(0.0, now - start - self._eval_spent) if start is not None else None
         self._eval_spent = 0.0
         custom = self._custom
         read: Any  # a CudaStepRead or LossRead (a GPU), or (phases, loss tensors) on the CPU
@@ -1971,7 +1983,7 @@ class Instrument:
         self,
         epoch: int | None,
         samples: int,
-        step_time: float,
+        step_time: float | None,
         phases: dict[str, float] | None,
         loss: float | None,
         now: float,

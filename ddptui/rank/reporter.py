@@ -481,7 +481,7 @@ class Reporter:
         *,
         epoch: int | None,
         samples: int,
-        step_time: float,
+        step_time: float | None,
         phases: dict[str, float] | None,
         loss: float | None,
         rated: bool = True,
@@ -489,7 +489,8 @@ class Reporter:
         """A step that ended at ``now`` (``time.monotonic``) and ``wall`` (``time.time``),
         logged later (the zero-code instrumentation's steps, from its drainer thread, which
         calls :meth:`flush` itself: the sender thread is not woken for them). ``rated``
-        False: its time is no measure of its rate (no samples/s is derived from it)."""
+        False: its time is no measure of its rate (no samples/s is derived from it).
+        ``step_time`` None: not known (a first step whose beginning nothing saw)."""
         self._log_step(
             now,
             wall,
