@@ -10,6 +10,9 @@ at the ``sleep`` in its loop, where py-spy finds the pump decoding and applying 
 threads are left out (py-spy's default), so a thread's samples over the window's ticks are its
 share of one core.
 
+``BENCH_PYSPY_RAW=path`` keeps py-spy's raw samples there (one line per stack and its count),
+to look closer than the report does (one thread's calls as a tree, say).
+
 py-spy is not a dependency of ddptui: ``uv tool install py-spy`` (it needs the right to trace
 the process: root, or ``kernel.yama.ptrace_scope`` 0).
 """
@@ -17,6 +20,7 @@ the process: root, or ``kernel.yama.ptrace_scope`` 0).
 from __future__ import annotations
 
 import collections
+import os
 import re
 import shutil
 import subprocess
@@ -55,6 +59,8 @@ def finish(started: tuple[subprocess.Popen, Path] | None, seconds: float, rate: 
         err = "py-spy did not end"
     try:
         text = out.read_text()
+        if keep := os.environ.get("BENCH_PYSPY_RAW"):  # py-spy's raw samples, for a closer look
+            Path(keep).write_text(text)
     finally:
         out.unlink(missing_ok=True)
     if not text.strip():
