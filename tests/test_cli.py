@@ -199,6 +199,18 @@ def test_help_still_works(argv, expected, capsys):
     assert all(text in out for text in expected)
 
 
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_commands_help_prints_its_options(name, capsys):
+    """``ddptui bench --help`` died with a traceback: a help text's ``%`` (``±10%)``) is a
+    format character to argparse."""
+    if not cli.COMMANDS[name].available():
+        pytest.skip(f"ddptui {name} is not part of this installation")
+    assert cli.main([name, "--help"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("usage: ddptui ") and "--" in captured.out
+    assert "Traceback" not in captured.err
+
+
 def test_headless_path_never_imports_textual():
     """The runtime half of the import-linter contract (pyproject.toml): headless, runs, run and
     monitor never import Textual, statically; cli imports it only inside the functions that

@@ -87,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--until-stable",
         metavar="SECONDS",
         help="after the planned runs, repeat each configuration whose samples/s is unstable "
-        f"(interval wider than ±{benchmath.STABLE_SPREAD:.0%}) until it is stable or SECONDS "
+        f"(interval wider than ±{benchmath.STABLE_SPREAD * 100:.0f}%%) until it is stable or "
+        "SECONDS "
         "more have passed",
     )
     p.add_argument("--bench-dir", help="where to write (default runs/bench-<timestamp>)")
