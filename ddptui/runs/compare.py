@@ -161,7 +161,9 @@ def comparison_rows(runs: list[RunFacts]) -> list[tuple[str, list[str]]]:
         ("final accuracy", [fmt_num(r.final_accuracy) for r in runs]),
         ("best accuracy", [best(r) for r in runs]),
         ("time", [fmt_duration(r.duration_s) for r in runs]),
-        ("samples/s", [fmt_num(r.samples_per_s, ",.0f") for r in runs]),
+        # The bench's steady state (see benchmath), not the mean over the run that the run's
+        # own summary and last line give: the two differ, and the row says which it is.
+        ("steady samples/s", [fmt_num(r.samples_per_s, ",.0f") for r in runs]),
         ("failure", [r.failure or "--" for r in runs]),
         ("restarts", ["--" if r.restarts is None else str(r.restarts) for r in runs]),
     ]
