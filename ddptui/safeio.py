@@ -164,9 +164,11 @@ def read_json(path: str | os.PathLike[str], max_bytes: int) -> Any:
     return loads_bounded(read_regular(path, max_bytes).decode("utf-8"))
 
 
-def read_lines(f: IO[bytes], max_line: int) -> Iterator[bytes]:
+def read_lines(
+    f: IO[bytes], max_line: int, skipped: Callable[[], None] | None = None
+) -> Iterator[bytes]:
     """The lines of a binary file; a line longer than ``max_line`` is skipped whole (never held
-    in memory), so one enormous line cannot exhaust memory."""
+    in memory), so one enormous line cannot exhaust memory, and ``skipped`` called for it."""
     while True:
         line = f.readline(max_line + 1)
         if not line:
@@ -176,6 +178,8 @@ def read_lines(f: IO[bytes], max_line: int) -> Iterator[bytes]:
                 rest = f.readline(max_line)
                 if not rest or rest.endswith(b"\n"):
                     break
+            if skipped is not None:
+                skipped()
             continue
         yield line
 

@@ -6,6 +6,7 @@ import pytest
 
 from ddptui import protocol
 from ddptui.cli import main
+from ddptui.run import rundir
 from ddptui.run.rundir import (
     EXIT_CODES,
     RunDirError,
@@ -222,3 +223,40 @@ def test_written_summary_wins_over_the_events(tmp_path):
 def test_malformed_summary_is_ignored(tmp_path, text):
     RunDir(tmp_path).summary.write_text(text)
     assert read_summary(tmp_path) is None
+
+
+def test_a_replay_says_how_many_lines_of_events_jsonl_it_left_out(tmp_path, capsys):
+    """A malformed line, one too long to hold and a last line a crash cut short are left out,
+    as before, and a replay now says so (it said nothing: the run looked whole)."""
+    RunDir(tmp_path).config.write_text(json.dumps({"run_id": "a", "world_size": 1}))
+    steps = [
+        protocol.to_json(protocol.Step(run="a", rank=0, seq=i, t=float(i), step=i + 1, samples=4))
+        for i in range(3)
+    ]
+    RunDir(tmp_path).events.write_bytes(
+        steps[0] + b"\n{not an event\n"
+        + b'{"kind": "log", "line": "' + b"x" * (rundir.MAX_EVENT_LINE + 10) + b'"}\n'
+        + steps[1] + b"\n" + steps[2][:20]
+    )  # fmt: skip
+    _, state, _ = load_run(tmp_path)
+    assert state.ranks[0].step == 2 and state.lines_unread == 3
+    assert main(["replay", "--no-ui", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "events.jsonl: 3 lines not readable as events, left out" in out
+    RunDir(tmp_path).events.write_bytes(steps[0] + b"\n" + steps[1] + b"\n")  # whole
+    assert main(["replay", "--no-ui", str(tmp_path)]) == 0
+    assert "events.jsonl" not in capsys.readouterr().out
+
+
+def test_the_dashboards_replay_says_it_beside_replay(tmp_path):
+    from ddptui.tui.sources import ReplaySource  # the dashboard's side (Textual)
+
+    RunDir(tmp_path).config.write_text(json.dumps({"run_id": "a", "world_size": 1}))
+    step = protocol.to_json(protocol.Step(run="a", rank=0, seq=0, t=0.0, step=1, samples=4))
+    RunDir(tmp_path).events.write_bytes(step + b"\n" + step[:10])
+    assert ReplaySource.load(tmp_path).note == (
+        "replay · events.jsonl: 1 line not readable as events, left out (a crash can cut the "
+        "last one short)"
+    )
+    RunDir(tmp_path).events.write_bytes(step + b"\n")
+    assert ReplaySource.load(tmp_path).note == "replay"

@@ -344,25 +344,49 @@ def read_config(run_dir: str | os.PathLike[str]) -> dict:
 _SHOWN_WITHOUT_EVENTS = 1024
 
 
+class EventLines:
+    """The events of a run directory's ``events.jsonl`` (only run ``run_id``'s, when given),
+    read as they are iterated; lines that do not parse are skipped (a crash may leave the last
+    line half-written) and counted in :attr:`unread`."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], run_id: str | None = None) -> None:
+        self.path = RunDir(run_dir).events
+        self.run_id = run_id
+        self.unread = 0
+
+    def __iter__(self):
+        run_id = self.run_id
+        try:
+            with safeio.open_regular(self.path) as f:
+                for line in safeio.read_lines(f, MAX_EVENT_LINE, self._skipped):
+                    if not line.strip():
+                        continue
+                    try:
+                        event = protocol.from_json(line)
+                    except protocol.InvalidEvent:
+                        self.unread += 1
+                        continue
+                    if run_id is None or event.run == run_id:
+                        yield event
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:  # not a regular file (a FIFO, a device), unreadable
+            shown = safeio.shown(self.path)
+            raise RunDirError(f"cannot read {shown}: {exc.strerror or exc}") from None
+
+    def _skipped(self) -> None:
+        self.unread += 1
+
+
+def unread_note(lines: int) -> str:
+    """What a replay says of the lines of ``events.jsonl`` it could not read."""
+    what = "1 line" if lines == 1 else f"{lines:,} lines"
+    return f"{what} not readable as events, left out (a crash can cut the last one short)"
+
+
 def iter_events(run_dir: str | os.PathLike[str], run_id: str | None = None):
-    """Events of a run directory's ``events.jsonl`` (only run ``run_id``'s, when given); lines
-    that do not parse are skipped (a crash may leave the last line half-written)."""
-    path = RunDir(run_dir).events
-    try:
-        with safeio.open_regular(path) as f:
-            for line in safeio.read_lines(f, MAX_EVENT_LINE):
-                if not line.strip():
-                    continue
-                try:
-                    event = protocol.from_json(line)
-                except protocol.InvalidEvent:
-                    continue
-                if run_id is None or event.run == run_id:
-                    yield event
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    except OSError as exc:  # not a regular file (a FIFO, a device), unreadable
-        raise RunDirError(f"cannot read {safeio.shown(path)}: {exc.strerror or exc}") from None
+    """Events of a run directory's ``events.jsonl`` (see :class:`EventLines`)."""
+    return iter(EventLines(run_dir, run_id))
 
 
 def load_run(run_dir: str | os.PathLike[str]):
@@ -381,8 +405,10 @@ def load_run(run_dir: str | os.PathLike[str]):
         top = max(top, event.rank)
     world = min(int(config.get("world_size") or 1), max(top + 1, _SHOWN_WITHOUT_EVENTS))
     state = RunState(run_id, world, epochs=config.get("epochs"))
-    for event in iter_events(run_dir, run_id):
+    lines = EventLines(run_dir, run_id)
+    for event in lines:
         state.apply(event)
+    state.lines_unread = lines.unread
     summary = read_summary(run_dir)
     if summary is not None:
         failure = None

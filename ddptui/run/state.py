@@ -367,6 +367,9 @@ class RunState:
         self.events_applied = 0
         #: Events for ranks outside ``range(world_size)``: ignored, never given a row.
         self.events_ignored = 0
+        #: Lines of a replayed ``events.jsonl`` that were no event (malformed, too long, or
+        #: the last one half-written by a crash): left out, and said so.
+        self.lines_unread = 0
         #: Node -> that node's latest system sample, for nodes other than the dashboard's
         #: own: a ``NodeSample`` event from its ``ddptui join`` agent (or a monitor snapshot /
         #: its dict form), read by the system panel.

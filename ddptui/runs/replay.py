@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ddptui.formatting import amp_label, fmt_duration, fmt_num, printable
-from ddptui.run.rundir import load_run
+from ddptui.run.rundir import load_run, unread_note
 
 
 def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
@@ -44,4 +44,6 @@ def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
     for item in diagnoses if isinstance(diagnoses, list) else []:
         if isinstance(item, dict) and isinstance(item.get("detail"), str):
             emit(f"  diagnosis: {item['detail'][:500]}")
+    if state.lines_unread:
+        emit(f"  events.jsonl: {unread_note(state.lines_unread)}")
     return 0

@@ -23,7 +23,7 @@ from typing import Any
 from ddptui.run.diagnosis import shown_details
 from ddptui.run.launcher import LaunchResult
 from ddptui.run.options import RunConfig
-from ddptui.run.rundir import load_run
+from ddptui.run.rundir import load_run, unread_note
 from ddptui.run.session import RunSession
 from ddptui.run.state import RunState
 from ddptui.runfiles import RunDir
@@ -96,7 +96,10 @@ class ReplaySource(RunSource):
     def load(cls, run_dir: Path, now: float | None = None) -> ReplaySource:
         run_dir = Path(run_dir)
         config, state, summary = load_run(run_dir)
-        source = cls(config, state, run_dir, now)
+        note = "replay"
+        if state.lines_unread:
+            note += f" · events.jsonl: {unread_note(state.lines_unread)}"
+        source = cls(config, state, run_dir, now, note=note)
         source.recorded_diagnoses = shown_details(
             (_rank(d.get("rank")), str(d.get("cause")), str(d.get("detail")))
             for d in summary.get("diagnoses") or ()
