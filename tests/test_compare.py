@@ -97,3 +97,15 @@ def test_run_reports_usage_errors_itself_when_wired_into_another_parser(capsys):
     compare.add_arguments(parser)
     assert compare.run(parser.parse_args(["--no-ui", str(AMP_OFF)])) == 2
     assert capsys.readouterr().err == "ddptui: error: compare needs at least two run directories\n"
+
+
+def test_a_run_whose_events_file_has_unreadable_lines_says_so(tmp_path, capsys):
+    run_dir = tmp_path / "cut"
+    shutil.copytree(AMP_OFF, run_dir)
+    events = run_dir / "events.jsonl"
+    events.write_bytes(events.read_bytes() + b"{not an event\n" + b'{"kind": "st')
+    assert compare.main(["--no-ui", str(AMP_OFF), str(run_dir)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("unread"))
+    assert line.split()[2:] == ["--", "2", "left", "out"]
+    assert compare.main(["--no-ui", str(AMP_OFF), str(AMP_OFF)]) == 0
+    assert "unread" not in capsys.readouterr().out

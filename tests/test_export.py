@@ -211,3 +211,21 @@ def test_tensorboard_export_goes_through_summary_writer(monkeypatch, tmp_path, c
     assert Counter(c[0] for c in scalars) == Counter(_expected_scalar_counts(RUN))
     assert all(isinstance(c[2], int) and c[3] > 1e9 for c in scalars)
     assert f"{len(scalars)} scalars" in capsys.readouterr().out
+
+
+def test_lines_that_are_no_event_are_left_out_and_said_on_stderr(tmp_path, capsys):
+    """The rows of every readable line, and on stderr (never inside a CSV on stdout) how many
+    lines were left out: a crash's cut-short last line, say."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(RUN, run_dir)
+    events = run_dir / "events.jsonl"
+    whole = _kinds(run_dir)
+    events.write_bytes(events.read_bytes() + b'{"kind": "step", "ra')
+    assert export.main([str(run_dir), "--csv", "-"]) == 0
+    captured = capsys.readouterr()
+    rows = list(csv.DictReader(captured.out.splitlines()))
+    assert Counter(r["kind"] for r in rows) == +Counter(step=whole["step"], eval=whole["eval"])
+    assert captured.err == (
+        "ddptui: events.jsonl: 1 line not readable as events, left out (a crash can cut the "
+        "last one short)\n"
+    )

@@ -167,6 +167,9 @@ def comparison_rows(runs: list[RunFacts]) -> list[tuple[str, list[str]]]:
         ("failure", [r.failure or "--" for r in runs]),
         ("restarts", ["--" if r.restarts is None else str(r.restarts) for r in runs]),
     ]
+    if any(r.state.lines_unread for r in runs):  # what a replay would say: the run is not whole
+        unread = [r.state.lines_unread for r in runs]
+        rows.append(("unread lines", [f"{n:,} left out" if n else "--" for n in unread]))
     return rows
 
 

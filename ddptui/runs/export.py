@@ -31,7 +31,13 @@ from typing import Any, TextIO
 
 from ddptui import protocol, safeio
 from ddptui.commands import UsageError, command_main, fail
-from ddptui.run.rundir import RunDirError, iter_events, read_config, require_events
+from ddptui.run.rundir import (
+    EventLines,
+    RunDirError,
+    read_config,
+    require_events,
+    unread_note,
+)
 from ddptui.run.state import EvalIndex, eval_replaces
 
 CSV_COLUMNS = (
@@ -65,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     return command_main("ddptui export", __doc__ or "", add_arguments, run, argv)
 
 
-def run_events(run_dir: Path) -> Iterator[protocol.AnyEvent]:
-    """The run's events (its own run id only). Raises RunDirError for a bad directory."""
+def run_events(run_dir: Path) -> EventLines:
+    """The run's events (its own run id only), read as iterated; its ``unread`` counts the
+    lines that were no event. Raises RunDirError for a bad directory."""
     require_events(run_dir)
     config = read_config(run_dir)
-    return iter_events(run_dir, config.get("run_id") or Path(run_dir).name)
+    return EventLines(run_dir, config.get("run_id") or Path(run_dir).name)
 
 
 # -- CSV --------------------------------------------------------------------------------------
@@ -130,12 +137,13 @@ def write_csv(events: Iterable[protocol.AnyEvent], out: TextIO) -> int:
     return rows
 
 
-def export_csv(run_dir: Path, target: str, stdout: TextIO | None = None) -> int:
-    """Write the CSV to ``target`` (``-``: stdout); see :func:`ddptui.safeio.write_output` for
-    how a file, a device, a FIFO or a symlink is written. Raises :class:`UsageError` (exit 2)
-    when ``target`` may not be written (a file of a run directory, a directory) and
-    :class:`OSError` when writing fails."""
-    events = run_events(run_dir)
+def export_csv(
+    events: Iterable[protocol.AnyEvent], target: str, stdout: TextIO | None = None
+) -> int:
+    """Write the CSV of ``events`` to ``target`` (``-``: stdout); see
+    :func:`ddptui.safeio.write_output` for how a file, a device, a FIFO or a symlink is
+    written. Raises :class:`UsageError` (exit 2) when ``target`` may not be written (a file
+    of a run directory, a directory) and :class:`OSError` when writing fails."""
     if target == "-":
         return write_csv(events, stdout or sys.stdout)
     path = Path(target).expanduser()
@@ -211,8 +219,9 @@ def tensorboard_scalars(
         yield "global/samples_per_s", sum(sps_at[step]), step, time_at[step]
 
 
-def export_tensorboard(run_dir: Path, target: str) -> int:
-    """Write the scalars with torch's SummaryWriter; returns how many were written."""
+def export_tensorboard(events: Iterable[protocol.AnyEvent], target: str) -> int:
+    """Write the scalars of ``events`` with torch's SummaryWriter; returns how many were
+    written."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -226,7 +235,6 @@ def export_tensorboard(run_dir: Path, target: str) -> int:
         raise UsageError(f"--tensorboard {safeio.shown(path)}: {exc.strerror}") from None
     if there is not None and not safeio.is_dir(path):
         raise UsageError(f"--tensorboard names a file: {safeio.shown(path)}")
-    events = run_events(run_dir)
     count = 0
     try:
         writer = SummaryWriter(log_dir=str(path))
@@ -244,13 +252,16 @@ def export_tensorboard(run_dir: Path, target: str) -> int:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     run_dir = Path(args.run_dir)
     try:
+        events = run_events(run_dir)
         if args.csv is not None:
-            rows = export_csv(run_dir, args.csv, out)
+            rows = export_csv(events, args.csv, out)
             if args.csv != "-":
                 print(f"{rows} rows -> {safeio.shown(args.csv)}", file=out or sys.stdout)
         else:
-            count = export_tensorboard(run_dir, args.tensorboard)
+            count = export_tensorboard(events, args.tensorboard)
             print(f"{count} scalars -> {safeio.shown(args.tensorboard)}", file=out or sys.stdout)
+        if events.unread:  # on stderr: never inside a CSV written to stdout
+            print(f"ddptui: events.jsonl: {unread_note(events.unread)}", file=sys.stderr)
     except (RunDirError, UsageError) as exc:
         return fail(str(exc))
     except OSError as exc:  # the output could not be written (ENOSPC, EROFS, EACCES): exit 1
