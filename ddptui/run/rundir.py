@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -355,19 +356,10 @@ class EventLines:
         self.unread = 0
 
     def __iter__(self):
-        run_id = self.run_id
         try:
             with safeio.open_regular(self.path) as f:
-                for line in safeio.read_lines(f, MAX_EVENT_LINE, self._skipped):
-                    if not line.strip():
-                        continue
-                    try:
-                        event = protocol.from_json(line)
-                    except protocol.InvalidEvent:
-                        self.unread += 1
-                        continue
-                    if run_id is None or event.run == run_id:
-                        yield event
+                lines = safeio.read_lines(f, MAX_EVENT_LINE, self._skipped)
+                yield from events_in(lines, self.run_id, self._skipped)
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError as exc:  # not a regular file (a FIFO, a device), unreadable
@@ -376,6 +368,23 @@ class EventLines:
 
     def _skipped(self) -> None:
         self.unread += 1
+
+
+def events_in(
+    lines: Iterable[bytes], run_id: str | None, unread: Callable[[], None]
+) -> Iterator[protocol.AnyEvent]:
+    """The events of ``events.jsonl`` lines (only run ``run_id``'s, when given): blank lines
+    passed over, and ``unread`` called for each line that is no event."""
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            event = protocol.from_json(line)
+        except protocol.InvalidEvent:
+            unread()
+            continue
+        if run_id is None or event.run == run_id:
+            yield event
 
 
 def unread_note(lines: int) -> str:

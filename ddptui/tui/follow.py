@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddptui import protocol, safeio
+from ddptui import safeio
 from ddptui.run.quiet_gc import quiet_collector
-from ddptui.run.rundir import load_run, read_config
+from ddptui.run.rundir import events_in, load_run, read_config
 from ddptui.run.state import RunState
 from ddptui.runfiles import RunDir
 from ddptui.runs.live import run_is_alive
@@ -107,6 +107,9 @@ class FollowSource(RunSource):
             self._finish("the run's processes are gone and it wrote no summary.json")
         return applied
 
+    def _skipped(self) -> None:
+        self.skipped_lines += 1
+
     def _read_new(self) -> int:
         try:
             with safeio.open_regular(self.files.events) as f:  # a FIFO: nothing, never a wait
@@ -123,17 +126,7 @@ class FollowSource(RunSource):
         if len(self._partial) > MAX_LINE:
             self._partial = b""
             self.skipped_lines += 1
-        events = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                event = protocol.from_json(line)
-            except protocol.InvalidEvent:
-                self.skipped_lines += 1
-                continue
-            if event.run == self.state.run_id:
-                events.append(event)
+        events = list(events_in(lines, self.state.run_id, self._skipped))
         if events:
             with self._lock:
                 first = min(e.t for e in events)
