@@ -86,10 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--until-stable",
         metavar="SECONDS",
+        # "%%": argparse formats help texts with %, and "±10%)" made --help die
         help="after the planned runs, repeat each configuration whose samples/s is unstable "
         f"(interval wider than ±{benchmath.STABLE_SPREAD * 100:.0f}%%) until it is stable or "
-        "SECONDS "
-        "more have passed",
+        "SECONDS more have passed",
     )
     p.add_argument("--bench-dir", help="where to write (default runs/bench-<timestamp>)")
     g = p.add_argument_group("run options (the same for every configuration)")
