@@ -284,6 +284,8 @@ def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSessio
         f"{cfg.rdzv_endpoint}; on each of the other {cfg.nnodes - 1} node(s) run:"
     )
     console.line(session.join_line or "")
+    if session.join_shared_line:
+        console.line(f"or, where this run directory is shared: {session.join_shared_line}")
 
 
 def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:

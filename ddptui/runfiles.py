@@ -10,6 +10,8 @@ The one place that names what a run directory holds::
     launcher-result.json  the first failing rank, as the launcher driver saw it
     checkpoint.pt         global rank 0's checkpoint after every epoch
     stacks-rank-N.txt     rank N's Python stacks, dumped on ddptui's signal (hang diagnosis)
+    join-token            node 0 of a multi-node run, while it runs: the join token (0600),
+                          for ``ddptui join RUN_DIR`` where the directory is shared
 
 Stdlib only and below every package: the ranks write their logs and stacks here, the
 launcher driver its result; reading a run back is :mod:`ddptui.run.rundir`.
@@ -28,13 +30,22 @@ SUMMARY_FILE = "summary.json"
 LAUNCHER_LOG = "launcher.log"
 RESULT_FILE = "launcher-result.json"
 CHECKPOINT_FILE = "checkpoint.pt"
+JOIN_TOKEN_FILE = "join-token"
 
 _RUN_FILE = re.compile(r"(rank-\d+\.log|stacks-rank-\d+\.txt|\..*\.tmp)")
 
 
 def is_run_file_name(name: str) -> bool:
     """Whether ``name`` is one of the files a run directory holds (or a temp file of one)."""
-    fixed = (EVENTS_FILE, CONFIG_FILE, SUMMARY_FILE, LAUNCHER_LOG, RESULT_FILE, CHECKPOINT_FILE)
+    fixed = (
+        EVENTS_FILE,
+        CONFIG_FILE,
+        SUMMARY_FILE,
+        LAUNCHER_LOG,
+        RESULT_FILE,
+        CHECKPOINT_FILE,
+        JOIN_TOKEN_FILE,
+    )
     return name in fixed or _RUN_FILE.fullmatch(name) is not None
 
 
@@ -81,6 +92,10 @@ class RunDir:
     def checkpoint(self) -> Path:
         return self.path / CHECKPOINT_FILE
 
+    @property
+    def join_token(self) -> Path:
+        return self.path / JOIN_TOKEN_FILE
+
     def rank_log(self, rank: int | None) -> Path:
         return self.path / rank_log_name(rank)
 
@@ -94,6 +109,24 @@ class RunDir:
             return os.path.lexists(self.events)
         except (OSError, ValueError):
             return False
+
+
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` for its owner's eyes only (mode 0600, whatever the umask),
+    through a new temp file (never one planted at its name) and ``os.replace``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # one left by an earlier process with this pid (a symlink: removed)
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -82,8 +83,12 @@ def join_argv(line: str, *extra: str) -> list[str]:
 
 
 @contextmanager
-def two_nodes(tmp_path: Path, *options: str, bind: str = "127.0.0.1", node1_prefix=()):
-    """Node 0 and node 1 (1 rank each); every process of the run is gone afterwards."""
+def two_nodes(
+    tmp_path: Path, *options: str, bind: str = "127.0.0.1", node1_prefix=(), via_dir=False
+):
+    """Node 0 and node 1 (1 rank each); every process of the run is gone afterwards.
+    ``via_dir``: node 1 joins with node 0's run directory (``ddptui join RUN_DIR``, the
+    short form where it is shared) instead of the token."""
     port = free_port(bind)
     node0 = Node(
         [*PY, "--no-ui", "--nnodes", "2", "--nproc-per-node", "1", "--device", "cpu"]
@@ -92,7 +97,15 @@ def two_nodes(tmp_path: Path, *options: str, bind: str = "127.0.0.1", node1_pref
     nodes = [node0]
     try:
         line = node0.join_line()
-        node1 = Node([*node1_prefix, *join_argv(line, "--run-dir", str(tmp_path / "n1"))])
+        argv = join_argv(line, "--run-dir", str(tmp_path / "n1"))
+        if via_dir:
+            shared = f"or, where this run directory is shared: ddptui join {tmp_path / 'n0'}"
+            assert shared in node0.output
+            token = tmp_path / "n0" / "join-token"
+            assert stat.S_IMODE(token.stat().st_mode) == 0o600  # the run's secret: owner only
+            assert token.read_text().strip() == line.split()[-1]
+            argv[argv.index(line.split()[-1])] = str(tmp_path / "n0")
+        node1 = Node([*node1_prefix, *argv])
         nodes.append(node1)
         yield node0, node1
     finally:
@@ -133,8 +146,9 @@ def test_two_nodes_over_c10d_report_every_rank_to_node_0(tmp_path, node1_network
         os.environ["GLOO_SOCKET_IFNAME"] = pair.host_if  # node 0 inherits it
     try:
         with two_nodes(
-            tmp_path, "--trainer", "synthetic", *SMALL, bind=bind, node1_prefix=prefix
-        ) as (node0, node1):
+            tmp_path, "--trainer", "synthetic", *SMALL, bind=bind, node1_prefix=prefix,
+            via_dir=True,
+        ) as (node0, node1):  # fmt: skip
             assert node0.wait(150) == 0, node0.output + node1.output
             assert node1.wait(30) == 0, node1.output
             events = read_events(tmp_path / "n0")
@@ -153,6 +167,7 @@ def test_two_nodes_over_c10d_report_every_rank_to_node_0(tmp_path, node1_network
     assert "node 1 finished" in node1.output
     assert "node 1 joined (host " in node0.output
     assert not (tmp_path / "n1" / "events.jsonl").exists()  # node 1's events live on node 0
+    assert not (tmp_path / "n0" / "join-token").exists()  # the secret is gone with the run
     if pair is not None:  # the join line names the address node 1 reaches node 0 at
         assert "ddptui join" in node0.output and pair.host_ip in node0.output
     assert processes_of_run(run_id) == []

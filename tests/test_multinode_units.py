@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -17,7 +19,7 @@ import zmq
 from ddptui import protocol
 from ddptui.join import agent as agent_module
 from ddptui.join.channel import Channel
-from ddptui.join.command import config_from_node0
+from ddptui.join.command import config_from_node0, token_text
 from ddptui.run.cluster.host import NodeHost
 from ddptui.run.cluster.slurm import sbatch_script, slurm_layout, srun_argv, tasks_per_node
 from ddptui.run.cluster.token import JoinToken, RunKeys, TokenError
@@ -26,6 +28,7 @@ from ddptui.run.launcher import LaunchResult
 from ddptui.run.machine import Machine
 from ddptui.run.options import ConfigError, RunConfig
 from ddptui.run.state import RankFailureInfo
+from ddptui.runfiles import write_private
 from tests.helpers import ROOT, wait_until
 
 CPU = Machine(0, "no GPU here", cpu_count=2)
@@ -304,6 +307,35 @@ def test_join_command_with_a_wrong_token_exits_2_in_one_line(host):
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "did not answer" in proc.stderr and host.book.joined == {}
+
+
+def test_join_takes_the_token_or_node_0s_run_directory_that_holds_it(tmp_path, host):
+    """``ddptui join RUN_DIR`` (a shared file system) reads node 0's ``join-token`` file; the
+    token itself passes through; a directory without one, a FIFO, a file too large or a word
+    that is neither is one line (TokenError), never a hang or a traceback."""
+    token = host.token().encode()
+    assert token_text(token) == token
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_private(run_dir / "join-token", token + "\n")
+    assert (run_dir / "join-token").stat().st_mode & 0o077 == 0  # the owner's only
+    for given in (run_dir, run_dir / "join-token"):
+        assert JoinToken.decode(token_text(str(given))) == host.token()
+    (run_dir / "join-token").unlink()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "big").write_text("x" * 100_000)
+    for given, why in (
+        (run_dir, "no join token there (the run has ended"),
+        (tmp_path / "nowhere", "not a ddptui join token"),
+        ("ddp2.abc", "not a ddptui join token"),
+        (fifo, "cannot read"),
+        (tmp_path / "big", "cannot read"),
+    ):
+        with pytest.raises(TokenError, match=re.escape(why)) as info:
+            text = token_text(str(given))
+            JoinToken.decode(text)
+        assert "\n" not in str(info.value)
 
 
 def _event(run="run-x", rank=0):

@@ -410,6 +410,12 @@ async def test_a_multi_node_run_shows_the_join_line_while_it_runs(tmp_path):
         app.sessions[0].join_line = "ddptui join ddp1.token"
         await _wait(pilot, lambda: join.display)
         assert "ddptui join ddp1.token" in str(join.content)
+        assert "shared" not in str(join.content)  # no token file written: no short form
+        app.sessions[0].join_shared_line = "ddptui join /shared/runs/r1"
+        await _wait(pilot, lambda: "shared" in str(join.content))
+        assert str(join.content).endswith(
+            "\nor, where this run directory is shared: ddptui join /shared/runs/r1"
+        )
         await pilot.press("s")
         await _wait(pilot, lambda: screen.source.done.is_set())
         await _wait(pilot, lambda: not join.display)  # the run is over: nothing to join

@@ -18,13 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddptui import safeio
 from ddptui.commands import fail
 from ddptui.constants import JOIN_TOKEN_ENV
 from ddptui.join.agent import NodeAgent
 from ddptui.join.channel import Channel
 from ddptui.run.check_target import check_script
-from ddptui.run.cluster.token import JoinToken, TokenError
+from ddptui.run.cluster.token import MAX_TOKEN_CHARS, TOKEN_PREFIX, JoinToken, TokenError
 from ddptui.run.options import ConfigError, RunConfig, parse_int, parse_path
+from ddptui.runfiles import RunDir
 
 DESCRIPTION = (
     "Join a multi-node run as one more node: run the 'ddptui join …' line that the first "
@@ -36,7 +38,11 @@ JOIN_TIMEOUT_S = 15.0
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "token", nargs="?", metavar="TOKEN", help=f"the join token (default: ${JOIN_TOKEN_ENV})"
+        "token",
+        nargs="?",
+        metavar="TOKEN",
+        help="the join token, or node 0's run directory where it is shared (its join-token "
+        f"file; default: ${JOIN_TOKEN_ENV})",
     )
     p.add_argument("--node-rank", metavar="K", help="this node's slot (default: the next free)")
     p.add_argument(
@@ -76,12 +82,35 @@ def config_from_node0(data: Any, run_dir: str) -> RunConfig:
     return dataclasses.replace(cfg, run_dir=run_dir)
 
 
+def token_text(given: str) -> str:
+    """The token itself, or read from node 0's run directory (its ``join-token`` file, which
+    node 0 writes while the run lasts) or from that file named: on a shared file system the
+    short ``ddptui join RUN_DIR`` replaces a line too long to copy off a dashboard.
+    Raises :class:`TokenError` (one line)."""
+    if given.strip().startswith(TOKEN_PREFIX):
+        return given
+    path = Path(given).expanduser()
+    if safeio.is_dir(path):
+        path = RunDir(path).join_token
+    elif not os.path.lexists(path):
+        raise TokenError("not a ddptui join token (copy the whole 'ddptui join' line)")
+    try:
+        return safeio.read_regular(path, MAX_TOKEN_CHARS + 1).decode("utf-8", "replace")
+    except FileNotFoundError:
+        raise TokenError(
+            f"{safeio.shown(path)}: no join token there (the run has ended, or this is not "
+            "node 0's run directory of a multi-node run)"
+        ) from None
+    except OSError as exc:
+        raise TokenError(f"cannot read {safeio.shown(path)}: {safeio.why(exc)}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     text = args.token or os.environ.get(JOIN_TOKEN_ENV, "")
     if not text:
         return fail(f"give the join token (or set ${JOIN_TOKEN_ENV})")
     try:
-        token = JoinToken.decode(text)
+        token = JoinToken.decode(token_text(text))
         timeout = parse_int("timeout", args.timeout, 1, 3600)
         node = None if args.node_rank is None else parse_int("node_rank", args.node_rank, 0)
         if args.slurm:

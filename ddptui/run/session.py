@@ -11,9 +11,11 @@ permission lost) the session stops every worker, keeps what was written and says
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
+import shlex
 import signal
 import socket
 import threading
@@ -53,7 +55,7 @@ from ddptui.run.rundir import (
 )
 from ddptui.run.signals import signals_deferred
 from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
-from ddptui.runfiles import RunDir, write_json_atomic
+from ddptui.runfiles import RunDir, write_json_atomic, write_private
 
 #: After the launcher ends, keep reading this long for events still in flight.
 DRAIN_SECONDS = 0.5
@@ -223,6 +225,15 @@ class RunSession:
         return self.host.join_line()
 
     @property
+    def join_shared_line(self) -> str | None:
+        """The short form of :attr:`join_line` where this run directory is on a file system
+        the other nodes share: ``ddptui join RUN_DIR`` reads the token there (``join-token``,
+        the owner's only). None when the file could not be written."""
+        if self.join_line is None or not self.files.join_token.is_file():
+            return None
+        return f"ddptui join {shlex.quote(str(self.run_dir.resolve()))}"
+
+    @property
     def events_path(self) -> Path:
         return self.files.events
 
@@ -279,6 +290,10 @@ class RunSession:
                 f"cannot host the run's telemetry on {self.cfg.bind}: {exc}"
             ) from None
         self.host.inbox.stats = self.collector.stats  # one count of what arrived
+        try:  # for `ddptui join RUN_DIR` where the run directory is shared; only the owner's
+            write_private(self.files.join_token, self.host.token().encode() + "\n")
+        except OSError:
+            pass  # the join line still says the token itself
 
     def _start_host(self) -> Launcher:
         """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
@@ -816,6 +831,8 @@ class RunSession:
             else:
                 self.host.close()
             self.host = None
+            with contextlib.suppress(OSError):  # the run's secret, of no use once it ended
+                self.files.join_token.unlink(missing_ok=True)
         if self.collector is not None:
             self.collector.close()
             self.collector = None

@@ -266,13 +266,19 @@ class RunScreen(Screen):
     def _show_join_line(self) -> None:
         """A multi-node run started here: the command every other node runs, while it runs."""
         source = self.source
-        line = None
+        line = shared = None
         if isinstance(source, LiveSource) and source.running:
             line = getattr(source.session, "join_line", None)
+            shared = getattr(source.session, "join_shared_line", None)
         if self._join.display != bool(line):
             self._join.display = bool(line)
         if line:
-            self._join.show_text(f"on every other node run:\n{line}")
+            # The token is longer than a line: copied off the screen, its wrap breaks it. Where
+            # the run directory is shared, the short form does the same.
+            text = f"on every other node run:\n{line}"
+            if shared:
+                text += f"\nor, where this run directory is shared: {shared}"
+            self._join.show_text(text)
 
     def note(self) -> str:
         """What the header says beside the state: replay, starting…, stopping…, an error."""
