@@ -321,6 +321,14 @@ def test_join_takes_the_token_or_node_0s_run_directory_that_holds_it(tmp_path, h
     assert (run_dir / "join-token").stat().st_mode & 0o077 == 0  # the owner's only
     for given in (run_dir, run_dir / "join-token"):
         assert JoinToken.decode(token_text(str(given))) == host.token()
+    (run_dir / "join-token").chmod(0o644)  # others may read it: refused, as ssh refuses a key
+    with pytest.raises(TokenError, match="must be yours and private"):
+        token_text(str(run_dir))
+    (run_dir / "join-token").chmod(0o600)
+    if os.getuid() == 0:  # root can give it away: someone else's private file is refused too
+        os.chown(run_dir / "join-token", 4242, -1)
+        with pytest.raises(TokenError, match="owner uid 4242"):
+            token_text(str(run_dir))
     (run_dir / "join-token").unlink()
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import os
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,18 @@ def token_text(given: str) -> str:
     elif not os.path.lexists(path):
         raise TokenError("not a ddptui join token (copy the whole 'ddptui join' line)")
     try:
-        return safeio.read_regular(path, MAX_TOKEN_CHARS + 1).decode("utf-8", "replace")
+        with safeio.open_regular(path, MAX_TOKEN_CHARS + 1) as f:
+            st = os.fstat(f.fileno())
+            # Yours and private, as ssh wants a key: in a directory others may write, a token
+            # put there by someone else would point this node at their "node 0", which sends
+            # the script to run.
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise TokenError(
+                    f"{safeio.shown(path)}: refused, a join token file must be yours and "
+                    f"private (mode 0600; it is {stat.S_IMODE(st.st_mode):o}, owner uid "
+                    f"{st.st_uid})"
+                )
+            return f.read(MAX_TOKEN_CHARS + 1).decode("utf-8", "replace")
     except FileNotFoundError:
         raise TokenError(
             f"{safeio.shown(path)}: no join token there (the run has ended, or this is not "
