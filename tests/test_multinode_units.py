@@ -309,6 +309,19 @@ def test_join_command_with_a_wrong_token_exits_2_in_one_line(host):
     assert "did not answer" in proc.stderr and host.book.joined == {}
 
 
+def test_node_0_counts_the_nodes_still_to_join(host):
+    """The dashboard shows the join lines while this is not 0 (then they give the table and
+    charts their room back)."""
+    from ddptui.run.session import RunSession
+
+    session = RunSession(host.cfg)  # not started: only its view of the join book
+    session.host = host
+    assert session.nodes_to_join == 1 and session.join_line.startswith("ddptui join ddp1.")
+    assert host.book.join(None, "other-host")[0] == 1
+    assert session.nodes_to_join == 0
+    session.host = None  # the fixture closes it
+
+
 def test_join_takes_the_token_or_node_0s_run_directory_that_holds_it(tmp_path, host):
     """``ddptui join RUN_DIR`` (a shared file system) reads node 0's ``join-token`` file; the
     token itself passes through; a directory without one, a FIFO, a file too large or a word

@@ -416,6 +416,8 @@ async def test_a_multi_node_run_shows_the_join_line_while_it_runs(tmp_path):
         assert str(join.content).endswith(
             "\nor, where this run directory is shared: ddptui join /shared/runs/r1"
         )
+        app.sessions[0].nodes_to_join = 0  # every node joined: the lines give their room back
+        await _wait(pilot, lambda: not join.display)
         await pilot.press("s")
         await _wait(pilot, lambda: screen.source.done.is_set())
         await _wait(pilot, lambda: not join.display)  # the run is over: nothing to join

@@ -225,6 +225,16 @@ class RunSession:
         return self.host.join_line()
 
     @property
+    def nodes_to_join(self) -> int | None:
+        """How many of the nodes a multi-node run waits for have not joined yet (None: not
+        node 0 of a run started by hand)."""
+        if self.join_line is None:
+            return None
+        book = self.host.book
+        with book.lock:
+            return sum(1 for slot in book.slots if slot not in book.joined)
+
+    @property
     def join_shared_line(self) -> str | None:
         """The short form of :attr:`join_line` where this run directory is on a file system
         the other nodes share: ``ddptui join RUN_DIR`` reads the token there (``join-token``,

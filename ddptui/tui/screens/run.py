@@ -264,12 +264,15 @@ class RunScreen(Screen):
         )
 
     def _show_join_line(self) -> None:
-        """A multi-node run started here: the command every other node runs, while it runs."""
+        """A multi-node run started here: the command every other node runs, while nodes
+        are still to join (then the lines give the table and charts their room back)."""
         source = self.source
         line = shared = None
         if isinstance(source, LiveSource) and source.running:
-            line = getattr(source.session, "join_line", None)
-            shared = getattr(source.session, "join_shared_line", None)
+            session = source.session
+            if getattr(session, "nodes_to_join", None) != 0:
+                line = getattr(session, "join_line", None)
+                shared = getattr(session, "join_shared_line", None)
         if self._join.display != bool(line):
             self._join.display = bool(line)
         if line:
