@@ -111,15 +111,16 @@ class RunDir:
             return False
 
 
-def write_private(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` for its owner's eyes only (mode 0600, whatever the umask),
-    through a new temp file (never one planted at its name) and ``os.replace``."""
+def _write_replacing(path: str | os.PathLike[str], text: str, mode: int) -> None:
+    """Write ``text`` to ``path`` through a new temp file (never one planted at its name),
+    created with ``mode`` (less the umask), and ``os.replace``: a reader sees the old file
+    or the new one, never half of one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     if os.path.lexists(tmp):
         os.unlink(tmp)  # one left by an earlier process with this pid (a symlink: removed)
-    fd = os.open(tmp, flags, 0o600)
+    fd = os.open(tmp, flags, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -129,15 +130,12 @@ def write_private(path: str | os.PathLike[str], text: str) -> None:
         raise
 
 
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` for its owner's eyes only (mode 0600, whatever the umask)."""
+    _write_replacing(path, text, 0o600)
+
+
 def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
     """Write ``data`` as JSON to ``path`` through a temp file and ``os.replace``: a reader
     sees the old file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    _write_replacing(path, json.dumps(data, indent=2, allow_nan=False) + "\n", 0o666)

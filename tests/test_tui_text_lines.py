@@ -3,6 +3,8 @@ view are never painted, long lines wrap as a Static's do, and what shows is what
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
@@ -55,12 +57,19 @@ class Panel(App):
             yield Painted()
 
 
-async def test_only_changed_lines_in_view_are_painted_again():
+@asynccontextmanager
+async def _panel_showing(nodes):
+    """The panel at 80x24 with ``nodes`` shown: (the app, its pilot, the widget)."""
     app = Panel()
     async with app.run_test(size=(80, 24)) as pilot:
         loads = app.query_one(Painted)
-        loads.show(_nodes(32))
+        loads.show(nodes)
         await pilot.pause()
+        yield app, pilot, loads
+
+
+async def test_only_changed_lines_in_view_are_painted_again():
+    async with _panel_showing(_nodes(32)) as (app, pilot, loads):
         # 32 nodes: a title, three lines per node, "this machine": the widget is that tall...
         assert loads.size.height == 1 + 3 * 32 + 1
         assert loads.plain.splitlines()[:4] == [
@@ -98,11 +107,7 @@ async def test_only_changed_lines_in_view_are_painted_again():
 
 
 async def test_a_node_more_or_fewer_changes_the_height_and_none_hides_it():
-    app = Panel()
-    async with app.run_test(size=(80, 24)) as pilot:
-        loads = app.query_one(Painted)
-        loads.show(_nodes(2))
-        await pilot.pause()
+    async with _panel_showing(_nodes(2)) as (app, pilot, loads):
         assert loads.size.height == 8 and loads.display
         loads.show(_nodes(3))
         await pilot.pause()
@@ -119,11 +124,7 @@ async def test_a_node_more_or_fewer_changes_the_height_and_none_hides_it():
 
 async def test_a_line_wider_than_the_panel_wraps_and_nothing_is_cut():
     long_load = "cpu 45%  ram 20/64G  " + "x" * 50 + " end"
-    app = Panel()
-    async with app.run_test(size=(80, 24)) as pilot:
-        loads = app.query_one(Painted)
-        loads.show(_nodes(1, load=long_load))
-        await pilot.pause()
+    async with _panel_showing(_nodes(1, load=long_load)) as (app, pilot, loads):
         width = loads.content_size.width
         assert width == 42
         lines = loads.plain.splitlines()

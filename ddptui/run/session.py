@@ -220,15 +220,20 @@ class RunSession:
     def join_line(self) -> str | None:
         """A multi-node run started by hand: the ``ddptui join …`` command every other node
         runs (it holds the run's client secret: show it to the user, never log it)."""
-        if self.host is None or self.cfg.launcher == "slurm":
+        if not self._hosting_by_hand:
             return None
         return self.host.join_line()
+
+    @property
+    def _hosting_by_hand(self) -> bool:
+        """Node 0 of a multi-node run whose other nodes are started by hand (not by srun)."""
+        return self.host is not None and self.cfg.launcher != "slurm"
 
     @property
     def nodes_to_join(self) -> int | None:
         """How many of the nodes a multi-node run waits for have not joined yet (None: not
         node 0 of a run started by hand)."""
-        if self.join_line is None:
+        if not self._hosting_by_hand:
             return None
         book = self.host.book
         with book.lock:
@@ -239,7 +244,7 @@ class RunSession:
         """The short form of :attr:`join_line` where this run directory is on a file system
         the other nodes share: ``ddptui join RUN_DIR`` reads the token there (``join-token``,
         the owner's only). None when the file could not be written."""
-        if self.join_line is None or not self.files.join_token.is_file():
+        if not self._hosting_by_hand or not self.files.join_token.is_file():
             return None
         return f"ddptui join {shlex.quote(str(self.run_dir.resolve()))}"
 
