@@ -90,6 +90,10 @@ async def test_the_form_and_the_side_panel_share_a_narrow_terminal(tmp_path, wid
         side, form = screen.query_one("#side").region, screen.query_one("#form").region
         assert side.right <= width and side.width >= 24 and form.width >= 44
         assert form.right <= side.x
+        # Its titles wrap rather than stop short ("Recent runs (Enter opens a" at 80 columns).
+        title = screen.query(".panel-title").last()
+        assert str(title.render()) == "Recent runs (Enter opens a replay)"
+        assert title.size.height == (2 if narrow else 1) and title.size.width <= side.width
 
 
 async def test_nccl_world_size_above_gpu_count_is_explained(tmp_path):
