@@ -505,6 +505,68 @@ def _loader(sizes, workers=0):
     )
 
 
+@pytest.mark.parametrize(
+    ("ddp", "cut_short", "gpu"),
+    [(True, False, False), (True, True, False), (False, False, False), (True, False, True)],
+)
+def test_the_time_between_two_epochs_is_no_steps(inst, ddp, cut_short, gpu):
+    """timm's ``train.py`` and pytorch/examples' ImageNet script: between two passes over
+    the training loader the script evaluates, all-reduces its BatchNorm statistics and rank 0
+    writes a checkpoint. All of it went into the next epoch's first step (0.67 s of timm's
+    0.15 s steps, most of it as ``data``), and the mean rate over the run with it. Now that
+    step starts where its loader's iterator is asked for, its batch's wait in its ``data``:
+    an epoch's first step is timed as any other. A pass cut short after two batches (a
+    steps-per-epoch cap) is an epoch as well; a new iterator for every step's batch
+    (``next(iter(loader))``) is none: the time between those stays the steps'."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock)) if ddp else Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    collective = inst._collective_wrapper(lambda *a, **k: clock.advance(0.007))
+    if gpu:  # phases from CUDA events: the epoch's first from one recorded at iter(loader)
+        inst.torch = FakeTorch(clock, [True])
+        inst._cuda = "cuda:0"
+        collective = lambda: clock.advance(0.007)  # noqa: E731 (untimed on a GPU)
+    data = [torch.randn(6, 4) for _ in range(3)]
+
+    def collate(x):
+        clock.advance(0.004)  # the batch's wait, inside the loader
+        return x, x[:, 0]
+
+    train = torch.utils.data.DataLoader(data, batch_size=None, collate_fn=collate)
+    for _ in range(2):
+        for i, (x, _) in enumerate(train):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            if cut_short and i == 1:
+                break
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(8, 4))  # the evaluation: 10 ms
+        model.train()
+        collective()  # BatchNorm statistics all-reduced: 7 ms
+        clock.advance(0.300)  # rank 0's checkpoint
+    for _ in range(2):  # each step's batch from a new iterator: no epochs
+        x, _ = next(iter(train))
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        clock.advance(0.050)  # the script's own work between steps
+    inst.flush()
+    logs = inst.fake.logs
+    per_epoch = 2 if cut_short else 3
+    times = [log["step_time"] for log in logs]
+    # batch 4 ms, forward 10, backward 20, the optimizer 3: 37 ms, the next epoch's first too
+    assert times[1 : 2 * per_epoch] == pytest.approx([0.037] * (2 * per_epoch - 1))
+    first = logs[per_epoch]
+    if ddp:
+        assert first["phases"] == pytest.approx(logs[1]["phases"])
+        assert first["phases"]["data"] == pytest.approx(0.004)
+    # the first batch drawn with ``next(iter(loader))`` starts a pass too; after it, the
+    # script's 50 ms between such steps stay in them
+    assert times[2 * per_epoch :] == pytest.approx([0.037, 0.037 + 0.050])
+
+
 def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
     """FSDP, a plain model (pytorch/examples' imagenet script on CPU wraps nothing): no DDP
     forward counts the samples, the DataLoader's batches do; gradient accumulation sums
