@@ -698,6 +698,32 @@ def test_with_ddp_the_forwards_count_the_samples_up_to_the_batches_drawn(inst):
     assert [log["samples"] for log in inst.fake.logs] == [4, 5, 6, 7, 2, 3]
 
 
+def test_a_batch_drawn_ahead_counts_in_the_step_that_takes_it(inst):
+    """timm's ``train.py`` with ``--grad-accum-steps 2`` under its prefetcher (its default on
+    a GPU): each step draws the batch after its own, so the epoch's last step draws only one
+    of its two micro-batches. It counted 4 samples of 8 (176 samples where the run trained
+    192); the batch drawn ahead is now counted in the step that takes it."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+
+    def prefetched(loader):  # timm's PrefetchLoader: the next batch drawn before this one goes
+        batches = iter(loader)
+        ahead = next(batches, None)
+        while ahead is not None:
+            current, ahead = ahead, next(batches, None)
+            yield current
+
+    for _ in range(2):  # two epochs of three steps, each of two micro-batches of 4
+        for i, (x, _) in enumerate(prefetched(_loader([4] * 6))):
+            model(x).pow(2).mean().div(2).backward()
+            if i % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [8] * 6
+
+
 @pytest.mark.parametrize("ddp", [False, True])
 def test_a_gan_iteration_is_one_step_with_the_discriminators_loss(inst, ddp):
     """DCGAN (pytorch/examples): each batch steps the discriminator's optimizer, then the

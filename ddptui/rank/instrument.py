@@ -521,6 +521,9 @@ class Instrument:
         # reference would keep its worker processes alive.
         self._loader_it = 0
         self._loader_samples = 0
+        #: With DDP, samples that iterator gave before this step and no step took: a batch
+        #: drawn ahead of its step (timm's prefetcher) is the next step's (see _finish_step).
+        self._drawn_ahead = 0
         self._losses: list[Any] = []
         self._t_grad: float | None = None
         self._grad_event: Any = None
@@ -879,7 +882,7 @@ class Instrument:
             except Exception:  # a batch of the script's own kind: not ours to judge
                 size = 0
             if key != inst._loader_it:
-                inst._loader_it, inst._loader_samples = key, 0
+                inst._loader_it, inst._loader_samples, inst._drawn_ahead = key, 0, 0
             inst._loader_samples += size
             return batch
 
@@ -1904,12 +1907,20 @@ class Instrument:
         if custom:
             self._custom = {}
         # With DDP, its training forwards' samples, but no more than the batches the step
-        # drew from a DataLoader, where it drew any: a GAN's or a contrastive script's several
-        # forwards of one batch are one batch, and a batch drawn ahead of its step (a
-        # fetcher that prefetches the next) is not yet the step's. Without DDP, the batches drawn.
-        samples = self._loader_samples
-        if self._ddp_seen and (not self._draws or samples <= 0 or self._samples < samples):
-            samples = self._samples
+        # drew from a DataLoader, where it drew any, and those the steps before drew ahead of
+        # theirs: a GAN's or a contrastive script's several forwards of one batch are one
+        # batch, and a batch drawn ahead of its step (a fetcher that prefetches the next) is
+        # the next step's: under timm's prefetcher with gradient accumulation an epoch's last
+        # step draws one micro-batch of its two, the other drawn in the step before (it
+        # counted 4 samples of 8 before). Without DDP, the batches drawn.
+        samples = drawn = self._loader_samples
+        if self._ddp_seen:
+            if not self._draws or drawn <= 0:
+                samples, self._drawn_ahead = self._samples, 0
+            else:
+                drawn += self._drawn_ahead
+                samples = min(self._samples, drawn)
+                self._drawn_ahead = min(drawn - samples, self._loader_samples)
         self._samples = self._loader_samples = 0
         if self._length_it is not None and self._steps_ended <= 2:
             # The second step's draws from that pass (the first's may include a batch
