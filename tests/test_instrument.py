@@ -2,6 +2,7 @@
 hooks, a fake clock advanced by the model, data and optimizer themselves, so every phase has
 an exact expected value."""
 
+import functools
 import gc
 import math
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import types
+import warnings
 import weakref
 
 import pytest
@@ -696,6 +698,44 @@ def test_with_ddp_the_forwards_count_the_samples_up_to_the_batches_drawn(inst):
     opt.step()
     inst.flush()
     assert [log["samples"] for log in inst.fake.logs] == [4, 5, 6, 7, 2, 3]
+
+
+def test_ddps_own_warnings_name_the_scripts_line(inst):
+    """DDP's constructor warns at its caller (``stacklevel=2``), which under ddptui was its
+    wrapper: timm's log read ``ddptui/rank/instrument.py:763: FutureWarning:
+    `broadcast_buffers` is deprecated`` where plain torchrun named timm's own line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        DistributedDataParallel(torch.nn.Linear(2, 2), broadcast_buffers=True)
+    mine = [w for w in caught if "broadcast_buffers" in str(w.message)]
+    if not mine:
+        pytest.skip("this torch does not deprecate broadcast_buffers")
+    assert {(w.filename, w.lineno) for w in mine} == {(__file__, line)}
+
+
+def test_a_warning_at_the_wrappers_caller_goes_to_the_scripts_line_and_filters():
+    """Any warning a wrapped call points at its caller is the script's, its filters with it
+    (one that names the script's module ignores it); one pointing elsewhere keeps its place."""
+
+    def deprecated():  # torch's way: the warning names the line that called it
+        warnings.warn("this argument is deprecated", FutureWarning, stacklevel=2)
+        warnings.warn("inside torch", UserWarning, stacklevel=1)
+
+    script = sys._getframe()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        instrument.warned_at_script(script, functools.partial(deprecated))
+    assert [(w.category, w.filename, w.lineno) for w in caught] == [
+        (FutureWarning, __file__, line),
+        (UserWarning, __file__, deprecated.__code__.co_firstlineno + 2),
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=FutureWarning, module=__name__)
+        instrument.warned_at_script(script, functools.partial(deprecated))
+    assert [w.category for w in caught] == [UserWarning]
 
 
 def test_a_batch_drawn_ahead_counts_in_the_step_that_takes_it(inst):

@@ -123,6 +123,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -186,6 +187,38 @@ _BWD = ("bwd", "after_bwd")  # segments that may hold gradients
 _LOSS_DEVICES = ("cpu", "cuda")
 #: A step's phase accumulators before any time is added (copied: faster than building one).
 _NO_PHASES = dict.fromkeys(PHASES, 0.0)
+
+
+def warned_at_script(script: Any, call: Callable[[], Any]) -> Any:
+    """``call()`` (a wrapped torch function), its warnings shown where the script called it.
+    A warning torch points at its caller (``stacklevel=2``) would name this module's wrapper
+    instead: under ddptui, timm's ``train.py`` logged ``ddptui/rank/instrument.py:763:
+    FutureWarning: `broadcast_buffers` is deprecated`` where plain torchrun logged timm's own
+    line. Caught as they come and issued again after the call at the script's frame
+    (``script``), so that its warning filters, and Python's once per place, act on them as
+    they would without ddptui; a warning pointing elsewhere keeps its place. For calls made
+    once a run (a catch costs microseconds), not on the step path."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # the script's filters decide, below
+            return call()
+    finally:
+        for warning in caught:
+            if warning.filename == __file__:
+                where = script.f_globals
+                warnings.warn_explicit(
+                    warning.message,
+                    warning.category,
+                    script.f_code.co_filename,
+                    script.f_lineno,
+                    module=where.get("__name__"),
+                    registry=where.setdefault("__warningregistry__", {}),
+                )
+            else:
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
 
 
 def wanted(environ: dict[str, str] | None = None) -> bool:
@@ -760,7 +793,8 @@ class Instrument:
         # was called ``module`` failed that call with "got multiple values for argument".
         @functools.wraps(original)
         def __init__(ddp: Any, /, *args: Any, **kwargs: Any) -> None:
-            original(ddp, *args, **kwargs)
+            script = sys._getframe(1)  # the script's own line, DistributedDataParallel(...)
+            warned_at_script(script, lambda: original(ddp, *args, **kwargs))
             watch_ddp(ddp)
 
         self._patch(DDP, "__init__", __init__)
