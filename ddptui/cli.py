@@ -219,7 +219,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="DataLoader workers per rank (default: a share of the cores on CUDA, 0 on CPU)",
     )
-    g.add_argument("--epochs", metavar="N", help="epochs (default: the trainer's)")
+    g.add_argument(
+        "--epochs",
+        metavar="N",
+        help="epochs (default: the trainer's); with --script, how many your script runs: "
+        "the dashboard's progress and ETA only",
+    )
     g.add_argument("--batch-size", metavar="N", help="batch size per rank")
     g.add_argument("--lr", metavar="LR", help="learning rate")
     g.add_argument("--seed", metavar="N", help="random seed (default 0)")

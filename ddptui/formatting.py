@@ -22,10 +22,12 @@ def fmt_duration(seconds: float | None) -> str:
 def fmt_eta(state: Any, now: float) -> str:
     """A run's ETA (``RunState.eta``) as :func:`fmt_duration` writes it; once the run steps
     with no number of epochs known (a script that does not say it, started without
-    ``--epochs``), why there is none: ``-- (epochs unknown)``."""
+    ``--epochs``), why there is none and how to have one: ``-- (epochs unknown: --epochs
+    N)`` (timm's ``train.py``, Lightning's examples: none says it, and ddptui's ``--epochs``,
+    which only tells the dashboard, was found in the README alone)."""
     eta = state.eta(now)
     if eta is None and not state.epochs and state.first_step_at is not None and not state.outcome:
-        return "-- (epochs unknown)"
+        return "-- (epochs unknown: --epochs N)"
     return fmt_duration(eta)
 
 

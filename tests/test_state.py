@@ -279,7 +279,7 @@ def test_an_eta_that_needs_the_epochs_says_so():
     ETA is ``--`` for the whole run (Lightning Fabric's MNIST example, 469 steps). Once it
     steps, the header and the console say why; not before its first step, not with the
     epochs known (the first epoch's length is what is missing then), not once it ended."""
-    for epochs, expected in ((None, "-- (epochs unknown)"), (2, "--")):
+    for epochs, expected in ((None, "-- (epochs unknown: --epochs N)"), (2, "--")):
         s = RunState("r", 1, epochs=epochs)
         assert fmt_eta(s, 0.0) == "--"
         for i in range(1, 4):
