@@ -1935,8 +1935,8 @@ class Instrument:
             if phases is not None and wait is not None and not cuda:
                 # The step drew its batches from a DataLoader: ``data`` is its wait there;
                 # the rest before the forward is the script's (or its framework's) own work,
-                # ``other``: Lightning's hooks before each step read as 37 % data of a 12 ms
-                # step whose batches came at once.
+                # ``other``: Lightning's backbone example read 37 % data, 0 % other; its wait
+                # in the loader is 25 % of its 12 ms steps, its hooks before each step 10 %.
                 extra = phases["data"] - wait
                 if extra > 0.0:
                     phases["data"] = wait
