@@ -204,6 +204,8 @@ class RunSession:
         self.checkpoint_stop_at: float | None = None
         #: A multi-node run's node 0 side (keys, join service, CURVE inbox), or None.
         self.host = None
+        #: ``ddptui join RUN_DIR``, once node 0 has written the run's join-token file there.
+        self._join_shared: str | None = None
         #: The first failure another node reported (it tears this node down too).
         self.remote_failure: RankFailureInfo | None = None
         self._concluding = False
@@ -244,9 +246,7 @@ class RunSession:
         """The short form of :attr:`join_line` where this run directory is on a file system
         the other nodes share: ``ddptui join RUN_DIR`` reads the token there (``join-token``,
         the owner's only). None when the file could not be written."""
-        if not self._hosting_by_hand or not self.files.join_token.is_file():
-            return None
-        return f"ddptui join {shlex.quote(str(self.run_dir.resolve()))}"
+        return self._join_shared if self._hosting_by_hand else None
 
     @property
     def events_path(self) -> Path:
@@ -309,6 +309,8 @@ class RunSession:
             write_private(self.files.join_token, self.host.token().encode() + "\n")
         except OSError:
             pass  # the join line still says the token itself
+        else:  # known once here, not asked of the file system at every refresh
+            self._join_shared = f"ddptui join {shlex.quote(str(self.run_dir.resolve()))}"
 
     def _start_host(self) -> Launcher:
         """Node 0 of a multi-node run: the join service and the CURVE inbox, then this node's
