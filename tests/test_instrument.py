@@ -1008,6 +1008,49 @@ def test_the_inner_module_trained_without_ddp_makes_every_step(inst):
         assert log["step_time"] == pytest.approx(sum(log["phases"][p] for p in PHASES))
 
 
+def test_a_copy_or_a_pickle_of_the_watched_module_carries_none_of_ddptuis_hooks(
+    inst, tmp_path
+):
+    """torchvision's classification reference makes its EMA model after the DDP wrap
+    (``AveragedModel(model.module)``, a ``deepcopy``): under ddptui it died with ``cannot
+    pickle 'module' object`` (the hooks' instrument copied along), where plain torchrun ran.
+    A copy (an EMA, a teacher) is not the DDP module's and is not watched; a module saved
+    whole (``torch.save(model.module)``) loads where ddptui is not installed."""
+    import copy
+    import pickle
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    opt = timed_sgd(model.parameters(), clock)
+    train_step(model, opt, clock)
+    ema = torch.optim.swa_utils.AveragedModel(model.module)
+    twin = copy.deepcopy(model.module)
+    calls = inst.hook_calls
+    twin(torch.randn(2, 4))  # a teacher's forward, in training mode
+    ema(torch.randn(2, 4))
+    assert inst.hook_calls == calls
+    train_step(model, opt, clock)
+    assert inst.hook_calls > calls  # the module itself is still watched
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [6, 6]
+
+    path = tmp_path / "whole.pt"
+    torch.save(model.module, path)
+    pickle.dumps(twin)
+    code = (
+        "import sys; sys.modules['ddptui'] = None\n"  # ddptui cannot be imported
+        "import torch\n"
+        f"m = torch.load({str(path)!r}, weights_only=False)\n"
+        "print(tuple(m(torch.ones(1, 4)).shape))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPTUI")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "(1, 4)"
+
+
 def test_an_internal_error_turns_the_hooks_off_not_the_training(inst, monkeypatch, capsys):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))

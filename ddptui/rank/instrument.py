@@ -439,6 +439,34 @@ class LossRead:
         return ["phases", "loss"]
 
 
+# -- module hooks ------------------------------------------------------------------------------
+#: What a copy of a watched module holds where ddptui's hook was: a call that does nothing
+#: (an audit event no one listens to, unless an audit hook is installed) and that pickles as
+#: Python's own ``sys.audit``, so that a module saved whole loads where ddptui is not installed.
+UNWATCHED_EVENT = "ddptui.unwatched"
+_UNWATCHED = functools.partial(sys.audit, UNWATCHED_EVENT)
+
+
+class _ModuleHook(functools.partial):
+    """One of ddptui's hooks on a module, called as the method it holds (``functools.partial``
+    calls it from C: no frame of its own on the step path).
+
+    torch copies a module's hooks with it. A copy of a watched module (``copy.deepcopy``:
+    ``AveragedModel``'s EMA model, a teacher) is not the DDP module's and must not be
+    watched, and copying the hook copied the instrument with it (torchvision's reference
+    died with ``cannot pickle 'module' object`` making its EMA model after the DDP wrap). A
+    module pickled whole (``torch.save(model.module)``) must load without ddptui. Both get
+    :data:`_UNWATCHED` in the hook's place."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        return _UNWATCHED
+
+    def __reduce__(self) -> Any:
+        return _UNWATCHED.__reduce__()
+
+
 # -- gradient hooks ----------------------------------------------------------------------------
 class _GradWatch:
     """Post-accumulate-grad hooks on one DDP module's parameters. Learns which parameter
@@ -1499,12 +1527,12 @@ class Instrument:
         self._attach_frameworks()
         try:
             inner = ddp.module
-            outer_post = ddp.register_forward_hook(self._outer_post)
+            outer_post = ddp.register_forward_hook(_ModuleHook(self._outer_post))
             self._handles += [
-                ddp.register_forward_pre_hook(self._outer_pre, with_kwargs=True),
+                ddp.register_forward_pre_hook(_ModuleHook(self._outer_pre), with_kwargs=True),
                 outer_post,
-                inner.register_forward_pre_hook(self._inner_pre, with_kwargs=True),
-                inner.register_forward_hook(self._inner_post),
+                inner.register_forward_pre_hook(_ModuleHook(self._inner_pre), with_kwargs=True),
+                inner.register_forward_hook(_ModuleHook(self._inner_post)),
             ]
             self._outer_posts[id(ddp)] = outer_post
             self._models = [ref for ref in self._models if ref() is not None]
