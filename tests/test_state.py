@@ -151,6 +151,58 @@ def test_a_rank_that_ran_out_of_batches_early_trained_in_the_runs_time_not_its_o
     assert together.final_samples_per_s() == pytest.approx(3 * 8 / 0.05)
 
 
+def ddp_step(rank, seq, step_no, t, step_time, samples=8, comm=0.02):
+    """A step as the hooks send it under DDP: its phases, comm among them."""
+    phases = {"forward": 0.05, "backward": step_time - 0.07 - comm, "comm": comm, "other": 0.02}
+    event = step(rank, seq, step_no, t, samples=samples, step_time=step_time)
+    return msgspec.structs.replace(event, phases=phases)
+
+
+@pytest.mark.parametrize("renumbered", [False, True])
+def test_a_ranks_wait_inside_a_step_for_rank_0s_checkpoint_is_no_time_the_run_stepped(
+    renumbered,
+):
+    """torchvision's classification reference, 2 ranks: rank 0 writes its checkpoints between
+    epochs; rank 1 begins the next epoch at once and waits 1.0 s in its first all-reduce.
+    18 steps of 0.3 s each and 144 samples a rank: 53 samples/s over the run, where rank 1's
+    summed steps (7.4 s) made it 39. Steps numbered again (a script's own batch index each
+    epoch) are not one step of the run each: the longest rank's time, as before."""
+    s = RunState("r", 2)
+    for rank in (0, 1):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+    seq, t = 0, 0.0
+    for n in range(1, 19):
+        seq += 1
+        t += 0.3
+        waits = n in (7, 13)  # each later epoch's first step
+        number = (n - 1) % 6 + 1 if renumbered else n
+        s.apply(ddp_step(0, seq, number, t, 0.3), now=t)
+        s.apply(
+            ddp_step(1, seq, number, t, 1.3 if waits else 0.3, comm=1.02 if waits else 0.02),
+            now=t,
+        )
+    assert s.lockstep and s.ranks[1].time_stepping == pytest.approx(18 * 0.3 + 2.0)
+    if renumbered:
+        assert s.steps_unordered
+        assert s.final_samples_per_s() == pytest.approx(288 / (18 * 0.3 + 2.0))
+        return
+    assert s.lockstep_time == pytest.approx(18 * 0.3)
+    assert s.final_samples_per_s() == pytest.approx(288 / (18 * 0.3))
+    assert s.samples_per_s_over_run() == pytest.approx(53.3, abs=0.1)
+
+
+def test_under_ddps_join_the_run_steps_as_long_as_its_last_rank():
+    """The Join case with DDP's phases: the steps only rank 1 took are the run's, each its
+    own time (the least of one rank)."""
+    s = RunState("r", 2)
+    for rank, steps in ((0, 10), (1, 250)):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        for i in range(1, steps + 1):
+            s.apply(ddp_step(rank, i, i, i * 0.1, 0.1, samples=16), now=i * 0.1)
+    assert s.lockstep and s.lockstep_time == pytest.approx(25.0)
+    assert s.final_samples_per_s() == pytest.approx(4160 / 25.0)
+
+
 def test_the_headers_loss_leaves_out_a_rank_that_stopped_stepping_while_the_run_went_on():
     """Rank 0 out of batches under Join after 10 steps (loss 0.5), rank 1 on to step 250
     (loss 0.25): the run's loss is rank 1's, not their mean; the row keeps rank 0's."""

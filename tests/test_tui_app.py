@@ -352,9 +352,9 @@ async def test_logs_filter_by_rank_and_toggle():
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
-async def test_the_logs_pane_gives_its_lines_to_the_log_not_to_empty_scrollbars(size):
-    """Textual's ``Log`` always shows both scrollbars: at 80x24 its empty horizontal bar took
-    one of the pane's three lines. A scrollbar shows only when the lines need it."""
+async def test_the_logs_pane_gives_its_lines_to_the_log_not_to_an_empty_scrollbar(size):
+    """Textual's ``Log`` always shows its horizontal scrollbar: at 80x24 the empty bar took
+    one of the pane's three lines. It shows only when a line is wider than the pane."""
     app = primed_app("replay", replay_source=replay(FAILED_RUN))
     async with app.run_test(size=size) as pilot:
         await pilot.pause(0.2)
@@ -363,11 +363,13 @@ async def test_the_logs_pane_gives_its_lines_to_the_log_not_to_empty_scrollbars(
         log.clear()
         log.write_lines([f"r0│ line {i}" for i in range(rows)])  # fits exactly
         await pilot.pause()
-        assert not log.show_horizontal_scrollbar and not log.show_vertical_scrollbar
+        assert not log.show_horizontal_scrollbar
         assert log.scrollable_content_region.height == rows
-        log.write_line("r0│ " + "x" * 300)  # wider and taller than the pane: both bars
+        assert log.lines[-1] in log.render_line(rows - 1).text  # the newest line in view
+        log.write_line("r0│ " + "x" * 300)  # wider than the pane
         await pilot.pause()
-        assert log.show_horizontal_scrollbar and log.show_vertical_scrollbar
+        assert log.show_horizontal_scrollbar
+        assert log.scrollable_content_region.height == rows - 1
 
 
 async def test_monitor_opens_from_a_run_and_labels_ranks():

@@ -381,6 +381,21 @@ class RunState:
         #: ranks x points (256 ranks x 2,000 points were a second of CPU per minute).
         self.loss_steps: dict[int, StepLoss] = {}
         self._loss_unordered: set[int] = set()  # ranks whose steps went back or repeated
+        #: Step -> the least time a rank took for it (the last SERIES_LENGTH steps), and the
+        #: sum of those least times over every step: the run's time stepping where its ranks
+        #: step together (DDP). Each rank's step ends at the same gradient all-reduce; the
+        #: rank that began it last spent no time waiting for the others, so its time is the
+        #: run's for that step. A rank that began a pass while rank 0 still wrote its
+        #: checkpoint waited for it inside the step (torchvision's reference, 2 ranks: 1.0 s
+        #: of comm in each epoch's first step on rank 1, the run's rate 38 samples/s where its
+        #: steps gave 51).
+        self._least_step_time: dict[int, float] = {}
+        self.lockstep_time = 0.0
+        #: A step came with DDP's phases (its comm timed): the ranks step together.
+        self.lockstep = False
+        #: A rank's steps went back or repeated (a script logging its own step numbers, an
+        #: epoch's batch index say): steps of one number are not one step of the run.
+        self.steps_unordered = False
         #: Every attempt so far (one unless ``--max-restarts`` restarted the run).
         self.attempts: list[AttemptRecord] = []
         #: Restarts allowed in all (for ``attempt 2/3``); 0 without ``--max-restarts``.
@@ -503,6 +518,7 @@ class RunState:
     def _on_step(self, view: RankView, ev: protocol.Step, now: float) -> None:
         if self.first_step_at is None:
             self.first_step_at = now
+        stepped = view.last_step_at is not None
         view.last_step_at = now
         if view.state == "pending":
             view.state = "started"
@@ -516,6 +532,8 @@ class RunState:
         elif ev.epoch is not None and ev.epoch == view.ended_epoch:
             self._epoch_reopened(view)
         view.steps_in_epoch += 1
+        if stepped and view.step_offset + ev.step <= view.step:
+            self.steps_unordered = True  # a step again: its least time is no step's own
         view.step = view.step_offset + ev.step
         view.samples_total += ev.samples
         if ev.loss is not None:
@@ -535,8 +553,19 @@ class RunState:
             view.recent_step_times.append(ev.step_time)
             view.time_stepping += ev.step_time
             view.samples_timed += ev.samples
+            least = self._least_step_time.get(view.step)
+            if least is None:
+                self._least_step_time[view.step] = ev.step_time
+                self.lockstep_time += ev.step_time
+                if len(self._least_step_time) > SERIES_LENGTH:  # the oldest step first in
+                    del self._least_step_time[next(iter(self._least_step_time))]
+            elif ev.step_time < least:
+                self._least_step_time[view.step] = ev.step_time
+                self.lockstep_time -= least - ev.step_time
         phases = getattr(ev, "phases", None)
         if phases:
+            if not self.lockstep and "comm" in phases:
+                self.lockstep = True
             view.phases = phases
             self.phase_history.add(view.rank, phases)
         view.still_since, view.cpu_since, view.io_since = now, view.cpu, view.io  # progress
@@ -706,8 +735,11 @@ class RunState:
         (:meth:`RankView.rate_over_run`); a rank that ran out of batches
         early (uneven inputs under DDP's ``Join``) or ended early trained its samples in the
         run's time, not in its own: its mean added to the others' made a run of 4,160
-        samples in 26 s of steps read 318 samples/s instead of 159. A rank whose steps said
-        no time adds its latest rate."""
+        samples in 26 s of steps read 318 samples/s instead of 159. Where the ranks step
+        together (DDP), the run's time is each step's least time over the ranks
+        (:attr:`lockstep_time`): a rank's wait inside a step for another that was not
+        stepping yet (writing rank 0's checkpoint) is no time the run spent stepping. A rank
+        whose steps said no time adds its latest rate."""
         samples, longest, untimed = 0, 0.0, 0.0
         for view in self.ranks.values():
             if view.samples_timed and view.time_stepping > 0.0:
@@ -715,6 +747,8 @@ class RunState:
                 longest = max(longest, view.time_stepping)
             else:
                 untimed += view.samples_per_s or 0.0
+        if self.lockstep and not self.steps_unordered and 0.0 < self.lockstep_time < longest:
+            longest = self.lockstep_time
         return (samples / longest if longest else 0.0) + untimed
 
     def samples_per_s_over_run(self) -> float | None:
