@@ -1008,9 +1008,7 @@ def test_the_inner_module_trained_without_ddp_makes_every_step(inst):
         assert log["step_time"] == pytest.approx(sum(log["phases"][p] for p in PHASES))
 
 
-def test_a_copy_or_a_pickle_of_the_watched_module_carries_none_of_ddptuis_hooks(
-    inst, tmp_path
-):
+def test_a_copy_or_a_pickle_of_the_watched_module_carries_none_of_ddptuis_hooks(inst, tmp_path):
     """torchvision's classification reference makes its EMA model after the DDP wrap
     (``AveragedModel(model.module)``, a ``deepcopy``): under ddptui it died with ``cannot
     pickle 'module' object`` (the hooks' instrument copied along), where plain torchrun ran.
