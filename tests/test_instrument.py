@@ -1049,6 +1049,32 @@ def test_a_copy_or_a_pickle_of_the_watched_module_carries_none_of_ddptuis_hooks(
     assert done.stdout.strip() == "(1, 4)"
 
 
+def test_torchscript_scripts_and_traces_the_watched_module_as_without_ddptui(inst):
+    """Saving the trained module for serving: ``torch.jit.script(model.module)`` compiles a
+    module's forward hooks with it and failed on ddptui's (``try blocks aren't supported``);
+    ``torch.jit.trace`` ran the hooks, and its forwards' traced batch sizes went into the
+    next step's samples (``tensor(8)`` where 6 were trained)."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    opt = timed_sgd(model.parameters(), clock)
+    train_step(model, opt, clock)
+    x = torch.randn(2, 4)
+    scripted = torch.jit.script(model.module)
+    with torch.no_grad():
+        assert torch.equal(scripted(x), model.module(x))
+    torch.jit.trace(model.module, x)
+    torch.jit.trace(model.module.eval(), x)
+    model.train()
+    calls = inst.hook_calls
+    train_step(model, opt, clock)
+    assert inst.hook_calls > calls  # the hooks are back on the module
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [6, 6]
+    assert all(type(log["samples"]) is int for log in logs)
+    assert logs[1]["phases"] is not None  # a DDP step's, from the hooks
+
+
 def test_an_internal_error_turns_the_hooks_off_not_the_training(inst, monkeypatch, capsys):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))

@@ -45,6 +45,11 @@ timestamp) recompiled ``_forward_start`` on the next two steps (78–166 ms each
 2-rank CPU run whose steps take 2–5 ms). Skipped, a hook is a plain call between two
 compiled parts, run as in eager mode; eager code pays nothing for it.
 
+A copy of the DDP module (``copy.deepcopy``: an EMA model, a teacher) or the module pickled
+whole carries no hook of ddptui's (see ``_ModuleHook``); ``torch.jit.script`` runs with the
+hooks lifted off (it compiles a module's hooks with it), and a forward run while
+``torch.jit.trace`` records is no step's and no evaluation's.
+
 Phases of one step (the built-in ones partition the step exactly; ``constants.PHASES``):
 
 * ``data``: from the end of the previous optimizer step to the next DDP forward (waiting for
@@ -115,6 +120,7 @@ next explicit call instead (``phases=`` given explicitly wins over them).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
 import math
@@ -126,7 +132,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import ddptui
@@ -543,6 +549,9 @@ class Instrument:
         self.clock = clock
         self.torch: Any = None
         self._grad_enabled: Callable[[], bool] = lambda: True  # torch.is_grad_enabled once attached
+        #: Whether TorchScript records a trace now (``torch.jit.trace``, the ONNX exporter):
+        #: the forwards it runs are no step's and no evaluation's.
+        self._tracing: Callable[[], bool] = lambda: False
         #: The DDP modules watched (weakly): a batch drawn while every one is in eval mode is
         #: an evaluation's, with grad enabled or not.
         self._models: list[weakref.ref] = []
@@ -708,6 +717,7 @@ class Instrument:
             return
         self.torch = torch
         self._grad_enabled = torch.is_grad_enabled
+        self._tracing = getattr(torch._C, "_is_tracing", self._tracing)
         if not self._atexit:
             # Registered after the reporter's exit handler (the rank entry creates the
             # reporter first), so it runs before it: the last steps go out before the reporter
@@ -720,6 +730,7 @@ class Instrument:
             self._watch_ignite,
             self._attach_optimizer,
             self._attach_ddp,
+            self._attach_jit,
             self._attach_backward,
             self._attach_scaler,
             self._attach_sampler,
@@ -811,6 +822,40 @@ class Instrument:
         pre = optim.register_optimizer_step_pre_hook(self._opt_pre)
         post = optim.register_optimizer_step_post_hook(self._opt_post)
         self._undo += [pre.remove, post.remove]
+
+    def _attach_jit(self, torch: Any) -> None:
+        """``torch.jit.script`` compiles a module's forward hooks with it, and ddptui's are
+        Python it cannot compile: scripting the DDP module's inner module (to save it for
+        serving after training) failed under ddptui where it works without. The hooks are
+        lifted off while it runs."""
+        jit = torch.jit
+        original = jit.__dict__["script"]
+        lifted = self._hooks_lifted
+
+        @functools.wraps(original)
+        def script(*args: Any, **kwargs: Any) -> Any:
+            with lifted():
+                return original(*args, **kwargs)
+
+        self._patch(jit, "script", script)
+
+    @contextlib.contextmanager
+    def _hooks_lifted(self) -> Iterator[None]:
+        """ddptui's module hooks out of their modules for the ``with`` block, then back."""
+        lifted: list[tuple[dict, int, Any]] = []
+        try:
+            for handle in self._handles:
+                for ref in (handle.hooks_dict_ref, *handle.extra_dict_ref):
+                    hooks = ref()
+                    if hooks is not None and handle.id in hooks:
+                        lifted.append((hooks, handle.id, hooks.pop(handle.id)))
+        except Exception as exc:  # a torch whose handles are not as expected: left on
+            _warn(f"instrumentation: torch.jit.script would see its hooks ({exc})")
+        try:
+            yield
+        finally:
+            for hooks, key, hook in lifted:
+                hooks[key] = hook
 
     def _attach_ddp(self, torch: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -1692,7 +1737,7 @@ class Instrument:
     # -- hooks ---------------------------------------------------------------------------------
     def _outer_pre(self, ddp: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
-        if self.disabled:
+        if self.disabled or self._tracing():
             return None
         try:
             if not self._training_ddp(ddp):
@@ -1713,13 +1758,16 @@ class Instrument:
         if self.disabled:
             return None
         try:
-            if self._training_fwd and self._seg == "ddp_pre":
-                self._transition("inner_pre", "forward")
-            elif not self._training_fwd and self._training(module):
+            if self._training_fwd:
+                if self._seg == "ddp_pre":
+                    self._transition("inner_pre", "forward")
+            elif self._tracing():
+                pass  # torch.jit.trace(model.module, x): no forward of the run's
+            elif self._training(module):
                 self._training_fwd = True  # the inner module called without DDP
                 self._fwd_ddp = None
                 self._forward_start(args, kwargs, "forward")
-            elif not self._training_fwd:
+            else:
                 self._eval_forward(start=True)  # ``model.module(x)`` to evaluate
         except Exception as exc:
             self._fail(exc)
@@ -1730,7 +1778,7 @@ class Instrument:
         if self.disabled:
             return None
         if not self._training_fwd:
-            if not self._training(module):
+            if not self._training(module) and not self._tracing():
                 self._eval_forward(start=False)
             return None
         try:
@@ -1751,7 +1799,7 @@ class Instrument:
         if self.disabled:
             return None
         if not self._training_fwd:
-            if not self._training_ddp(ddp):
+            if not self._training_ddp(ddp) and not self._tracing():
                 self._eval_forward(start=False)
             return None
         try:
