@@ -1049,11 +1049,11 @@ def test_a_copy_or_a_pickle_of_the_watched_module_carries_none_of_ddptuis_hooks(
     assert done.stdout.strip() == "(1, 4)"
 
 
-def test_torchscript_scripts_and_traces_the_watched_module_as_without_ddptui(inst):
+def test_the_watched_module_scripts_traces_and_exports_as_without_ddptui(inst):
     """Saving the trained module for serving: ``torch.jit.script(model.module)`` compiles a
     module's forward hooks with it and failed on ddptui's (``try blocks aren't supported``);
     ``torch.jit.trace`` ran the hooks, and its forwards' traced batch sizes went into the
-    next step's samples (``tensor(8)`` where 6 were trained)."""
+    next step's samples (``tensor(8)`` where 6 were trained), as ``torch.export`` did."""
     clock = inst.fake_clock
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4)))
     opt = timed_sgd(model.parameters(), clock)
@@ -1063,6 +1063,7 @@ def test_torchscript_scripts_and_traces_the_watched_module_as_without_ddptui(ins
     with torch.no_grad():
         assert torch.equal(scripted(x), model.module(x))
     torch.jit.trace(model.module, x)
+    torch.export.export(model.module, (x,))  # in training mode: counted 2 samples more
     torch.jit.trace(model.module.eval(), x)
     model.train()
     calls = inst.hook_calls

@@ -446,6 +446,21 @@ class LossRead:
 
 
 # -- module hooks ------------------------------------------------------------------------------
+def _recording(torch: Any) -> Callable[[], bool]:
+    """Whether torch records a trace of the model now: TorchScript's tracer
+    (``torch.jit.trace``, the TorchScript ONNX exporter) or ``torch.export`` (its forward in
+    training mode counted the export's batch into the next step's samples)."""
+    tracing = getattr(torch._C, "_is_tracing", None)
+    exporting = getattr(getattr(torch, "compiler", None), "is_exporting", None)
+    if tracing is None or exporting is None:
+        return tracing or exporting or (lambda: False)
+
+    def recording() -> bool:
+        return tracing() or exporting()
+
+    return recording
+
+
 #: What a copy of a watched module holds where ddptui's hook was: a call that does nothing
 #: (an audit event no one listens to, unless an audit hook is installed) and that pickles as
 #: Python's own ``sys.audit``, so that a module saved whole loads where ddptui is not installed.
@@ -549,8 +564,8 @@ class Instrument:
         self.clock = clock
         self.torch: Any = None
         self._grad_enabled: Callable[[], bool] = lambda: True  # torch.is_grad_enabled once attached
-        #: Whether TorchScript records a trace now (``torch.jit.trace``, the ONNX exporter):
-        #: the forwards it runs are no step's and no evaluation's.
+        #: Whether a trace of the model is being recorded (``torch.jit.trace``, the ONNX
+        #: exporters, ``torch.export``): the forwards it runs are no step's or evaluation's.
         self._tracing: Callable[[], bool] = lambda: False
         #: The DDP modules watched (weakly): a batch drawn while every one is in eval mode is
         #: an evaluation's, with grad enabled or not.
@@ -717,7 +732,7 @@ class Instrument:
             return
         self.torch = torch
         self._grad_enabled = torch.is_grad_enabled
-        self._tracing = getattr(torch._C, "_is_tracing", self._tracing)
+        self._tracing = _recording(torch)
         if not self._atexit:
             # Registered after the reporter's exit handler (the rank entry creates the
             # reporter first), so it runs before it: the last steps go out before the reporter
