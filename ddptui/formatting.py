@@ -41,8 +41,16 @@ def fmt_epoch(state: Any, epoch: int | None) -> str:
         return "-"
     if not state.epochs:
         return str(epoch)
+    return f"{epoch_ordinal(state, epoch)}/{state.epochs}"
+
+
+def epoch_ordinal(state: Any, epoch: int) -> int:
+    """Which epoch of the run ``epoch`` (the script's number) is, counted from 1, once the
+    run's number of epochs is known (:func:`fmt_epoch`); else the script's own number."""
+    if not state.epochs:
+        return epoch
     ordinal = epoch - state.epoch_base + 1
-    return f"{ordinal if ordinal >= 0 else epoch}/{state.epochs}"
+    return ordinal if ordinal >= 0 else epoch
 
 
 def amp_label(config: dict) -> str:

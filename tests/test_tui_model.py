@@ -488,6 +488,23 @@ def test_replayed_script_run_header_is_honest():
     assert amp_label(source.config) == "amp: script's"
 
 
+def test_a_rows_epoch_is_the_headers_for_a_script_counting_epochs_from_0():
+    """torchvision's reference (``set_epoch(0)`` first, 6 epochs): the header read "epoch 2/6"
+    beside rows at "1/6" (its epoch 1, sixth step), the row reading as the first of six."""
+    from ddptui import protocol
+    from ddptui.formatting import fmt_epoch
+
+    state = RunState("r", 1, epochs=6)
+    state.apply(protocol.Status(run="r", rank=0, t=0.0, seq=0, state="started"), now=0.0)
+    for seq, epoch in enumerate([0] * 6 + [1] * 6, start=1):
+        state.apply(protocol.Step(run="r", rank=0, t=0.0, seq=seq, step=seq, epoch=epoch), now=1.0)
+    frame = run_frame(state, 2.0)
+    assert fmt_epoch(state, 1) == "2/6" and frame.rows[0].epoch_step == "2/6"
+    unknown = RunState("r", 1)  # epochs not known: the script's own numbers, as before
+    unknown.apply(protocol.Step(run="r", rank=0, t=0.0, seq=1, step=1, epoch=0), now=1.0)
+    assert run_frame(unknown, 2.0).rows[0].epoch_step == "0/1"
+
+
 def test_rank_table_counts_steps_within_the_epoch_and_shows_preparing():
     from ddptui import protocol
     from ddptui.run.state import RunState

@@ -16,6 +16,7 @@ from typing import Any
 
 from ddptui.formatting import (
     amp_label,
+    epoch_ordinal,
     fmt_duration,
     fmt_epoch,
     fmt_eta,
@@ -179,7 +180,10 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         problem = problems.get(rank)
         if view.state == "failed":
             problem = view.error or "failed"
-        step = f"{view.epoch if view.epoch is not None else '-'}/{view.steps_in_epoch}"
+        # The epoch as the header counts it (torchvision's reference, epochs from 0: the
+        # header read "epoch 2/6" beside rows at "1/6", epoch 1's sixth step).
+        epoch = "-" if view.epoch is None else epoch_ordinal(state, view.epoch)
+        step = f"{epoch}/{view.steps_in_epoch}"
         shown_state = view.activity
         # Live: what the rank keeps up at present (a pause decays it); ended: its mean rate.
         rate = view.rate_over_run() if state.outcome else view.rate_at(now)
