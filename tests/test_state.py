@@ -189,6 +189,16 @@ def test_a_ranks_wait_inside_a_step_for_rank_0s_checkpoint_is_no_time_the_run_st
     assert s.lockstep_time == pytest.approx(18 * 0.3)
     assert s.final_samples_per_s() == pytest.approx(288 / (18 * 0.3))
     assert s.samples_per_s_over_run() == pytest.approx(53.3, abs=0.1)
+    # Each rank's rate over the run leaves its waits out too: rank 1 read 19 beside rank 0's
+    # 27, as if it were the slow one; the rows add up to the header's.
+    from ddptui.run.rundir import summarize
+
+    s.finished_at, s.outcome = t, "finished"
+    frame = run_frame(s, t + 5.0)
+    assert [r.samples_per_s for r in frame.rows] == ["27", "27"]
+    assert frame.summary.startswith("53 samples/s over the run")
+    summary = summarize(s, "finished")
+    assert [r["samples_per_s"] for r in summary["ranks"]] == [pytest.approx(144 / 5.4)] * 2
 
 
 def test_under_ddps_join_the_run_steps_as_long_as_its_last_rank():

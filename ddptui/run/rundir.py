@@ -142,6 +142,7 @@ def summarize(
     last = state.last_eval
     ranks = []
     for rank, view in sorted(state.ranks.items()):
+        rate = state.rank_rate_over_run(view) if view.samples_total else None
         ranks.append(
             {
                 "rank": rank,
@@ -151,8 +152,9 @@ def summarize(
                 "device": view.device,
                 "steps": view.step,
                 "samples": view.samples_total,
-                # its mean over its steps (samples over summed step times; None: not counted)
-                "samples_per_s": _finite(view.rate_over_run()) if view.samples_total else None,
+                # its mean over its steps (samples over summed step times, under DDP without
+                # its waits for the other ranks; None: not counted)
+                "samples_per_s": _finite(rate),
                 "error": _text(view.error),
             }
         )

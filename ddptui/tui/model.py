@@ -186,7 +186,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         step = f"{epoch}/{view.steps_in_epoch}"
         shown_state = view.activity
         # Live: what the rank keeps up at present (a pause decays it); ended: its mean rate.
-        rate = view.rate_over_run() if state.outcome else view.rate_at(now)
+        rate = state.rank_rate_over_run(view) if state.outcome else view.rate_at(now)
         if view.state == "started" and rate:
             live_rate += rate
         rows.append(
