@@ -387,8 +387,8 @@ class RunState:
         #: rank that began it last spent no time waiting for the others, so its time is the
         #: run's for that step. A rank that began a pass while rank 0 still wrote its
         #: checkpoint waited for it inside the step (torchvision's reference, 2 ranks: 1.0 s
-        #: of comm in each epoch's first step on rank 1, the run's rate 38 samples/s where its
-        #: steps gave 51).
+        #: of comm in each later epoch's first step on rank 1; the run's rate read 38
+        #: samples/s where rank 0's steps gave 51).
         self._least_step_time: dict[int, float] = {}
         self.lockstep_time = 0.0
         #: A step came with DDP's phases (its comm timed): the ranks step together.
