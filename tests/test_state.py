@@ -201,6 +201,28 @@ def test_a_ranks_wait_inside_a_step_for_rank_0s_checkpoint_is_no_time_the_run_st
     assert [r["samples_per_s"] for r in summary["ranks"]] == [pytest.approx(144 / 5.4)] * 2
 
 
+def test_after_a_restart_the_steps_of_one_number_are_one_step_of_the_new_attempt():
+    """Rank 1 was killed after 3 steps, rank 0 had done 5: the second attempt's first step is
+    each rank's step 1 of it, not the first attempt's step 4 of one and 6 of the other."""
+    from ddptui.run.state import AttemptRecord
+
+    s = RunState("r", 2)
+    s.begin_attempt(AttemptRecord(0, 0.0))
+    seq = {0: 0, 1: 0}
+    for rank, steps in ((0, 5), (1, 3)):
+        for n in range(1, steps + 1):
+            seq[rank] += 1
+            s.apply(ddp_step(rank, seq[rank], n, n * 0.3, 0.3 + 0.01 * rank), now=n * 0.3)
+    s.begin_attempt(AttemptRecord(1, 10.0))
+    for n in range(1, 5):
+        for rank in (0, 1):
+            seq[rank] += 1
+            event = msgspec.structs.replace(ddp_step(rank, seq[rank], n, 10 + n, 0.2), attempt=1)
+            s.apply(event, now=10.0 + n)
+    assert s.lockstep and not s.steps_unordered
+    assert s.lockstep_time == pytest.approx(5 * 0.3 + 4 * 0.2)
+
+
 def test_under_ddps_join_the_run_steps_as_long_as_its_last_rank():
     """The Join case with DDP's phases: the steps only rank 1 took are the run's, each its
     own time (the least of one rank)."""

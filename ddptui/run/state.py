@@ -381,7 +381,7 @@ class RunState:
         #: ranks x points (256 ranks x 2,000 points were a second of CPU per minute).
         self.loss_steps: dict[int, StepLoss] = {}
         self._loss_unordered: set[int] = set()  # ranks whose steps went back or repeated
-        #: Step -> the least time a rank took for it (the last SERIES_LENGTH steps), and the
+        #: (attempt, step) -> the least time a rank took for it (the last SERIES_LENGTH), and the
         #: sum of those least times over every step: the run's time stepping where its ranks
         #: step together (DDP). Each rank's step ends at the same gradient all-reduce; the
         #: rank that began it last spent no time waiting for the others, so its time is the
@@ -389,7 +389,7 @@ class RunState:
         #: checkpoint waited for it inside the step (torchvision's reference, 2 ranks: 1.0 s
         #: of comm in each later epoch's first step on rank 1; the run's rate read 38
         #: samples/s where rank 0's steps gave 51).
-        self._least_step_time: dict[int, float] = {}
+        self._least_step_time: dict[tuple[int, int], float] = {}
         self.lockstep_time = 0.0
         #: A step came with DDP's phases (its comm timed): the ranks step together.
         self.lockstep = False
@@ -553,14 +553,17 @@ class RunState:
             view.recent_step_times.append(ev.step_time)
             view.time_stepping += ev.step_time
             view.samples_timed += ev.samples
-            least = self._least_step_time.get(view.step)
+            # One step of the run is one step number of one attempt on every rank (after a
+            # restart the ranks' earlier steps may differ: the one killed first did fewer).
+            key = (view.attempt, ev.step)
+            least = self._least_step_time.get(key)
             if least is None:
-                self._least_step_time[view.step] = ev.step_time
+                self._least_step_time[key] = ev.step_time
                 self.lockstep_time += ev.step_time
                 if len(self._least_step_time) > SERIES_LENGTH:  # the oldest step first in
                     del self._least_step_time[next(iter(self._least_step_time))]
             elif ev.step_time < least:
-                self._least_step_time[view.step] = ev.step_time
+                self._least_step_time[key] = ev.step_time
                 self.lockstep_time -= least - ev.step_time
         phases = getattr(ev, "phases", None)
         if phases:
