@@ -1762,6 +1762,46 @@ def test_a_step_that_draws_from_two_loaders_is_one_step_of_the_first_ones_pass(
     assert inst.fake.notes == [("loader_steps", {"steps": steps})]
 
 
+class TrainingEpochLoop:
+    """Lightning's ``_TrainingEpochLoop`` as far as ddptui meets it: its ``run`` takes the
+    epoch's batches, at most ``trainer.num_training_batches`` (``limit_train_batches``)."""
+
+    def __init__(self, model, opt, loader, batches, accumulate):
+        self.trainer = types.SimpleNamespace(num_training_batches=batches)
+        self.model, self.opt, self.loader, self.accumulate = model, opt, loader, accumulate
+
+    def run(self, data_fetcher=None):
+        for i, (x,) in enumerate(self.loader):
+            if i == self.trainer.num_training_batches:
+                break
+            self.model(x).pow(2).mean().backward()
+            if (i + 1) % self.accumulate == 0:
+                self.opt.step()
+                self.opt.zero_grad()
+
+
+@pytest.mark.parametrize(("accumulate", "steps"), [(1, 4), (2, 2)])
+def test_lightnings_limit_on_an_epochs_batches_is_the_epochs_length(
+    inst, monkeypatch, accumulate, steps
+):
+    """Lightning's backbone example with ``limit_train_batches 20`` on 2 ranks: its loader
+    holds 860 batches a rank, and ddptui took an epoch for 860 steps (the first epoch's ETA
+    43 times too long). Lightning's own count of the epoch's batches caps the loader's."""
+    loop_module = "lightning.pytorch.loops.training_epoch_loop"
+    fake_module(monkeypatch, loop_module, _TrainingEpochLoop=TrainingEpochLoop)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))  # the strategy wraps it first
+    opt = timed_sgd(model.parameters(), clock)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)  # 10 batches
+    for _ in range(2):
+        TrainingEpochLoop(model, opt, loader, 4, accumulate).run()
+    inst.flush()
+    assert inst.fake.notes == [("loader_steps", {"steps": steps})]
+    instrument.uninstall()
+    assert "__wrapped__" not in TrainingEpochLoop.run.__dict__  # put back
+
+
 def test_a_loader_without_a_length_says_nothing(inst):
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
