@@ -1062,6 +1062,13 @@ def test_the_watched_module_scripts_traces_and_exports_as_without_ddptui(inst):
     scripted = torch.jit.script(model.module)
     with torch.no_grad():
         assert torch.equal(scripted(x), model.module(x))
+
+    class Unscriptable(torch.nn.Module):
+        def forward(self, x):
+            return (lambda v: v * 2)(x)  # no lambdas in TorchScript
+
+    with pytest.raises(Exception):  # noqa: B017 - TorchScript's own error, whatever its kind
+        torch.jit.script(Unscriptable())  # raises with the hooks lifted: they come back
     torch.jit.trace(model.module, x)
     torch.export.export(model.module, (x,))  # in training mode: counted 2 samples more
     torch.jit.trace(model.module.eval(), x)
