@@ -1787,13 +1787,23 @@ class TrainingEpochLoop:
                 self.opt.zero_grad()
 
 
-@pytest.mark.parametrize(("accumulate", "steps"), [(1, 4), (2, 2)])
+class Stream(torch.utils.data.IterableDataset):
+    """40 samples with no length."""
+
+    def __iter__(self):
+        return iter(torch.randn(40, 4).unbind())
+
+
+@pytest.mark.parametrize(
+    ("accumulate", "steps", "lengthless"), [(1, 4, False), (2, 2, False), (1, 4, True)]
+)
 def test_lightnings_limit_on_an_epochs_batches_is_the_epochs_length(
-    inst, monkeypatch, accumulate, steps
+    inst, monkeypatch, accumulate, steps, lengthless
 ):
     """Lightning's backbone example with ``limit_train_batches 20`` on 2 ranks: its loader
     holds 860 batches a rank, and ddptui took an epoch for 860 steps (the first epoch's ETA
-    43 times too long). Lightning's own count of the epoch's batches caps the loader's."""
+    43 times too long). Lightning's own count of the epoch's batches caps the loader's, and
+    is the length of one that has none (an IterableDataset)."""
     loop_module = "lightning.pytorch.loops.training_epoch_loop"
     fake_module(monkeypatch, loop_module, _TrainingEpochLoop=TrainingEpochLoop)
     clock = inst.fake_clock
@@ -1801,6 +1811,10 @@ def test_lightnings_limit_on_an_epochs_batches_is_the_epochs_length(
     opt = timed_sgd(model.parameters(), clock)
     data = torch.utils.data.TensorDataset(torch.randn(40, 4))
     loader = torch.utils.data.DataLoader(data, batch_size=4)  # 10 batches
+    if lengthless:  # an IterableDataset: only Lightning's limit says how long an epoch is
+        loader = torch.utils.data.DataLoader(
+            Stream(), batch_size=4, collate_fn=lambda b: (torch.stack(b),)
+        )
     for _ in range(2):
         TrainingEpochLoop(model, opt, loader, 4, accumulate).run()
     inst.flush()

@@ -998,9 +998,10 @@ class Instrument:
                     inst._between_passes()  # another epoch: the time between them is none's
                 inst._loader_pass(key)
                 if inst._pass_length is None:
-                    inst._pass_length = _pass_length(it)
-                    if inst._pass_limit and inst._pass_length:
-                        inst._pass_length = min(inst._pass_length, inst._pass_limit)
+                    length, limit = _pass_length(it), inst._pass_limit
+                    if limit:  # an IterableDataset's too, which has no length
+                        length = min(length or limit, limit)
+                    inst._pass_length = length
                     inst._length_it = key
             if inst._mark is None and inst._first_draw is None:  # before the first step
                 inst._first_draw = inst.clock()
