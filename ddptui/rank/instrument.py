@@ -1151,55 +1151,50 @@ class Instrument:
         it before the sanity check), if Lightning's loop is loaded (``lightning.pytorch`` or
         ``pytorch_lightning``)."""
         inst = self
-        for name in LIGHTNING_LOOPS:
-            found = _own_methods(sys.modules.get(name), "_EvaluationLoop", "run")
-            if name in self._lightning_attached or found is None:
-                continue
-            cls, (original,) = found
-            self._lightning_attached.add(name)
 
-            def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-                @functools.wraps(original)
-                def run(loop: Any, /, *args: Any, **kwargs: Any) -> Any:
-                    inst._lightning_running += 1
-                    try:
-                        outputs = original(loop, *args, **kwargs)
-                    finally:
-                        inst._lightning_running -= 1
-                        inst._evaluated = False  # its pass is Lightning's, reported as such
-                    stage = getattr(loop, "_stage", None)
-                    trainer = getattr(loop, "trainer", None)
-                    if getattr(stage, "value", stage) == "validate" and not getattr(
-                        trainer, "sanity_checking", False
-                    ):
-                        inst._lightning_validated(outputs)
-                    return outputs
+        def validations(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def run(loop: Any, /, *args: Any, **kwargs: Any) -> Any:
+                inst._lightning_running += 1
+                try:
+                    outputs = original(loop, *args, **kwargs)
+                finally:
+                    inst._lightning_running -= 1
+                    inst._evaluated = False  # its pass is Lightning's, reported as such
+                stage = getattr(loop, "_stage", None)
+                trainer = getattr(loop, "trainer", None)
+                if getattr(stage, "value", stage) == "validate" and not getattr(
+                    trainer, "sanity_checking", False
+                ):
+                    inst._lightning_validated(outputs)
+                return outputs
 
-                return run
+            return run
 
-            self._follow("Lightning's validations", cls, run=wrap(original))
-        for name in LIGHTNING_TRAINING_LOOPS:
-            found = _own_methods(sys.modules.get(name), "_TrainingEpochLoop", "run")
-            if name in self._lightning_attached or found is None:
-                continue
-            cls, (original,) = found
-            self._lightning_attached.add(name)
+        def training_epochs(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def run(loop: Any, /, *args: Any, **kwargs: Any) -> Any:
+                # The batches Lightning takes from the training loader this epoch:
+                # ``limit_train_batches`` (20 of the 860 its loader holds on each of 2 ranks
+                # in its backbone example: the first epoch's ETA was 43 times too long).
+                batches = getattr(getattr(loop, "trainer", None), "num_training_batches", 0)
+                if type(batches) is int and batches > 0:
+                    inst._pass_limit = batches
+                return original(loop, *args, **kwargs)
 
-            def wrap_epoch(original: Callable[..., Any]) -> Callable[..., Any]:
-                @functools.wraps(original)
-                def run(loop: Any, /, *args: Any, **kwargs: Any) -> Any:
-                    # The batches Lightning takes from the training loader this epoch:
-                    # ``limit_train_batches`` (20 of the 860 its loader holds on each of
-                    # 2 ranks in its backbone example: the first epoch's ETA was 43 times
-                    # too long).
-                    batches = getattr(getattr(loop, "trainer", None), "num_training_batches", 0)
-                    if type(batches) is int and batches > 0:
-                        inst._pass_limit = batches
-                    return original(loop, *args, **kwargs)
+            return run
 
-                return run
-
-            self._follow("Lightning's training epochs", cls, run=wrap_epoch(original))
+        for modules, class_name, what, wrap in (
+            (LIGHTNING_LOOPS, "_EvaluationLoop", "Lightning's validations", validations),
+            (LIGHTNING_TRAINING_LOOPS, "_TrainingEpochLoop", "Lightning's epochs", training_epochs),
+        ):
+            for name in modules:
+                found = _own_methods(sys.modules.get(name), class_name, "run")
+                if name in self._lightning_attached or found is None:
+                    continue
+                cls, (original,) = found
+                self._lightning_attached.add(name)
+                self._follow(what, cls, run=wrap(original))
 
     def _watch_torchmetrics(self, torch: Any) -> None:
         """Follow torchmetrics from its import on, or now if it is loaded: a script often
