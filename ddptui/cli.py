@@ -36,6 +36,7 @@ from ddptui.run.config import build_config, check_options
 from ddptui.run.options import (
     TRAINER_OPTIONS,
     ConfigError,
+    option_flag,
     parse_int,
     parse_path,
     script_option_problem,
@@ -178,7 +179,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         f"'ddptui {n}' ({c.summary})" for n, c in COMMANDS.items() if n != "run" and c.available()
     )
     p.epilog = (
-        f"Commands: {commands}. Arguments after '--' go to your --script (or to the trainer)."
+        f"Commands: {commands}. Arguments after '--' go to your --script or --module (or to "
+        "the trainer)."
     )
     p.add_argument("--no-ui", action="store_true", help="headless: log to the console")
     p.add_argument("--start", action="store_true", help="dashboard: launch at once, skip form")
@@ -187,6 +189,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--trainer", metavar="NAME", help=f"trainer: {', '.join(specs)} (default {DEFAULT_TRAINER})"
     )
     g.add_argument("--script", metavar="PATH", help="your own training script (run under torchrun)")
+    g.add_argument(
+        "--module",
+        dest="script_module",
+        metavar="NAME",
+        help="your own training module, run as python -m NAME (torchrun's -m), found from the "
+        "current directory and PYTHONPATH",
+    )
     g.add_argument(
         "--launcher",
         metavar="NAME",
@@ -303,7 +312,7 @@ def command_line_problem(args: argparse.Namespace) -> str | None:
     or options that contradict each other. None when there is nothing."""
     for key, value in vars(args).items():
         if isinstance(value, str) and not value.strip():
-            return f"--{key.replace('_', '-')} needs a value (it was given an empty one)"
+            return f"{option_flag(key)} needs a value (it was given an empty one)"
     if args.no_ui and args.start:
         return "--start is for the dashboard; --no-ui always starts at once"
     return script_option_problem(vars(args))
@@ -329,8 +338,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 #: Options of a saved run that ``--resume RUN_DIR`` takes over (unless given again).
 _CONTINUED = (
-    "trainer", "script", "launcher", "device", "backend", "amp", "world_size", "workers",
-    "oversubscribe", "epochs", "batch_size", "lr", "seed", "data_dir", "init_method",
+    "trainer", "script", "script_module", "launcher", "device", "backend", "amp", "world_size",
+    "workers", "oversubscribe", "epochs", "batch_size", "lr", "seed", "data_dir", "init_method",
     "sync_bn", "model", "max_restarts",
 )  # fmt: skip
 
@@ -353,18 +362,22 @@ def continue_run_dir(raw: dict) -> dict:
     if not checkpoint.is_file():
         raise ConfigError("resume", f"--resume {resume}: the run has no {checkpoint.name}")
     merged = dict(raw)
-    given_target = raw.get("trainer") or raw.get("script")
-    script_run = bool(raw.get("script") or (not given_target and saved.get("script")))
+    given_target = raw.get("trainer") or raw.get("script") or raw.get("script_module")
+    script_run = bool(
+        raw.get("script") or raw.get("script_module") or (not given_target and saved.get("script"))
+    )
     for key in _CONTINUED:
-        if key in ("trainer", "script") and given_target:
+        if key in ("trainer", "script", "script_module") and given_target:
             continue
+        if key == "script" and saved.get("script_module"):
+            continue  # a module's run: its file is found again from its name
         if script_run and key in TRAINER_OPTIONS:
             continue  # a script's run has none (its saved seed, say, is only the default)
         if merged.get(key) in (None, False) and saved.get(key) not in (None, ""):
             merged[key] = saved[key]
     if not merged.get("script_args") and isinstance(saved.get("script_args"), list):
         merged["script_args"] = tuple(str(a) for a in saved["script_args"])
-    if merged.get("script"):
+    if merged.get("script") or merged.get("script_module"):
         merged.pop("trainer", None)
         # ``--resume RUN_DIR --lr 0.1`` of a script's run: refused as with --script itself
         problem = script_option_problem(merged)
@@ -381,8 +394,8 @@ _ALLOCATION_OPTIONS = (
 )  # fmt: skip
 #: Fields whose problems --print-sbatch reports: they are wrong on any machine.
 _JOB_INDEPENDENT = frozenset(
-    {"trainer", "script", "model", "epochs", "batch_size", "lr", "seed", "max_restarts",
-     "hang_timeout", "on_hang", "workers", "init_method"}
+    {"trainer", "script", "script_module", "model", "epochs", "batch_size", "lr", "seed",
+     "max_restarts", "hang_timeout", "on_hang", "workers", "init_method"}
 )  # fmt: skip
 
 
@@ -406,7 +419,7 @@ def _print_sbatch(args: argparse.Namespace) -> int:
     for key, value in vars(args).items():
         if key in ("no_ui", "start", "print_sbatch", "script_args") or value in (None, False):
             continue
-        argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+        argv += [option_flag(key)] + ([] if value is True else [str(value)])
     extra = list(getattr(args, "script_args", ()))
     print(sbatch_script(argv + (["--", *extra] if extra else []), nnodes, nproc), end="")
     return 0

@@ -53,6 +53,17 @@ def epoch_ordinal(state: Any, epoch: int) -> int:
     return ordinal if ordinal >= 0 else epoch
 
 
+def target_label(config: dict) -> str:
+    """What a run ran, from its config: ``synthetic``, ``script train.py`` or ``module
+    package.train``."""
+    if config.get("script_module"):
+        return f"module {config['script_module']}"
+    script = config.get("script")
+    if script:
+        return f"script {str(script).replace(chr(92), '/').rsplit('/', 1)[-1]}"
+    return str(config.get("trainer") or "?")
+
+
 def amp_label(config: dict) -> str:
     """``amp bf16``; for a user script ``amp: script's`` (it does its own autocast, or not:
     ddptui's AMP option only configures the built-in trainers, so "amp off" would be wrong

@@ -108,3 +108,30 @@ async def test_trainer_arguments_are_checked_when_launch_is_pressed(tmp_path):
         assert isinstance(app.screen, LaunchScreen) and app.launched == []
         notes = [n.message for n in app._notifications]
         assert any("the synthetic trainer refuses its arguments" in m for m in notes)
+
+
+async def test_the_script_field_takes_a_module_as_python_does(tmp_path, monkeypatch):
+    """``-m package.train`` in the script field is ``--module package.train``; ``ddptui
+    --module`` prefills it so; a module python cannot find is named at the field."""
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    app = _app(tmp_path, script_module="mypkg.train")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert screen.query_one("#f-trainer", Select).value == OWN_SCRIPT
+        assert screen.query_one("#f-script", Input).value == "-m mypkg.train"
+        raw = screen.raw_options()
+        assert (raw["script_module"], raw["script"]) == ("mypkg.train", None)
+        assert screen.validate() == []
+        screen.query_one("#f-script", Input).value = "-m mypkg.nosuch"
+        await pilot.pause()
+        assert "no module 'mypkg.nosuch'" in _error(screen, "script")
+        screen.query_one("#f-script", Input).value = str(package / "train.py")  # a path again
+        await pilot.pause()
+        raw = screen.raw_options()
+        assert (raw["script_module"], raw["script"]) == (None, str(package / "train.py"))
+        assert _error(screen, "script") == "" and screen.validate() == []

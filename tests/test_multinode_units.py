@@ -556,3 +556,32 @@ def test_a_node_told_the_run_finished_lets_its_torchrun_exit_and_finishes(
     lines = []
     assert node._conclude(result, lines.append) == code
     assert lines[-1].startswith(said)
+
+
+def test_a_joining_node_finds_the_runs_module_itself(tmp_path, monkeypatch):
+    """``--module``: node 0 sends the module's name; each node finds its file as python -m
+    there would (its own checkout, its own PYTHONPATH), and a name that is no string or no
+    module there is one line, not a traceback."""
+    sent = dataclasses.asdict(  # as the join service sends it: JSON
+        RunConfig(
+            run_id="run-x",
+            world_size=4,
+            nnodes=2,
+            rdzv_endpoint="127.0.0.1:29999",
+            launcher="torchrun",
+            script="/node0/checkout/mypkg/train.py",
+            script_module="mypkg.train",
+        )
+    )
+    sent = json.loads(json.dumps(sent))
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = config_from_node0(sent, str(tmp_path / "n1"))
+    assert (cfg.script_module, cfg.script) == ("mypkg.train", str(package / "train.py"))
+    with pytest.raises(ConfigError, match="no module 'mypkg.gone'"):
+        config_from_node0({**sent, "script_module": "mypkg.gone"}, str(tmp_path / "n1"))
+    with pytest.raises(ConfigError, match="malformed 'script_module'"):
+        config_from_node0({**sent, "script_module": ["mypkg"]}, str(tmp_path / "n1"))

@@ -24,7 +24,7 @@ from ddptui.commands import fail
 from ddptui.constants import JOIN_TOKEN_ENV
 from ddptui.join.agent import NodeAgent
 from ddptui.join.channel import Channel
-from ddptui.run.check_target import check_script
+from ddptui.run.check_target import check_module, check_script
 from ddptui.run.cluster.token import MAX_TOKEN_CHARS, TOKEN_PREFIX, JoinToken, TokenError
 from ddptui.run.options import ConfigError, RunConfig, parse_int, parse_path
 from ddptui.runfiles import RunDir
@@ -78,7 +78,12 @@ def config_from_node0(data: Any, run_dir: str) -> RunConfig:
     cfg = dataclasses.replace(defaults, **values)
     if not cfg.run_id or not cfg.rdzv_endpoint or cfg.nnodes < 1 or cfg.world_size < cfg.nnodes:
         raise ConfigError("config", "node 0 sent an incomplete multi-node configuration")
-    if cfg.script:
+    if cfg.script_module:  # found again here, as python -m on this node finds it
+        if not isinstance(cfg.script_module, str):
+            raise ConfigError("config", "node 0 sent a malformed 'script_module'")
+        _, script = check_module(cfg.script_module)
+        cfg = dataclasses.replace(cfg, script=script)
+    elif cfg.script:
         check_script(cfg.script)  # the same path on every node (a shared file system)
     return dataclasses.replace(cfg, run_dir=run_dir)
 

@@ -32,7 +32,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ddptui.argv import split_passthrough
+from ddptui.argv import add_target_arguments, split_passthrough
 from ddptui.constants import (
     ATTEMPT_ENV,
     ENDPOINT_ENV,
@@ -171,14 +171,26 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def run_target(module: str | None, script: str | None, args: list[str]) -> int:
-    """Run a trainer module's ``main(args)`` or a script as ``__main__``; return its exit code.
+def run_target(
+    module: str | None, script: str | None, args: list[str], run_module: str | None = None
+) -> int:
+    """Run a trainer module's ``main(args)``, the user's module as ``python -m`` runs it
+    (``run_module``), or a script as ``__main__``; return its exit code.
 
     A non-zero exit and an uncaught exception are reported as this rank's failure (error and
     traceback); the exception propagates."""
     try:
         if module:
             code = _exit_code(importlib.import_module(module).main(args))
+        elif run_module:
+            # As ``python -m``: the current directory first on sys.path, sys.argv[0] the
+            # module's file (runpy sets it), the module (a package: its __main__) run as
+            # __main__ with its package known, so that its relative imports work.
+            sys.argv = [run_module, *args]
+            if os.getcwd() not in sys.path[:1]:
+                sys.path.insert(0, os.getcwd())
+            runpy.run_module(run_module, run_name="__main__", alter_sys=True)
+            code = 0
         else:
             assert script is not None
             sys.argv = [script, *args]
@@ -236,6 +248,7 @@ def spawn_worker(
     script: str | None,
     args: list[str],
     run_dir: str | None,
+    run_module: str | None = None,
 ) -> None:
     """mp.spawn's function: one rank on this node (rank = local rank: a single node)."""
     os.environ.update(
@@ -247,7 +260,7 @@ def spawn_worker(
     )
     prepare_rank(run_dir, local_rank, nprocs)
     try:
-        code = run_target(module, script, args)
+        code = run_target(module, script, args, run_module)
     except BaseException:
         traceback.print_exc()  # into rank-N.log
         sys.exit(1)  # the exit code tells the driver; the traceback is printed once
@@ -257,19 +270,18 @@ def spawn_worker(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """torchrun entry: ``python -m ddptui.rank.entry (--module M | --script S) -- …``."""
+    """torchrun entry: ``python -m ddptui.rank.entry (--module M | --run-module M | --script S)
+    -- …`` (:func:`ddptui.argv.target_args`)."""
     die_with_parent()  # before anything slow: the agent may already be going
     parser = argparse.ArgumentParser(prog="ddptui-rank")
     parser.add_argument("--run-dir")
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--module")
-    target.add_argument("--script")
+    add_target_arguments(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     own, rest = split_passthrough(argv)
     opts = parser.parse_args(own)
     rank = int(os.environ.get("RANK", "0"))
     prepare_rank(opts.run_dir, rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    code = run_target(opts.module, opts.script, rest)  # an exception is printed on its way out
+    code = run_target(opts.module, opts.script, rest, opts.run_module)  # exceptions print
     if code == 0:
         exit_after_success(0)
     return code

@@ -1,13 +1,18 @@
 """Checks of what a run starts: a registered trainer, its model and data, the arguments after
-``--`` (with the trainer's own parser), or a user script (Python that compiles)."""
+``--`` (with the trainer's own parser), or a user script or module (Python that compiles)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import importlib
+import importlib.util
 import io
+import keyword
+import os
+import sys
 import tokenize
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +62,84 @@ def check_script(text: Any) -> str:
     if problem:
         raise ConfigError("script", f"script {shown} {problem}")
     return str(resolved)
+
+
+#: Longest module name ``--module`` takes (``python -m`` has no limit; a name is a few words).
+MAX_MODULE_NAME = 200
+
+
+def check_module(text: Any) -> tuple[str, str]:
+    """``(name, file)`` of the module ``--module NAME`` runs as ``python -m NAME`` (torchrun's
+    ``-m``) would: found from the current directory and ``sys.path`` (``PYTHONPATH``
+    included), a package by its ``__main__``; its file must be Python that compiles. Found
+    without importing anything: a package's ``__init__`` (torch, say) is not run here."""
+    name = str(text).strip()
+    shown = quoted(name[:MAX_MODULE_NAME])
+    parts = name.split(".")
+    if len(name) > MAX_MODULE_NAME or not all(
+        part.isidentifier() and not keyword.iskeyword(part) for part in parts
+    ):
+        raise ConfigError("script", f"--module {shown} is not a module name (like package.train)")
+    try:
+        origin = _module_file(parts)
+    except (ImportError, OSError, ValueError) as exc:
+        raise ConfigError(
+            "script", f"--module {shown} cannot be found: {first_line(exc)}"
+        ) from None
+    if isinstance(origin, _Missing):
+        raise ConfigError("script", f"--module {shown}: {origin.why}")
+    if not origin.endswith(".py"):
+        raise ConfigError("script", f"--module {shown} is not Python source: {origin}")
+    try:
+        stat = os.stat(origin)
+    except OSError as exc:
+        raise ConfigError("script", f"cannot read module {shown}: {os_reason(exc)}") from None
+    if stat.st_size > MAX_SCRIPT_BYTES:
+        raise ConfigError("script", f"module {shown} is too large to be a training script")
+    problem = _script_problem(origin, stat.st_mtime_ns, stat.st_size)
+    if problem:
+        raise ConfigError("script", f"module {shown} ({origin}) {problem}")
+    return name, origin
+
+
+class _Missing:
+    """Why ``python -m`` would find nothing to run."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _module_file(parts: list[str]) -> str | _Missing:
+    """The file ``python -m`` would run for the dotted name ``parts``, or why there is none."""
+    # The top package through the path finder over the current directory and sys.path (a
+    # console script's sys.path[0] is its bin directory, not where the user is), then the
+    # import system's other finders (an editable install's, say); neither runs any code.
+    top = parts[0]
+    spec = PathFinder.find_spec(top, [os.getcwd(), *sys.path])
+    if spec is None:
+        spec = importlib.util.find_spec(top)
+    for depth in range(1, len(parts) + 1):
+        if spec is None:
+            return _Missing(
+                f"no module {'.'.join(parts[:depth])!r} in the current directory or on "
+                "sys.path (PYTHONPATH)"
+            )
+        if depth == len(parts):
+            break
+        if spec.submodule_search_locations is None:
+            return _Missing(f"{'.'.join(parts[:depth])!r} is a module, not a package")
+        below = list(spec.submodule_search_locations)
+        spec = PathFinder.find_spec(".".join(parts[: depth + 1]), below)
+    assert spec is not None
+    if spec.submodule_search_locations is not None:  # a package runs its __main__
+        below = list(spec.submodule_search_locations)
+        spec = PathFinder.find_spec(".".join([*parts, "__main__"]), below) if below else None
+        if spec is None:
+            return _Missing("a package without a __main__ module cannot be run")
+    origin = spec.origin
+    if not isinstance(origin, str) or origin in ("built-in", "frozen"):
+        return _Missing("it is built into Python, not a file that can be run")
+    return origin
 
 
 @functools.lru_cache(maxsize=32)

@@ -36,6 +36,7 @@ from ddptui.run.check_files import (
 )
 from ddptui.run.check_target import (
     check_model,
+    check_module,
     check_script,
     missing_data,
     parse_trainer,
@@ -114,11 +115,16 @@ def _build(
     attempt = checks.attempt
 
     # -- what runs: a registered trainer or the user's script
-    is_script = not is_blank(raw.get("script"))
+    module_given = not is_blank(raw.get("script_module"))
+    is_script = module_given or not is_blank(raw.get("script"))
     script_args = tuple(str(a) for a in (raw.get("script_args") or ()))
     trainers = registry()
-    trainer, spec, script = DEFAULT_TRAINER, None, None
-    if is_script:
+    trainer, spec, script, script_module = DEFAULT_TRAINER, None, None, None
+    if module_given and not is_blank(raw.get("script")):
+        checks.fail("script", "--script and --module both name your code: give one of them")
+    elif module_given:
+        script_module, script = attempt(check_module, raw["script_module"]) or (None, None)
+    elif is_script:
         script = attempt(check_script, raw["script"])
     else:
         name = raw.get("trainer")
@@ -242,6 +248,7 @@ def _build(
     cfg = RunConfig(
         trainer=trainer,
         script=script,
+        script_module=script_module,
         script_args=script_args,
         launcher=launcher,
         device=resolved,

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from ddptui.argv import split_passthrough
+from ddptui.argv import add_target_arguments, split_passthrough, target_args
 from ddptui.constants import LAUNCHERS, PARENT_PID_ENV
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.entry import die_with_parent, spawn_worker
@@ -53,9 +53,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--rdzv-id")
     parser.add_argument("--rdzv-host", choices=("0", "1"), default="0")
     parser.add_argument("--local-addr")
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--module")
-    target.add_argument("--script")
+    add_target_arguments(parser)
     own, rest = split_passthrough(argv)
     return parser.parse_args(own), rest
 
@@ -76,7 +74,7 @@ def run_spawn(opts: argparse.Namespace, args: list[str]) -> int:
     ranks = [
         context.Process(
             target=spawn_worker,
-            args=(rank, opts.nprocs, opts.module, opts.script, args, opts.run_dir),
+            args=(rank, opts.nprocs, opts.module, opts.script, args, opts.run_dir, opts.run_module),
             name=f"rank-{rank}",
         )
         for rank in range(opts.nprocs)
@@ -194,7 +192,7 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
 
     target = ["-m", "ddptui.rank.entry"]
     target += ["--run-dir", opts.run_dir] if opts.run_dir else []
-    target += ["--module", opts.module] if opts.module else ["--script", opts.script]
+    target += target_args(opts.module, opts.script, opts.run_module)
     if opts.rdzv_endpoint:
         nodes = [
             "--nnodes",

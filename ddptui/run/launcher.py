@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from ddptui.argv import target_args
 from ddptui.constants import (
     ENDPOINT_ENV,
     LAUNCHERS,
@@ -164,6 +165,7 @@ class Launcher:
         grace: float = 3.0,
         env: Mapping[str, str] | None = None,
         rendezvous: Rendezvous | None = None,
+        script_module: str | None = None,
     ) -> None:
         if kind not in LAUNCHERS:
             raise ValueError(f"unknown launcher {kind!r}")
@@ -176,6 +178,8 @@ class Launcher:
         self.endpoint = endpoint
         self.module = module
         self.script = script
+        #: The user's module (``--module``; :attr:`script` is its file), run as ``python -m``.
+        self.script_module = script_module if script is not None else None
         #: Extra environment for every rank (the run's device choice, say).
         self.extra_env = dict(env or {})
         self.args = list(args)
@@ -203,8 +207,7 @@ class Launcher:
         ]
         if self.rendezvous is not None:
             cmd += self.rendezvous.driver_args()
-        cmd += ["--module", self.module] if self.module else ["--script", str(self.script)]
-        return [*cmd, "--", *self.args]
+        return [*cmd, *target_args(self.module, self.script, self.script_module), "--", *self.args]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -23,7 +23,7 @@ from ddptui.constants import (
     NO_INSTRUMENT_ENV,
     THREADS_ENV,
 )
-from ddptui.formatting import printable
+from ddptui.formatting import printable, target_label
 from ddptui.rank.flight_recorder import BUFFER_ENV as FR_BUFFER_ENV
 from ddptui.rank.flight_recorder import DEFAULT_BUFFER as FR_DEFAULT_BUFFER
 from ddptui.run.registry import DEFAULT_TRAINER
@@ -80,6 +80,9 @@ class RunConfig:
 
     trainer: str = DEFAULT_TRAINER
     script: str | None = None
+    #: ``--module NAME``: the user's code is a module, run as ``python -m NAME`` (torchrun's
+    #: ``-m``); :attr:`script` is then its file (every check of a script holds for it).
+    script_module: str | None = None
     script_args: tuple[str, ...] = ()
     launcher: str = "spawn"
     device: str = "cpu"  # resolved: never "auto" once built
@@ -127,7 +130,7 @@ class RunConfig:
 
     @property
     def target_label(self) -> str:
-        return f"script {Path(self.script).name}" if self.script else self.trainer
+        return target_label(dataclasses.asdict(self))
 
     def to_json_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -196,24 +199,40 @@ TRAINER_OPTIONS = ("trainer", "model", "batch_size", "lr", "seed", "workers", "d
 
 
 def script_option_problem(values: dict[str, Any]) -> str | None:
-    """Why options given with ``--script`` cannot be (a built-in trainer's option, or an AMP
-    mode ddptui cannot switch on in a script), as one line; None when there is none.
+    """Why options given with ``--script`` or ``--module`` cannot be (a built-in trainer's
+    option, an AMP mode ddptui cannot switch on in a script, or both of them), as one line;
+    None when there is none.
     ``values``: option name -> value as given (None or False: not given)."""
-    if values.get("script") is None:
+    if values.get("script_module") is not None:
+        if values.get("script") is not None:
+            return "--script and --module both name your code: give one of them"
+        given = "--module runs your own module"
+    elif values.get("script") is not None:
+        given = "--script runs your own script"
+    else:
         return None
     for key in TRAINER_OPTIONS:
         if values.get(key) not in (None, False):
             return (
-                f"--script runs your own script: --{key.replace('_', '-')} is for the built-in "
+                f"{given}: {option_flag(key)} is for the built-in "
                 "trainers (pass your script's options after --)"
             )
     amp = values.get("amp")  # one mode, or bench's list of them; None or "off": no AMP
     if any(mode not in (None, "off") for mode in (amp if isinstance(amp, list) else [amp])):
         return (
-            "--script runs your own script: --amp is for the built-in trainers (your script "
+            f"{given}: --amp is for the built-in trainers (your script "
             "does its own autocast, or none; pass its options after --)"
         )
     return None
+
+
+def module_in_script_field(text: str) -> str | None:
+    """The module a form's script field names as ``python`` takes it (``-m package.train``,
+    ``-mpackage.train``), else None (a path)."""
+    text = text.strip()
+    if not text.startswith("-m"):
+        return None
+    return text[2:].strip() or None
 
 
 def resume_command(cfg: RunConfig) -> str:
@@ -222,7 +241,10 @@ def resume_command(cfg: RunConfig) -> str:
 
     checkpoint = RunDir(cfg.run_dir or ".").checkpoint
     argv = ["ddptui", "--resume", str(checkpoint)]
-    argv += ["--script", cfg.script] if cfg.script else ["--trainer", cfg.trainer]
+    if cfg.script_module:
+        argv += ["--module", cfg.script_module]
+    else:
+        argv += ["--script", cfg.script] if cfg.script else ["--trainer", cfg.trainer]
     for flag, value in (
         ("--launcher", cfg.launcher),
         ("--device", cfg.device),
@@ -352,7 +374,12 @@ class Checks:
 
 
 def option_flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """The command line's flag of the option ``name`` (a config field, an argparse dest)."""
+    return _FLAGS.get(name) or "--" + name.replace("_", "-")
+
+
+#: Options whose flag is not their name: ``--module`` fills ``script_module``.
+_FLAGS = {"script_module": "--module"}
 
 
 def quoted(value: Any, limit: int = 60) -> str:

@@ -36,8 +36,9 @@ _driver: subprocess.Popen[bytes] | None = None
 
 def wanted(argv: Sequence[str]) -> bool:
     """Whether ``ddptui ARGV`` is, by its words, a headless torchrun run: ``--no-ui`` with
-    ``--launcher torchrun``, or with ``--script`` and no launcher named (torchrun is the
-    default for a script). A wrong guess costs an idle driver that is killed at exit."""
+    ``--launcher torchrun``, or with ``--script`` or ``--module`` and no launcher named
+    (torchrun is the default for a script). A wrong guess costs an idle driver that is killed
+    at exit."""
     own = list(argv[: list(argv).index("--")] if "--" in argv else argv)
     if not own or not own[0].startswith("-") or "--no-ui" not in own:
         return False  # a subcommand (monitor, bench, join…), or the dashboard
@@ -51,7 +52,10 @@ def wanted(argv: Sequence[str]) -> bool:
             launcher = word.partition("=")[2]
     if launcher is not None:
         return launcher.strip() == "torchrun"
-    return any(word == "--script" or word.startswith("--script=") for word in own)
+    return any(
+        word in ("--script", "--module") or word.startswith(("--script=", "--module="))
+        for word in own
+    )
 
 
 def start(argv: Sequence[str]) -> None:

@@ -127,6 +127,7 @@ def make_launcher(
         args=cfg.trainer_argv(),
         env=env,
         rendezvous=rendezvous,
+        script_module=cfg.script_module,
     )
 
 

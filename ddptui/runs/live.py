@@ -17,7 +17,7 @@ import psutil
 
 from ddptui import safeio
 from ddptui.constants import RUN_ID_ENV
-from ddptui.formatting import amp_label
+from ddptui.formatting import amp_label, target_label
 from ddptui.run.rundir import RunDirError, read_config
 from ddptui.runfiles import RunDir
 
@@ -67,10 +67,8 @@ class RunEntry:
 
     @property
     def label(self) -> str:
-        script = self.config.get("script")
-        target = f"script {Path(script).name}" if script else self.config.get("trainer", "?")
         return (
-            f"{target} x{self.config.get('world_size', '?')} "
+            f"{target_label(self.config)} x{self.config.get('world_size', '?')} "
             f"({self.config.get('launcher', '?')}, {self.config.get('backend', '?')}, "
             f"{amp_label(self.config)})"
         )

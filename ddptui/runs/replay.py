@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from ddptui.formatting import amp_label, fmt_duration, fmt_num, printable
+from ddptui.formatting import amp_label, fmt_duration, fmt_num, printable, target_label
 from ddptui.run.rundir import load_run, unread_note
 
 
@@ -20,7 +20,7 @@ def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
 
     config, state, summary = load_run(run_dir)
     end = state.last_event_at or 0.0
-    target = config.get("script") or config.get("trainer")
+    target = target_label(config)
     emit(
         f"run {state.run_id}: {target} x{state.world_size} ({config.get('launcher')}, "
         f"{config.get('backend')}, {amp_label(config)}) — {summary['outcome']} "

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddptui.formatting import target_label
 from ddptui.monitor import GpuSource
 from ddptui.run.machine import Machine
 from ddptui.run.rundir import RunDirError, load_run, read_config, read_summary
 from ddptui.runfiles import RunDir
-from ddptui.tui.model import config_label
 
 #: Recent runs listed on the launch screen.
 RECENT_RUNS = 12
@@ -71,7 +71,7 @@ def recent_runs(root: Path, limit: int = RECENT_RUNS) -> list[RecentRun]:
             RecentRun(
                 run_dir,
                 str(config.get("run_id") or run_dir.name),
-                config_label(config),
+                target_label(config),
                 config.get("world_size"),
                 summary["outcome"],
             )

@@ -111,14 +111,6 @@ class RunFrame:
     attempt: str = ""
 
 
-def config_label(config: dict[str, Any]) -> str:
-    """``synthetic`` or ``script user_ddp.py``."""
-    script = config.get("script")
-    if script:
-        return f"script {str(script).rsplit('/', 1)[-1]}"
-    return str(config.get("trainer") or "?")
-
-
 #: Most distinct rank devices named in the header before the rest are counted.
 MAX_DEVICES_SHOWN = 4
 

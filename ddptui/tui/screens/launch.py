@@ -30,7 +30,13 @@ from ddptui.formatting import printable
 from ddptui.monitor.units import format_bytes
 from ddptui.run.config import build_config
 from ddptui.run.config import check_options as check_run_options
-from ddptui.run.options import TRAINER_OPTIONS, ConfigError, RunConfig, default_workers
+from ddptui.run.options import (
+    TRAINER_OPTIONS,
+    ConfigError,
+    RunConfig,
+    default_workers,
+    module_in_script_field,
+)
 from ddptui.run.registry import DEFAULT_TRAINER, trainer_names
 from ddptui.tui.machine import HostInfo, RecentRun, recent_runs
 from ddptui.tui.widgets.text import as_text
@@ -39,7 +45,7 @@ from ddptui.tui.widgets.text import as_text
 OWN_SCRIPT = "__script__"
 #: Form fields that are text inputs: raw option name -> (label, placeholder).
 TEXT_FIELDS = {
-    "script": ("script", "path/to/train.py"),
+    "script": ("script", "path/to/train.py, or -m package.train"),
     "script_args": ("arguments", "extra arguments, e.g. --steps 10"),
     "world_size": ("world size", str(DEFAULT_CPU_WORLD_SIZE)),
     "workers": ("data workers", "auto"),
@@ -232,7 +238,7 @@ class LaunchScreen(Screen):
         self.query_one("#f-trainer", Select).focus()
 
     def _prefill(self, raw: Mapping[str, Any]) -> None:
-        if raw.get("script"):
+        if raw.get("script") or raw.get("script_module"):
             self.query_one("#f-trainer", Select).value = OWN_SCRIPT
         elif raw.get("trainer") in trainer_names():
             self.query_one("#f-trainer", Select).value = raw["trainer"]
@@ -245,6 +251,8 @@ class LaunchScreen(Screen):
             value = raw.get(name)
             if name == "script_args":
                 value = shlex.join(value) if value else ""
+            elif name == "script" and raw.get("script_module"):
+                value = f"-m {raw['script_module']}"  # as after python (or torchrun)
             if value is not None:
                 self.query_one(f"#f-{name}", Input).value = str(value)
 
@@ -355,8 +363,14 @@ class LaunchScreen(Screen):
             k: v for k, v in self.raw_given.items() if k not in FORM_ORDER and k != "run_id"
         }
         trainer = self.query_one("#f-trainer", Select).value
+        raw["script_module"] = None
         if trainer == OWN_SCRIPT:
-            raw["script"] = self.query_one("#f-script", Input).value or None
+            given = self.query_one("#f-script", Input).value
+            module = module_in_script_field(given)
+            if module is not None:  # "-m package.train", as after python (or torchrun)
+                raw["script_module"], raw["script"] = module, None
+            else:
+                raw["script"] = given or None
             raw["trainer"] = None
         else:
             raw["trainer"] = trainer

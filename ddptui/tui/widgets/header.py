@@ -9,7 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import ProgressBar
 
-from ddptui.tui.model import RunFrame, config_label, setup_label
+from ddptui.formatting import target_label
+from ddptui.tui.model import RunFrame, setup_label
 from ddptui.tui.widgets.text import QuietStatic
 
 #: Style of each run status in the header.
@@ -48,7 +49,7 @@ class RunHeader(Vertical):
             ("run ", "dim"),
             (str(config.get("run_id") or "?"), "bold"),
             "  ",
-            (config_label(config), "bold cyan"),
+            (target_label(config), "bold cyan"),
             "  ",
             setup_label(config, (row.device for row in frame.rows)) + "  ",
             (f" {frame.status.upper()} ", STATUS_STYLE.get(frame.status, "bold")),
