@@ -372,6 +372,43 @@ async def test_the_logs_pane_gives_its_lines_to_the_log_not_to_an_empty_scrollba
         assert log.scrollable_content_region.height == rows - 1
 
 
+def _newest_in_view(log) -> bool:
+    shown = [log.render_line(y).text for y in range(log.scrollable_content_region.height)]
+    return any(log.lines[-1][:30] in line for line in shown)
+
+
+async def test_the_logs_pane_keeps_its_newest_line_in_view_until_its_user_scrolls_up():
+    """open_clip's run showed its first four lines for two minutes: Textual's Log follows only
+    when at its end as counted before a write, and a line wider than the pane (its scrollbar
+    took a row) or the pane shrinking left it a row or more short of the end for good."""
+    app = primed_app("replay", replay_source=replay(FAILED_RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        log = app.screen.query_one(Log)
+        log.clear()
+        log.write_lines([f"r0│ a {i}" for i in range(3)])
+        await pilot.pause()
+        log.write_lines([f"r0│ b {i} " + ("x" * 300 if i == 5 else "") for i in range(20)])
+        await pilot.pause()
+        assert log.show_horizontal_scrollbar and _newest_in_view(log)
+        app.screen.query_one("#logs").styles.height = 5  # the pane shrinks
+        await pilot.pause()
+        log.write_lines([f"r0│ c {i}" for i in range(4)])
+        await pilot.pause()
+        assert _newest_in_view(log)
+        log.focus()
+        await pilot.press("home")  # its user scrolls up: new lines do not move the view
+        await pilot.pause()
+        log.write_lines([f"r0│ d {i}" for i in range(4)])
+        await pilot.pause()
+        assert log.scroll_y == 0 and not _newest_in_view(log)
+        await pilot.press("end")  # back at the end: it follows again
+        await pilot.pause()
+        log.write_lines([f"r0│ e {i}" for i in range(4)])
+        await pilot.pause()
+        assert _newest_in_view(log)
+
+
 async def test_monitor_opens_from_a_run_and_labels_ranks():
     source = replay(MID_RUN)
     app = primed_app("replay", replay_source=source)

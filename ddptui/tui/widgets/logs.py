@@ -124,6 +124,45 @@ class LogFollower:
         return lines
 
 
+class FollowingLog(Log):
+    """A :class:`Log` that keeps its newest line in view for as long as it is scrolled to its
+    end, whatever else changes; scrolled up by its user, it stays where it is until scrolled
+    back to the end.
+
+    Textual's Log follows only when it is at its end at the moment of a write, counted with
+    the horizontal scrollbar it had then: once the pane shrank (the phase bars took rows from
+    it as the ranks started) or a line wider than the pane brought that scrollbar, its view
+    stayed where it was, and open_clip's run showed its first four lines for two minutes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.follows = True
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self.follows = new_value >= self.max_scroll_y  # the user's scroll, or ours to the end
+
+    def write_lines(self, lines: Iterable[str], scroll_end: bool | None = None) -> Log:
+        follow = self.follows if scroll_end is None else scroll_end
+        super().write_lines(lines, scroll_end=False)
+        if follow:
+            self.follows = True
+            self._to_end()
+        return self
+
+    def on_resize(self) -> None:
+        if self.follows:
+            self._to_end()
+
+    def watch_show_horizontal_scrollbar(self, shown: bool) -> None:
+        if self.follows:  # the bar takes a row (or gives it back) after the write's layout
+            self.call_after_refresh(self._to_end)
+
+    def _to_end(self) -> None:
+        if self.follows and self.scroll_y < self.max_scroll_y:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+
 class RankLogs(Vertical):
     """Rank filter + a bounded Log of the selected ranks' output."""
 
@@ -137,7 +176,7 @@ class RankLogs(Vertical):
         yield Select(
             [("all ranks", ALL)], value=ALL, allow_blank=False, compact=True, id="log-filter"
         )
-        yield Log(max_lines=MAX_LINES, id="log-lines")
+        yield FollowingLog(max_lines=MAX_LINES, id="log-lines")
         yield QuietStatic(id="log-live")
 
     def set_ranks(self, ranks: Iterable[int]) -> None:
@@ -178,7 +217,7 @@ class RankLogs(Vertical):
         self.rank_filter = value
         log = self.query_one(Log)
         log.clear()
-        log.write_lines([_fmt(r, line) for r, line in self.follower.lines(value)])
+        log.write_lines([_fmt(r, line) for r, line in self.follower.lines(value)], scroll_end=True)
         self._show_live()
 
 
