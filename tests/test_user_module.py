@@ -89,9 +89,7 @@ def test_a_module_is_found_from_the_current_directory_without_running_its_packag
         ("mypkg.broken", "is not valid Python: line 1"),
     ],
 )
-def test_a_module_python_could_not_run_is_refused_in_one_line(
-    tmp_path, monkeypatch, name, message
-):
+def test_a_module_python_could_not_run_is_refused_in_one_line(tmp_path, monkeypatch, name, message):
     package, _ = make_package(tmp_path)
     (package / "broken.py").write_text("def (:\n")
     monkeypatch.chdir(tmp_path)
