@@ -181,3 +181,28 @@ def test_rank_entry_takes_a_module_and_the_driver_passes_it_on():
     assert launcher.driver_args()[-3:] == ["--run-module", "mypkg.train", "--"]
     assert target_args(None, "/x/train.py", None) == ["--script", "/x/train.py"]
     assert target_args("trainers.synthetic", None, None) == ["--module", "trainers.synthetic"]
+
+
+def test_a_modules_run_resumes_from_its_run_directory_as_a_module(tmp_path, monkeypatch):
+    """``--resume RUN_DIR`` of a ``--module`` run: the module again (found anew from its name,
+    its saved file path not taken as a ``--script`` beside it), its arguments, none of the
+    trainers' options."""
+    from ddptui.runfiles import RunDir, write_json_atomic
+
+    package, _ = make_package(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    raw = {"script_module": "mypkg.train", "script_args": ("--times", "1")}
+    cfg = build_config({**raw, "run_dir": str(tmp_path / "run")}, CPU)
+    RunDir(cfg.run_dir).path.mkdir(parents=True)
+    write_json_atomic(RunDir(cfg.run_dir).config, cfg.to_json_dict())
+    RunDir(cfg.run_dir).checkpoint.write_bytes(b"x")
+    merged = cli.continue_run_dir({"resume": cfg.run_dir, "script_args": ()})
+    assert merged["script_module"] == "mypkg.train" and not merged.get("script")
+    assert merged["script_args"] == ("--times", "1") and "seed" not in merged
+    again = build_config({**merged, "run_dir": str(tmp_path / "run2")}, CPU)
+    assert (again.script_module, again.script) == ("mypkg.train", str(package / "train.py"))
+    assert again.resume == str(RunDir(cfg.run_dir).checkpoint)
+    other = tmp_path / "other.py"
+    other.write_text("pass\n")  # a target given again wins over the saved one
+    merged = cli.continue_run_dir({"resume": cfg.run_dir, "script": str(other)})
+    assert merged["script"] == str(other) and not merged.get("script_module")
