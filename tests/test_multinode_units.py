@@ -191,18 +191,21 @@ def test_damaged_tokens_are_one_line_errors(text):
 
 
 # -- node 0's join service and inbox ------------------------------------------------------------
-@pytest.fixture
-def host(tmp_path):
-    cfg = RunConfig(
+def two_node_config(**fields) -> RunConfig:
+    """Node 0's configuration of a run of 4 ranks on 2 nodes, with ``fields``."""
+    return RunConfig(
         run_id="run-x",
         world_size=4,
         nnodes=2,
         rdzv_endpoint="127.0.0.1:29999",
-        bind="127.0.0.1",
         launcher="torchrun",
-        run_dir=str(tmp_path),
+        **fields,
     )
-    node_host = NodeHost(cfg)
+
+
+@pytest.fixture
+def host(tmp_path):
+    node_host = NodeHost(two_node_config(bind="127.0.0.1", run_dir=str(tmp_path)))
     yield node_host
     node_host.close(linger=0)
 
@@ -562,18 +565,8 @@ def test_a_joining_node_finds_the_runs_module_itself(tmp_path, monkeypatch):
     """``--module``: node 0 sends the module's name; each node finds its file as python -m
     there would (its own checkout, its own PYTHONPATH), and a name that is no string or no
     module there is one line, not a traceback."""
-    sent = dataclasses.asdict(  # as the join service sends it: JSON
-        RunConfig(
-            run_id="run-x",
-            world_size=4,
-            nnodes=2,
-            rdzv_endpoint="127.0.0.1:29999",
-            launcher="torchrun",
-            script="/node0/checkout/mypkg/train.py",
-            script_module="mypkg.train",
-        )
-    )
-    sent = json.loads(json.dumps(sent))
+    node0 = two_node_config(script="/node0/checkout/mypkg/train.py", script_module="mypkg.train")
+    sent = json.loads(json.dumps(dataclasses.asdict(node0)))  # as the join service sends it
     package = tmp_path / "mypkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
