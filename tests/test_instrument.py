@@ -1750,6 +1750,63 @@ def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(ins
     assert "__wrapped__" not in Engine.__dict__["run"].__dict__  # put back
 
 
+class FastaiMetric:
+    """A fastai metric as its Recorder holds it: a ``name`` and the ``value`` of the pass."""
+
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+
+class Recorder:
+    """fastai's ``Recorder`` as far as the hooks read it (fastai 2.8): ``after_validate`` ends
+    a validation, and ``_valid_mets`` is its loss (``AvgLoss``, named ``loss``) and the
+    learner's metrics, none when the validation was cancelled."""
+
+    def __init__(self, metrics):
+        self.metrics, self.cancel_valid, self.log = metrics, False, []
+
+    @property
+    def _valid_mets(self):
+        return [] if self.cancel_valid else self.metrics
+
+    def after_validate(self):
+        self.log += [m.value for m in self._valid_mets]
+
+
+def test_a_fastai_learners_validation_is_its_evaluation(inst, monkeypatch):
+    """fastai's ``distrib.py`` example (``learn.distrib_ctx()``, ``fit_flat_cos``): each epoch
+    ends with a validation whose loss and metrics fastai gathers over the ranks; it prints
+    them as its table (valid_loss, accuracy, top_k_accuracy), and ddptui said the script
+    reported no evaluation. A cancelled validation is none; a script that reports its own
+    evaluations keeps them its own."""
+    fake_module(monkeypatch, "fastai.learner", Recorder=Recorder)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))  # fastai followed from here
+    opt = timed_sgd(model.parameters(), clock)
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    loss, accuracy = FastaiMetric("loss", torch.tensor(3.2)), FastaiMetric("accuracy", 0.15)
+    recorder = Recorder([loss, accuracy, FastaiMetric("top_k_accuracy", torch.tensor(0.6))])
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        train_step(model, opt, clock)
+        recorder.after_validate()
+    recorder.cancel_valid = True
+    recorder.after_validate()
+    inst.flush()
+    evals = inst.fake.evals
+    assert [e["epoch"] for e in evals] == [0, 1]
+    assert [(float(e["loss"]), e["accuracy"]) for e in evals] == [(pytest.approx(3.2), 0.15)] * 2
+    assert float(evals[0]["top_k_accuracy"]) == pytest.approx(0.6)
+    assert recorder.log == [loss.value, 0.15, recorder.metrics[2].value] * 2  # as before
+    ddptui.log_eval(epoch=1, accuracy=0.5)  # the script's own: fastai's are not reported
+    recorder.cancel_valid = False
+    recorder.after_validate()
+    inst.flush()
+    assert [e["accuracy"] for e in inst.fake.evals] == [0.15, 0.15, 0.5]
+    instrument.uninstall()
+    assert "__wrapped__" not in Recorder.__dict__["after_validate"].__dict__  # put back
+
+
 @pytest.mark.parametrize(("accumulate", "steps"), [(1, 10), (2, 5), (3, 3)])
 def test_a_training_loaders_length_says_how_many_steps_an_epoch_makes(inst, accumulate, steps):
     """The first training pass over a DataLoader of 10 batches, ``accumulate`` batches a

@@ -304,6 +304,8 @@ _DYNAMO = "torch._dynamo"
 _TORCHMETRICS = "torchmetrics.metric"
 #: PyTorch Ignite's engine: the metrics of an evaluator's run are reported.
 _IGNITE = "ignite.engine.engine"
+#: fastai's learner: the validation metrics its Recorder keeps are reported.
+_FASTAI = "fastai.learner"
 #: Most datasets of ignite engines that trained remembered (see Instrument._ignite_ran).
 MAX_IGNITE_TRAINED = 64
 #: How far down an evaluator's data is followed to the datasets it reads (its loader's
@@ -720,6 +722,7 @@ class Instrument:
         #: ids of the data (and datasets) of those that ran training steps.
         self._ignite_runs: list[Any] = []
         self._ignite_trained: set[int] = set()
+        self._fastai_attached = False
         self._steps_ended = 0  # training steps ended in this process
         #: An evaluation pass (a DDP module's forward not training) ended since the last
         #: training forward, and no accuracy was taken from it yet (see _metric_computed).
@@ -746,6 +749,7 @@ class Instrument:
             self._attach_dynamo,
             self._watch_torchmetrics,
             self._watch_ignite,
+            self._watch_fastai,
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_jit,
@@ -1351,14 +1355,66 @@ class Instrument:
             if not isinstance(metrics, dict):
                 return
             tensor = self.torch.Tensor
-            numbers = {str(k): v for k, v in metrics.items() if _logged_scalar(v, tensor)}
-            loss_name = _metric_named(numbers, LOSS_WORDS)
-            accuracy_name = _metric_named(numbers, ACCURACY_WORDS)
-            if loss_name is None and accuracy_name is None:
-                return
-            loss = numbers.pop(loss_name) if loss_name is not None else None
-            accuracy = numbers.pop(accuracy_name) if accuracy_name is not None else None
-            self._framework_eval(loss, accuracy, numbers)
+            self._metrics_eval({str(k): v for k, v in metrics.items() if _logged_scalar(v, tensor)})
+        except Exception as exc:
+            self._fail(exc)
+
+    def _metrics_eval(self, numbers: dict[str, Any]) -> None:
+        """A framework's evaluation ``numbers`` (name -> value): the loss and the accuracy
+        :func:`_metric_named` finds among them, the other numbers as its extras; nothing
+        unless one of the two is there."""
+        loss_name = _metric_named(numbers, LOSS_WORDS)
+        accuracy_name = _metric_named(numbers, ACCURACY_WORDS)
+        if loss_name is None and accuracy_name is None:
+            return
+        loss = numbers.pop(loss_name) if loss_name is not None else None
+        accuracy = numbers.pop(accuracy_name) if accuracy_name is not None else None
+        self._framework_eval(loss, accuracy, numbers)
+
+    def _watch_fastai(self, torch: Any) -> None:
+        """Follow fastai's learners from its import on, or now if it is loaded."""
+        self._when_imported(_FASTAI, self._attach_fastai)
+
+    def _attach_fastai(self, module: Any = None) -> None:
+        """fastai's validations: a ``Learner`` validates at each epoch's end of ``fit`` (and
+        when asked, ``learn.validate()``), and its ``Recorder`` keeps the pass's numbers when
+        it ends: the validation loss (``loss``) and the learner's metrics (``accuracy``...),
+        computed over every rank's predictions (fastai's distributed loaders gather them),
+        the same on each rank. Reported from ``Recorder.after_validate``; attached when
+        ``fastai.learner`` is imported."""
+        if self._fastai_attached:
+            return
+        if module is None:
+            module = sys.modules.get(_FASTAI)
+        found = _own_methods(module, "Recorder", "after_validate")
+        if found is None:
+            return
+        cls, (original,) = found
+        self._fastai_attached = True
+        inst = self
+
+        @functools.wraps(original)
+        def after_validate(recorder: Any, /, *args: Any, **kwargs: Any) -> Any:
+            result = original(recorder, *args, **kwargs)
+            inst._fastai_validated(recorder)
+            return result
+
+        self._follow("fastai's validations", cls, after_validate=after_validate)
+
+    def _fastai_validated(self, recorder: Any) -> None:
+        """A fastai validation ended: its Recorder's validation metrics (none when it was
+        cancelled, or the learner keeps none) as an evaluation, unless the script reports
+        evaluations itself."""
+        if self.disabled or self.explicit_eval:
+            return
+        try:
+            tensor = self.torch.Tensor
+            numbers: dict[str, Any] = {}
+            for metric in recorder._valid_mets:
+                name, value = getattr(metric, "name", None), getattr(metric, "value", None)
+                if isinstance(name, str) and name not in numbers and _logged_scalar(value, tensor):
+                    numbers[name] = value
+            self._metrics_eval(numbers)
         except Exception as exc:
             self._fail(exc)
 
@@ -2149,8 +2205,9 @@ class Instrument:
         self._attach_frameworks()
 
     def _attach_frameworks(self) -> None:
-        """Follow HF accelerate's loaders, the HF Trainer's evaluations and training loss, and
-        PyTorch Lightning's validations, where loaded and not yet followed."""
+        """Follow HF accelerate's loaders, the HF Trainer's evaluations and training loss,
+        PyTorch Lightning's validations, torchmetrics, ignite's and fastai's evaluations,
+        where loaded and not yet followed."""
         if not self._accelerate_attached:
             self._attach_accelerate()
         if not self._transformers_attached:
@@ -2161,6 +2218,8 @@ class Instrument:
             self._attach_torchmetrics()
         if not self._ignite_attached:
             self._attach_ignite()
+        if not self._fastai_attached:
+            self._attach_fastai()
 
     def _drain(self) -> bool:
         """The drainer thread's work: send the finished steps that can go. Returns whether
