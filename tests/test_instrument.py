@@ -314,7 +314,7 @@ def test_gradient_accumulation_sums_samples_and_averages_losses(inst):
 
 class DispatchingTensor(torch.Tensor):
     """A tensor subclass that passes every torch call through ``__torch_function__``, as
-    fastai's ``TensorBase`` (its losses) and MONAI's ``MetaTensor`` do."""
+    fastai's ``TensorBase`` (its losses) does."""
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

@@ -900,9 +900,9 @@ class Instrument:
     def _attach_backward(self, torch: Any) -> None:
         original = torch.Tensor.backward
         before, after = self._backward_call, self._backward_return
-        # A tensor subclass with ``__torch_function__`` (fastai's TensorBase, MONAI's
-        # MetaTensor) has ``Tensor.backward`` call itself again through that dispatch: one
-        # backward, two calls of this wrapper. The inner call is only passed on: counted as
+        # A tensor subclass with ``__torch_function__`` (fastai's TensorBase, say) has
+        # ``Tensor.backward`` call itself again through that dispatch: one backward, two calls
+        # of this wrapper. The inner call is only passed on: counted as
         # well, fastai's losses were each read twice and added up (as the terms of one
         # objective), twice its own (5.54 where its learner had 2.77).
         inside = threading.local()
