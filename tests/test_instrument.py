@@ -1773,16 +1773,35 @@ class Recorder:
         self.log += [m.value for m in self._valid_mets]
 
 
+class FastaiOptimizer:
+    """fastai's ``Optimizer`` as far as the hooks see it: no ``torch.optim.Optimizer``; its
+    step (here plain SGD) takes ``seconds`` of the fake clock."""
+
+    def __init__(self, params, clock, seconds=0.004):
+        self.params, self.clock, self.seconds = list(params), clock, seconds
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self, closure=None):
+        self.clock.advance(self.seconds)
+        with torch.no_grad():
+            for p in self.params:
+                p.add_(p.grad, alpha=-0.01)
+
+
 def test_a_fastai_learners_validation_is_its_evaluation(inst, monkeypatch):
     """fastai's ``distrib.py`` example (``learn.distrib_ctx()``, ``fit_flat_cos``): each epoch
     ends with a validation whose loss and metrics fastai gathers over the ranks; it prints
     them as its table (valid_loss, accuracy, top_k_accuracy), and ddptui said the script
     reported no evaluation. A cancelled validation is none; a script that reports its own
-    evaluations keeps them its own."""
+    evaluations keeps them its own. Its optimizer, none of torch's, is followed too."""
     fake_module(monkeypatch, "fastai.learner", Recorder=Recorder)
+    fake_module(monkeypatch, "fastai.optimizer", Optimizer=FastaiOptimizer)
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))  # fastai followed from here
-    opt = timed_sgd(model.parameters(), clock)
+    opt = FastaiOptimizer(model.parameters(), clock)
     sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
     loss, accuracy = FastaiMetric("loss", torch.tensor(3.2)), FastaiMetric("accuracy", 0.15)
     recorder = Recorder([loss, accuracy, FastaiMetric("top_k_accuracy", torch.tensor(0.6))])
@@ -1798,6 +1817,9 @@ def test_a_fastai_learners_validation_is_its_evaluation(inst, monkeypatch):
     assert [(float(e["loss"]), e["accuracy"]) for e in evals] == [(pytest.approx(3.2), 0.15)] * 2
     assert float(evals[0]["top_k_accuracy"]) == pytest.approx(0.6)
     assert recorder.log == [loss.value, 0.15, recorder.metrics[2].value] * 2  # as before
+    # fastai's optimizer: its step is the optimizer phase and ends the step, as torch's does
+    assert len(inst.fake.logs) == 2 and inst.fake.logs[-1]["samples"] == 6
+    assert inst.fake.logs[-1]["phases"]["optimizer"] == pytest.approx(0.004)
     ddptui.log_eval(epoch=1, accuracy=0.5)  # the script's own: fastai's are not reported
     recorder.cancel_valid = False
     recorder.after_validate()

@@ -306,6 +306,8 @@ _TORCHMETRICS = "torchmetrics.metric"
 _IGNITE = "ignite.engine.engine"
 #: fastai's learner: the validation metrics its Recorder keeps are reported.
 _FASTAI = "fastai.learner"
+#: fastai's optimizers (loaded by its learner): their steps are the steps' optimizer phase.
+_FASTAI_OPTIMIZER = "fastai.optimizer"
 #: Most datasets of ignite engines that trained remembered (see Instrument._ignite_ran).
 MAX_IGNITE_TRAINED = 64
 #: How far down an evaluator's data is followed to the datasets it reads (its loader's
@@ -1400,6 +1402,22 @@ class Instrument:
             return result
 
         self._follow("fastai's validations", cls, after_validate=after_validate)
+        # fastai's own optimizers (its ``Adam``, ``SGD``...: no ``torch.optim.Optimizer``, so
+        # none of torch's optimizer hooks): their step is the step's optimizer phase, and ends
+        # the step, as torch's does (before, their time went to the next step's ``other``).
+        found = _own_methods(sys.modules.get(_FASTAI_OPTIMIZER), "Optimizer", "step")
+        if found is not None:
+            opt_cls, (opt_step,) = found
+            pre, post = self._opt_pre, self._opt_post
+
+            @functools.wraps(opt_step)
+            def step(optimizer: Any, /, *args: Any, **kwargs: Any) -> Any:
+                pre(optimizer, args, kwargs)
+                result = opt_step(optimizer, *args, **kwargs)
+                post(optimizer, args, kwargs)
+                return result
+
+            self._follow("fastai's optimizers", opt_cls, step=step)
 
     def _fastai_validated(self, recorder: Any) -> None:
         """A fastai validation ended: its Recorder's validation metrics (none when it was
