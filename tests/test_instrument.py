@@ -1805,9 +1805,20 @@ def test_a_fastai_learners_validation_is_its_evaluation(inst, monkeypatch):
     sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
     loss, accuracy = FastaiMetric("loss", torch.tensor(3.2)), FastaiMetric("accuracy", 0.15)
     recorder = Recorder([loss, accuracy, FastaiMetric("top_k_accuracy", torch.tensor(0.6))])
+    scaler = torch.amp.GradScaler("cuda", enabled=False)  # fastai's to_fp16() on a CPU
+
+    class MixedPrecision:  # fastai's: the scaler's stand-in optimizer, before the real one
+        def step(self):
+            self.skipped = False
+
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
-        train_step(model, opt, clock)
+        clock.advance(0.005)
+        objective = model(torch.randn(6, 4)).pow(2).mean()
+        opt.zero_grad()
+        objective.backward()
+        scaler.step(MixedPrecision())
+        opt.step()
         recorder.after_validate()
     recorder.cancel_valid = True
     recorder.after_validate()
@@ -1818,8 +1829,9 @@ def test_a_fastai_learners_validation_is_its_evaluation(inst, monkeypatch):
     assert float(evals[0]["top_k_accuracy"]) == pytest.approx(0.6)
     assert recorder.log == [loss.value, 0.15, recorder.metrics[2].value] * 2  # as before
     # fastai's optimizer: its step is the optimizer phase and ends the step, as torch's does
+    # (after the scaler's stand-in, not at it: each step's own optimizer in it)
     assert len(inst.fake.logs) == 2 and inst.fake.logs[-1]["samples"] == 6
-    assert inst.fake.logs[-1]["phases"]["optimizer"] == pytest.approx(0.004)
+    assert [log["phases"]["optimizer"] for log in inst.fake.logs] == pytest.approx([0.004] * 2)
     ddptui.log_eval(epoch=1, accuracy=0.5)  # the script's own: fastai's are not reported
     recorder.cancel_valid = False
     recorder.after_validate()

@@ -939,11 +939,17 @@ class Instrument:
         original_step = GradScaler.step
         inst = self
 
+        optimizer_type = torch.optim.Optimizer
+
         @functools.wraps(original_step)
         def step(scaler: Any, /, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             before = inst.hook_calls
             result = original_step(scaler, optimizer, *args, **kwargs)
-            if inst.hook_calls == before:  # no optimizer step ran: the scaler skipped it
+            # No optimizer step ran: the scaler skipped it. Known only of torch's optimizers,
+            # whose steps the hooks see: fastai's mixed precision hands the scaler a stand-in
+            # (its callback, whose ``step`` only notes that it was called) before its own
+            # optimizer steps, and each step ended there, its optimizer in the next one.
+            if inst.hook_calls == before and isinstance(optimizer, optimizer_type):
                 inst._scaler_skipped(optimizer)
             return result
 
