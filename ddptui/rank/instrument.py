@@ -904,9 +904,9 @@ class Instrument:
         before, after = self._backward_call, self._backward_return
         # A tensor subclass with ``__torch_function__`` (fastai's TensorBase, say) has
         # ``Tensor.backward`` call itself again through that dispatch: one backward, two calls
-        # of this wrapper. The inner call is only passed on: counted as
-        # well, fastai's losses were each read twice and added up (as the terms of one
-        # objective), twice its own (5.54 where its learner had 2.77).
+        # of this wrapper. The inner call is only passed on. Counted as well, each of fastai's
+        # losses was read twice and the two added up (as the terms of one objective): twice
+        # its own, 5.54 where its learner had 2.77.
         inside = threading.local()
 
         @functools.wraps(original)
@@ -938,7 +938,6 @@ class Instrument:
         self._patch(GradScaler, "scale", scale)
         original_step = GradScaler.step
         inst = self
-
         optimizer_type = torch.optim.Optimizer
 
         @functools.wraps(original_step)

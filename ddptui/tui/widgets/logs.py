@@ -132,7 +132,7 @@ class FollowingLog(Log):
     Textual's Log follows only when it is at its end at the moment of a write, counted with
     the horizontal scrollbar it had then: once the pane shrank (the phase bars took rows from
     it as the ranks started) or a line wider than the pane brought that scrollbar, its view
-    stayed where it was, and open_clip's run showed its first four lines for two minutes."""
+    stayed where it was: open_clip's run showed the same four early lines to its end."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
