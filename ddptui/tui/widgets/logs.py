@@ -156,6 +156,7 @@ class FollowingLog(Log):
 
     def watch_show_horizontal_scrollbar(self, shown: bool) -> None:
         if self.follows:  # the bar takes a row (or gives it back) after the write's layout
+            self._to_end()
             self.call_after_refresh(self._to_end)
 
     def _to_end(self) -> None:
