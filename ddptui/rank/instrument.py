@@ -1296,6 +1296,21 @@ class Instrument:
         except Exception as exc:
             self._fail(exc)
 
+    def _unfollowed(
+        self, flag: str, module: Any, name: str, class_name: str, *methods: str
+    ) -> tuple[type, list[Any]] | None:
+        """A framework's class ``class_name`` and its ``methods`` to wrap (see
+        :func:`_own_methods`), from ``module`` or the loaded module ``name``; None when it is
+        followed already (the attribute ``flag``) or not there. Marks it followed."""
+        if getattr(self, flag):
+            return None
+        found = _own_methods(
+            module if module is not None else sys.modules.get(name), class_name, *methods
+        )
+        if found is not None:
+            setattr(self, flag, True)
+        return found
+
     def _watch_ignite(self, torch: Any) -> None:
         """Follow PyTorch Ignite's engines from its import on, or now if it is loaded."""
         self._when_imported(_IGNITE, self._attach_ignite)
@@ -1307,15 +1322,10 @@ class Instrument:
         when the run completes and left in ``engine.state.metrics``, the same on each rank
         (see :meth:`_ignite_ran`). Attached when ``ignite.engine.engine`` is imported, else
         with the other frameworks."""
-        if self._ignite_attached:
-            return
-        if module is None:
-            module = sys.modules.get(_IGNITE)
-        found = _own_methods(module, "Engine", "run")
+        found = self._unfollowed("_ignite_attached", module, _IGNITE, "Engine", "run")
         if found is None:
             return
         cls, (original,) = found
-        self._ignite_attached = True
         inst = self
 
         @functools.wraps(original)
@@ -1389,15 +1399,10 @@ class Instrument:
         computed over every rank's predictions (fastai's distributed loaders gather them),
         the same on each rank. Reported from ``Recorder.after_validate``; attached when
         ``fastai.learner`` is imported."""
-        if self._fastai_attached:
-            return
-        if module is None:
-            module = sys.modules.get(_FASTAI)
-        found = _own_methods(module, "Recorder", "after_validate")
+        found = self._unfollowed("_fastai_attached", module, _FASTAI, "Recorder", "after_validate")
         if found is None:
             return
         cls, (original,) = found
-        self._fastai_attached = True
         inst = self
 
         @functools.wraps(original)
