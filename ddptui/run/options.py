@@ -130,7 +130,9 @@ class RunConfig:
 
     @property
     def target_label(self) -> str:
-        return target_label(dataclasses.asdict(self))
+        return target_label(
+            {"trainer": self.trainer, "script": self.script, "script_module": self.script_module}
+        )
 
     def to_json_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
