@@ -84,6 +84,21 @@ def fmt_rate(samples_per_s: float, counted: bool) -> str:
     return f"{samples_per_s:,.0f} samples/s" if counted else "-- samples/s"
 
 
+def fmt_first_step(mean: float, after: tuple[float, float] | None) -> str:
+    """`` (4,263 after its first step of 15.5 s)``: a run's rate after its first step
+    (``after``: that rate and the first step's seconds, :meth:`RunState.rate_after_first_step`)
+    beside its mean ``mean`` over every step, where the first step held the mean down by a
+    tenth or more (a first step that holds torch.compile's compilation or CUDA's warm-up);
+    else nothing (a first step no slower than the others explains nothing)."""
+    if after is None or not math.isfinite(after[0]) or after[0] <= 0.0:
+        return ""
+    rate, first = after
+    if rate < 1.1 * mean:
+        return ""
+    took = f"{first:.1f} s" if first < 59.95 else fmt_duration(first)
+    return f" ({rate:,.0f} after its first step of {took})"
+
+
 def fmt_samples(state: Any) -> str:
     """A run's samples (``RunState``): ``12,345 samples``; ``samples not counted`` once its
     ranks step without counting any (see :func:`fmt_rate`); ``0 samples`` before any step

@@ -21,6 +21,7 @@ from ddptui.formatting import (
     fmt_epoch,
     fmt_eta,
     fmt_eval,
+    fmt_first_step,
     fmt_num,
     fmt_rate,
     fmt_samples,
@@ -67,7 +68,11 @@ def over_run(state: RunState) -> str:
     """`` at 1,234 samples/s over the run`` (the ranks' samples over their steps' time), or nothing
     where :meth:`RunState.samples_per_s_over_run` knows none."""
     rate = state.samples_per_s_over_run()
-    return "" if rate is None else f" at {rate:,.0f} samples/s over the run"
+    if rate is None:
+        return ""
+    return f" at {rate:,.0f} samples/s over the run" + fmt_first_step(
+        rate, state.rate_after_first_step()
+    )
 
 
 def diagnosis_line(diagnosis: Diagnosis) -> str:

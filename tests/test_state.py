@@ -223,6 +223,97 @@ def test_after_a_restart_the_steps_of_one_number_are_one_step_of_the_new_attempt
     assert s.lockstep_time == pytest.approx(5 * 0.3 + 4 * 0.2)
 
 
+def compiled_run(ranks=(0, 1), phases=True, first=(15.5, 15.6), steps=300, step_time=0.1):
+    """nanoGPT under torch.compile (one H200, thirtieth session): its first step compiled
+    for 15.5 s, its 300 others took 4.5 s; 64 samples a step and rank."""
+    s = RunState("r", len(ranks))
+    for rank in ranks:
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+    t = 0.0
+    for n in range(1, steps + 2):
+        t += first[0] if n == 1 else step_time
+        for rank in ranks:
+            took = first[rank % len(first)] if n == 1 else step_time
+            if phases:
+                event = ddp_step(rank, n, n, t, took, samples=64)
+            else:
+                event = step(rank, n, n, t, samples=64, step_time=took)
+            s.apply(event, now=t)
+    return s, t
+
+
+@pytest.mark.parametrize("phases", [True, False])
+def test_a_first_step_that_compiled_is_told_apart_from_the_runs_rate(phases):
+    """The run's mean over its steps holds its first step's compilation (981 samples/s where
+    nanoGPT ran 4,621 after it): the rate after the first step and that step's seconds go
+    beside it, in the end line, the dashboard's header and summary.json. Under DDP the first
+    step is the run's least over the ranks (15.5 s); without DDP's phases, the longest rank's
+    (15.6 s)."""
+    from ddptui.headless import over_run
+    from ddptui.run.rundir import summarize
+
+    s, t = compiled_run(phases=phases)
+    assert s.lockstep is phases
+    first = 15.5 if phases else 15.6
+    mean = 2 * 301 * 64 / (first + 300 * 0.1)
+    after = 2 * 300 * 64 / (300 * 0.1)
+    assert s.final_samples_per_s() == pytest.approx(mean)
+    rate, took = s.rate_after_first_step()
+    assert rate == pytest.approx(after) and took == pytest.approx(first)
+    note = f" ({after:,.0f} after its first step of {first:.1f} s)"
+    s.finished_at, s.outcome = t, "finished"
+    assert over_run(s) == f" at {mean:,.0f} samples/s over the run{note}"
+    assert run_frame(s, t + 1.0).summary.startswith(f"{mean:,.0f} samples/s over the run{note}")
+    summary = summarize(s, "finished")
+    assert summary["samples_per_s"] == pytest.approx(mean)
+    assert summary["samples_per_s_after_first_step"] == pytest.approx(after)
+    assert summary["first_step_s"] == pytest.approx(first)
+
+
+def test_each_attempts_first_step_is_its_warm_up():
+    """A restarted run warms up again: its second attempt's first step (3.0 s) is left out of
+    the rate after the first step as the first attempt's (2.0 s) is."""
+    from ddptui.run.state import AttemptRecord
+
+    s = RunState("r", 2)
+    s.begin_attempt(AttemptRecord(0, 0.0))
+    seq = {0: 0, 1: 0}
+    for attempt, first in ((0, 2.0), (1, 3.0)):
+        if attempt:
+            s.begin_attempt(AttemptRecord(1, 10.0))
+        for n in range(1, 6):
+            for rank in (0, 1):
+                seq[rank] += 1
+                took = first + 0.1 * rank if n == 1 else 0.2
+                event = ddp_step(rank, seq[rank], n, 10 * attempt + n, took)
+                s.apply(msgspec.structs.replace(event, attempt=attempt), now=10 * attempt + n)
+    assert s.lockstep_time == pytest.approx(2.0 + 3.0 + 8 * 0.2)
+    rate, took = s.rate_after_first_step()
+    assert took == pytest.approx(5.0) and rate == pytest.approx(2 * 8 * 8 / (8 * 0.2))
+
+
+def test_no_rate_after_the_first_step_of_a_run_that_took_one_or_a_steady_one():
+    """One step is no rate after it; a first step like the others changes the mean by less
+    than a tenth, a fast one raises it: nothing is added to the line."""
+    from ddptui.formatting import fmt_first_step
+    from ddptui.run.rundir import summarize
+
+    one, _ = compiled_run(steps=0)
+    assert one.rate_after_first_step() is None
+    assert fmt_first_step(one.final_samples_per_s(), None) == ""
+    summary = summarize(one, "finished")
+    assert (summary["samples_per_s_after_first_step"], summary["first_step_s"]) == (None, None)
+    steady, _ = compiled_run(first=(0.5, 0.5), steps=100)
+    mean = steady.final_samples_per_s()
+    assert steady.rate_after_first_step()[0] == pytest.approx(1280.0)
+    assert mean == pytest.approx(2 * 101 * 64 / 10.5)  # 1,231: within a tenth
+    assert fmt_first_step(mean, steady.rate_after_first_step()) == ""
+    assert fmt_first_step(100.0, (200.0, 75.0)) == " (200 after its first step of 1m15s)"
+    assert fmt_first_step(100.0, (109.0, 5.0)) == ""
+    assert fmt_first_step(100.0, (50.0, 0.01)) == ""  # a first step faster than the others
+    assert fmt_first_step(100.0, (float("nan"), 5.0)) == ""
+
+
 def test_under_ddps_join_the_run_steps_as_long_as_its_last_rank():
     """The Join case with DDP's phases: the steps only rank 1 took are the run's, each its
     own time (the least of one rank)."""

@@ -194,6 +194,9 @@ def summarize(
         "samples": state.samples_total,
         # the ranks' means over their steps (None: no sample counted, or no rate known)
         "samples_per_s": _finite(state.samples_per_s_over_run()),
+        # the same after each attempt's first step (its warm-up: CUDA's, cuDNN's autotuning,
+        # torch.compile's compilation), and that first step's seconds; None where unknown
+        **_after_first_step(state),
         "events": _events_doc(state, events),
         "ranks": ranks,
         "failure": failure_doc,
@@ -201,6 +204,13 @@ def summarize(
         "restarts": max(0, len(attempts) - 1),
         "restart_refused": getattr(state, "restart_refused", None),
     }
+
+
+def _after_first_step(state) -> dict:
+    """summary.json's ``samples_per_s_after_first_step`` and ``first_step_s``."""
+    after = state.rate_after_first_step() if state.samples_per_s_over_run() is not None else None
+    rate, first = after if after is not None else (None, None)
+    return {"samples_per_s_after_first_step": _finite(rate), "first_step_s": _finite(first)}
 
 
 def _events_doc(state, events: dict[str, int] | None) -> dict:

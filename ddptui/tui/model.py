@@ -21,6 +21,7 @@ from ddptui.formatting import (
     fmt_epoch,
     fmt_eta,
     fmt_eval,
+    fmt_first_step,
     fmt_num,
     fmt_rate,
     fmt_samples,
@@ -207,10 +208,12 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     # Live: the ranks' current rates. Ended: their means over the run (no rank runs, so
     # "0 samples/s" would say nothing about the run, and the last step's rate little).
     counted = state.samples_counted
+    mean = state.final_samples_per_s() if state.outcome is not None else 0.0
     rate = (
         fmt_rate(live_rate, counted)
         if state.outcome is None
-        else f"{fmt_rate(state.final_samples_per_s(), counted)} over the run"
+        else f"{fmt_rate(mean, counted)} over the run"
+        + (fmt_first_step(mean, state.rate_after_first_step()) if counted else "")
     )
     parts = [
         rate,
