@@ -2,6 +2,7 @@
 hooks, a fake clock advanced by the model, data and optimizer themselves, so every phase has
 an exact expected value."""
 
+import enum
 import functools
 import gc
 import math
@@ -1839,6 +1840,91 @@ def test_a_fastai_learners_validation_is_its_evaluation(inst, monkeypatch):
     assert [e["accuracy"] for e in inst.fake.evals] == [0.15, 0.15, 0.5]
     instrument.uninstall()
     assert "__wrapped__" not in Recorder.__dict__["after_validate"].__dict__  # put back
+
+
+class SpeechBrainStage(enum.Enum):
+    """SpeechBrain's ``speechbrain.core.Stage``."""
+
+    TRAIN = enum.auto()
+    VALID = enum.auto()
+    TEST = enum.auto()
+
+
+class Brain:
+    """SpeechBrain's ``Brain`` (1.1) as far as the hooks see it: ``_fit_valid`` validates
+    (the modules in eval mode, no gradients, the batches' losses averaged) and hands the
+    mean to ``on_stage_end``, the script's override; ``evaluate`` tests the same way."""
+
+    def __init__(self, model, batches):
+        self.model, self.batches = model, batches
+
+    def _run(self, stage, epoch):
+        self.model.eval()
+        average = 0.0
+        with torch.no_grad():
+            for n, batch in enumerate(self.batches, start=1):
+                loss = self.model(batch).pow(2).mean()
+                average += (float(loss) - average) / n
+        self.model.train()
+        self.on_stage_end(stage, average, epoch)
+        return average
+
+    def _fit_valid(self, valid_set, epoch, enable):
+        if valid_set is not None:
+            return self._run(SpeechBrainStage.VALID, epoch)
+        return None
+
+    def evaluate(self, test_set):
+        return self._run(SpeechBrainStage.TEST, None)
+
+    def on_stage_end(self, stage, stage_loss, epoch=None):
+        pass
+
+
+def test_a_speechbrain_brains_validation_loss_is_its_evaluation(inst, monkeypatch):
+    """SpeechBrain's LM template under ddptui (2 ranks, gloo): each epoch ended with a
+    validation whose loss SpeechBrain logs (``valid loss: 5.67``), and ddptui said the script
+    reported no evaluation. The loss its ``on_stage_end`` gets is the epoch's evaluation;
+    no validation set, the test stage, or a script that reports evaluations itself: none.
+    The script's ``on_stage_end`` runs as before, and the brain keeps no attribute of ours."""
+    fake_module(monkeypatch, "speechbrain.core", Brain=Brain, Stage=SpeechBrainStage)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))  # SpeechBrain followed from here
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+
+    class LM(Brain):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.seen = []
+
+        def on_stage_end(self, stage, stage_loss, epoch=None):
+            self.seen.append((stage.name, round(stage_loss, 6), epoch))
+
+    batches = [torch.randn(4, 4) for _ in range(3)]
+    brain = LM(model, batches)
+    losses = []
+    for epoch in (1, 2):
+        sampler.set_epoch(epoch)
+        train_step(model, opt, clock)
+        losses.append(brain._fit_valid(batches, epoch, enable=True))
+    assert brain._fit_valid(None, 3, enable=True) is None  # no validation set
+    brain.evaluate(batches)  # the test stage: no epoch's evaluation
+    inst.flush()
+    evals = inst.fake.evals
+    assert [(e["epoch"], e["loss"]) for e in evals] == [
+        (1, pytest.approx(losses[0])),
+        (2, pytest.approx(losses[1])),
+    ]
+    assert all(e.get("accuracy") is None for e in evals)
+    assert [stage for stage, _, _ in brain.seen] == ["VALID", "VALID", "TEST"]
+    assert "on_stage_end" not in vars(brain)
+    ddptui.log_eval(epoch=2, accuracy=0.5)  # the script's own: SpeechBrain's are not reported
+    brain._fit_valid(batches, 2, enable=True)
+    inst.flush()
+    assert len(inst.fake.evals) == 3 and inst.fake.evals[-1]["accuracy"] == 0.5
+    instrument.uninstall()
+    assert "__wrapped__" not in Brain.__dict__["_fit_valid"].__dict__  # put back
 
 
 @pytest.mark.parametrize(("accumulate", "steps"), [(1, 10), (2, 5), (3, 3)])

@@ -308,6 +308,10 @@ _IGNITE = "ignite.engine.engine"
 _FASTAI = "fastai.learner"
 #: fastai's optimizers (loaded by its learner): their steps are the steps' optimizer phase.
 _FASTAI_OPTIMIZER = "fastai.optimizer"
+#: No such attribute (where None is a value).
+_ABSENT = object()
+#: SpeechBrain's ``Brain``: the validation loss its ``fit`` computes each epoch is reported.
+_SPEECHBRAIN = "speechbrain.core"
 #: Most datasets of ignite engines that trained remembered (see Instrument._ignite_ran).
 MAX_IGNITE_TRAINED = 64
 #: How far down an evaluator's data is followed to the datasets it reads (its loader's
@@ -725,6 +729,7 @@ class Instrument:
         self._ignite_runs: list[Any] = []
         self._ignite_trained: set[int] = set()
         self._fastai_attached = False
+        self._speechbrain_attached = False
         self._steps_ended = 0  # training steps ended in this process
         #: An evaluation pass (a DDP module's forward not training) ended since the last
         #: training forward, and no accuracy was taken from it yet (see _metric_computed).
@@ -752,6 +757,7 @@ class Instrument:
             self._watch_torchmetrics,
             self._watch_ignite,
             self._watch_fastai,
+            self._watch_speechbrain,
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_jit,
@@ -1443,6 +1449,67 @@ class Instrument:
                 if isinstance(name, str) and name not in numbers and _logged_scalar(value, tensor):
                     numbers[name] = value
             self._metrics_eval(numbers)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _watch_speechbrain(self, torch: Any) -> None:
+        """Follow SpeechBrain's brains from its import on, or now if it is loaded."""
+        self._when_imported(_SPEECHBRAIN, self._attach_speechbrain)
+
+    def _attach_speechbrain(self, module: Any = None) -> None:
+        """SpeechBrain's validations: ``Brain.fit`` validates after each epoch's training
+        (``Brain._fit_valid``: the modules in eval mode, no gradients, the batches' losses
+        averaged), then hands that loss to the script's ``on_stage_end(Stage.VALID, loss,
+        epoch)``, which logs it with its own metrics. The loss is reported as the epoch's
+        evaluation: it is the whole validation set's on every rank, as SpeechBrain gives only
+        the training set a DistributedSampler. ``on_stage_end`` is the script's override, so
+        it is followed on the brain itself while its validation runs. Attached when
+        ``speechbrain.core`` is imported."""
+        found = self._unfollowed(
+            "_speechbrain_attached", module, _SPEECHBRAIN, "Brain", "_fit_valid"
+        )
+        if found is None:
+            return
+        cls, (original,) = found
+        inst = self
+
+        @functools.wraps(original)
+        def _fit_valid(brain: Any, /, *args: Any, **kwargs: Any) -> Any:
+            ended: list[tuple[Any, Any]] = []
+            own = getattr(brain, "__dict__", None)
+            if not isinstance(own, dict):  # no attributes of its own: not followed
+                return original(brain, *args, **kwargs)
+            kept = own.get("on_stage_end", _ABSENT)
+            stage_end = brain.on_stage_end
+
+            def on_stage_end(*a: Any, **kw: Any) -> Any:
+                stage = a[0] if a else kw.get("stage")
+                ended.append((stage, a[1] if len(a) > 1 else kw.get("stage_loss")))
+                return stage_end(*a, **kw)
+
+            own["on_stage_end"] = on_stage_end
+            try:
+                result = original(brain, *args, **kwargs)
+            finally:
+                if kept is _ABSENT:
+                    own.pop("on_stage_end", None)
+                else:
+                    own["on_stage_end"] = kept
+            inst._speechbrain_validated(ended)
+            return result
+
+        self._follow("SpeechBrain's validations", cls, _fit_valid=_fit_valid)
+
+    def _speechbrain_validated(self, ended: list[tuple[Any, Any]]) -> None:
+        """A SpeechBrain validation ended: the loss of its ``VALID`` stage, if it ran one
+        (no validation set: none), as an evaluation, unless the script reports evaluations
+        itself."""
+        if self.disabled or self.explicit_eval:
+            return
+        try:
+            losses = [loss for stage, loss in ended if getattr(stage, "name", None) == "VALID"]
+            if len(losses) == 1 and _logged_scalar(losses[0], self.torch.Tensor):
+                self._framework_eval(losses[0], None, {})
         except Exception as exc:
             self._fail(exc)
 
@@ -2234,8 +2301,8 @@ class Instrument:
 
     def _attach_frameworks(self) -> None:
         """Follow HF accelerate's loaders, the HF Trainer's evaluations and training loss,
-        PyTorch Lightning's validations, torchmetrics, ignite's and fastai's evaluations,
-        where loaded and not yet followed."""
+        PyTorch Lightning's validations, torchmetrics, ignite's, fastai's and SpeechBrain's
+        evaluations, where loaded and not yet followed."""
         if not self._accelerate_attached:
             self._attach_accelerate()
         if not self._transformers_attached:
@@ -2248,6 +2315,8 @@ class Instrument:
             self._attach_ignite()
         if not self._fastai_attached:
             self._attach_fastai()
+        if not self._speechbrain_attached:
+            self._attach_speechbrain()
 
     def _drain(self) -> bool:
         """The drainer thread's work: send the finished steps that can go. Returns whether
