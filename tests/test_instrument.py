@@ -80,6 +80,7 @@ class FakeReporter:
         self.logs = []
         self.evals = []
         self.notes = []
+        self.announced = []
         self.times = []
         self.flushes = 0
         self.before = None
@@ -96,6 +97,9 @@ class FakeReporter:
 
     def note(self, code, **numbers):
         self.notes.append((code, numbers))
+
+    def started(self, **values):
+        self.announced.append(values)
 
     def before_send(self, flush):
         self.before = flush
@@ -1877,6 +1881,9 @@ class Brain:
     def evaluate(self, test_set):
         return self._run(SpeechBrainStage.TEST, None)
 
+    def fit(self, epoch_counter, train_set, valid_set=None, progressbar=None):
+        self.fitted = epoch_counter.limit
+
     def on_stage_end(self, stage, stage_loss, epoch=None):
         pass
 
@@ -1925,6 +1932,49 @@ def test_a_speechbrain_brains_validation_loss_is_its_evaluation(inst, monkeypatc
     assert len(inst.fake.evals) == 3 and inst.fake.evals[-1]["accuracy"] == 0.5
     instrument.uninstall()
     assert "__wrapped__" not in Brain.__dict__["_fit_valid"].__dict__  # put back
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning", "speechbrain"])
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_frameworks_planned_epochs_are_announced_once(inst, monkeypatch, framework, cut):
+    """SpeechBrain's LM template, 2 epochs (its ``number_of_epochs``), under ddptui without
+    ``--epochs``: its progress and ETA said "epochs unknown: --epochs N". The epochs a
+    framework plans are announced with the rank, once: the HF Trainer's
+    ``state.num_train_epochs`` and Lightning's ``max_epochs`` where no ``max_steps`` ends the
+    run first (``cut``: none then), SpeechBrain's epoch counter's ``limit``. Nothing out of
+    range (0, a bool, a float, more than a million)."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    if framework == "hf":
+        fake_module(monkeypatch, "transformers.trainer", Trainer=StepTrainer)
+        model = DistributedDataParallel(Net(clock))  # the Trainer followed from here
+        trainer = StepTrainer(model)
+        trainer.args = types.SimpleNamespace(max_steps=40 if cut else -1)
+        for epochs in (3, 3, 3, True, 2.0, 0, 10**7):
+            trainer.state = types.SimpleNamespace(num_train_epochs=epochs)
+            trainer.training_step(model, torch.randn(6, 4))
+            opt.step()
+    elif framework == "lightning":
+        loop_module = "lightning.pytorch.loops.training_epoch_loop"
+        fake_module(monkeypatch, loop_module, _TrainingEpochLoop=TrainingEpochLoop)
+        model = DistributedDataParallel(Net(clock))
+        data = torch.utils.data.TensorDataset(torch.randn(12, 4))
+        loader = torch.utils.data.DataLoader(data, batch_size=4)
+        for epochs in (3, 3, None, -1):
+            loop = TrainingEpochLoop(model, opt, loader, 3, 1)
+            loop.trainer.max_epochs, loop.trainer.max_steps = epochs, 7 if cut else -1
+            loop.run()
+    else:
+        fake_module(monkeypatch, "speechbrain.core", Brain=Brain, Stage=SpeechBrainStage)
+        model = DistributedDataParallel(Net(clock))
+        brain = Brain(model, [])
+        for limit in (3, 3, 0, 3.5):
+            brain.fit(types.SimpleNamespace(limit=limit), None)
+        assert brain.fitted == 3.5  # SpeechBrain's fit as before
+        cut = False  # SpeechBrain's counter is its plan
+    inst.flush()
+    assert inst.fake.announced == ([] if cut else [{"epochs": 3}])
 
 
 @pytest.mark.parametrize(("accumulate", "steps"), [(1, 10), (2, 5), (3, 3)])

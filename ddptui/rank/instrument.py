@@ -317,6 +317,8 @@ MAX_IGNITE_TRAINED = 64
 #: How far down an evaluator's data is followed to the datasets it reads (its loader's
 #: dataset, a Subset's, ...) to find a trainer's dataset.
 MAX_DATA_DEPTH = 4
+#: Most epochs a framework's plan announces (``--epochs`` takes as many).
+MAX_PLANNED_EPOCHS = 1_000_000
 #: Most steps a ``loader_steps`` note says (protocol.MAX_NOTE_NUMBER, without loading it).
 MAX_LOADER_STEPS = 1_000_000_000
 
@@ -730,6 +732,8 @@ class Instrument:
         self._ignite_trained: set[int] = set()
         self._fastai_attached = False
         self._speechbrain_attached = False
+        #: The epochs a framework's plan announced last (see _plan_epochs).
+        self._epochs_planned: int | None = None
         self._steps_ended = 0  # training steps ended in this process
         #: An evaluation pass (a DDP module's forward not training) ended since the last
         #: training forward, and no accuracy was taken from it yet (see _metric_computed).
@@ -1142,6 +1146,11 @@ class Instrument:
             @functools.wraps(training_step)
             def step(trainer: Any, /, *args: Any, **kwargs: Any) -> Any:
                 inst._summed_losses = True
+                # Its plan: whole epochs where no max_steps cuts the last one short.
+                if getattr(getattr(trainer, "args", None), "max_steps", 0) in (0, -1, None):
+                    inst._plan_epochs(
+                        getattr(getattr(trainer, "state", None), "num_train_epochs", 0)
+                    )
                 return training_step(trainer, *args, **kwargs)
 
             self._follow("the HF Trainer's training loss", cls, training_step=step)
@@ -1204,9 +1213,14 @@ class Instrument:
                 # The batches Lightning takes from the training loader this epoch:
                 # ``limit_train_batches`` (20 of the 860 its loader holds on each of 2 ranks
                 # in its backbone example: the first epoch's ETA was 43 times too long).
-                batches = getattr(getattr(loop, "trainer", None), "num_training_batches", 0)
+                trainer = getattr(loop, "trainer", None)
+                batches = getattr(trainer, "num_training_batches", 0)
                 if type(batches) is int and batches > 0:
                     inst._pass_limit = batches
+                # Its plan: max_epochs (1,000 where neither it nor max_steps is given), unless
+                # max_steps ends the run first.
+                if getattr(trainer, "max_steps", -1) in (-1, None):
+                    inst._plan_epochs(getattr(trainer, "max_epochs", None))
                 return original(loop, *args, **kwargs)
 
             return run
@@ -1452,6 +1466,24 @@ class Instrument:
         except Exception as exc:
             self._fail(exc)
 
+    def _plan_epochs(self, epochs: Any) -> None:
+        """A framework's planned epochs (Lightning's ``max_epochs``, the HF Trainer's
+        ``num_train_epochs``, SpeechBrain's epoch counter's ``limit``): announced with the
+        rank, for the dashboard's progress and ETA where the run has none (``--epochs``, or
+        the script's ``ddptui.started(epochs=…)`` before it: the dashboard keeps the first it
+        gets). A whole number from 1 to :data:`MAX_PLANNED_EPOCHS`, each once."""
+        if self.disabled or type(epochs) is not int or epochs == self._epochs_planned:
+            return
+        if not 0 < epochs <= MAX_PLANNED_EPOCHS:
+            return
+        self._epochs_planned = epochs
+        try:
+            from ddptui.rank import reporter as reporter_module
+
+            reporter_module.get_reporter().started(epochs=epochs)
+        except Exception as exc:
+            self._fail(exc)
+
     def _watch_speechbrain(self, torch: Any) -> None:
         """Follow SpeechBrain's brains from its import on, or now if it is loaded."""
         self._when_imported(_SPEECHBRAIN, self._attach_speechbrain)
@@ -1466,12 +1498,19 @@ class Instrument:
         it is followed on the brain itself while its validation runs. Attached when
         ``speechbrain.core`` is imported."""
         found = self._unfollowed(
-            "_speechbrain_attached", module, _SPEECHBRAIN, "Brain", "_fit_valid"
+            "_speechbrain_attached", module, _SPEECHBRAIN, "Brain", "_fit_valid", "fit"
         )
         if found is None:
             return
-        cls, (original,) = found
+        cls, (original, original_fit) = found
         inst = self
+
+        @functools.wraps(original_fit)
+        def fit(brain: Any, /, *args: Any, **kwargs: Any) -> Any:
+            # Its plan: the epoch counter's limit (epochs counted from 1).
+            counter = args[0] if args else kwargs.get("epoch_counter")
+            inst._plan_epochs(getattr(counter, "limit", None))
+            return original_fit(brain, *args, **kwargs)
 
         @functools.wraps(original)
         def _fit_valid(brain: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -1498,7 +1537,7 @@ class Instrument:
             inst._speechbrain_validated(ended)
             return result
 
-        self._follow("SpeechBrain's validations", cls, _fit_valid=_fit_valid)
+        self._follow("SpeechBrain's validations", cls, _fit_valid=_fit_valid, fit=fit)
 
     def _speechbrain_validated(self, ended: list[tuple[Any, Any]]) -> None:
         """A SpeechBrain validation ended: the loss of its ``VALID`` stage, if it ran one
