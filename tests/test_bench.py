@@ -250,6 +250,9 @@ def test_plan_with_gpus_defaults_and_dp(tmp_path):
         (["--trainer", "nope"], "unknown trainer 'nope'"),
         (["--script", "/no/such.py"], "script not found: /no/such.py"),
         (["--script", "x.py", "--amp", "off,bf16"], "--amp is for the built-in trainers"),
+        (["--module", "no_such_module_here"], "no_such_module_here"),
+        (["--module", "x", "--script", "x.py"], "give one of them"),
+        (["--module", "x", "--lr", "0.1"], "--lr is for the built-in trainers"),
         (["--lr", "fast"], "--lr must be a number"),
     ],
 )
@@ -260,6 +263,24 @@ def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch)
     assert err.count("\n") == 1 and err.startswith("ddptui: error: ")
     assert message in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_bench_of_the_users_module_runs_it_as_python_m(tmp_path, monkeypatch):
+    """``ddptui bench --module NAME``, as a run takes it: each configuration runs the
+    module found from the current directory, its arguments after ``--``."""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("print('training')\n")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--bench-dir", str(tmp_path / "b"), "--module", "mypkg.train", "--world-size", "1,2"]
+    args = _args(argv)
+    args.script_args = ("--lr", "3")  # what ddptui passes on after --
+    opts = bench.plan_bench(args, NO_CUDA)
+    assert [p.cfg.script_module for p in opts.plan] == ["mypkg.train"] * 2
+    assert all(p.cfg.script == str(pkg / "train.py") for p in opts.plan)
+    assert opts.plan[0].cfg.script_args == ("--lr", "3")
+    assert "mypkg.train" in opts.target
 
 
 def test_an_existing_bench_is_not_overwritten(tmp_path, capsys):

@@ -65,7 +65,7 @@ MD_FILE = "bench.md"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Run a matrix of configurations one at a time and measure which is fastest here. "
-        "Arguments after '--' go to the trainer or your --script."
+        "Arguments after '--' go to the trainer or your --script or --module."
     )
     p.add_argument("--no-ui", action="store_true", help="print to the console, no dashboard")
     m = p.add_argument_group("matrix (comma-separated lists)")
@@ -95,6 +95,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run options (the same for every configuration)")
     g.add_argument("--trainer", help="built-in trainer (default synthetic)")
     g.add_argument("--script", help="your own training script")
+    g.add_argument(
+        "--module",
+        dest="script_module",
+        metavar="NAME",
+        help="your own training module, run as python -m NAME",
+    )
     g.add_argument("--batch-size", help="batch size per rank")
     g.add_argument("--lr", help="learning rate")
     g.add_argument("--seed", help="random seed (default 0)")
@@ -245,6 +251,7 @@ def plan_bench(args: argparse.Namespace, machine: Any = None) -> BenchOptions:
     common = {
         "trainer": args.trainer,
         "script": args.script,
+        "script_module": getattr(args, "script_module", None),
         "batch_size": args.batch_size,
         "lr": args.lr,
         "seed": args.seed,
