@@ -89,11 +89,12 @@ def fmt_first_step(mean: float, after: tuple[float, float] | None) -> str:
     (``after``: that rate and the first step's seconds, :meth:`RunState.rate_after_first_step`)
     beside its mean ``mean`` over every step, where the first step held the mean down by a
     tenth or more (a first step that holds torch.compile's compilation or CUDA's warm-up);
-    else nothing (a first step no slower than the others explains nothing)."""
+    else nothing (a first step no slower than the others explains nothing, and two rates
+    that read the same, as fastai's 4 samples/s over the run and after it, neither)."""
     if after is None or not math.isfinite(after[0]) or after[0] <= 0.0:
         return ""
     rate, first = after
-    if rate < 1.1 * mean:
+    if rate < 1.1 * mean or f"{rate:,.0f}" == f"{mean:,.0f}":  # the same as shown: no news
         return ""
     took = f"{first:.1f} s" if first < 59.95 else fmt_duration(first)
     return f" ({rate:,.0f} after its first step of {took})"

@@ -1778,6 +1778,14 @@ class Recorder:
         self.log += [m.value for m in self._valid_mets]
 
 
+class Learner:
+    """fastai's ``Learner`` as far as its plan goes: ``fit(n_epoch)``, which
+    ``fit_one_cycle`` and the others call."""
+
+    def fit(self, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, start_epoch=0):
+        self.n_epoch = n_epoch
+
+
 class FastaiOptimizer:
     """fastai's ``Optimizer`` as far as the hooks see it: no ``torch.optim.Optimizer``; its
     step (here plain SGD) takes ``seconds`` of the fake clock."""
@@ -1934,14 +1942,15 @@ def test_a_speechbrain_brains_validation_loss_is_its_evaluation(inst, monkeypatc
     assert "__wrapped__" not in Brain.__dict__["_fit_valid"].__dict__  # put back
 
 
-@pytest.mark.parametrize("framework", ["hf", "lightning", "speechbrain"])
+@pytest.mark.parametrize("framework", ["hf", "lightning", "fastai", "speechbrain"])
 @pytest.mark.parametrize("cut", [False, True])
 def test_a_frameworks_planned_epochs_are_announced_once(inst, monkeypatch, framework, cut):
     """SpeechBrain's LM template, 2 epochs (its ``number_of_epochs``), under ddptui without
     ``--epochs``: its progress and ETA said "epochs unknown: --epochs N". The epochs a
     framework plans are announced with the rank, once: the HF Trainer's
     ``state.num_train_epochs`` and Lightning's ``max_epochs`` where no ``max_steps`` ends the
-    run first (``cut``: none then), SpeechBrain's epoch counter's ``limit``. Nothing out of
+    run first (``cut``: none then), fastai's ``fit(n_epoch)``, SpeechBrain's epoch counter's
+    ``limit``. Nothing out of
     range (0, a bool, a float, more than a million)."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
@@ -1965,6 +1974,15 @@ def test_a_frameworks_planned_epochs_are_announced_once(inst, monkeypatch, frame
             loop = TrainingEpochLoop(model, opt, loader, 3, 1)
             loop.trainer.max_epochs, loop.trainer.max_steps = epochs, 7 if cut else -1
             loop.run()
+    elif framework == "fastai":
+        fake_module(monkeypatch, "fastai.learner", Recorder=Recorder, Learner=Learner)
+        model = DistributedDataParallel(Net(clock))
+        learner = Learner()
+        for n_epoch in (3, 3, -1):
+            learner.fit(n_epoch, lr=0.01)
+        learner.fit(n_epoch=3)
+        assert learner.n_epoch == 3  # fastai's fit as before
+        cut = False
     else:
         fake_module(monkeypatch, "speechbrain.core", Brain=Brain, Stage=SpeechBrainStage)
         model = DistributedDataParallel(Net(clock))

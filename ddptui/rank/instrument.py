@@ -1432,6 +1432,17 @@ class Instrument:
             return result
 
         self._follow("fastai's validations", cls, after_validate=after_validate)
+        # Its plan: ``Learner.fit(n_epoch, …)``, which fit_one_cycle and the others call.
+        found = _own_methods(module or sys.modules.get(_FASTAI), "Learner", "fit")
+        if found is not None:
+            learner_cls, (fit,) = found
+
+            @functools.wraps(fit)
+            def planned_fit(learner: Any, /, *args: Any, **kwargs: Any) -> Any:
+                inst._plan_epochs(args[0] if args else kwargs.get("n_epoch"))
+                return fit(learner, *args, **kwargs)
+
+            self._follow("fastai's epochs", learner_cls, fit=planned_fit)
         # fastai's own optimizers (its ``Adam``, ``SGD``...: no ``torch.optim.Optimizer``, so
         # none of torch's optimizer hooks): their step is the step's optimizer phase, and ends
         # the step, as torch's does (before, their time went to the next step's ``other``).
@@ -1468,7 +1479,8 @@ class Instrument:
 
     def _plan_epochs(self, epochs: Any) -> None:
         """A framework's planned epochs (Lightning's ``max_epochs``, the HF Trainer's
-        ``num_train_epochs``, SpeechBrain's epoch counter's ``limit``): announced with the
+        ``num_train_epochs``, fastai's ``fit(n_epoch)``, SpeechBrain's epoch counter's
+        ``limit``): announced with the
         rank, for the dashboard's progress and ETA where the run has none (``--epochs``, or
         the script's ``ddptui.started(epochs=…)`` before it: the dashboard keeps the first it
         gets). A whole number from 1 to :data:`MAX_PLANNED_EPOCHS`, each once."""
