@@ -1480,10 +1480,10 @@ class Instrument:
     def _plan_epochs(self, epochs: Any) -> None:
         """A framework's planned epochs (Lightning's ``max_epochs``, the HF Trainer's
         ``num_train_epochs``, fastai's ``fit(n_epoch)``, SpeechBrain's epoch counter's
-        ``limit``): announced with the
-        rank, for the dashboard's progress and ETA where the run has none (``--epochs``, or
-        the script's ``ddptui.started(epochs=…)`` before it: the dashboard keeps the first it
-        gets). A whole number from 1 to :data:`MAX_PLANNED_EPOCHS`, each once."""
+        ``limit``): announced with the rank, for the dashboard's progress and ETA where the
+        run has none (``--epochs``, or the script's ``ddptui.started(epochs=…)`` before it:
+        the dashboard keeps the first it gets). A whole number from 1 to
+        :data:`MAX_PLANNED_EPOCHS`, each once."""
         if self.disabled or type(epochs) is not int or epochs == self._epochs_planned:
             return
         if not 0 < epochs <= MAX_PLANNED_EPOCHS:
