@@ -1684,7 +1684,8 @@ def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(ins
     training set, then over the validation set, the other part of a ``random_split`` of one
     dataset. The validation set's are the epoch's evaluation; the training set's are not
     one, during training or after it; a metric of several values (per-class precision) is no
-    number to report."""
+    number to report. The trainer's ``max_epochs`` is the run's plan (its epochs and ETA
+    without ``--epochs``)."""
     from ignite.engine import Engine, Events
     from ignite.metrics import Accuracy, Loss, Precision
 
@@ -1739,6 +1740,7 @@ def test_an_ignite_evaluators_metrics_are_its_evaluation_not_a_training_sets(ins
                 seen.append(dict(state.metrics))
 
     trainer.run(train_loader, max_epochs=2)
+    assert inst.fake.announced == [{"epochs": 2}]  # the trainer's plan, not an evaluator's
     for name in ("train", "train part"):  # after training: still the training set
         evaluators[name].run(loaders[name])
     inst.flush()

@@ -729,6 +729,7 @@ class Instrument:
         #: The data of the ignite ``Engine.run`` calls under way, outermost first; and the
         #: ids of the data (and datasets) of those that ran training steps.
         self._ignite_runs: list[Any] = []
+        self._ignite_engines: list[Any] = []  # their engines
         self._ignite_trained: set[int] = set()
         self._fastai_attached = False
         self._speechbrain_attached = False
@@ -1353,10 +1354,12 @@ class Instrument:
             data = kwargs.get("data", args[0] if args else None)
             before = inst._steps_ended
             inst._ignite_runs.append(data)
+            inst._ignite_engines.append(engine)
             try:
                 state = original(engine, *args, **kwargs)
             finally:
                 inst._ignite_runs.pop()
+                inst._ignite_engines.pop()
             inst._ignite_ran(engine, data, before)
             return state
 
@@ -1479,7 +1482,8 @@ class Instrument:
 
     def _plan_epochs(self, epochs: Any) -> None:
         """A framework's planned epochs (Lightning's ``max_epochs``, the HF Trainer's
-        ``num_train_epochs``, fastai's ``fit(n_epoch)``, SpeechBrain's epoch counter's
+        ``num_train_epochs``, the ``max_epochs`` of the ignite engine whose run draws the
+        training batches, fastai's ``fit(n_epoch)``, SpeechBrain's epoch counter's
         ``limit``): announced with the rank, for the dashboard's progress and ETA where the
         run has none (``--epochs``, or the script's ``ddptui.started(epochs=…)`` before it:
         the dashboard keeps the first it gets). A whole number from 1 to
@@ -2282,6 +2286,12 @@ class Instrument:
         self._acc = _NO_PHASES.copy()
         self._step_wait = None
         self._steps_ended += 1
+        if self._ignite_engines and self._epochs_planned is None:
+            # The ignite engine whose run ends a training step trains (an evaluator never
+            # does, though its first batch may come while the model is still in training
+            # mode): its max_epochs is the run's plan.
+            state = getattr(self._ignite_engines[-1], "state", None)
+            self._plan_epochs(getattr(state, "max_epochs", None))
         if custom:
             self._custom = {}
         # With DDP, its training forwards' samples, but no more than the batches the step
