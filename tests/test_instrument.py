@@ -1771,6 +1771,7 @@ class Recorder:
 
     def __init__(self, metrics):
         self.metrics, self.cancel_valid, self.log = metrics, False, []
+        self.learn = types.SimpleNamespace(cbs=[self])
 
     @property
     def _valid_mets(self):
@@ -1810,8 +1811,10 @@ def test_a_fastai_learners_validation_is_its_evaluation(inst, monkeypatch):
     """fastai's ``distrib.py`` example (``learn.distrib_ctx()``, ``fit_flat_cos``): each epoch
     ends with a validation whose loss and metrics fastai gathers over the ranks; it prints
     them as its table (valid_loss, accuracy, top_k_accuracy), and ddptui said the script
-    reported no evaluation. A cancelled validation is none; a script that reports its own
-    evaluations keeps them its own. Its optimizer, none of torch's, is followed too."""
+    reported no evaluation. A cancelled validation is none, nor a pass of ``get_preds``
+    (a test set's loss and accuracy were reported as the last epoch's); a script that
+    reports its own evaluations keeps them its own. Its optimizer, none of torch's, is
+    followed too."""
     fake_module(monkeypatch, "fastai.learner", Recorder=Recorder)
     fake_module(monkeypatch, "fastai.optimizer", Optimizer=FastaiOptimizer)
     clock = inst.fake_clock
@@ -1837,6 +1840,15 @@ def test_a_fastai_learners_validation_is_its_evaluation(inst, monkeypatch):
         recorder.after_validate()
     recorder.cancel_valid = True
     recorder.after_validate()
+
+    class GatherPredsCallback:  # fastai's, among the learner's callbacks while get_preds runs
+        pass
+
+    recorder.cancel_valid = False
+    recorder.learn.cbs.append(GatherPredsCallback())
+    recorder.after_validate()  # learn.get_preds(dl=test_dl): predictions, no validation
+    recorder.learn.cbs.pop()
+    recorder.log = recorder.log[:-3]
     inst.flush()
     evals = inst.fake.evals
     assert [e["epoch"] for e in evals] == [0, 1]

@@ -1466,10 +1466,16 @@ class Instrument:
     def _fastai_validated(self, recorder: Any) -> None:
         """A fastai validation ended: its Recorder's validation metrics (none when it was
         cancelled, or the learner keeps none) as an evaluation, unless the script reports
-        evaluations itself."""
+        evaluations itself. Not a pass of ``get_preds`` (``tta``, an interpretation's): it
+        validates on the data it is given, a test set's labelled batches say, and fastai
+        gathers its predictions with a ``GatherPredsCallback`` among the learner's; after
+        ``fit`` a test set's loss and accuracy were reported as the last epoch's."""
         if self.disabled or self.explicit_eval:
             return
         try:
+            callbacks = getattr(getattr(recorder, "learn", None), "cbs", None) or ()
+            if any(type(cb).__name__ == "GatherPredsCallback" for cb in callbacks):
+                return  # ``get_preds``'s pass (predictions, on any data): no validation
             tensor = self.torch.Tensor
             numbers: dict[str, Any] = {}
             for metric in recorder._valid_mets:
