@@ -224,8 +224,9 @@ def test_after_a_restart_the_steps_of_one_number_are_one_step_of_the_new_attempt
 
 
 def compiled_run(ranks=(0, 1), phases=True, first=(15.5, 15.6), steps=300, step_time=0.1):
-    """nanoGPT under torch.compile (one H200, thirtieth session): its first step compiled
-    for 15.5 s, its 300 others took 4.5 s; 64 samples a step and rank."""
+    """A run shaped as nanoGPT under torch.compile was on one H200 (thirtieth session): a
+    first step that compiled for 15.5 s (15.6 s on rank 1), then ``steps`` short ones (here
+    ``step_time`` each); 64 samples a step and rank."""
     s = RunState("r", len(ranks))
     for rank in ranks:
         s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
