@@ -24,9 +24,17 @@ def fmt_eta(state: Any, now: float) -> str:
     with no number of epochs known (a script that does not say it, started without
     ``--epochs``), why there is none and how to have one: ``-- (epochs unknown: --epochs
     N)`` (timm's ``train.py``, Lightning's examples: none says it, and ddptui's ``--epochs``,
-    which only tells the dashboard, was found in the README alone)."""
+    which only tells the dashboard, was found in the README alone). Not for steps that come
+    in no epoch at all (nanoGPT draws its batches from a memmap, neither a DataLoader nor a
+    sampler: its ETA said "--epochs N", which could not give it one)."""
     eta = state.eta(now)
-    if eta is None and not state.epochs and state.first_step_at is not None and not state.outcome:
+    if (
+        eta is None
+        and not state.epochs
+        and state.first_step_at is not None
+        and not state.outcome
+        and any(view.epoch is not None for view in state.ranks.values())
+    ):
         return "-- (epochs unknown: --epochs N)"
     return fmt_duration(eta)
 

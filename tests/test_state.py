@@ -456,7 +456,8 @@ def test_an_eta_that_needs_the_epochs_says_so():
     """A script that does not say how many epochs it runs, started without ``--epochs``: its
     ETA is ``--`` for the whole run (Lightning Fabric's MNIST example, 469 steps). Once it
     steps, the header and the console say why; not before its first step, not with the
-    epochs known (the first epoch's length is what is missing then), not once it ended."""
+    epochs known (the first epoch's length is what is missing then), not once it ended, not
+    for steps in no epoch at all."""
     for epochs, expected in ((None, "-- (epochs unknown: --epochs N)"), (2, "--")):
         s = RunState("r", 1, epochs=epochs)
         assert fmt_eta(s, 0.0) == "--"
@@ -469,6 +470,12 @@ def test_an_eta_that_needs_the_epochs_says_so():
     s.apply(step(0, 1, 1, 1.0, epoch=0), now=1.0)
     s.set_outcome("finished", None, now=2.0)
     assert fmt_eta(s, 3.0) == "0s"
+    # Steps in no epoch (nanoGPT's batches from a memmap): --epochs would not give an ETA.
+    for epochs in (None, 5):
+        s = RunState("r", 1, epochs=epochs)
+        for i in range(1, 4):
+            s.apply(step(0, i, i, float(i), epoch=None), now=float(i))
+        assert fmt_eta(s, 4.0) == "--"
 
 
 def test_an_evaluation_in_the_middle_of_an_epoch_does_not_end_it():
