@@ -733,7 +733,7 @@ class Instrument:
         self._ignite_trained: set[int] = set()
         self._fastai_attached = False
         self._speechbrain_attached = False
-        #: The epochs a framework's plan announced last (see _plan_epochs).
+        #: The epochs a framework's plan announced (see _plan_epochs); None: none yet.
         self._epochs_planned: int | None = None
         self._steps_ended = 0  # training steps ended in this process
         #: An evaluation pass (a DDP module's forward not training) ended since the last
@@ -1147,8 +1147,11 @@ class Instrument:
             @functools.wraps(training_step)
             def step(trainer: Any, /, *args: Any, **kwargs: Any) -> Any:
                 inst._summed_losses = True
-                # Its plan: whole epochs where no max_steps cuts the last one short.
-                if getattr(getattr(trainer, "args", None), "max_steps", 0) in (0, -1, None):
+                # Its plan: whole epochs where no max_steps cuts the last one short (read
+                # until one is announced, not at every micro-batch after).
+                if inst._epochs_planned is None and getattr(
+                    getattr(trainer, "args", None), "max_steps", 0
+                ) in (0, -1, None):
                     inst._plan_epochs(
                         getattr(getattr(trainer, "state", None), "num_train_epochs", 0)
                     )
@@ -1488,13 +1491,13 @@ class Instrument:
 
     def _plan_epochs(self, epochs: Any) -> None:
         """A framework's planned epochs (Lightning's ``max_epochs``, the HF Trainer's
-        ``num_train_epochs``, the ``max_epochs`` of the ignite engine whose run draws the
-        training batches, fastai's ``fit(n_epoch)``, SpeechBrain's epoch counter's
-        ``limit``): announced with the rank, for the dashboard's progress and ETA where the
-        run has none (``--epochs``, or the script's ``ddptui.started(epochs=…)`` before it:
-        the dashboard keeps the first it gets). A whole number from 1 to
-        :data:`MAX_PLANNED_EPOCHS`, each once."""
-        if self.disabled or type(epochs) is not int or epochs == self._epochs_planned:
+        ``num_train_epochs``, the ``max_epochs`` of the ignite engine whose run ends a
+        training step, fastai's ``fit(n_epoch)``, SpeechBrain's epoch counter's ``limit``):
+        announced with the rank, for the dashboard's progress and ETA where the run has none
+        (``--epochs``, or the script's ``ddptui.started(epochs=…)`` before it). The first
+        whole number from 1 to :data:`MAX_PLANNED_EPOCHS`, once: the dashboard keeps the
+        first it gets, so a later one would say nothing."""
+        if self.disabled or self._epochs_planned is not None or type(epochs) is not int:
             return
         if not 0 < epochs <= MAX_PLANNED_EPOCHS:
             return

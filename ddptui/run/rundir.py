@@ -174,6 +174,7 @@ def summarize(
             ),
         }
     attempts = [_attempt_doc(record) for record in getattr(state, "attempts", ())]
+    over_run = state.samples_per_s_over_run()
     return {
         "version": SUMMARY_VERSION,
         "run_id": state.run_id,
@@ -193,10 +194,10 @@ def summarize(
         "duration_s": _finite(duration_s),
         "samples": state.samples_total,
         # the ranks' means over their steps (None: no sample counted, or no rate known)
-        "samples_per_s": _finite(state.samples_per_s_over_run()),
+        "samples_per_s": _finite(over_run),
         # the same after each attempt's first step (its warm-up: CUDA's, cuDNN's autotuning,
         # torch.compile's compilation), and that first step's seconds; None where unknown
-        **_after_first_step(state),
+        **_after_first_step(state, over_run),
         "events": _events_doc(state, events),
         "ranks": ranks,
         "failure": failure_doc,
@@ -206,9 +207,10 @@ def summarize(
     }
 
 
-def _after_first_step(state) -> dict:
-    """summary.json's ``samples_per_s_after_first_step`` and ``first_step_s``."""
-    after = state.rate_after_first_step() if state.samples_per_s_over_run() is not None else None
+def _after_first_step(state, over_run: float | None) -> dict:
+    """summary.json's ``samples_per_s_after_first_step`` and ``first_step_s`` (none where the
+    run's rate over its steps, ``over_run``, is unknown)."""
+    after = state.rate_after_first_step() if over_run is not None else None
     rate, first = after if after is not None else (None, None)
     return {"samples_per_s_after_first_step": _finite(rate), "first_step_s": _finite(first)}
 
