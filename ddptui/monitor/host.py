@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psutil
@@ -30,6 +30,13 @@ __all__ = ["HostSource", "MIN_CPU_WINDOW_S"]
 MIN_CPU_WINDOW_S = 0.1
 
 _PROCESS_ATTRS = ("ppid", "name", "status", "memory_info", "num_threads")
+#: The whole process table (one read of ``/proc/<pid>/stat`` per process on the host: 2 ms
+#: for 76 processes here, tens of ms on a busy node) is read to find the processes new in the
+#: rank trees at most this often; sooner when a root is new or a process of the trees is gone
+#: (a DataLoader's workers ended at an epoch's end, their successors to be found). Between
+#: scans the trees found last are sampled, each process read as before. Read every second,
+#: the table cost the dashboard 0.45 % of a core with 76 processes (py-spy, ``bench_scale.py``).
+TREE_RESCAN_S = 5.0
 
 
 class HostSource:
@@ -38,8 +45,9 @@ class HostSource:
     Thread-safe (one lock); sampling is meant to run on one background thread.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._cpu_count = psutil.cpu_count() or 1
         total, per_core = self._read_cpu_times()
         self._cpu_total = _CpuMeter(total)
@@ -47,6 +55,10 @@ class HostSource:
         self._last_read = time.monotonic()
         self._procs: dict[int, psutil.Process] = {}
         self._unprimed: set[int] = set()  # pids primed but not yet sampled
+        #: ppid -> child pids as the last scan of the process table found them (None: scan).
+        self._children_of: dict[int, list[int]] | None = None
+        self._scanned_at = 0.0
+        self._scanned_roots: frozenset[int] = frozenset()
 
     @staticmethod
     def _read_cpu_times() -> tuple[Any, list[Any]]:
@@ -59,8 +71,9 @@ class HostSource:
     def sample(self, pids: Iterable[int] = ()) -> tuple[HostSnapshot, tuple[ProcessSnapshot, ...]]:
         """One reading of the host, plus every process in the trees rooted at ``pids``.
 
-        Roots that no longer exist are left out. Children are found fresh on every call,
-        so DataLoader workers appear and disappear as they come and go.
+        Roots that no longer exist are left out. A process gone is gone from the next
+        sample; a new child (a DataLoader worker) is found within :data:`TREE_RESCAN_S`, or
+        at the next sample after one of the trees' processes ended.
         """
         with self._lock:
             host = self._sample_host()
@@ -105,14 +118,18 @@ class HostSource:
         found: dict[int, tuple[psutil.Process, int]] = {}  # pid -> (process, root)
         if roots:
             # One scan of the process table for all roots (psutil's children() would scan
-            # once per root).
-            children_of = _children_map()
+            # once per root), kept for TREE_RESCAN_S.
+            children_of = self._children(roots)
             for root in roots:
                 if root in found or (root_proc := self._process(root)) is None:
                     continue  # already in an earlier tree, or gone
                 found[root] = (root_proc, root)
                 for pid in _tree(root, children_of)[1:]:
-                    if pid not in found and (proc := self._process(pid)) is not None:
+                    if pid in found:
+                        continue
+                    if (proc := self._process(pid)) is None:
+                        self._children_of = None  # gone: the trees to be read again
+                    else:
                         found[pid] = (proc, root)
         # Forget processes that left the trees, so a reused pid starts from scratch.
         for pid in list(self._procs):
@@ -122,9 +139,25 @@ class HostSource:
         snapshots = []
         for proc, root in found.values():
             snap = self._snapshot(proc, root)
-            if snap is not None:
+            if snap is None:
+                self._children_of = None
+            else:
                 snapshots.append(snap)
         return tuple(snapshots)
+
+    def _children(self, roots: list[int]) -> dict[int, list[int]]:
+        """ppid -> child pids: the last scan's, or a new one when it is stale (see
+        :data:`TREE_RESCAN_S`) or a root is new."""
+        now = self._clock()
+        if (
+            self._children_of is None
+            or not self._scanned_roots.issuperset(roots)
+            or not 0.0 <= now - self._scanned_at < TREE_RESCAN_S
+        ):
+            self._children_of = _children_map()
+            self._scanned_at = now
+            self._scanned_roots = frozenset(roots)
+        return self._children_of
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for ``pid`` (if it is still the same process), else a new one."""
@@ -132,7 +165,11 @@ class HostSource:
         if cached is not None:
             if cached.is_running():  # also false when the pid was reused
                 return cached
+            # Gone (a reused pid is another process, maybe no longer in the trees): the
+            # trees are read again at the next sample.
             del self._procs[pid]
+            self._unprimed.discard(pid)
+            return None
         try:
             proc = psutil.Process(pid)
             proc.cpu_percent(None)  # prime: the first call has no previous reading
