@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import machine_ref  # noqa: E402
 from bench_tui import (  # noqa: E402
     PY_SPY_HELP,
     WARMUP_S,
@@ -780,7 +781,9 @@ def main() -> None:
     )
     ingest = []
     runs = []
+    refs: list[float] = []  # this machine's speed beside each run
     for i in range(args.repeat):
+        refs.append(machine_ref.reference_ms())
         if args.ingest_only:
             cpu, _ = run_child([*common, "--ingest-only"], args.seconds, False, __file__)
             ingest.append(cpu)
@@ -798,6 +801,7 @@ def main() -> None:
         if run["profile"]:
             print(run["profile"])
     print_ranges(runs, GOAL_CPU, GOAL_P95_MS, ingest)
+    print(machine_ref.line(refs))
 
 
 def one_run(common: list[str], args: argparse.Namespace, world: int) -> dict | None:

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import machine_ref  # noqa: E402
 import pyspy  # noqa: E402
 
 #: ``--py-spy``: where the dashboard's CPU goes (see pyspy.py).
@@ -478,7 +479,9 @@ def main() -> None:
         f"{os.cpu_count()} CPUs"
     )
     runs, ingest = [], []
+    refs: list[float] = []  # this machine's speed beside each run
     for i in range(args.repeat):
+        refs.append(machine_ref.reference_ms())
         if args.ingest_only:
             cpu, out = run_child([*common, "--ingest-only"], args.seconds, pty_mode=False)
             out.unlink(missing_ok=True)
@@ -491,6 +494,7 @@ def main() -> None:
         runs.append(run)
         print(run_line(i, args.repeat, run, ingest), flush=True)
     print_ranges(runs, GOAL_CPU, GOAL_P95_MS, ingest)
+    print(machine_ref.line(refs))
 
 
 def run_line(i: int, repeat: int, run: dict, ingest: list[float]) -> str:
