@@ -832,6 +832,31 @@ def test_classify_stack(frames, in_collective, collective, where):
     assert (info.in_collective, info.collective, info.where) == (in_collective, collective, where)
 
 
+def test_a_backward_waits_in_the_gradient_all_reduce_only_where_a_ddp_module_is():
+    """pytorch/examples' ImageNet script makes no DDP module on the CPU: its ranks, seen in
+    ``backward()``, read "DDP gradient all-reduce" where they computed their own gradients
+    (the heartbeat tells ``classify`` whether the rank holds a DDP module)."""
+    from ddptui.rank.frames import Frame, classify
+
+    backward = [
+        Frame(f"{TORCH}/autograd/graph.py", 829, "_engine_run_backward"),
+        Frame(f"{TORCH}/autograd/__init__.py", 364, "backward"),
+        Frame(f"{TORCH}/_tensor.py", 630, "backward"),
+        *(Frame(*frame) for frame in BOTTOM),
+    ]
+    held = classify(backward)
+    assert (held.in_collective, held.collective) == (True, "DDP gradient all-reduce, in backward")
+    alone = classify(backward, ddp=False)
+    assert (alone.in_collective, alone.collective, alone.where) == (
+        False,
+        None,
+        "main (train.py:80)",
+    )
+    # Other collectives are what they are, DDP or not.
+    barrier = [Frame(f"{TORCH}/distributed/distributed_c10d.py", 4000, "barrier")]
+    assert classify(barrier + backward[3:], ddp=False).collective == "barrier"
+
+
 def test_classify_stack_reads_the_main_thread_not_helpers():
     helper = [("/usr/lib/python3.11/threading.py", 331, "wait"), ("/x/worker.py", 5, "run")]
     main = [(f"{TORCH}/distributed/distributed_c10d.py", 4000, "barrier"), *BOTTOM]

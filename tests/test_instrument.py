@@ -1047,6 +1047,25 @@ def test_the_inner_module_trained_without_ddp_makes_every_step(inst):
         assert log["step_time"] == pytest.approx(sum(log["phases"][p] for p in PHASES))
 
 
+def test_the_heartbeat_knows_whether_the_rank_holds_a_ddp_module(inst):
+    """Without one a rank's ``backward()`` waits for no gradient all-reduce (pytorch/examples'
+    ImageNet script on the CPU makes none); without hooks to say, one may be there."""
+    import gc
+
+    from ddptui.rank import heartbeat
+
+    assert not heartbeat.ddp_possible()
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    assert heartbeat.ddp_possible()
+    del model
+    gc.collect()
+    assert not heartbeat.ddp_possible()  # gone: its weak reference says so
+    inst.disabled = True  # hooks turned off by an internal error: nothing known
+    assert heartbeat.ddp_possible()
+    instrument.uninstall()
+    assert heartbeat.ddp_possible()  # no hooks at all (--no-instrument)
+
+
 def test_a_copy_or_a_pickle_of_the_watched_module_carries_none_of_ddptuis_hooks(inst, tmp_path):
     """torchvision's classification reference makes its EMA model after the DDP wrap
     (``AveragedModel(model.module)``, a ``deepcopy``): under ddptui it died with ``cannot

@@ -86,8 +86,9 @@ _PASS_THROUGH = ("/torch/_ops.py",)
 _IMPORTING = "<frozen importlib"
 
 
-def _collective(frame: Frame, path: str) -> str | None:
-    """The collective a frame of torch waits in, or None (any other frame)."""
+def _collective(frame: Frame, path: str, ddp: bool = True) -> str | None:
+    """The collective a frame of torch waits in, or None (any other frame). ``ddp`` False:
+    the process holds no DDP module, so that its backward waits for no gradient all-reduce."""
     if "/torch/" not in path:
         return None
     if "/torch/distributed/" in path:
@@ -95,13 +96,13 @@ def _collective(frame: Frame, path: str) -> str | None:
     if path.endswith("torch/nn/parallel/distributed.py"):
         return None if frame.func in _DDP_PLUMBING else f"DDP {frame.func}"
     if "/torch/autograd/" in path and frame.func in ("_engine_run_backward", "backward"):
-        return "DDP gradient all-reduce, in backward"
+        return "DDP gradient all-reduce, in backward" if ddp else None
     if _COLLECTIVE_FUNC.search(frame.func):
         return frame.func
     return None
 
 
-def classify(frames: list[Frame] | tuple[Frame, ...]) -> StackInfo:
+def classify(frames: list[Frame] | tuple[Frame, ...], ddp: bool = True) -> StackInfo:
     """Whether a thread (frames innermost first) sits in a collective, and where the user's
     code is.
 
@@ -113,6 +114,10 @@ def classify(frames: list[Frame] | tuple[Frame, ...]) -> StackInfo:
     hook (ddptui's own too), the standard library; there the rank is not waiting, whatever
     called it (a DDP forward around a model of torch's layers, a checkpoint written by
     ``torch.distributed.checkpoint``).
+
+    ``ddp`` False says the process holds no DDP module: its backward is its own work, not a
+    wait for the gradient all-reduce (pytorch/examples' ImageNet script on the CPU makes no
+    DDP module, and its ranks in ``backward()`` read "DDP gradient all-reduce").
     """
     if not frames:
         return StackInfo(False, None, "no Python stack")
@@ -125,7 +130,7 @@ def classify(frames: list[Frame] | tuple[Frame, ...]) -> StackInfo:
         return StackInfo(False, None, where, tuple(frames))  # a module being imported
     for frame in inner:
         path = frame.file.replace("\\", "/")
-        collective = _collective(frame, path)
+        collective = _collective(frame, path, ddp)
         if collective is not None:
             return StackInfo(True, collective, where, tuple(frames))
         if not path.endswith(_PASS_THROUGH):

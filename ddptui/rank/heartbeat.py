@@ -173,6 +173,16 @@ def digest(frames: list[Frame]) -> str:
     return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
 
 
+def ddp_possible() -> bool:
+    """Whether this rank may hold a DDP module, whose gradient all-reduce a ``backward()``
+    waits in: one the hooks watch, or no hooks to say (``--no-instrument``, or turned off by
+    an internal error)."""
+    from ddptui.rank import instrument  # loaded with the rank entry already
+
+    inst = instrument.current()
+    return inst is None or inst.disabled or inst.holds_ddp()
+
+
 class Heartbeat:
     """The thread that sends this rank's beats through ``reporter`` until stopped."""
 
@@ -193,7 +203,7 @@ class Heartbeat:
     def beat(self) -> None:
         """Sample the main thread and send one beat."""
         frames = main_frames(self.main_ident)
-        info = classify(frames)
+        info = classify(frames, ddp=ddp_possible())
         children = _children(os.getpid())
         self.reporter.beat(
             frame=info.where if frames else None,

@@ -1851,6 +1851,12 @@ class Instrument:
         except Exception as exc:
             self._fail(exc)
 
+    def holds_ddp(self) -> bool:
+        """Whether a DDP module these hooks watch is alive (the heartbeat's question: without
+        one, a rank in ``backward()`` computes, waiting for no gradient all-reduce). Safe
+        from any thread (a list, iterated while the main thread may add to it)."""
+        return any(ref() is not None for ref in self._models)
+
     def _fail(self, exc: BaseException) -> None:
         if not self.disabled:
             self.disabled = True
