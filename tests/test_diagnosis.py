@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ddptui import protocol
 from ddptui.constants import PHASES
 from ddptui.run.diagnosis import (
+    CAUSES,
     IDLE_IO_BYTES_PER_S,
     Diagnoser,
     Diagnosis,
@@ -1216,3 +1217,79 @@ def test_a_finding_that_comes_again_is_shown_once_as_last_found():
         "communication-bound: 33 %",
         "Flight Recorder: traces of ranks 0, 1",
     ]
+
+
+def _stepping_with_progress(world, steps, advances, marks=True, every=10):
+    """A run of ``world`` ranks making ``steps`` steps, a beat every ``every`` steps; each beat
+    carries its Flight Recorder progress (``marks``), the default group's last collective
+    started moving with the steps (``advances``) or standing at 2 (one all_reduce once)."""
+    state = announced(world)
+    diagnoser = Diagnoser()
+    found = []
+    seq = dict.fromkeys(range(world), 0)
+    for step in range(1, steps + 1):
+        for rank in range(world):
+            seq[rank] += 1
+            state.apply(
+                protocol.Step(run="r", rank=rank, t=0.0, seq=seq[rank], step=step, step_time=0.1),
+                now=step * 0.1,
+            )
+            if step % every == 0:
+                started = step if advances else 2
+                collectives = (
+                    [protocol.CollectiveMark(pg="0", op="all_reduce", started=started,
+                                             completed=started, backend="gloo")]
+                    if marks
+                    else []
+                )  # fmt: skip
+                state.apply(
+                    protocol.Beat(
+                        run="r", rank=rank, t=0.0, seq=seq[rank], steps=step,
+                        collectives=collectives,
+                    ),
+                    now=step * 0.1,
+                )  # fmt: skip
+        found += diagnoser.check(state, step * 0.1)
+    return state, found
+
+
+def test_ranks_that_train_many_steps_without_any_collective_are_said_to_train_apart():
+    """pytorch/examples' ImageNet script makes no DDP module on the CPU: its two ranks each
+    trained a model of their own, with one metric all_reduce an epoch, and ddptui said nothing.
+    Their beats' Flight Recorder progress stood still while they stepped: a note (no verdict),
+    said once, kept in summary.json."""
+    from ddptui.run.diagnosis import NO_COMM_STEPS
+
+    state, found = _stepping_with_progress(2, NO_COMM_STEPS + 20, advances=False)
+    apart = [d for d in found if d.cause == "no_comm"]
+    assert len(apart) == 1 and apart[0].rank == 0
+    assert "with no collective at all" in apart[0].detail
+    assert "DistributedDataParallel" in apart[0].detail
+    assert all(v.steps_without_comm >= NO_COMM_STEPS for v in state.ranks.values())
+    assert "no_comm" in CAUSES
+    doc = diagnoses_for_summary([apart[0]])["diagnoses"][0]
+    assert doc["cause"] == "no_comm"
+
+
+@pytest.mark.parametrize(
+    "world, steps, advances, marks",
+    [
+        (2, 200, True, True),  # DDP: a gradient all-reduce every step
+        (2, 30, False, True),  # too few steps to say (local SGD averages every few)
+        (2, 200, False, False),  # no Flight Recorder progress in the beats: no evidence
+        (1, 200, False, True),  # one rank has no one to talk to
+    ],
+)
+def test_no_train_apart_note_without_the_evidence(world, steps, advances, marks):
+    _, found = _stepping_with_progress(world, steps, advances, marks)
+    assert [d for d in found if d.cause == "no_comm"] == []
+
+
+def test_one_rank_alone_without_collectives_is_no_train_apart_note():
+    """A rank-0-only probe trained with its own optimizer while the others wait: every rank
+    must have stepped apart, not one."""
+    from ddptui.run.diagnosis import NO_COMM_STEPS
+
+    state, _ = _stepping_with_progress(2, NO_COMM_STEPS + 20, advances=True)
+    state.ranks[0].steps_without_comm = NO_COMM_STEPS + 5
+    assert Diagnoser().check(state, 100.0) == []

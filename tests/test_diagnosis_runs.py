@@ -175,3 +175,19 @@ def test_a_rank_0_checkpoint_streamed_to_an_uploader_is_work_not_a_hang(tmp_path
     beats = [e for e in read_events(tmp_path / "run") if e["kind"] == "beat" and e["rank"] == 0]
     moved = [b["io"] for b in beats if b.get("io") is not None]
     assert moved and moved[-1] - moved[0] >= size  # the upload counts as rank 0's I/O
+
+
+def test_ranks_that_train_apart_are_told_and_ddp_ranks_are_not(tmp_path):
+    """pytorch/examples' ImageNet script wraps its model in DDP only on a GPU: on the CPU its
+    ranks each trained their own model under ddptui, and nothing said so. The same script
+    with and without its DDP wrap, 150 steps a rank: the note for the one whose Flight
+    Recorders saw no collective while it trained, none for DDP (a gradient all-reduce every
+    step), and no verdict for either."""
+    env = {"PLAIN_EPOCHS": "1", "PLAIN_STEPS": "150", "PLAIN_STEP_S": "0.02"}
+    _, apart = ddptui_run(tmp_path / "apart", "torchrun", {**env, "PLAIN_NO_DDP": "1"})
+    notes = [d for d in apart["diagnoses"] if d["cause"] == "no_comm"]
+    assert len(notes) == 1, apart["diagnoses"]
+    assert "each trains a model of its own" in notes[0]["detail"]
+    assert {d["cause"] for d in apart["diagnoses"]} <= {"no_comm", "communication", "host"}
+    _, ddp = ddptui_run(tmp_path / "ddp", "torchrun", env)
+    assert [d for d in ddp["diagnoses"] if d["cause"] == "no_comm"] == [], ddp["diagnoses"]

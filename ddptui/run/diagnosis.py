@@ -53,6 +53,7 @@ CAUSES = (
     "consequence",  # a rank that failed because another one did
     "oom",  # a rank killed (SIGKILL) while memory was nearly exhausted
     "sampler",  # a note: a shuffling DistributedSampler never told its epoch (no verdict)
+    "no_comm",  # a note: every rank trained many steps without any collective (no verdict)
 )
 
 
@@ -913,6 +914,36 @@ def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
     return None
 
 
+#: Steps every rank must have made between beats that saw its Flight Recorder progress stand
+#: still before the ranks are said to train apart. Data-parallel training exchanges gradients
+#: every step (DDP, FSDP, a script's own all_reduce); local SGD averages every few steps, and
+#: a rank-0-only probe's optimizer steps leave the other ranks out: every rank, many steps.
+NO_COMM_STEPS = 50
+
+
+def no_comm_diagnosis(state: Any, t: float) -> Diagnosis | None:
+    """The ranks train apart: a run of several ranks whose every rank that stepped made
+    :data:`NO_COMM_STEPS` steps or more with no collective started on any process group, by
+    the Flight Recorder progress its beats carry (pytorch/examples' ImageNet script makes no
+    DDP module on the CPU: each rank trained its own model, and nothing said so). Evidence
+    only: ranks whose beats carry no progress (no Flight Recorder) are never said to."""
+    views = [v for v in state.ranks.values() if v.step > 0]
+    if len(state.ranks) < 2 or len(views) < 2:
+        return None
+    if any(v.steps_without_comm < NO_COMM_STEPS for v in views):
+        return None
+    first = min(views, key=lambda v: v.rank)
+    least = min(v.steps_without_comm for v in views)
+    return Diagnosis(
+        first.rank,
+        "no_comm",
+        f"every rank trained {least} steps in a row or more with no collective at all (by "
+        "its Flight Recorder): the ranks exchange no gradients, so each trains a model of "
+        "its own (is the model wrapped in DistributedDataParallel on this device?)",
+        t,
+    )
+
+
 # -- summary.json -------------------------------------------------------------------------------
 #: Longest stack text kept per rank in summary.json.
 MAX_STACK_TEXT = 20_000
@@ -962,6 +993,7 @@ class Diagnoser:
         self._held = 0
         self._reported: tuple[int | None, str] | None = None
         self._noted: set[str] = set()  # the note codes already turned into diagnoses
+        self._apart = False  # the ranks were said to train apart (no_comm_diagnosis)
         self._waited = False  # ranks were seen waiting past the limit for ranks at work
 
     def record(self, diagnosis: Diagnosis) -> None:
@@ -970,7 +1002,8 @@ class Diagnoser:
 
     def notes(self, state: Any) -> list[Diagnosis]:
         """The notes the ranks sent that were not said yet, one diagnosis per code (recorded);
-        ``t`` is when the first one arrived."""
+        ``t`` is when the first one arrived. And, once, the note the ranks' beats make
+        together: they train apart (:func:`no_comm_diagnosis`)."""
         found: list[Diagnosis] = []
         for code, note in getattr(state, "notes", {}).items():
             if code in self._noted:
@@ -981,6 +1014,15 @@ class Diagnoser:
             if diagnosis is not None:
                 self.record(diagnosis)
                 found.append(diagnosis)
+        if not self._apart and getattr(state, "ranks", None):
+            start = state.started_at
+            now = state.last_event_at
+            t = max(0.0, now - start) if start is not None and now is not None else 0.0
+            apart = no_comm_diagnosis(state, t)
+            if apart is not None:
+                self._apart = True
+                self.record(apart)
+                found.append(apart)
         return found
 
     def check(

@@ -225,6 +225,15 @@ class RankView:
     #: ``(group, op, started, completed, backend)`` (see :class:`protocol.CollectiveMark`).
     collectives: tuple = ()
     _digest: str | None = field(default=None, repr=False)
+    #: The most steps the rank made between two beats whose Flight Recorder progress (the
+    #: last collective started, per process group) did not move: steps with no collective at
+    #: all. A rank of a data-parallel run exchanges gradients every step; one that does not
+    #: trains a model of its own. Only where the beats carry that progress (silence is no
+    #: evidence): ``_comm_key`` is the progress last seen moved, ``_comm_steps`` the rank's
+    #: steps then.
+    steps_without_comm: int = 0
+    _comm_key: tuple | None = field(default=None, repr=False)
+    _comm_steps: int = field(default=0, repr=False)
     #: ``typical_step_time`` and what it was computed at: the rank's events applied and the
     #: window's length. It is read for every rank several times a frame (health, the table)
     #: and once a second by the diagnosis, while the window changes only in an applied event
@@ -455,6 +464,7 @@ class RunState:
         view.ended_epoch = None
         view.samples_per_s = None
         view.recent_step_times.clear()
+        view._comm_key = None  # a new process group: its progress starts again
 
     # -- applying events ------------------------------------------------------------------
     def apply(self, event: protocol.AnyEvent, now: float | None = None) -> None:
@@ -620,6 +630,12 @@ class RunState:
             # progress is the sequence numbers; an op or group name filled in later is not
             or [m[2:4] for m in marks] != [m[2:4] for m in view.collectives]
         )
+        started = tuple((m[0], m[4], m[2]) for m in marks if m[2] is not None)
+        if started:
+            if started != view._comm_key:
+                view._comm_key, view._comm_steps = started, ev.steps
+            elif ev.steps - view._comm_steps > view.steps_without_comm:
+                view.steps_without_comm = ev.steps - view._comm_steps
         view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
         view._digest, view.collectives = ev.digest, marks
         view.cpu, view.io = ev.cpu, ev.io

@@ -16,6 +16,10 @@ Fault injection through environment variables (rank R, epochs counted from 1):
 * ``PLAIN_PREPARE_S=S``: every rank prepares for S seconds of CPU work (hashing, as a
   tokeniser or an index build would) after ``init_process_group``, before its first step.
 
+* ``PLAIN_NO_DDP=1``: the model is not wrapped in DDP (as pytorch/examples' ImageNet script
+  leaves it on the CPU): each rank trains its own; the ranks meet in one barrier before.
+* ``PLAIN_STEP_S=S``: every step sleeps S more.
+
 Sizes: ``PLAIN_EPOCHS`` (default 2), ``PLAIN_STEPS`` (steps per epoch, default 20),
 ``PLAIN_BATCH`` (default 16).
 """
@@ -101,9 +105,12 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     prepare(float(os.environ.get("PLAIN_PREPARE_S", "0")))
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    if os.environ.get("PLAIN_NO_DDP") == "1":
+        dist.barrier()
+    else:
+        model = DistributedDataParallel(model)
+    step_s = float(os.environ.get("PLAIN_STEP_S", "0"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = Points(STEPS * BATCH * world, rank)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True)
@@ -124,6 +131,8 @@ def main():
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if step_s:
+                time.sleep(step_s)
         if epoch == 1 and os.environ.get("PLAIN_UPLOAD_TO"):
             if rank == env_int("PLAIN_UPLOAD_RANK"):
                 upload(os.environ["PLAIN_UPLOAD_TO"], env_int("PLAIN_UPLOAD_BYTES"))
