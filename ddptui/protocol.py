@@ -214,7 +214,7 @@ class NodeSample(Event, tag="node"):
 #: Largest world a run may grow to when a script spawns its own ranks (ddptui.rank.spawned).
 MAX_GROWN_WORLD = 1024
 #: What a note may be about (``Note.code``).
-NoteCode = Literal["sampler_epoch", "spawned", "loader_steps"]
+NoteCode = Literal["sampler_epoch", "spawned", "loader_steps", "p2p"]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
 NoteNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)]
@@ -234,7 +234,11 @@ class Note(Event, tag="note"):
 
     ``loader_steps``: a pass over the DataLoader this rank trains from makes ``steps`` steps
     (its batches a pass, divided by the batches a step draws): an epoch's length, until the
-    run shows one."""
+    run shows one.
+
+    ``p2p``: this rank called a point-to-point op (``send``, ``recv``, ``isend``, ``irecv``,
+    ``batch_isend_irecv``): it communicates beyond what its Flight Recorder's collective
+    progress shows (gloo's records no point-to-point op), so no rank is said to train apart."""
 
     code: NoteCode
     epoch: NoteNumber | None = None

@@ -26,6 +26,7 @@ from ddptui.run.diagnosis import (
     diagnoses_for_summary,
     find_straggler,
     hang_limit,
+    no_comm_diagnosis,
     prepare_limit,
     rank_ends,
     stuck_ranks,
@@ -1293,3 +1294,18 @@ def test_one_rank_alone_without_collectives_is_no_train_apart_note():
     state, _ = _stepping_with_progress(2, NO_COMM_STEPS + 20, advances=True)
     state.ranks[0].steps_without_comm = NO_COMM_STEPS + 5
     assert Diagnoser().check(state, 100.0) == []
+
+
+def test_ranks_that_pass_tensors_point_to_point_are_no_train_apart_note():
+    """A pipeline's stages pass activations with isend/irecv every step, which gloo's Flight
+    Recorder records nowhere: a rank's ``p2p`` note keeps the ranks from being said apart."""
+    from ddptui.run.diagnosis import NO_COMM_STEPS
+
+    state, _ = _stepping_with_progress(2, NO_COMM_STEPS + 20, advances=True)
+    for view in state.ranks.values():
+        view.steps_without_comm = NO_COMM_STEPS + 5
+    note = protocol.Note(run="r", rank=1, t=0.0, seq=999, code="p2p")
+    assert no_comm_diagnosis(state, 1.0) is not None
+    state.apply(note, now=9.0)
+    assert no_comm_diagnosis(state, 1.0) is None
+    assert Diagnoser().check(state, 100.0) == []  # the note itself is no line either

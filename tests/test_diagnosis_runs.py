@@ -177,17 +177,27 @@ def test_a_rank_0_checkpoint_streamed_to_an_uploader_is_work_not_a_hang(tmp_path
     assert moved and moved[-1] - moved[0] >= size  # the upload counts as rank 0's I/O
 
 
-def test_ranks_that_train_apart_are_told_and_ddp_ranks_are_not(tmp_path):
+def test_ranks_that_train_apart_are_told_and_ddp_or_pipelined_ranks_are_not(tmp_path):
     """pytorch/examples' ImageNet script wraps its model in DDP only on a GPU: on the CPU its
     ranks each trained their own model under ddptui, and nothing said so. The same script
-    with and without its DDP wrap, 150 steps a rank: the note for the one whose Flight
-    Recorders saw no collective while it trained, none for DDP (a gradient all-reduce every
-    step), and no verdict for either."""
+    without its DDP wrap, with it, and without it but passing a tensor from rank 0 to rank 1
+    every step (a pipeline's stages; gloo's Flight Recorder records no point-to-point op),
+    150 steps a rank, the three at once: the note for the first alone, no verdict for any."""
+    from concurrent.futures import ThreadPoolExecutor
+
     env = {"PLAIN_EPOCHS": "1", "PLAIN_STEPS": "150", "PLAIN_STEP_S": "0.02"}
-    _, apart = ddptui_run(tmp_path / "apart", "torchrun", {**env, "PLAIN_NO_DDP": "1"})
-    notes = [d for d in apart["diagnoses"] if d["cause"] == "no_comm"]
-    assert len(notes) == 1, apart["diagnoses"]
-    assert "each trains a model of its own" in notes[0]["detail"]
-    assert {d["cause"] for d in apart["diagnoses"]} <= {"no_comm", "communication", "host"}
-    _, ddp = ddptui_run(tmp_path / "ddp", "torchrun", env)
-    assert [d for d in ddp["diagnoses"] if d["cause"] == "no_comm"] == [], ddp["diagnoses"]
+    apart = {**env, "PLAIN_NO_DDP": "1"}
+    runs = {"apart": apart, "ddp": env, "p2p": {**apart, "PLAIN_P2P": "1"}}
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = {
+            name: pool.submit(ddptui_run, tmp_path / name, "torchrun", run_env)
+            for name, run_env in runs.items()
+        }
+        summaries = {name: future.result()[1] for name, future in futures.items()}
+    for name, summary in summaries.items():
+        causes = [d["cause"] for d in summary["diagnoses"]]
+        assert set(causes) <= {"no_comm", "communication", "host"}, (name, summary["diagnoses"])
+        notes = [d for d in summary["diagnoses"] if d["cause"] == "no_comm"]
+        assert len(notes) == (name == "apart"), (name, summary["diagnoses"])
+    (note,) = [d for d in summaries["apart"]["diagnoses"] if d["cause"] == "no_comm"]
+    assert "each trains a model of its own" in note["detail"]

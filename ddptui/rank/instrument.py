@@ -186,6 +186,10 @@ COLLECTIVES = (
     "send",
     "recv",
 )
+#: Point-to-point ops (``send`` and ``recv`` are timed as collectives too): a rank that calls
+#: one communicates where its Flight Recorder's collective progress may not show it (gloo
+#: records none), which it says once (the ``p2p`` note: a pipeline's stages train together).
+P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 _FALSE = ("", "0", "false", "no", "off")
 _BWD = ("bwd", "after_bwd")  # segments that may hold gradients
 #: Devices whose losses are read without a DDP module: the CPU's with ``.item()`` off the
@@ -703,6 +707,7 @@ class Instrument:
         self._atexit = False
         self._get_reporter: Callable[[], Any] | None = None
         self._in_collective = False  # inside a timed collective (nested ones are not timed)
+        self._p2p_noted = False  # the p2p note was sent (see P2P)
         # an evaluation pass (forwards without grad, or in eval mode) since the last segment
         self._eval_start: float | None = None
         self._eval_end: float | None = None
@@ -1744,11 +1749,13 @@ class Instrument:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
-        for name in COLLECTIVES:
+        for name in (*COLLECTIVES, *(n for n in P2P if n not in COLLECTIVES)):
             original = c10d.__dict__.get(name)
             if original is None or not callable(original):
                 continue
-            wrapper = self._collective_wrapper(original)
+            wrapper = self._collective_wrapper(original) if name in COLLECTIVES else original
+            if name in P2P:
+                wrapper = self._p2p_wrapper(wrapper)
             self._patch(c10d, name, wrapper)
             if dist.__dict__.get(name) is original:
                 self._patch(dist, name, wrapper)
@@ -1813,6 +1820,29 @@ class Instrument:
                 inst._collective_time(start)
 
         return collective
+
+    def _p2p_wrapper(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        inst = self
+
+        @functools.wraps(call)
+        def p2p(*args: Any, **kwargs: Any) -> Any:
+            if not inst._p2p_noted:
+                inst._note_p2p()
+            return call(*args, **kwargs)
+
+        return p2p
+
+    def _note_p2p(self) -> None:
+        """The first point-to-point op of this process: said once (``p2p``)."""
+        self._p2p_noted = True
+        if self.disabled:
+            return
+        try:
+            from ddptui.rank import reporter as reporter_module
+
+            reporter_module.get_reporter().note("p2p")
+        except Exception as exc:
+            self._fail(exc)
 
     def _collective_time(self, start: float) -> None:
         """A collective called from Python took ``start`` → now: count it as ``comm`` and out

@@ -926,10 +926,14 @@ def no_comm_diagnosis(state: Any, t: float) -> Diagnosis | None:
     :data:`NO_COMM_STEPS` steps or more with no collective started on any process group, by
     the Flight Recorder progress its beats carry (pytorch/examples' ImageNet script makes no
     DDP module on the CPU: each rank trained its own model, and nothing said so). Evidence
-    only: ranks whose beats carry no progress (no Flight Recorder) are never said to."""
+    only: ranks whose beats carry no progress (no Flight Recorder) are never said to, nor a
+    run whose ranks call point-to-point ops (the ``p2p`` note), which that progress does not
+    count (gloo's recorder keeps none)."""
     views = [v for v in state.ranks.values() if v.step > 0]
     if len(state.ranks) < 2 or len(views) < 2:
         return None
+    if "p2p" in getattr(state, "notes", {}):
+        return None  # point-to-point ops pass beside the collective progress (a pipeline)
     if any(v.steps_without_comm < NO_COMM_STEPS for v in views):
         return None
     first = min(views, key=lambda v: v.rank)

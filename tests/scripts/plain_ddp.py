@@ -19,6 +19,8 @@ Fault injection through environment variables (rank R, epochs counted from 1):
 * ``PLAIN_NO_DDP=1``: the model is not wrapped in DDP (as pytorch/examples' ImageNet script
   leaves it on the CPU): each rank trains its own; the ranks meet in one barrier before.
 * ``PLAIN_STEP_S=S``: every step sleeps S more.
+* ``PLAIN_P2P=1``: every step rank 0 sends a tensor to rank 1 (``isend``/``irecv``), as a
+  pipeline's stages pass activations.
 
 Sizes: ``PLAIN_EPOCHS`` (default 2), ``PLAIN_STEPS`` (steps per epoch, default 20),
 ``PLAIN_BATCH`` (default 16).
@@ -131,6 +133,9 @@ def main():
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if os.environ.get("PLAIN_P2P") == "1" and rank < 2:
+                peer = torch.zeros(4)
+                (dist.isend if rank == 0 else dist.irecv)(peer, 1 - rank).wait()
             if step_s:
                 time.sleep(step_s)
         if epoch == 1 and os.environ.get("PLAIN_UPLOAD_TO"):
