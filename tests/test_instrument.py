@@ -1054,16 +1054,21 @@ def test_the_heartbeat_knows_whether_the_rank_holds_a_ddp_module(inst):
 
     from ddptui.rank import heartbeat
 
-    assert not heartbeat.ddp_possible()
-    model = DistributedDataParallel(torch.nn.Linear(4, 4))
-    assert heartbeat.ddp_possible()
-    del model
-    gc.collect()
-    assert not heartbeat.ddp_possible()  # gone: its weak reference says so
-    inst.disabled = True  # hooks turned off by an internal error: nothing known
-    assert heartbeat.ddp_possible()
-    instrument.uninstall()
-    assert heartbeat.ddp_possible()  # no hooks at all (--no-instrument)
+    heartbeat.set_ddp_source(instrument.ddp_possible)  # as the rank entry sets it
+    try:
+        assert not heartbeat.ddp_possible()
+        model = DistributedDataParallel(torch.nn.Linear(4, 4))
+        assert heartbeat.ddp_possible()
+        del model
+        gc.collect()
+        assert not heartbeat.ddp_possible()  # gone: its weak reference says so
+        inst.disabled = True  # hooks turned off by an internal error: nothing known
+        assert heartbeat.ddp_possible()
+        instrument.uninstall()
+        assert heartbeat.ddp_possible()  # no hooks at all (--no-instrument)
+    finally:
+        heartbeat.set_ddp_source(None)
+    assert heartbeat.ddp_possible()  # no source (a process the rank entry did not start)
 
 
 def test_a_copy_or_a_pickle_of_the_watched_module_carries_none_of_ddptuis_hooks(inst, tmp_path):

@@ -31,6 +31,7 @@ FIRST_BEAT_S = 0.5
 MAX_FRAMES = 200
 
 _collectives: Callable[[], list[dict[str, Any]]] | None = None
+_ddp_source: Callable[[], bool] | None = None
 _beat: Heartbeat | None = None
 
 
@@ -39,6 +40,12 @@ def set_collectives_source(source: Callable[[], list[dict[str, Any]]] | None) ->
     function returning ``[{"pg", "op", "started", "completed"}, …]``; None: none."""
     global _collectives
     _collectives = source
+
+
+def set_ddp_source(source: Callable[[], bool] | None) -> None:
+    """Where beats learn whether the rank may hold a DDP module (:func:`ddp_possible`)."""
+    global _ddp_source
+    _ddp_source = source
 
 
 def main_frames(main_ident: int | None = None) -> list[Frame]:
@@ -175,12 +182,13 @@ def digest(frames: list[Frame]) -> str:
 
 def ddp_possible() -> bool:
     """Whether this rank may hold a DDP module, whose gradient all-reduce a ``backward()``
-    waits in: one the hooks watch, or no hooks to say (``--no-instrument``, or turned off by
-    an internal error)."""
-    from ddptui.rank import instrument  # loaded with the rank entry already
-
-    inst = instrument.current()
-    return inst is None or inst.disabled or inst.holds_ddp()
+    waits in, by the source the rank entry set (the hooks); without one, it may."""
+    if _ddp_source is None:
+        return True
+    try:
+        return bool(_ddp_source())
+    except Exception:  # a beat never fails for it
+        return True
 
 
 class Heartbeat:

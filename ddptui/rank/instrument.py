@@ -248,6 +248,14 @@ def current() -> Instrument | None:
     return _instrument
 
 
+def ddp_possible() -> bool:
+    """Whether this process may hold a DDP module, whose gradient all-reduce a ``backward()``
+    waits in: one the hooks watch, or no hooks to say (``--no-instrument``, or turned off by
+    an internal error). The heartbeat's source (set by the rank entry)."""
+    inst = _instrument
+    return inst is None or inst.disabled or inst.holds_ddp()
+
+
 def install(environ: dict[str, str] | None = None, force: bool = False) -> Instrument | None:
     """Install the hooks (now if torch is loaded, else when the script imports it).
 
