@@ -19,8 +19,9 @@ Fault injection through environment variables (rank R, epochs counted from 1):
 * ``PLAIN_NO_DDP=1``: the model is not wrapped in DDP (as pytorch/examples' ImageNet script
   leaves it on the CPU): each rank trains its own; the ranks meet in one barrier before.
 * ``PLAIN_STEP_S=S``: every step sleeps S more.
-* ``PLAIN_P2P=1``: every step rank 0 sends a tensor to rank 1 (``isend``/``irecv``), as a
-  pipeline's stages pass activations.
+* ``PLAIN_P2P=1``: every step rank 0 sends a tensor to rank 1, as a pipeline's stages pass
+  activations: by ``isend``/``irecv``, and every other step in a ``batch_isend_irecv`` of
+  ``P2POp``s (as torch.distributed.pipelining does).
 
 Sizes: ``PLAIN_EPOCHS`` (default 2), ``PLAIN_STEPS`` (steps per epoch, default 20),
 ``PLAIN_BATCH`` (default 16).
@@ -113,6 +114,7 @@ def main():
     else:
         model = DistributedDataParallel(model)
     step_s = float(os.environ.get("PLAIN_STEP_S", "0"))
+    p2p_steps = 0
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = Points(STEPS * BATCH * world, rank)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True)
@@ -135,7 +137,12 @@ def main():
             opt.step()
             if os.environ.get("PLAIN_P2P") == "1" and rank < 2:
                 peer = torch.zeros(4)
-                (dist.isend if rank == 0 else dist.irecv)(peer, 1 - rank).wait()
+                op = dist.isend if rank == 0 else dist.irecv
+                if (p2p_steps := p2p_steps + 1) % 2:
+                    op(peer, 1 - rank).wait()
+                else:
+                    for request in dist.batch_isend_irecv([dist.P2POp(op, peer, 1 - rank)]):
+                        request.wait()
             if step_s:
                 time.sleep(step_s)
         if epoch == 1 and os.environ.get("PLAIN_UPLOAD_TO"):
