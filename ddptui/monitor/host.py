@@ -134,8 +134,7 @@ class HostSource:
         # Forget processes that left the trees, so a reused pid starts from scratch.
         for pid in list(self._procs):
             if pid not in found:
-                del self._procs[pid]
-                self._unprimed.discard(pid)
+                self._forget(pid)
         snapshots = []
         for proc, root in found.values():
             snap = self._snapshot(proc, root)
@@ -159,6 +158,11 @@ class HostSource:
             self._scanned_roots = frozenset(roots)
         return self._children_of
 
+    def _forget(self, pid: int) -> None:
+        """Drop what is kept of ``pid`` (gone, or out of the trees): a reused pid starts anew."""
+        self._procs.pop(pid, None)
+        self._unprimed.discard(pid)
+
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for ``pid`` (if it is still the same process), else a new one."""
         cached = self._procs.get(pid)
@@ -167,8 +171,7 @@ class HostSource:
                 return cached
             # Gone (a reused pid is another process, maybe no longer in the trees): the
             # trees are read again at the next sample.
-            del self._procs[pid]
-            self._unprimed.discard(pid)
+            self._forget(pid)
             return None
         try:
             proc = psutil.Process(pid)
@@ -194,8 +197,7 @@ class HostSource:
                     except (psutil.ZombieProcess, psutil.AccessDenied):
                         pass
         except psutil.NoSuchProcess:
-            self._procs.pop(pid, None)
-            self._unprimed.discard(pid)
+            self._forget(pid)
             return None
         mem = info.get("memory_info", NA)
         return ProcessSnapshot(

@@ -996,8 +996,8 @@ class Diagnoser:
         self._candidate: tuple[int | None, str] | None = None
         self._held = 0
         self._reported: tuple[int | None, str] | None = None
-        self._noted: set[str] = set()  # the note codes already turned into diagnoses
-        self._apart = False  # the ranks were said to train apart (no_comm_diagnosis)
+        #: The note codes already turned into diagnoses (``no_comm`` too, once said).
+        self._noted: set[str] = set()
         self._waited = False  # ranks were seen waiting past the limit for ranks at work
 
     def record(self, diagnosis: Diagnosis) -> None:
@@ -1018,13 +1018,10 @@ class Diagnoser:
             if diagnosis is not None:
                 self.record(diagnosis)
                 found.append(diagnosis)
-        if not self._apart and getattr(state, "ranks", None):
-            start = state.started_at
-            now = state.last_event_at
-            t = max(0.0, now - start) if start is not None and now is not None else 0.0
-            apart = no_comm_diagnosis(state, t)
+        if "no_comm" not in self._noted and getattr(state, "ranks", None):
+            apart = no_comm_diagnosis(state, state.elapsed(state.last_event_at or 0.0))
             if apart is not None:
-                self._apart = True
+                self._noted.add("no_comm")
                 self.record(apart)
                 found.append(apart)
         return found
