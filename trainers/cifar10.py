@@ -14,18 +14,11 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import CosineAnnealingLR, LRScheduler
 
-from trainers import datasets
+from trainers import datasets, parsers
 from trainers.distributed import DistContext, rank_zero_first
 from trainers.loop import Task, run
 from trainers.models import resnet
-from trainers.options import (
-    TrainConfig,
-    add_data_on_device_option,
-    add_download_option,
-    build_parser,
-    parse_config,
-)
-from trainers.specs import CIFAR10
+from trainers.options import TrainConfig, parse_config
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
@@ -53,23 +46,9 @@ TASK = Task(
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    """This trainer's command line (ddptui also checks arguments given after ``--`` with it)."""
-    parser = build_parser(
-        "cifar10",
-        description=__doc__,
-        epochs=30,
-        batch_size=128,
-        lr=0.1,
-        models=CIFAR10.models,
-    )
-    add_download_option(parser)
-    parser.add_argument(
-        "--no-verify",
-        action="store_true",
-        help="skip the md5 check of the batch files (re-packed or subset data)",
-    )
-    add_data_on_device_option(parser)
-    return parser
+    """This trainer's command line (ddptui checks arguments given after ``--`` with
+    :func:`trainers.parsers.cifar10`, the same parser without torch)."""
+    return parsers.cifar10(__doc__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,14 +13,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler, StepLR
 
-from trainers import datasets
+from trainers import datasets, parsers
 from trainers.distributed import DistContext
 from trainers.loop import Task, run
 from trainers.models import resnet
-from trainers.options import TrainConfig, build_parser, parse_config, positive_int
-from trainers.specs import IMAGEFOLDER
-
-DEFAULT_IMAGE_SIZE = 224
+from trainers.options import TrainConfig, parse_config
+from trainers.parsers import DEFAULT_IMAGE_SIZE
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
@@ -47,24 +45,9 @@ TASK = Task(
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    """This trainer's command line (ddptui also checks arguments given after ``--`` with it)."""
-    parser = build_parser(
-        "imagefolder",
-        description=__doc__,
-        epochs=90,
-        batch_size=32,
-        lr=0.1,
-        models=IMAGEFOLDER.models,
-    )
-    parser.add_argument(
-        "--image-size",
-        type=positive_int,
-        default=DEFAULT_IMAGE_SIZE,
-        metavar="PX",
-        help=f"training crop size; validation resizes to size*256/224 and centre-crops "
-        f"(default: {DEFAULT_IMAGE_SIZE})",
-    )
-    return parser
+    """This trainer's command line (ddptui checks arguments given after ``--`` with
+    :func:`trainers.parsers.imagefolder`, the same parser without torch)."""
+    return parsers.imagefolder(__doc__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,18 +14,11 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler, StepLR
 
-from trainers import datasets
+from trainers import datasets, parsers
 from trainers.distributed import DistContext, rank_zero_first
 from trainers.loop import Task, run
 from trainers.models import MnistNet
-from trainers.options import (
-    TrainConfig,
-    add_data_on_device_option,
-    add_download_option,
-    build_parser,
-    parse_config,
-)
-from trainers.specs import MNIST
+from trainers.options import TrainConfig, parse_config
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> datasets.DataSplits:
@@ -53,18 +46,9 @@ TASK = Task(
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    """This trainer's command line (ddptui also checks arguments given after ``--`` with it)."""
-    parser = build_parser(
-        "mnist",
-        description=__doc__,
-        epochs=14,
-        batch_size=64,
-        lr=1.0,
-        models=MNIST.models,
-    )
-    add_download_option(parser)
-    add_data_on_device_option(parser)
-    return parser
+    """This trainer's command line (ddptui checks arguments given after ``--`` with
+    :func:`trainers.parsers.mnist`, the same parser without torch)."""
+    return parsers.mnist(__doc__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,8 +12,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from ddptui.constants import AMP_MODES, BACKENDS, DEVICE_CHOICES
 
 #: ``--data-on-device``: ``auto`` holds in-memory datasets on CUDA devices when they fit.
@@ -111,7 +109,7 @@ def build_parser(
         default=batch_size,
         help=f"batch size per rank (default: {batch_size})",
     )
-    add("--lr", type=_positive_float, default=lr, help=f"learning rate (default: {lr})")
+    add("--lr", type=_lr, default=lr, help=f"learning rate (default: {lr})")
     add("--seed", type=_seed, default=0, help="random seed, same on every rank (default: 0)")
     add("--data-dir", default="data", help="dataset directory (default: ./data)")
     add(
@@ -181,6 +179,8 @@ def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None = N
     args = parser.parse_args(argv)
     device = args.device
     if device == "auto":
+        import torch  # here: trainers/parsers.py builds the parsers without torch
+
         device = "cuda" if torch.cuda.is_available() else "cpu"
     backend = args.backend or ("nccl" if device == "cuda" else "gloo")
     return TrainConfig(
@@ -230,8 +230,12 @@ _seed = _int_between(0, 2**32 - 1, "seed")  # seed arithmetic stays within torch
 _workers = _int_between(0, MAX_WORKERS, "workers")
 
 
-def _positive_float(text: str) -> float:
+def _lr(text: str) -> float:
+    """An argparse type: a positive finite number (argparse's "invalid lr value: 'x'")."""
     value = float(text)
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
+
+
+_lr.__name__ = "lr"

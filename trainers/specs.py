@@ -21,7 +21,7 @@ def _spec(name: str, models: tuple[str, ...], description: str, data: bool) -> T
         models=models,
         needs_data_dir=data,
         missing_data=functools.partial(missing_data_message, name) if data else None,
-        arg_parser=f"trainers.{name}:build_arg_parser",
+        arg_parser=f"trainers.parsers:{name}",  # no torch: see trainers/parsers.py
         description=description,
     )
 

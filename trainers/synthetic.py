@@ -15,12 +15,12 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from trainers import parsers
 from trainers.datasets import DataSplits, synthetic_splits
 from trainers.distributed import DistContext
 from trainers.loop import Task, run
 from trainers.models import SmallCNN
-from trainers.options import TrainConfig, add_data_on_device_option, build_parser, parse_config
-from trainers.specs import SYNTHETIC
+from trainers.options import TrainConfig, parse_config
 
 
 def build_data(config: TrainConfig, ctx: DistContext, device: torch.device) -> DataSplits:
@@ -40,19 +40,9 @@ TASK = Task(data=build_data, model=build_model, optimizer=build_optimizer)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    """This trainer's command line (ddptui also checks arguments given after ``--`` with it)."""
-    parser = build_parser(
-        "synthetic",
-        description=__doc__,
-        epochs=3,
-        batch_size=32,
-        lr=3e-3,
-        models=SYNTHETIC.models,
-        train_size=4000,
-        test_size=1001,
-    )
-    add_data_on_device_option(parser)
-    return parser
+    """This trainer's command line (ddptui checks arguments given after ``--`` with
+    :func:`trainers.parsers.synthetic`, the same parser without torch)."""
+    return parsers.synthetic(__doc__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
