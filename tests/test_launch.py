@@ -1,10 +1,13 @@
 """Both launchers with real processes and real gloo process groups."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -188,7 +191,11 @@ def test_sigkill_of_ddptui_itself_leaves_no_worker_and_keeps_events(tmp_path):
         "--sleep",
         "0.01",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # ddptui makes its trace sockets' directory under XDG_RUNTIME_DIR (a short path): killed,
+    # it cannot remove it, so it goes there and with the test, not into /tmp for a day.
+    sockets = tempfile.mkdtemp(prefix="ddptui-test-", dir="/tmp")
+    env = {**os.environ, "XDG_RUNTIME_DIR": sockets}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
     def both_ranks_stepped():
         if not (run_dir / "events.jsonl").exists():
@@ -198,11 +205,15 @@ def test_sigkill_of_ddptui_itself_leaves_no_worker_and_keeps_events(tmp_path):
 
     try:
         assert wait_until(both_ranks_stepped, 90), "ranks never stepped"
+        assert len(list(Path(sockets).glob("ddptui-fr-*"))) == 1  # where the sockets went
     finally:
         proc.kill()
         proc.wait()
     run_id = read_events(run_dir)[0]["run"]
-    assert wait_until(lambda: processes_of_run(run_id) == [], 15), processes_of_run(run_id)
+    try:
+        assert wait_until(lambda: processes_of_run(run_id) == [], 15), processes_of_run(run_id)
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     # What ddptui received before it died is on disk: every line a whole event (written and
     # flushed before it was applied), and a replay sees both ranks training.
     data = (run_dir / "events.jsonl").read_bytes()
