@@ -40,7 +40,10 @@ def run_to_end(session, timeout=90.0):
 
 # spawn ranks of a user script: test_outcomes.py, test_orphans.py, test_diagnosis_runs.py
 @pytest.mark.parametrize("launcher", ["torchrun"])
-def test_user_script_delivers_events_from_every_rank(tmp_path, launcher):
+def test_user_script_delivers_events_from_every_rank(tmp_path, launcher, monkeypatch):
+    temp = tmp_path / "tmp"  # the launcher's temporary files: torchrun's log directory
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     session = session_for(tmp_path, launcher=launcher, world_size="2", script_args=("--steps", "6"))
     result = run_to_end(session)
     assert result.ok, result
@@ -58,6 +61,7 @@ def test_user_script_delivers_events_from_every_rank(tmp_path, launcher):
         log = (session.run_dir / f"rank-{rank}.log").read_text()
         assert f"rank {rank} done" in log and f"threads {threads}" in log
     assert processes_of_run(session.cfg.run_id) == []
+    assert list(temp.glob("torchelastic_*")) == []  # plain torchrun leaves one in /tmp
 
 
 # A failing rank named with its exit code, stderr tail and replay: test_outcomes.py, under

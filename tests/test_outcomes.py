@@ -58,8 +58,11 @@ def final_status(events, rank):
     ],
 )
 def test_a_rank_that_raised_or_exited_non_zero_is_failed_with_its_traceback(
-    tmp_path, launcher, how, error, code, where
+    tmp_path, launcher, how, error, code, where, monkeypatch
 ):
+    temp = tmp_path / "tmp"  # the launcher's temporary files: torchrun's log directory
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     raw = {"run_dir": str(tmp_path / "run"), "script": str(FAILING_SCRIPT), "launcher": launcher}
     raw.update(world_size="2", script_args=("--how", how))
     session = RunSession(build_config(raw, CPU))
@@ -84,6 +87,7 @@ def test_a_rank_that_raised_or_exited_non_zero_is_failed_with_its_traceback(
     assert "rank_fails.py" in failed.traceback and where in failed.traceback
     assert session.state.ranks[1].state == "failed"
     assert processes_of_run(session.cfg.run_id) == []
+    assert list(temp.glob("torchelastic_*")) == []  # its error files read, it is gone
     # Replaying the run directory tells the same story.
     _, replayed, _ = load_run(session.run_dir)
     assert replayed.status == "failed" and replayed.failure.rank == 1

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -212,9 +214,15 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
             nodes += ["--local-addr", opts.local_addr]
     else:
         nodes = ["--standalone", "--nnodes", "1"]
+    # torchrun's own log directory (the ranks' error files, read when a rank fails): made
+    # where torchrun makes it, and removed when the run ends, where torchrun leaves one in
+    # /tmp for every launch (633 of them on a machine after a few days of runs).
+    log_dir = tempfile.mkdtemp(prefix="torchelastic_")
     torchrun_args = torchrun.parse_args(
         [
             *nodes,
+            "--log-dir",
+            log_dir,
             "--nproc-per-node",
             str(opts.nprocs),
             "--max-restarts",
@@ -244,6 +252,8 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
             error=message,
         )
         return 1
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
     return 0
 
 
