@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import pty
+import shutil
 import statistics
 import struct
 import subprocess
@@ -229,10 +230,6 @@ def make_session_class():
 
 def child(args: argparse.Namespace) -> None:
     """The dashboard process (in a pty), or the ingest-only process (``--ingest-only``)."""
-    from ddptui.run.machine import Machine
-    from ddptui.run.options import RunConfig
-    from ddptui.tui.machine import HostInfo
-
     FeedSession = make_session_class()
     FeedSession.ranks, FeedSession.rate, FeedSession.seconds = (
         args.ranks,
@@ -241,6 +238,17 @@ def child(args: argparse.Namespace) -> None:
     )
     FeedSession.sent_path = str(Path(args.out).with_suffix(".sent.json"))
     run_dir = Path(tempfile.mkdtemp(prefix="bench-tui-"))
+    try:
+        _child_in(args, FeedSession, run_dir)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)  # the fed run's events: nothing to keep
+
+
+def _child_in(args: argparse.Namespace, FeedSession: type, run_dir: Path) -> None:  # noqa: N803
+    from ddptui.run.machine import Machine
+    from ddptui.run.options import RunConfig
+    from ddptui.tui.machine import HostInfo
+
     cfg = RunConfig(
         world_size=args.ranks,
         epochs=None,
