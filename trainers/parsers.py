@@ -17,45 +17,39 @@ from trainers.options import (
     build_parser,
     positive_int,
 )
-from trainers.specs import CIFAR10, IMAGEFOLDER, MNIST, SYNTHETIC
+from trainers.specs import BUILTIN
 
 #: The imagefolder trainer's training crop (pytorch/examples' ImageNet recipe).
 DEFAULT_IMAGE_SIZE = 224
+#: Each trainer's defaults (its recipe's).
+_DEFAULTS = {
+    "synthetic": {"epochs": 3, "batch_size": 32, "lr": 3e-3, "train_size": 4000, "test_size": 1001},
+    "mnist": {"epochs": 14, "batch_size": 64, "lr": 1.0},
+    "cifar10": {"epochs": 30, "batch_size": 128, "lr": 0.1},
+    "imagefolder": {"epochs": 90, "batch_size": 32, "lr": 0.1},
+}
+_MODELS = {spec.name: spec.models for spec in BUILTIN}
+
+
+def _base(name: str, description: str | None) -> argparse.ArgumentParser:
+    return build_parser(name, description=description, models=_MODELS[name], **_DEFAULTS[name])
 
 
 def synthetic(description: str | None = None) -> argparse.ArgumentParser:
-    parser = build_parser(
-        "synthetic",
-        description=description,
-        epochs=3,
-        batch_size=32,
-        lr=3e-3,
-        models=SYNTHETIC.models,
-        train_size=4000,
-        test_size=1001,
-    )
+    parser = _base("synthetic", description)
     add_data_on_device_option(parser)
     return parser
 
 
 def mnist(description: str | None = None) -> argparse.ArgumentParser:
-    parser = build_parser(
-        "mnist", description=description, epochs=14, batch_size=64, lr=1.0, models=MNIST.models
-    )
+    parser = _base("mnist", description)
     add_download_option(parser)
     add_data_on_device_option(parser)
     return parser
 
 
 def cifar10(description: str | None = None) -> argparse.ArgumentParser:
-    parser = build_parser(
-        "cifar10",
-        description=description,
-        epochs=30,
-        batch_size=128,
-        lr=0.1,
-        models=CIFAR10.models,
-    )
+    parser = _base("cifar10", description)
     add_download_option(parser)
     parser.add_argument(
         "--no-verify",
@@ -67,14 +61,7 @@ def cifar10(description: str | None = None) -> argparse.ArgumentParser:
 
 
 def imagefolder(description: str | None = None) -> argparse.ArgumentParser:
-    parser = build_parser(
-        "imagefolder",
-        description=description,
-        epochs=90,
-        batch_size=32,
-        lr=0.1,
-        models=IMAGEFOLDER.models,
-    )
+    parser = _base("imagefolder", description)
     parser.add_argument(
         "--image-size",
         type=positive_int,
