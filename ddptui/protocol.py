@@ -130,6 +130,9 @@ class Beat(Event, tag="beat"):
     frame: Annotated[str, msgspec.Meta(max_length=MAX_FRAME_CHARS)] | None = None
     #: The collective the main thread waits in (``all_reduce``, ``barrier``…), if any.
     waiting: ShortText | None = None
+    #: False: the rank's hooks know it holds no DDP module (yet), so a ``backward()`` in its
+    #: stack is its own work, not a wait for the gradient all-reduce. None: not known.
+    ddp: Literal[False] | None = None
     #: A digest of the main thread's whole stack: unchanged means the stack has not moved.
     digest: Annotated[str, msgspec.Meta(max_length=32)] | None = None
     #: CPU seconds the process and its live descendants have used (all threads).

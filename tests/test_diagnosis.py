@@ -930,6 +930,48 @@ def test_diagnose_hang_does_not_read_a_cut_stack_as_the_ranks():
     assert alone.rank is None and "the stack of ranks 0, 1 was cut off" in alone.detail
 
 
+def test_diagnose_hang_reads_backward_as_work_on_a_rank_that_holds_no_ddp_module():
+    """Its beats say a rank holds no DDP module (pytorch/examples' ImageNet script on the
+    CPU): stood still in ``backward()``, it waits for no gradient all-reduce, it is stuck
+    there. Without that word from its beats, ``backward()`` is DDP's wait, as before."""
+    backward = dump([(f"{TORCH}/autograd/graph.py", 1113, "_engine_run_backward"), *BOTTOM])
+    barrier = dump([(f"{TORCH}/distributed/distributed_c10d.py", 1, "barrier"), *BOTTOM])
+    stacks = {0: backward, 1: barrier}
+    out = diagnose_hang({0: 6.0, 1: 6.0}, stacks, 5.0, t=9.0, no_ddp={0, 1})
+    assert [(d.rank, d.cause) for d in out] == [(0, "hang"), (1, "collective")]
+    assert out[0].detail.startswith("rank 0 hung outside any collective, in main (train.py:")
+    assert "while rank 1 waits in a collective (barrier)" in out[0].detail
+    # a rank not said to be without DDP: its backward is the gradient all-reduce
+    out = diagnose_hang({0: 6.0, 1: 6.0}, stacks, 5.0, t=9.0, no_ddp={1})
+    causes = [(d.rank, d.cause) for d in out]
+    assert causes == [(None, "hang"), (0, "collective"), (1, "collective")]
+    assert out[1].detail.startswith("rank 0 waits in DDP gradient all-reduce, in backward")
+    assert classify_stack(backward, ddp=False).in_collective is False
+
+
+def test_the_session_names_a_rank_stuck_in_backward_without_ddp_by_its_beats(tmp_path, monkeypatch):
+    """The session hands the diagnosis the ranks whose last beat said they hold no DDP
+    module: their stacks in ``backward()`` are read as their own work."""
+    from ddptui.run import session as session_module
+    from ddptui.run.config import build_config
+    from ddptui.run.machine import Machine
+
+    backward = dump([(f"{TORCH}/autograd/graph.py", 1113, "_engine_run_backward"), *BOTTOM])
+    barrier = dump([(f"{TORCH}/distributed/distributed_c10d.py", 1, "barrier"), *BOTTOM])
+    monkeypatch.setattr(session_module, "capture_stacks", lambda *a, **k: {0: backward, 1: barrier})
+    raw = {"run_dir": str(tmp_path / "run"), "world_size": "2"}
+    run = session_module.RunSession(build_config(raw, Machine(0, "none", 2)))
+    base = {"run": run.cfg.run_id, "t": 0.0, "seq": 0}
+    for rank, ddp in ((0, False), (1, None)):
+        run.state.apply(protocol.Status(state="started", pid=100 + rank, rank=rank, **base))
+        run.state.apply(protocol.Beat(frame="main (train.py:80)", ddp=ddp, rank=rank, **base))
+    run.diagnoser.hung = {0: 6.0, 1: 6.0}
+    run.on_hang = "keep"
+    run._on_hang(1.0)
+    named = {(d.rank, d.cause) for d in run.diagnoser.diagnoses}
+    assert {(0, "hang"), (1, "collective")} <= named, run.diagnoser.diagnoses
+
+
 # -- crashes ----------------------------------------------------------------------------------
 RESET = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"
 

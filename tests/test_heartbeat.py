@@ -166,3 +166,42 @@ def test_a_failing_collectives_source_never_fails_the_last_beat(monkeypatch):
     reporter = _Beats()
     heartbeat.Heartbeat(reporter, interval=3600).last()
     assert reporter.beats[0]["collectives"] == []
+
+
+def test_a_beat_says_when_the_rank_holds_no_ddp_module_and_the_run_state_keeps_it(monkeypatch):
+    """The hooks know whether a DDP module is alive: a beat says False when none is (a
+    ``backward()`` in that rank's stack is then its own work, for the hang diagnosis too),
+    and nothing when one may be (no hooks to say, or one watched)."""
+    from ddptui import protocol
+    from ddptui.rank.reporter import Reporter
+    from ddptui.run.collector import Collector
+    from ddptui.run.state import RunState
+
+    monkeypatch.setattr(heartbeat, "_collectives", None)
+    holds = [False]
+    heartbeat.set_ddp_source(lambda: holds[0])
+    got: list = []
+    try:
+        with Collector("r", world_size=1) as collector:
+            rep = Reporter(collector.endpoint, "r", rank=0)
+            try:
+                beat = heartbeat.Heartbeat(rep, interval=3600)
+                beat.beat()
+                holds[0] = True
+                beat.beat()
+                rep.flush()
+                for _ in range(100):
+                    got += collector.poll(0.05)
+                    if len(got) >= 2:
+                        break
+            finally:
+                rep.close()
+    finally:
+        heartbeat.set_ddp_source(None)
+    beats = [e for e in got if type(e) is protocol.Beat]
+    assert [b.ddp for b in beats] == [False, None]
+    state = RunState("r", 1)
+    state.apply(beats[0])
+    assert state.ranks[0].no_ddp is True
+    state.apply(beats[1])
+    assert state.ranks[0].no_ddp is False

@@ -211,7 +211,8 @@ class Heartbeat:
     def beat(self) -> None:
         """Sample the main thread and send one beat."""
         frames = main_frames(self.main_ident)
-        info = classify(frames, ddp=ddp_possible())
+        ddp = ddp_possible()
+        info = classify(frames, ddp=ddp)
         children = _children(os.getpid())
         self.reporter.beat(
             frame=info.where if frames else None,
@@ -220,6 +221,7 @@ class Heartbeat:
             cpu=process_cpu(children),
             collectives=_marks(),
             io=process_io(children),
+            ddp=ddp,
         )
 
     def last(self) -> None:

@@ -644,8 +644,10 @@ class Reporter:
         cpu: float | None,
         collectives: list[dict[str, Any]] | None = None,
         io: int | None = None,
+        ddp: bool | None = None,
     ) -> None:
-        """Send a heartbeat (see :mod:`ddptui.rank.heartbeat`); callable from any thread."""
+        """Send a heartbeat (see :mod:`ddptui.rank.heartbeat`); callable from any thread.
+        ``ddp`` False: the rank holds no DDP module (sent only then)."""
         if self._socket is None:
             return
         marks = []
@@ -672,6 +674,7 @@ class Reporter:
             io=io if type(io) is int and 0 <= io < 2**63 else None,
             steps=self.steps_logged,
             collectives=marks,
+            ddp=False if ddp is False else None,
         )
 
     def log_eval(self, **values: Any) -> None:

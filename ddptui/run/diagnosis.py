@@ -30,7 +30,7 @@ import re
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -586,10 +586,10 @@ def main_thread(threads: list[list[Frame]]) -> list[Frame]:
     return threads[-1] if threads else []
 
 
-def classify_stack(text: str) -> StackInfo:
+def classify_stack(text: str, ddp: bool = True) -> StackInfo:
     """Whether a rank's main thread sits in a collective, from its faulthandler dump (see
-    :func:`ddptui.rank.frames.classify`)."""
-    return classify(main_thread(parse_stacks(text)))
+    :func:`ddptui.rank.frames.classify`; ``ddp`` False: the rank holds no DDP module)."""
+    return classify(main_thread(parse_stacks(text)), ddp=ddp)
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
@@ -598,12 +598,19 @@ def _ranks_text(ranks: Iterable[int]) -> str:
 
 
 def diagnose_hang(
-    hung: Mapping[int, float], stacks: Mapping[int, str], limit: float, t: float
+    hung: Mapping[int, float],
+    stacks: Mapping[int, str],
+    limit: float,
+    t: float,
+    no_ddp: Collection[int] = (),
 ) -> list[Diagnosis]:
     """Name the hung rank from every rank's stacks: a rank outside any collective is the
     culprit (``hang``); ranks in a collective wait for it (``collective``). Without a culprit
     (all in collectives: mismatched collectives or a lost peer; or no stacks) the hang is
-    reported for the run as a whole."""
+    reported for the run as a whole. The ranks in ``no_ddp`` hold no DDP module, by their
+    beats: a ``backward()`` in their stacks is their own work, not the gradient all-reduce
+    (pytorch/examples' ImageNet script on the CPU wraps no DDP; its ranks in ``backward()``
+    were read as waiting in "DDP gradient all-reduce")."""
     quiet = max(hung.values()) if hung else 0.0
     head = f"{_ranks_text(hung)} stood still for {quiet:.0f} s, CPU idle (limit {limit:g} s)"
     # A dump cut before its main thread's end (see whole_dump) says nothing of where the
@@ -612,7 +619,11 @@ def diagnose_hang(
     cut = sorted(rank for rank, text in stacks.items() if not whole_dump(text))
     if cut:
         head += f"; the stack of {_ranks_text(cut)} was cut off"
-    infos = {rank: classify_stack(text) for rank, text in sorted(stacks.items()) if rank not in cut}
+    infos = {
+        rank: classify_stack(text, ddp=rank not in no_ddp)
+        for rank, text in sorted(stacks.items())
+        if rank not in cut
+    }
     waiting = {r: i for r, i in infos.items() if i.in_collective}
     culprits = {r: i for r, i in infos.items() if not i.in_collective}
     out: list[Diagnosis] = []
@@ -1108,9 +1119,12 @@ class Diagnoser:
         self.record(finding)
         return [*found, finding]
 
-    def explain_hang(self, stacks: Mapping[int, str], t: float) -> list[Diagnosis]:
-        """After a hang: the culprit and the waiting ranks from their stacks (recorded)."""
-        found = diagnose_hang(self.hung, stacks, self.limit or 0.0, t)
+    def explain_hang(
+        self, stacks: Mapping[int, str], t: float, no_ddp: Collection[int] = ()
+    ) -> list[Diagnosis]:
+        """After a hang: the culprit and the waiting ranks from their stacks (recorded);
+        ``no_ddp``: the ranks whose beats say they hold no DDP module."""
+        found = diagnose_hang(self.hung, stacks, self.limit or 0.0, t, no_ddp)
         for diagnosis in found:
             self.record(diagnosis)
         return found

@@ -483,7 +483,8 @@ class RunSession:
         )
         with self._lock:
             self.stacks = stacks
-            self._news += self.diagnoser.explain_hang(stacks, self.state.elapsed(now))
+            no_ddp = {r for r, v in self.state.ranks.items() if v.no_ddp}
+            self._news += self.diagnoser.explain_hang(stacks, self.state.elapsed(now), no_ddp)
         self.flight_check(now)
         if self.on_hang != "keep" and self.launcher is not None and self.result is None:
             self._conclude(self.launcher.stop(), hung=True)

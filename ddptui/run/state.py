@@ -207,6 +207,9 @@ class RankView:
     frame: str | None = None
     #: The collective the main thread waits in, if any.
     waiting: str | None = None
+    #: The last beat said the rank holds no DDP module: a ``backward()`` in its stack dump is
+    #: its own work, not a wait for the gradient all-reduce (see :func:`diagnose_hang`).
+    no_ddp: bool = False
     #: When the last beat arrived (None: the rank sends none).
     beat_at: float | None = None
     #: Workers this process spawned (``spawned`` note): it only waits for them, silent, until
@@ -637,6 +640,7 @@ class RunState:
             elif ev.steps - view._comm_steps > view.steps_without_comm:
                 view.steps_without_comm = ev.steps - view._comm_steps
         view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
+        view.no_ddp = ev.ddp is False
         view._digest, view.collectives = ev.digest, marks
         view.cpu, view.io = ev.cpu, ev.io
         if (
