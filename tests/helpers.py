@@ -45,6 +45,17 @@ def read_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def drain(collector, until, rounds=200):
+    """Poll a collector until ``until(events)`` holds, or ``rounds`` polls in a row (of
+    0.05 s) found nothing more; the events received."""
+    events, idle = [], 0
+    while not until(events) and idle < rounds:
+        got = collector.poll(0.05)
+        events += got
+        idle = 0 if got else idle + 1
+    return events
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

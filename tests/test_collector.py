@@ -11,6 +11,7 @@ import zmq
 from ddptui import protocol
 from ddptui.run.collector import MAX_IPC_PATH, Collector
 from ddptui.run.state import RunState
+from tests.helpers import drain
 
 
 def push_all(endpoint, messages):
@@ -19,16 +20,6 @@ def push_all(endpoint, messages):
         push.connect(endpoint)
         for message in messages:
             push.send(message)
-
-
-def drain(collector, until, rounds=200):
-    """Poll until ``until(events)`` holds (or ``rounds`` polls found nothing more)."""
-    events, idle = [], 0
-    while not until(events) and idle < rounds:
-        got = collector.poll(0.05)
-        events += got
-        idle = 0 if got else idle + 1
-    return events
 
 
 def step(rank=0, seq=0, **fields):

@@ -178,9 +178,10 @@ def test_a_beat_says_when_the_rank_holds_no_ddp_module_and_the_run_state_keeps_i
     from ddptui.run.state import RunState
 
     monkeypatch.setattr(heartbeat, "_collectives", None)
+    from tests.helpers import drain
+
     holds = [False]
     heartbeat.set_ddp_source(lambda: holds[0])
-    got: list = []
     try:
         with Collector("r", world_size=1) as collector:
             rep = Reporter(collector.endpoint, "r", rank=0)
@@ -190,10 +191,7 @@ def test_a_beat_says_when_the_rank_holds_no_ddp_module_and_the_run_state_keeps_i
                 holds[0] = True
                 beat.beat()
                 rep.flush()
-                for _ in range(100):
-                    got += collector.poll(0.05)
-                    if len(got) >= 2:
-                        break
+                got = drain(collector, lambda events: len(events) >= 2)
             finally:
                 rep.close()
     finally:

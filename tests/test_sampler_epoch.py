@@ -389,19 +389,16 @@ def test_the_dashboard_shows_it_with_the_other_diagnoses(tmp_path):
 
 def test_the_reporter_sends_a_note_after_the_ranks_start():
     """``Reporter.note`` over a real socket: the rank's start first, then the note."""
-    import time
-
     from ddptui.rank.reporter import Reporter
     from ddptui.run.collector import Collector
+    from tests.helpers import drain
 
     collector = Collector("run-1")
     rep = Reporter(collector.endpoint, "run-1", rank=1)
     try:
         rep.note("sampler_epoch", epoch=3, passes=2)
         rep.flush()
-        got, deadline = [], time.monotonic() + 10
-        while len(got) < 2 and time.monotonic() < deadline:
-            got += collector.poll(0.05)
+        got = drain(collector, lambda got: len(got) >= 2)
     finally:
         rep.close()
         collector.close()

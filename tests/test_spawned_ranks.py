@@ -14,7 +14,7 @@ from ddptui import protocol
 from ddptui.rank.reporter import Reporter
 from ddptui.run.collector import Collector
 from ddptui.run.state import RunState
-from tests.helpers import processes_of_run
+from tests.helpers import drain, processes_of_run
 
 
 def started(rank, world_size, state="started", run="r"):
@@ -61,11 +61,7 @@ def test_collector_accepts_a_grown_world_and_still_refuses_ranks_beyond_it():
             rep.rank = 7
             rep._send(protocol.Step, step=3)  # outside the grown world
             rep.flush()
-            got = []
-            for _ in range(100):
-                got += collector.poll(0.05)
-                if collector.stats.implausible >= 2 and len(got) >= 2:
-                    break
+            got = drain(collector, lambda got: collector.stats.implausible >= 2 and len(got) >= 2)
         finally:
             rep.close()
     assert [(type(e).__name__, e.rank) for e in got] == [("Status", 1), ("Step", 1)]
@@ -97,11 +93,7 @@ def test_beats_repeat_the_last_sequence_number_so_leaving_them_out_is_no_gap():
             rep.beat("main (x.py:1)", None, "d", 1.0)
             rep._send(protocol.Step, step=2)
             rep.flush()
-            got = []
-            for _ in range(100):
-                got += collector.poll(0.05)
-                if len(got) >= 3:
-                    break
+            got = drain(collector, lambda got: len(got) >= 3)
         finally:
             rep.close()
     assert [(type(e).__name__, e.seq) for e in got] == [("Step", 0), ("Beat", 0), ("Step", 1)]
