@@ -7,7 +7,9 @@ Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
    steps; a live collector in another process receives the steps): short blocks with and
    without, alternating in one run; each pair of blocks gives a ratio, and the figure is their
    median with a 90 % distribution-free interval. Wall time (the goal) and the process's CPU
-   time. Goals: <= 1 % at 10 ms steps, <= 3 % at 3 ms (``bench_telemetry.GOALS``).
+   time, and a step's extra microseconds split into the stepping thread's own CPU, its waiting
+   (wall beyond its CPU: the GIL, a core) and the other threads' CPU (the drainer's, ZeroMQ's,
+   gloo's). Goals: <= 1 % at 10 ms steps, <= 3 % at 3 ms (``bench_telemetry.GOALS``).
 2. The cost per hook call: a step of a near-empty model with vs without the hooks (fastest
    blocks), divided by the hook calls the step makes (DDP forward pre, pre/post on its inner
    module, one gradient hook once learned, ``backward``, optimizer pre/post);

@@ -11,8 +11,11 @@ Run: uv run python benchmarks/bench_telemetry.py [log] [train] [ingest] [--pairs
    a ratio, and the figure is their median with a 90 % distribution-free interval
    (``benchmath.median_interval``). Wall time (the goal) and the process's CPU time (all its
    threads, ZeroMQ's I/O thread included; less disturbed by a loaded machine). Goals: <= 1 %
-   at 10 ms steps, <= 3 % at 3 ms. Beside them, the microseconds of the ``ddptui.log`` calls
-   themselves per step (mean over the run, so the batched sends are in it).
+   at 10 ms steps, <= 3 % at 3 ms. Then where a step's extra microseconds go: the stepping
+   thread's own CPU (code on the step path), its wall time beyond its CPU (waiting for the GIL
+   or a core) and the other threads' CPU (off the step path). Beside them, the microseconds of
+   the ``ddptui.log`` calls themselves per step (mean over the run, so the batched sends are
+   in it).
 3. Collector ingest (receive + validate) vs raw pyzmq receive of the same messages, in the
    same run, as a ratio. Target >= 0.5.
 """
@@ -155,19 +158,22 @@ def load() -> str:
 
 
 class Clocks:
-    """Wall and process-CPU seconds of one block of steps."""
+    """Wall, process-CPU and step-thread-CPU seconds of one block of steps (made and read in
+    the thread that steps)."""
 
-    __slots__ = ("wall", "cpu")
+    __slots__ = ("wall", "cpu", "thread")
 
     def __init__(self) -> None:
         self.wall = time.perf_counter()
         self.cpu = time.process_time()
+        self.thread = time.thread_time()
 
-    def since(self, steps: int) -> tuple[float, float]:
-        """Wall and CPU seconds per step since this was made."""
+    def since(self, steps: int) -> tuple[float, float, float]:
+        """Wall, process-CPU and this thread's CPU seconds per step since this was made."""
         return (
             (time.perf_counter() - self.wall) / steps,
             (time.process_time() - self.cpu) / steps,
+            (time.thread_time() - self.thread) / steps,
         )
 
 
@@ -216,9 +222,9 @@ def smallcnn_batch(make_step: Callable[[int], Callable[[], None]], target_s: flo
 
 
 def paired_blocks(
-    block: Callable[[bool, int], tuple[float, float]], pairs: int, steps: int
-) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """``block(on, steps)`` runs one block and returns its (wall, CPU) seconds per step.
+    block: Callable[[bool, int], tuple[float, ...]], pairs: int, steps: int
+) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+    """``block(on, steps)`` runs one block and returns its :meth:`Clocks.since` per step.
     Runs ``pairs`` pairs, off then on and on then off in turn (drift hits both arms alike);
     returns the off and the on blocks, in pair order."""
     off, on = [], []
@@ -265,12 +271,13 @@ def own_us(calls: list[float], chunk: int = 50) -> str:
 
 def print_overhead(
     title: str,
-    off: list[tuple[float, float]],
-    on: list[tuple[float, float]],
+    off: list[tuple[float, float, float]],
+    on: list[tuple[float, float, float]],
     goal: float,
     before: str,
 ) -> None:
-    """Print the overhead of one step size: step times, wall and CPU ratios with intervals."""
+    """Print the overhead of one step size: step times, wall and CPU ratios with intervals,
+    and where the extra time of a step goes."""
     wall_off, wall_on = [b[0] for b in off], [b[0] for b in on]
     cpu_off, cpu_on = [b[1] for b in off], [b[1] for b in on]
     print(
@@ -280,6 +287,29 @@ def print_overhead(
     )
     print("  " + ratio_line("step time (wall)", wall_off, wall_on, goal))
     print("  " + ratio_line("process CPU time ", cpu_off, cpu_on, goal))
+    print("  " + where_it_goes(off, on))
+
+
+def where_it_goes(off: list[tuple[float, float, float]], on: list[tuple[float, ...]]) -> str:
+    """The extra microseconds of a step, split: the step thread's own CPU (the code on the
+    step path), its wall time beyond that (waiting: for the GIL, for a core), and the other
+    threads' CPU (off the step path: the drainer, ZeroMQ's). Medians of the pairs'
+    differences, each with its 90 % interval."""
+    parts = {
+        "wall": lambda b: b[0],
+        "step thread CPU": lambda b: b[2],
+        "step thread waiting": lambda b: b[0] - b[2],
+        "other threads' CPU": lambda b: b[1] - b[2],
+    }
+    shown = []
+    for name, part in parts.items():
+        around = benchmath.median_interval(
+            [part(b) - part(a) for a, b in zip(off, on, strict=True)]
+        )
+        shown.append(
+            f"{name} {around.median * 1e6:+.1f} [{around.low * 1e6:+.1f}, {around.high * 1e6:+.1f}]"
+        )
+    return "extra us a step: " + "; ".join(shown)
 
 
 def bench_training_overhead(pairs: int = 80) -> None:
