@@ -19,6 +19,11 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{seconds}s"
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 worker``, ``2 workers``: a count and its noun, singular for one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def fmt_eta(state: Any, now: float) -> str:
     """A run's ETA (``RunState.eta``) as :func:`fmt_duration` writes it; once the run steps
     with no number of epochs known (a script that does not say it, started without

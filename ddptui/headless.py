@@ -16,6 +16,7 @@ from ddptui import protocol
 from ddptui.constants import PHASES
 from ddptui.formatting import (
     amp_label,
+    counted,
     escaped,
     fmt_duration,
     fmt_epoch,
@@ -98,7 +99,7 @@ def progress_line(state: RunState, now: float) -> str:
         first = preparing[0]
         where = f" at {first.frame}" if first.frame else ""
         if first.spawned:
-            where = f": spawned {first.spawned} workers, waiting for their process group"
+            where = f": spawned {counted(first.spawned, 'worker')}, waiting for their process group"
         who = (
             f"rank {first.rank}"
             if len(preparing) == 1

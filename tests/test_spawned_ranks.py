@@ -308,6 +308,9 @@ def test_a_spawner_is_shown_waiting_for_its_workers_group_and_its_silence_is_no_
         progress_line(state, late)
     )
     assert where_cell(view, ended=False) == "spawned 2 workers"
+    state.apply(note_spawned(1, seq=2), now=late)  # pytorch/examples' ImageNet on a CPU node
+    assert "preparing (rank 0: spawned 1 worker, waiting" in progress_line(state, late)
+    assert where_cell(state.ranks[0], ended=False) == "spawned 1 worker"
     assert state.notes == {}  # its own state, no finding
     # its worker of rank 0 announces itself (another process): the row is the worker's now
     worker = protocol.Status(run="r", rank=0, t=0.0, seq=0, state="started", pid=555)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ddptui.formatting import (
     amp_label,
+    counted,
     epoch_ordinal,
     fmt_duration,
     fmt_epoch,
@@ -301,7 +302,8 @@ STILL_SHOWN_S = 5.0
 def where_cell(view: RankView, ended: bool) -> str:
     """The rank's frame, while it prepares or stands still (live runs only)."""
     if not ended and view.state == "started" and view.spawned:
-        return f"spawned {view.spawned} workers"  # until their group forms (fits the column)
+        # until their group forms (fits the column)
+        return f"spawned {counted(view.spawned, 'worker')}"
     if ended or view.state != "started" or not view.frame:
         return ""
     still = view.still_for or 0.0
@@ -522,7 +524,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
                 i,
                 (
                     node.label,
-                    f"{len(node.ranks)} rank" + ("s" if len(node.ranks) != 1 else ""),
+                    counted(len(node.ranks), "rank"),
                     "",
                     short(node.host, HOST_WIDTH),
                     "",
