@@ -79,6 +79,9 @@ def run_arm(arm: str, steps: int, workdir: Path) -> dict:
         cmd += ["--nproc-per-node", str(WORLD), str(SCRIPT)]
     env = {**os.environ, "STARTUP_OUT": str(out), "STARTUP_STEPS": str(steps)}
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for nproc > 1; same for both
+    # Plain torchrun leaves a torchelastic_* log directory in the temporary folder at every
+    # launch (60 of them from two runs of 30 rounds): each arm's go in its own, removed.
+    env["TMPDIR"] = str(workdir)
     log = open(workdir / "console.txt", "wb")  # noqa: SIM115 - closed below
     launch = time.time()
     proc = subprocess.Popen(
