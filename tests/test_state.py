@@ -269,6 +269,12 @@ def test_a_first_step_that_compiled_is_told_apart_from_the_runs_rate(phases):
     assert summary["samples_per_s"] == pytest.approx(mean)
     assert summary["samples_per_s_after_first_step"] == pytest.approx(after)
     assert summary["first_step_s"] == pytest.approx(first)
+    # each rank's own: its mean over its steps holds its first, the figure after it not
+    own_first = {0: 15.5, 1: 15.5 if phases else 15.6}  # under DDP the run's stepping time
+    for doc in summary["ranks"]:
+        took = own_first[doc["rank"]]
+        assert doc["samples_per_s"] == pytest.approx(301 * 64 / (took + 300 * 0.1))
+        assert doc["samples_per_s_after_first_step"] == pytest.approx(300 * 64 / (300 * 0.1))
 
 
 def test_each_attempts_first_step_is_its_warm_up():
@@ -304,6 +310,7 @@ def test_no_rate_after_the_first_step_of_a_run_that_took_one_or_a_steady_one():
     assert fmt_first_step(one.final_samples_per_s(), None) == ""
     summary = summarize(one, "finished")
     assert (summary["samples_per_s_after_first_step"], summary["first_step_s"]) == (None, None)
+    assert [doc["samples_per_s_after_first_step"] for doc in summary["ranks"]] == [None, None]
     steady, _ = compiled_run(first=(0.5, 0.5), steps=100)
     mean = steady.final_samples_per_s()
     assert steady.rate_after_first_step()[0] == pytest.approx(1280.0)

@@ -155,6 +155,10 @@ def summarize(
                 # its mean over its steps (samples over summed step times, under DDP without
                 # its waits for the other ranks; None: not counted)
                 "samples_per_s": _finite(rate),
+                # the same without each attempt's first step (the run's warm-up)
+                "samples_per_s_after_first_step": _finite(state.rank_rate_after_first_step(view))
+                if view.samples_total
+                else None,
                 "error": _text(view.error),
             }
         )
