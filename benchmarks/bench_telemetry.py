@@ -271,8 +271,8 @@ def own_us(calls: list[float], chunk: int = 50) -> str:
 
 def print_overhead(
     title: str,
-    off: list[tuple[float, float, float]],
-    on: list[tuple[float, float, float]],
+    off: list[tuple[float, ...]],
+    on: list[tuple[float, ...]],
     goal: float,
     before: str,
 ) -> None:
@@ -290,7 +290,7 @@ def print_overhead(
     print("  " + where_it_goes(off, on))
 
 
-def where_it_goes(off: list[tuple[float, float, float]], on: list[tuple[float, ...]]) -> str:
+def where_it_goes(off: list[tuple[float, ...]], on: list[tuple[float, ...]]) -> str:
     """The extra microseconds of a step, split: the step thread's own CPU (the code on the
     step path), its wall time beyond that (waiting: for the GIL, for a core), and the other
     threads' CPU (off the step path: the drainer, ZeroMQ's). Medians of the pairs'
