@@ -2,9 +2,11 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import psutil
 import pytest
@@ -15,6 +17,19 @@ from tests.helpers import USER_SCRIPT, processes_of_run, wait_until
 pytestmark = pytest.mark.slow
 #: Ranks must be gone within 5 s of ddptui's death; allow for a loaded test machine.
 GONE_WITHIN_S = 10.0
+
+
+@pytest.fixture(autouse=True)
+def own_temp_dirs(monkeypatch):
+    """The processes these tests start get a temporary folder of their own, removed after the
+    test: a driver or ddptui killed with SIGKILL cannot remove torchrun's log directory
+    (``torchelastic_*``) or ddptui's trace sockets' directory, which went into /tmp at every
+    run of the suite. Short (under /tmp), as a socket's path must be."""
+    folder = tempfile.mkdtemp(prefix="ddptui-test-", dir="/tmp")
+    monkeypatch.setenv("TMPDIR", folder)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", folder)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def start_ddptui(run_dir, launcher):
