@@ -19,9 +19,10 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{seconds}s"
 
 
-def counted(n: int, noun: str) -> str:
-    """``1 worker``, ``2 workers``: a count and its noun, singular for one."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 worker``, ``2 workers``: a count and its noun, singular for one (``plural`` where
+    it is not the noun and an s: ``process``, ``processes``)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def fmt_eta(state: Any, now: float) -> str:

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ddptui.formatting import counted
+
 __all__ = [
     "NA",
     "NotAvailable",
@@ -173,8 +175,7 @@ class GpuReport:
         """One line for a status bar: ``2 GPUs`` or ``no NVIDIA GPU: <reason>``."""
         if not self.available:
             return f"no NVIDIA GPU: {self.reason}"
-        n = len(self.devices)
-        return f"{n} GPU" + ("" if n == 1 else "s")
+        return counted(len(self.devices), "GPU")
 
 
 @dataclass(frozen=True, slots=True)

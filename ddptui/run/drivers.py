@@ -218,24 +218,24 @@ def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
     # where torchrun makes it, and removed when the run ends, where torchrun leaves one in
     # /tmp for every launch (633 of them on a machine after a few days of runs).
     log_dir = tempfile.mkdtemp(prefix="torchelastic_")
-    torchrun_args = torchrun.parse_args(
-        [
-            *nodes,
-            "--log-dir",
-            log_dir,
-            "--nproc-per-node",
-            str(opts.nprocs),
-            "--max-restarts",
-            "0",
-            "--monitor-interval",
-            "0.1",
-            *target,
-            "--",
-            *args,
-        ]
-    )
-    _ask_before_stopping()
     try:
+        torchrun_args = torchrun.parse_args(
+            [
+                *nodes,
+                "--log-dir",
+                log_dir,
+                "--nproc-per-node",
+                str(opts.nprocs),
+                "--max-restarts",
+                "0",
+                "--monitor-interval",
+                "0.1",
+                *target,
+                "--",
+                *args,
+            ]
+        )
+        _ask_before_stopping()
         torchrun.run(torchrun_args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()

@@ -273,6 +273,13 @@ class RankView:
             return None
         return max(0, self.io - self.io_since)
 
+    def after_first_steps(self) -> tuple[int, float]:
+        """(samples, seconds) of its timed steps without each attempt's first (its warm-up)."""
+        return (
+            self.samples_timed - self.first_steps_samples,
+            self.time_stepping - self.first_steps_time,
+        )
+
     def rate_over_run(self) -> float | None:
         """The rank's mean samples/s over its steps: their samples over their summed step
         times (a step that held an evaluation counts with its time, but for the evaluation
@@ -801,8 +808,7 @@ class RunState:
             if view.samples_timed and view.time_stepping > 0.0:
                 timed, spent = view.samples_timed, view.time_stepping
                 if after_first:
-                    timed -= view.first_steps_samples
-                    spent -= view.first_steps_time
+                    timed, spent = view.after_first_steps()
                     first = max(first, view.first_steps_time)
                     if timed <= 0 or spent <= 0.0:
                         continue
@@ -814,7 +820,7 @@ class RunState:
             return 0.0, None
         stepped = self._run_stepping_time()
         if stepped is not None and after_first:
-            warm = sum(least for _, least in self._first_steps.values())
+            warm = self._warm_up_time()
             stepped, first = stepped - warm, warm
         if stepped is not None and 0.0 < stepped < longest:
             longest = stepped
@@ -843,16 +849,19 @@ class RunState:
         :meth:`rate_after_first_step` has the run's (a first step as long as ten others puts
         a 100-step rank's mean 8 % under its pace, one that compiles for 15 s a third under).
         None where the rank timed no step after its first."""
-        samples = view.samples_timed - view.first_steps_samples
-        spent = view.time_stepping - view.first_steps_time
+        samples, spent = view.after_first_steps()
         if samples <= 0 or spent <= 0.0:
             return None
         stepped = self._run_stepping_time()
         if stepped is not None:
-            stepped -= sum(least for _, least in self._first_steps.values())
+            stepped -= self._warm_up_time()
             if 0.0 < stepped < spent:
                 spent = stepped
         return samples / spent
+
+    def _warm_up_time(self) -> float:
+        """The run's seconds in each attempt's first step (the least over its ranks)."""
+        return sum(least for _, least in self._first_steps.values())
 
     def samples_per_s_over_run(self) -> float | None:
         """:meth:`final_samples_per_s` where it means something: None when no sample was

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from ddptui.formatting import counted
 from ddptui.monitor import NA, GpuHistory, GpuSnapshot, GpuView, is_na
 from ddptui.monitor.units import GiB, format_bytes, format_percent, format_value
 from ddptui.tui.node_system import NodeSystemLine
@@ -128,8 +129,7 @@ class GpuCard(Vertical):
             if view and view.foreign:
                 title.append(f" +{len(view.foreign)} other", "yellow")
         elif view:
-            n = len(view.processes)
-            title.append(f"{n} process{'es' if n != 1 else ''}", "dim")
+            title.append(counted(len(view.processes), "process", "processes"), "dim")
         pcie = pcie_label(gpu)
         if pcie:  # only where it was measured, always with its age
             title.append(f"  {pcie}", "dim")
