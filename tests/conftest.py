@@ -12,7 +12,11 @@ files are skipped); torch and the other installed packages have theirs from uv
 from __future__ import annotations
 
 import compileall
+import os
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,11 +28,79 @@ def pytest_configure(config) -> None:
         compileall.compile_dir(ROOT / folder, quiet=2, workers=1)
 
 
-def pytest_collection_modifyitems(items) -> None:
-    """The slow tier first, the unit tests last (a stable sort: files keep their order).
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker more than the cores this process may run on. A worker whose
+    test waits (a hang timeout, a dashboard's timers) leaves its core to the others; with one
+    worker a core, that core idled (10 % of the suite's time on 2 cores, vmstat)."""
+    asked = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    if asked.isdigit() and int(asked) > 0:  # xdist's own override, kept
+        return int(asked)
+    return len(os.sched_getaffinity(0)) + 1
 
-    pytest-xdist hands out tests in collection order, so alphabetical order left the slow
-    dashboard runs of ``test_tui_*`` for the suite's last half minute, each on one worker
-    while the other core idled: 23 of the suite's 70 idle core-seconds. Short unit tests fill
-    that tail instead. Every worker sorts alike, so their collections still match."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Collection with pytest's cache of rewritten test modules, even where
+    ``PYTHONDONTWRITEBYTECODE`` is set: pytest rewrites every test module's asserts, and
+    without its cache each worker did that anew at every run, 5 of the 9 CPU-seconds its
+    collection took. Only the rewritten test modules are new files here (what else the tests
+    import was compiled above or by uv)."""
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = before
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """The order in which xdist hands tests out: the slow tier first, its files taken in turn,
+    with the unit tests that mostly wait (marked ``waits``) spread among them; the other unit
+    tests last.
+
+    pytest-xdist hands out tests in collection order, one at a time to the worker that is
+    free. Alphabetical order left the slow dashboard runs of ``test_tui_*`` for the suite's
+    last half minute, each on one worker while the other core idled; short unit tests fill
+    that tail instead. But a test that waits (a dashboard's timers, a socket's timeout, a hung
+    rank's hang timeout) leaves its core idle unless the other worker's test can use it: a
+    real run can (its ranks are processes of their own), another unit test cannot. So the
+    waiting unit tests run beside real runs, and one slow file's tests (the fault matrix's
+    hang timeouts, say) are spread out rather than taken together, when both workers waited
+    at once. Every worker sorts alike, so their collections still match."""
+    slow, waits, rest = [], [], []
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            slow.append(item)
+        elif item.get_closest_marker("waits") is not None:
+            waits.append(item)
+        else:
+            rest.append(item)
+    items[:] = _spread(_files_in_turn(slow), waits) + rest
+
+
+def _files_in_turn(items: list) -> list:
+    """``items`` with their files taken in turn: each file's first test, then each one's
+    second, and so on (each file's own order kept)."""
+    by_file: dict[str, list] = {}
+    for item in items:
+        by_file.setdefault(str(item.path), []).append(item)
+    queues = list(by_file.values())
+    return [
+        queue[i]
+        for i in range(max(map(len, queues), default=0))
+        for queue in queues
+        if i < len(queue)
+    ]
+
+
+def _spread(items: list, among: list) -> list:
+    """``among`` spread evenly through ``items``, both in their own order."""
+    if not items:
+        return among
+    out, placed = [], 0
+    for i, item in enumerate(items, 1):
+        out.append(item)
+        upto = len(among) * i // len(items)
+        out.extend(among[placed:upto])
+        placed = upto
+    return out

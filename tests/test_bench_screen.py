@@ -6,12 +6,15 @@ from __future__ import annotations
 import csv
 import time
 
+import pytest
 from rich.console import Console
 from textual.widgets import ProgressBar, Static
 
 from ddptui.runs import bench
 from ddptui.tui.screens.bench import BenchApp, BenchScreen, SamplesChart
 from tests.test_bench import NO_CUDA, FakeSampler, FakeSession, _args
+
+pytestmark = pytest.mark.waits  # mostly waits on timers: run beside real runs (tests/conftest.py)
 
 
 def _opts(tmp_path, *argv):

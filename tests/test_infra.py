@@ -61,3 +61,20 @@ def test_the_namespace_reaches_nothing_but_its_veth_peer(netns_pair):
     )
     proc = netns_pair.run(sys.executable, "-c", code, timeout=30)
     assert proc.stdout.strip() == "ENETUNREACH", proc.stdout + proc.stderr
+
+
+def test_the_order_xdist_hands_out_takes_slow_files_in_turn_and_spreads_the_waiting_tests():
+    from types import SimpleNamespace
+
+    from tests.conftest import _files_in_turn, _spread
+
+    def items(path, n):
+        return [SimpleNamespace(path=path, name=f"{path}{i}") for i in range(n)]
+
+    slow = items("a", 3) + items("b", 1) + items("c", 2)
+    assert [i.name for i in _files_in_turn(slow)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
+    waits = items("w", 3)
+    spread = [i.name for i in _spread(_files_in_turn(slow), waits)]
+    assert spread == ["a0", "b0", "w0", "c0", "a1", "w1", "c1", "a2", "w2"]
+    assert [i.name for i in _spread([], waits)] == ["w0", "w1", "w2"]
+    assert _spread(slow, []) == slow

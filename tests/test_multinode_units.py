@@ -31,6 +31,8 @@ from ddptui.run.state import RankFailureInfo
 from ddptui.runfiles import write_private
 from tests.helpers import ROOT, wait_until
 
+pytestmark = pytest.mark.waits  # mostly waits on timers: run beside real runs (tests/conftest.py)
+
 CPU = Machine(0, "no GPU here", cpu_count=2)
 ALLOC = {
     "SLURM_JOB_ID": "7",

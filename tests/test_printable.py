@@ -26,6 +26,8 @@ from ddptui.tui.widgets.logs import _fmt
 from ddptui.tui.widgets.text import as_text, printable_text
 
 #: What a terminal acts on: C0 controls but newline, DEL, C1 controls, line separators.
+pytestmark = pytest.mark.waits  # mostly waits on timers: run beside real runs (tests/conftest.py)
+
 ACTED_ON = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 

@@ -12,6 +12,8 @@ from ddptui.rank.stacks import capture_stacks
 from ddptui.run.diagnosis import classify_stack
 from ddptui.runfiles import RunDir
 
+pytestmark = pytest.mark.waits  # mostly waits on timers: run beside real runs (tests/conftest.py)
+
 CHILD = """
 import sys, time
 from ddptui.rank.stacks import register_stack_dump

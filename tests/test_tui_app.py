@@ -31,6 +31,8 @@ from tests.tui_fixtures.fakes import (
     replay,
 )
 
+pytestmark = pytest.mark.waits  # mostly waits on timers: run beside real runs (tests/conftest.py)
+
 SIZE = (120, 40)
 
 
