@@ -1,5 +1,5 @@
-"""Suite-wide set-up: bytecode for the code the suite's processes import, and the order in
-which xdist hands tests out.
+"""Suite-wide set-up: bytecode for the code the suite's processes import, how many xdist
+workers ``-n auto`` starts, and the order in which they get the tests.
 
 The suite starts a few hundred Python processes (ddptui, launchers, ranks), each importing
 ddptui, the trainers and test scripts. Where ``PYTHONDONTWRITEBYTECODE`` is set, none of them
@@ -64,9 +64,9 @@ def pytest_collection_modifyitems(items) -> None:
     that tail instead. But a test that waits (a dashboard's timers, a socket's timeout, a hung
     rank's hang timeout) leaves its core idle unless the other worker's test can use it: a
     real run can (its ranks are processes of their own), another unit test cannot. So the
-    waiting unit tests run beside real runs, and one slow file's tests (the fault matrix's
-    hang timeouts, say) are spread out rather than taken together, when both workers waited
-    at once. Every worker sorts alike, so their collections still match."""
+    waiting unit tests run beside real runs, and one slow file's tests are spread out: taken
+    together, the fault matrix's hang timeouts had both workers waiting at once. Every worker
+    sorts alike, so their collections still match."""
     slow, waits, rest = [], [], []
     for item in items:
         if item.get_closest_marker("slow") is not None:
