@@ -42,8 +42,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
 def pytest_collection(session):
     """Collection with pytest's cache of rewritten test modules, even where
     ``PYTHONDONTWRITEBYTECODE`` is set: pytest rewrites every test module's asserts, and
-    without its cache each worker did that anew at every run, 5 of the 9 CPU-seconds its
-    collection took. Only the rewritten test modules are new files here (what else the tests
+    without its cache each worker did that anew at every run: its collection took 7.8 s, 5.0 s
+    with the cache. Only the rewritten test modules are new files here (what else the tests
     import was compiled above or by uv)."""
     before = sys.dont_write_bytecode
     sys.dont_write_bytecode = False
