@@ -156,9 +156,7 @@ def summarize(
                 # its waits for the other ranks; None: not counted)
                 "samples_per_s": _finite(rate),
                 # the same without each attempt's first step (the run's warm-up)
-                "samples_per_s_after_first_step": _finite(state.rank_rate_after_first_step(view))
-                if view.samples_total
-                else None,
+                "samples_per_s_after_first_step": _finite(state.rank_rate_after_first_step(view)),
                 "error": _text(view.error),
             }
         )

@@ -818,12 +818,9 @@ class RunState:
                 untimed += view.samples_per_s or 0.0
         if after_first and not samples:
             return 0.0, None
-        stepped = self._run_stepping_time()
-        if stepped is not None and after_first:
-            warm = self._warm_up_time()
-            stepped, first = stepped - warm, warm
-        if stepped is not None and 0.0 < stepped < longest:
-            longest = stepped
+        if after_first and self._run_stepping_time() is not None:
+            first = self._warm_up_time()
+        longest = self._stepping_time(longest, after_first)
         return (samples / longest if longest else 0.0) + untimed, first
 
     def _run_stepping_time(self) -> float | None:
@@ -833,15 +830,24 @@ class RunState:
             return self.lockstep_time
         return None
 
+    def _stepping_time(self, spent: float, after_first: bool) -> float:
+        """``spent``, seconds that a rank (or the slowest rank) spent inside its steps; under
+        DDP the run's own stepping time (without each attempt's first step where
+        ``after_first``) where that is shorter: the waits inside a rank's steps for ranks that
+        were not stepping left out."""
+        stepped = self._run_stepping_time()
+        if stepped is not None and after_first:
+            stepped -= self._warm_up_time()
+        return stepped if stepped is not None and 0.0 < stepped < spent else spent
+
     def rank_rate_over_run(self, view: RankView) -> float | None:
         """A rank's mean samples/s over its steps (:meth:`RankView.rate_over_run`); under DDP
         without its waits inside them for ranks that were not stepping (its time stepping, or
         the run's where that is shorter): rank 1 of torchvision's reference, which waited for
         rank 0's checkpoints, read 15 samples/s beside rank 0's 21 and the run's 43, as if it
         were the slow one."""
-        stepped = self._run_stepping_time()
-        if stepped is not None and view.samples_timed and 0.0 < stepped < view.time_stepping:
-            return view.samples_timed / stepped
+        if view.samples_timed and view.time_stepping > 0.0:
+            return view.samples_timed / self._stepping_time(view.time_stepping, after_first=False)
         return view.rate_over_run()
 
     def rank_rate_after_first_step(self, view: RankView) -> float | None:
@@ -852,12 +858,7 @@ class RunState:
         samples, spent = view.after_first_steps()
         if samples <= 0 or spent <= 0.0:
             return None
-        stepped = self._run_stepping_time()
-        if stepped is not None:
-            stepped -= self._warm_up_time()
-            if 0.0 < stepped < spent:
-                spent = stepped
-        return samples / spent
+        return samples / self._stepping_time(spent, after_first=True)
 
     def _warm_up_time(self) -> float:
         """The run's seconds in each attempt's first step (the least over its ranks)."""
