@@ -78,3 +78,16 @@ def test_the_order_xdist_hands_out_takes_slow_files_in_turn_and_spreads_the_wait
     assert spread == ["a0", "b0", "w0", "c0", "a1", "w1", "c1", "a2", "w2"]
     assert [i.name for i in _spread([], waits)] == ["w0", "w1", "w2"]
     assert _spread(slow, []) == slow
+
+
+def test_auto_starts_one_worker_more_than_the_cores_unless_told(monkeypatch):
+    import os
+
+    from tests.conftest import pytest_xdist_auto_num_workers
+
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    assert pytest_xdist_auto_num_workers(None) == len(os.sched_getaffinity(0)) + 1
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
+    assert pytest_xdist_auto_num_workers(None) == 5
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "lots")  # not a count: ignored
+    assert pytest_xdist_auto_num_workers(None) == len(os.sched_getaffinity(0)) + 1
