@@ -2,15 +2,15 @@
 
 Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
 
-1. Training step time with vs without the hooks (the built-in synthetic trainer's SmallCNN,
-   DDP over gloo with one rank, on CPU, one thread, its batch sized for 10 ms and for 3 ms
-   steps; a live collector in another process receives the steps): blocks of 0.2 s (four
-   of the drainer's intervals: each holds its share of the drainer's work) with and
-   without, alternating in one run; each pair of blocks gives a ratio, and the figure is their
-   median with a 90 % distribution-free interval. Wall time (the goal) and the process's CPU
-   time, and a step's extra microseconds split into the stepping thread's own CPU, its waiting
-   (wall beyond its CPU: the GIL, a core) and the other threads' CPU (the drainer's, ZeroMQ's,
-   gloo's). Goals: <= 1 % at 10 ms steps, <= 3 % at 3 ms (``bench_telemetry.GOALS``).
+1. Training step time with vs without the hooks (the built-in synthetic trainer's SmallCNN, DDP over
+   gloo with one rank, on CPU, one thread, its batch sized for 10 ms and for 3 ms steps; a live
+   collector in another process receives the steps): blocks of 0.2 s (four of the drainer's
+   intervals: each holds its share of its work, ``bench_telemetry.BLOCK_S``) with and without,
+   alternating in one run; each pair of blocks gives a ratio, and the figure is their median with a
+   90 % distribution-free interval. Wall time (the goal) and the process's CPU time, and a step's
+   extra microseconds split into the stepping thread's own CPU, its waiting (wall beyond its CPU:
+   the GIL, a core) and the other threads' CPU (the drainer's, ZeroMQ's, gloo's). Goals: <= 1 % at
+   10 ms steps, <= 3 % at 3 ms (``bench_telemetry.GOALS``).
 2. The cost per hook call: a step of a near-empty model with vs without the hooks (fastest
    blocks), divided by the hook calls the step makes (DDP forward pre, pre/post on its inner
    module, one gradient hook once learned, ``backward``, optimizer pre/post);
@@ -63,6 +63,7 @@ from bench_telemetry import (  # noqa: E402
     paired_blocks,
     print_overhead,
     run_keeping_memory,
+    settle,
     smallcnn_batch,
     smallcnn_step,
     start_collector_process,
@@ -74,16 +75,6 @@ from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV  # noqa: E402
 from ddptui.rank import instrument, reporter  # noqa: E402
 from ddptui.rank.net import free_port  # noqa: E402
 from trainers.models import SmallCNN  # noqa: E402
-
-#: Seconds of steps per block of the step overhead: four of the drainer's intervals, so that
-#: every block holds its share of the drainer's work (making and sending the events, off the
-#: step path, every ``SEND_INTERVAL_S``). In blocks of BLOCK_S (40 ms), installed afresh,
-#: the drainer's first drain fell inside each 10 ms block (its thread: +60-72 us a step)
-#: and after each 3 ms block (+0.4-1.3 us): the 3 ms figure left the drainer out.
-HOOKS_BLOCK_S = 4 * instrument.SEND_INTERVAL_S
-#: Steps before a block's clock starts run at least this long after the hooks go on: the
-#: drainer starts at the first finished step and drains one interval later.
-SETTLE_S = 1.5 * instrument.SEND_INTERVAL_S
 
 #: What ``--without`` leaves out: the Instrument method made a no-op for it.
 WITHOUT = {
@@ -128,13 +119,8 @@ def overhead(pairs: int) -> None:
 
         def block(on: bool, steps: int, step=step, faulted=faulted) -> tuple[float, float]:
             hooks(on, model)
-            # Settle: the hooks learn the last gradient, and the new instrument's drainer
-            # thread starts and drains once (once a run, not a step's cost).
-            settled = time.perf_counter() + SETTLE_S
-            done = 0
-            while done <= instrument.LEARN_STEPS or time.perf_counter() < settled:
-                step()
-                done += 1
+            # the hooks learn the last gradient; the new drainer starts (once a run)
+            settle(step, instrument.LEARN_STEPS + 1)
             before_faults = faults()
             clocks = Clocks()
             for _ in range(steps):
@@ -145,7 +131,7 @@ def overhead(pairs: int) -> None:
                 faulted[1] += steps
             return took
 
-        off, on = paired_blocks(block, pairs, max(5, round(HOOKS_BLOCK_S / target)))
+        off, on = paired_blocks(block, pairs, max(5, round(BLOCK_S / target)))
         hooks(False, model)
         print_overhead(f"{target * 1e3:.0f} ms steps", off, on, goal, before)
         print(f"  (the step without hooks takes {faulted[0] / faulted[1]:.0f} page faults)")
@@ -281,8 +267,7 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float]:
             for disabled in (False, True) if i % 2 == 0 else (True, False):
                 hooks(True, model)
                 instrument.current().disabled = disabled
-                for _ in range(instrument.LEARN_STEPS + 1):
-                    step()
+                settle(step, instrument.LEARN_STEPS + 1)
                 spent[0], live[0] = 0.0, True
                 t0 = clock()
                 for _ in range(steps):
@@ -360,7 +345,7 @@ def main() -> None:
         print(
             f"== training step overhead of the hooks (SmallCNN in DDP, gloo, 1 rank, CPU, "
             f"1 thread; {opts.pairs} pairs of interleaved blocks of about "
-            f"{HOOKS_BLOCK_S * 1e3:.0f} ms; live collector in another process)"
+            f"{BLOCK_S * 1e3:.0f} ms; live collector in another process)"
         )
         if opts.allocator == "keep":
             print(f"({allocator_line()})")

@@ -5,17 +5,16 @@ Run: uv run python benchmarks/bench_telemetry.py [log] [train] [ingest] [--pairs
 
 1. One ``ddptui.log`` call: no endpoint (plain torchrun), nobody listening, a live listener.
    Target <= 10 us.
-2. Training step time with vs without ``ddptui.log`` (the synthetic trainer's SmallCNN on CPU,
-   one thread, its batch sized for 10 ms and for 3 ms steps; a live collector in another
-   process): short blocks with and without, alternating in one run; each pair of blocks gives
+2. Training step time with vs without ``ddptui.log`` (the synthetic trainer's SmallCNN on CPU, one
+   thread, its batch sized for 10 ms and for 3 ms steps; a live collector in another process):
+   blocks of 0.2 s (``BLOCK_S``) with and without, alternating in one run; each pair of blocks gives
    a ratio, and the figure is their median with a 90 % distribution-free interval
    (``benchmath.median_interval``). Wall time (the goal) and the process's CPU time (all its
-   threads, ZeroMQ's I/O thread included; less disturbed by a loaded machine). Goals: <= 1 %
-   at 10 ms steps, <= 3 % at 3 ms. Then where a step's extra microseconds go: the stepping
-   thread's own CPU (code on the step path), its wall time beyond its CPU (waiting for the GIL
-   or a core) and the other threads' CPU (off the step path). Beside them, the microseconds of
-   the ``ddptui.log`` calls themselves per step (mean over the run, so the batched sends are
-   in it).
+   threads, ZeroMQ's I/O thread included; less disturbed by a loaded machine). Goals: <= 1 % at 10
+   ms steps, <= 3 % at 3 ms. Then where a step's extra microseconds go: the stepping thread's own
+   CPU (code on the step path), its wall time beyond its CPU (waiting for the GIL or a core) and the
+   other threads' CPU (off the step path). Beside them, the microseconds of the ``ddptui.log`` calls
+   themselves per step (mean over the run, so the batched sends are in it).
 3. Collector ingest (receive + validate) vs raw pyzmq receive of the same messages, in the
    same run, as a ratio. Target >= 0.5.
 """
@@ -124,8 +123,16 @@ def _collector_proc(endpoint_q, stop_ev):
 # -- overhead on a training step: paired blocks, shared with bench_instrument -----------------
 #: (step time in seconds, the largest step-time ratio allowed there): issue #24's goals.
 GOALS = ((0.010, 1.01), (0.003, 1.03))
-#: Seconds of steps per block: short, so the two arms of a pair see the same machine.
-BLOCK_S = 0.04
+#: Seconds of steps per block: four of the intervals at which the rank's threads send (the
+#: reporter's sender, the instrument's drainer), so that each block holds its share of their
+#: work off the step path; still short, so that the two arms of a pair see the same machine.
+#: Blocks of 40 ms held the sends of some blocks and not of others: a drainer installed
+#: afresh drained once inside every 10 ms block (+60-72 us a step) and after every 3 ms one,
+#: and the sender's work for one block's steps fell into the next, with or without.
+BLOCK_S = 4 * reporter.FLUSH_INTERVAL_S
+#: Steps before a block's clock starts run at least this long: what the previous block left
+#: to send goes before it, and a drainer installed for the block starts and drains once.
+SETTLE_S = 1.5 * reporter.FLUSH_INTERVAL_S
 #: glibc settings that keep the allocator's memory mapped (no mmap per large block, no trim):
 #: what jemalloc/tcmalloc setups and every GPU step have; the step then takes no page faults.
 #: Under glibc's default the step time at one batch is bimodal (its mmap threshold moves
@@ -219,6 +226,15 @@ def smallcnn_batch(make_step: Callable[[int], Callable[[], None]], target_s: flo
             times.append(time.perf_counter() - t0)
         batch = max(1, min(65536, round(batch * target_s / statistics.median(times))))
     return batch
+
+
+def settle(step: Callable[[], None], steps: int = 1) -> None:
+    """Run ``step`` at least ``steps`` times and for at least :data:`SETTLE_S`, untimed."""
+    until = time.perf_counter() + SETTLE_S
+    done = 0
+    while done < steps or time.perf_counter() < until:
+        step()
+        done += 1
 
 
 def paired_blocks(
@@ -350,7 +366,7 @@ def bench_training_overhead(pairs: int = 80) -> None:
 
             def block(on: bool, steps: int, arms=(plain, logged)) -> tuple[float, float]:
                 step = arms[on]
-                step()  # settle: the first step after a switch is not timed
+                settle(step)
                 clocks = Clocks()
                 for _ in range(steps):
                     step()
