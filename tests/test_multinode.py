@@ -100,7 +100,8 @@ def two_nodes(
         argv = join_argv(line, "--run-dir", str(tmp_path / "n1"))
         if via_dir:
             shared = f"or, where this run directory is shared: ddptui join {tmp_path / 'n0'}"
-            assert shared in node0.output
+            # printed just after the join line: the reader thread may not have it yet
+            assert wait_until(lambda: shared in node0.output, 30), node0.output
             token = tmp_path / "n0" / "join-token"
             assert stat.S_IMODE(token.stat().st_mode) == 0o600  # the run's secret: owner only
             assert token.read_text().strip() == line.split()[-1]
