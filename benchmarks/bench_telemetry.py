@@ -34,7 +34,7 @@ import zmq
 import ddptui
 from ddptui import protocol
 from ddptui.constants import ENDPOINT_ENV, RUN_ID_ENV
-from ddptui.rank import reporter
+from ddptui.rank import instrument, reporter
 from ddptui.run.collector import Collector
 from ddptui.runs import benchmath
 
@@ -129,10 +129,11 @@ GOALS = ((0.010, 1.01), (0.003, 1.03))
 #: Blocks of 40 ms held the sends of some blocks and not of others: a drainer installed
 #: afresh drained once inside every 10 ms block (+60-72 us a step) and after every 3 ms one,
 #: and the sender's work for one block's steps fell into the next, with or without.
-BLOCK_S = 4 * reporter.FLUSH_INTERVAL_S
+SEND_S = max(reporter.FLUSH_INTERVAL_S, instrument.SEND_INTERVAL_S)
+BLOCK_S = 4 * SEND_S
 #: Steps before a block's clock starts run at least this long: what the previous block left
 #: to send goes before it, and a drainer installed for the block starts and drains once.
-SETTLE_S = 1.5 * reporter.FLUSH_INTERVAL_S
+SETTLE_S = 1.5 * SEND_S
 #: glibc settings that keep the allocator's memory mapped (no mmap per large block, no trim):
 #: what jemalloc/tcmalloc setups and every GPU step have; the step then takes no page faults.
 #: Under glibc's default the step time at one batch is bimodal (its mmap threshold moves

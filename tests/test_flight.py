@@ -234,8 +234,8 @@ unnamed, named = dist.new_group(), dist.new_group(group_desc="stop_vote")
 dist.all_reduce(torch.ones(1), group=unnamed)
 dist.all_reduce(torch.ones(1), group=named)
 import time
-# gloo marks a collective completed a moment after it returns (by its own thread: under a
-# loaded 2-core CI, once not within 10 s)
+# gloo marks a collective completed a moment after it returns (once, in CI, not within 10 s;
+# the cause is not known)
 deadline = time.monotonic() + 30
 while True:
     after = flight_recorder.progress()
