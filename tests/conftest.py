@@ -1,5 +1,6 @@
-"""Suite-wide set-up: bytecode for the code the suite's processes import, how many xdist
-workers ``-n auto`` starts, and the order in which they get the tests.
+"""Suite-wide set-up: bytecode for the code the suite's processes import, a temporary folder
+of the suite's own, how many xdist workers ``-n auto`` starts, and the order in which they
+get the tests.
 
 The suite starts a few hundred Python processes (ddptui, launchers, ranks), each importing
 ddptui, the trainers and test scripts. Where ``PYTHONDONTWRITEBYTECODE`` is set, none of them
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 import compileall
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The suite's temporary folder (the controller's stash; see :func:`_own_temp_folder`).
+SUITE_TEMP = pytest.StashKey[tuple[str, dict[str, str | None]]]()
 
 
 def pytest_configure(config) -> None:
@@ -26,6 +31,35 @@ def pytest_configure(config) -> None:
         return
     for folder in ("ddptui", "trainers", "tests", "benchmarks"):
         compileall.compile_dir(ROOT / folder, quiet=2, workers=1)
+    _own_temp_folder(config)
+
+
+def _own_temp_folder(config) -> None:
+    """Every process the suite starts gets ``TMPDIR`` and ``XDG_RUNTIME_DIR`` in a folder of
+    the suite's own, removed at its end: a torchrun agent or a ddptui killed with SIGKILL
+    (as the fault, restart and multi-node tests kill them) cannot remove its log directory
+    (``torchelastic_*``) or its trace sockets' directory, and those went into /tmp at every
+    run of the suite. Short (under the temp directory, /tmp here), as a socket's path must
+    be. pytest's own folders (``tmp_path``) stay where they were: this process's temp
+    directory is read before the change, and the workers get theirs from it."""
+    parent = tempfile.gettempdir()  # read (and kept by tempfile) before TMPDIR changes
+    folder = tempfile.mkdtemp(prefix="ddptui-suite-", dir=parent)
+    names = ("TMPDIR", "XDG_RUNTIME_DIR")
+    config.stash[SUITE_TEMP] = (folder, {name: os.environ.get(name) for name in names})
+    for name in names:
+        os.environ[name] = folder
+
+
+def pytest_unconfigure(config) -> None:
+    folder, before = config.stash.get(SUITE_TEMP, (None, {}))
+    if folder is None:
+        return
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config) -> int:

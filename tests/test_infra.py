@@ -91,3 +91,16 @@ def test_auto_starts_one_worker_more_than_the_cores_unless_told(monkeypatch):
     assert pytest_xdist_auto_num_workers(None) == 5
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "lots")  # not a count: ignored
     assert pytest_xdist_auto_num_workers(None) == len(os.sched_getaffinity(0)) + 1
+
+
+def test_a_process_the_suite_starts_gets_the_suites_own_temp_folder(tmp_path):
+    """What a killed torchrun agent or ddptui leaves in its temp directory is removed with the
+    suite's folder (``tests/conftest.py``); pytest's own folders stay outside it."""
+    from pathlib import Path
+
+    folder = Path(subprocess.check_output([sys.executable, "-c", PRINT_TEMP], text=True).strip())
+    assert folder.name.startswith("ddptui-suite-") and folder.is_dir()
+    assert folder not in tmp_path.parents  # tmp_path is not removed with it
+
+
+PRINT_TEMP = "import tempfile; print(tempfile.gettempdir())"
