@@ -1,8 +1,13 @@
-"""Smoke tests of the test infrastructure itself: real Slurm and network namespaces."""
+"""Smoke tests of the test infrastructure itself: real Slurm, network namespaces, and the
+suite-wide set-up of ``tests/conftest.py`` (the order of the tests, the workers, the temp
+folder)."""
 
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +17,7 @@ PRINT_SLURM_IDS = (
     "import os; print('task', os.environ['SLURM_PROCID'], os.environ['SLURM_NTASKS'],"
     " os.environ['SLURM_JOB_NUM_NODES'])"
 )
+PRINT_TEMP = "import tempfile; print(tempfile.gettempdir())"
 
 
 @pytest.mark.slurm
@@ -64,8 +70,6 @@ def test_the_namespace_reaches_nothing_but_its_veth_peer(netns_pair):
 
 
 def test_the_order_xdist_hands_out_takes_slow_files_in_turn_and_spreads_the_waiting_tests():
-    from types import SimpleNamespace
-
     from tests.conftest import _files_in_turn, _spread
 
     def items(path, n):
@@ -81,8 +85,6 @@ def test_the_order_xdist_hands_out_takes_slow_files_in_turn_and_spreads_the_wait
 
 
 def test_auto_starts_one_worker_more_than_the_cores_unless_told(monkeypatch):
-    import os
-
     from tests.conftest import pytest_xdist_auto_num_workers
 
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
@@ -96,11 +98,6 @@ def test_auto_starts_one_worker_more_than_the_cores_unless_told(monkeypatch):
 def test_a_process_the_suite_starts_gets_the_suites_own_temp_folder(tmp_path):
     """What a killed torchrun agent or ddptui leaves in its temp directory is removed with the
     suite's folder (``tests/conftest.py``); pytest's own folders stay outside it."""
-    from pathlib import Path
-
     folder = Path(subprocess.check_output([sys.executable, "-c", PRINT_TEMP], text=True).strip())
     assert folder.name.startswith("ddptui-suite-") and folder.is_dir()
     assert folder not in tmp_path.parents  # tmp_path is not removed with it
-
-
-PRINT_TEMP = "import tempfile; print(tempfile.gettempdir())"
