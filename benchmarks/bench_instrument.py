@@ -57,6 +57,7 @@ import torch.distributed as dist  # noqa: E402
 from bench_telemetry import (  # noqa: E402
     BLOCK_S,
     GOALS,
+    MIN_PAIRS,
     Clocks,
     allocator_line,
     load,
@@ -306,7 +307,9 @@ def global_hook_ratio(rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=60, help="pairs of blocks per step size")
+    parser.add_argument(
+        "--pairs", type=int, default=60, help=f"pairs of blocks per step size (>= {MIN_PAIRS})"
+    )
     parser.add_argument("--rounds", type=int, default=10, help="rounds of the per-call figures")
     parser.add_argument(
         "--allocator",
@@ -324,6 +327,8 @@ def main() -> None:
         "an allocator that keeps its memory; the per-call figures are skipped)",
     )
     opts = parser.parse_args()
+    if opts.pairs < MIN_PAIRS:
+        parser.error(f"--pairs must be at least {MIN_PAIRS} (the interval needs them)")
     if opts.without:
         opts.allocator = "keep"
         opts.without = sorted(WITHOUT) if "all" in opts.without else sorted(set(opts.without))

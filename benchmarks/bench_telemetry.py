@@ -134,6 +134,8 @@ BLOCK_S = 4 * SEND_S
 #: Steps before a block's clock starts run at least this long: what the previous block left
 #: to send goes before it, and a drainer installed for the block starts and drains once.
 SETTLE_S = 1.5 * SEND_S
+#: The fewest pairs of blocks a step-overhead figure is given over (its 90 % interval needs them).
+MIN_PAIRS = 10
 #: glibc settings that keep the allocator's memory mapped (no mmap per large block, no trim):
 #: what jemalloc/tcmalloc setups and every GPU step have; the step then takes no page faults.
 #: Under glibc's default the step time at one batch is bimodal (its mmap threshold moves
@@ -498,7 +500,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Telemetry costs, printed as numbers.")
     parser.add_argument("what", nargs="*", help="log, train, ingest (default: all three)")
     parser.add_argument(
-        "--pairs", type=int, default=80, help="train: pairs of blocks per step size (>= 10)"
+        "--pairs",
+        type=int,
+        default=80,
+        help=f"train: pairs of blocks per step size (>= {MIN_PAIRS})",
     )
     parser.add_argument(
         "--allocator",
@@ -511,8 +516,8 @@ if __name__ == "__main__":
     unknown = sorted(set(opts.what) - {"log", "train", "ingest"})
     if unknown:
         parser.error(f"unknown part {unknown[0]!r}: choose from log, train, ingest")
-    if opts.pairs < 10:
-        parser.error("--pairs must be at least 10 (the interval needs them)")
+    if opts.pairs < MIN_PAIRS:
+        parser.error(f"--pairs must be at least {MIN_PAIRS} (the interval needs them)")
     what = opts.what or ["log", "train", "ingest"]
     if "train" in what and opts.allocator == "keep":
         run_keeping_memory()
