@@ -1262,10 +1262,11 @@ def test_a_finding_that_comes_again_is_shown_once_as_last_found():
     ]
 
 
-def _stepping_with_progress(world, steps, advances, marks=True, every=10):
+def _stepping_with_progress(world, steps, advances, marks=True, every=10, never=False):
     """A run of ``world`` ranks making ``steps`` steps, a beat every ``every`` steps; each beat
     carries its Flight Recorder progress (``marks``), the default group's last collective
-    started moving with the steps (``advances``) or standing at 2 (one all_reduce once)."""
+    started moving with the steps (``advances``) or standing at 2 (one all_reduce once), or
+    (``never``) no collective started at all in the group."""
     state = announced(world)
     diagnoser = Diagnoser()
     found = []
@@ -1285,6 +1286,8 @@ def _stepping_with_progress(world, steps, advances, marks=True, every=10):
                     if marks
                     else []
                 )  # fmt: skip
+                if never:
+                    collectives = [protocol.CollectiveMark(pg="default_pg")]
                 state.apply(
                     protocol.Beat(
                         run="r", rank=rank, t=0.0, seq=seq[rank], steps=step,
@@ -1314,17 +1317,33 @@ def test_ranks_that_train_many_steps_without_any_collective_are_said_to_train_ap
     assert doc["cause"] == "no_comm"
 
 
+def test_ranks_whose_group_never_ran_a_collective_are_said_to_train_apart():
+    """The tutorial's ``train_dist.py`` (seba-1511/dist_tuto.pth) on a recent torch: its
+    gradient averaging skips every ``Parameter`` (``type(param) is torch.Tensor``), so its two
+    workers formed a group and never ran a collective; a recorder that holds nothing since
+    the group formed says so (a group with no collective started), and after as many steps
+    the ranks are said to train apart."""
+    from ddptui.run.diagnosis import NO_COMM_STEPS
+
+    state, found = _stepping_with_progress(2, NO_COMM_STEPS + 20, False, never=True)
+    assert [d.cause for d in found if d.cause == "no_comm"] == ["no_comm"]
+    assert [view.collectives for view in state.ranks.values()] == [
+        (("default_pg", None, None, None, None),)
+    ] * 2
+
+
 @pytest.mark.parametrize(
-    "world, steps, advances, marks",
+    "world, steps, advances, marks, never",
     [
-        (2, 200, True, True),  # DDP: a gradient all-reduce every step
-        (2, 30, False, True),  # too few steps to say (local SGD averages every few)
-        (2, 200, False, False),  # no Flight Recorder progress in the beats: no evidence
-        (1, 200, False, True),  # one rank has no one to talk to
+        (2, 200, True, True, False),  # DDP: a gradient all-reduce every step
+        (2, 30, False, True, False),  # too few steps to say (local SGD averages every few)
+        (2, 30, False, True, True),  # too few steps, no collective yet
+        (2, 200, False, False, False),  # no Flight Recorder progress in the beats: no evidence
+        (1, 200, False, True, False),  # one rank has no one to talk to
     ],
 )
-def test_no_train_apart_note_without_the_evidence(world, steps, advances, marks):
-    _, found = _stepping_with_progress(world, steps, advances, marks)
+def test_no_train_apart_note_without_the_evidence(world, steps, advances, marks, never):
+    _, found = _stepping_with_progress(world, steps, advances, marks, never=never)
     assert [d for d in found if d.cause == "no_comm"] == []
 
 

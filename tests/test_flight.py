@@ -228,6 +228,7 @@ os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
 from ddptui.rank import flight_recorder
 before = flight_recorder.progress()
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+formed = flight_recorder.progress()
 for _ in range(3):
     dist.all_reduce(torch.ones(4))
 unnamed, named = dist.new_group(), dist.new_group(group_desc="stop_vote")
@@ -243,7 +244,7 @@ while True:
         break
     time.sleep(0.01)
 doc = flight_recorder.dump_trace(0)
-print(json.dumps({"before": before, "after": after, "entries": doc["entries"],
+print(json.dumps({"before": before, "formed": formed, "after": after, "entries": doc["entries"],
                   "backends": doc["backends"]}), flush=True)
 # a C++ thread's uncaught exception (gloo's size check): the trace first, then the abort
 import ctypes, threading
@@ -270,6 +271,10 @@ def test_progress_and_dump_in_a_real_gloo_group_and_the_trace_left_on_terminate(
     assert [e["profiling_name"] for e in left["entries"]][-3:] == ["gloo:all_reduce"] * 3
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["before"] == []  # no torch.distributed yet: nothing, and nothing imported
+    # a group and no collective yet: said so (the evidence of ranks that never communicate)
+    assert got["formed"] == [
+        {"pg": "default_pg", "op": None, "started": None, "completed": None, "backend": "gloo"}
+    ]
     marks = {m["pg"]: m for m in got["after"]}
     # the default group, one made without a description (torch says "undefined": its id is
     # shown instead), and one the script named

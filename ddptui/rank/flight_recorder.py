@@ -227,6 +227,14 @@ class Progress:
                     }
                 )
         self._seen = seen
+        if not marks and (backend := _group_without_collectives()):
+            # The recorder has been on since the group formed and holds nothing: no collective
+            # has started in this process (a started of None; the ranks-train-apart rule).
+            known = backend if backend in BACKENDS else None
+            marks.append(
+                {"pg": "default_pg", "op": None, "started": None, "completed": None,
+                 "backend": known}
+            )  # fmt: skip
         return marks
 
     @staticmethod
@@ -248,6 +256,26 @@ class Progress:
                 op = profiling.rpartition(":")[2].split(" ")[0] or None
                 break
         return op, name
+
+
+def _group_without_collectives() -> str:
+    """The default group's backend where this process has a process group and the recorder
+    was switched on for it (``TORCH_FR_BUFFER_SIZE`` above 0 in its environment, as ddptui
+    sets it): then an empty recorder means no collective has started here (the tutorial's
+    ``train_dist.py`` on a recent torch: its gradient averaging skipped every
+    ``Parameter``). "" otherwise; ``"?"`` for a backend with no name."""
+    try:
+        if int(os.environ.get(BUFFER_ENV, "0")) <= 0:
+            return ""
+    except ValueError:
+        return ""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return ""
+        return str(dist.get_backend()) or "?"
+    except Exception:  # the progress is optional; a beat never fails for it
+        return ""
 
 
 def group_label(name: Any, desc: Any) -> str:

@@ -640,7 +640,8 @@ class RunState:
             # progress is the sequence numbers; an op or group name filled in later is not
             or [m[2:4] for m in marks] != [m[2:4] for m in view.collectives]
         )
-        started = tuple((m[0], m[4], m[2]) for m in marks if m[2] is not None)
+        # Each group's last collective started (None: none yet, by its recorder).
+        started = tuple((m[0], m[4], m[2]) for m in marks)
         if started:
             if started != view._comm_key:
                 view._comm_key, view._comm_steps = started, ev.steps
