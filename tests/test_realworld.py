@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from ddptui.rank.cpus import usable_cpus
 from ddptui.rank.net import free_port
 from ddptui.run.prestart import PRESTARTED_NOTE
 from tests.realworld_runs import RunPool, RunResult, RunSpec
@@ -95,6 +96,23 @@ SPECS = {
             "spawn_workers.py",
             args=lambda w: ["--dist-url", f"tcp://127.0.0.1:{free_port()}"],
             world_size=1,
+            cost=1.5,
+        ),
+        # Plain torchrun leaves these workers waiting for its agent's store at the script's
+        # MASTER_PORT (spawned.process_worker): the script's contract, 0, is the exit here.
+        RunSpec(
+            "process_workers",
+            "process_workers.py",
+            args=lambda w: ["--out", str(w), "--port", str(free_port())],
+            world_size=1,
+            cost=1.5,
+        ),
+        RunSpec(
+            "process_workers_spawn",
+            "process_workers.py",
+            args=lambda w: ["--out", str(w), "--port", str(free_port())],
+            world_size=1,
+            launcher="spawn",
             cost=1.5,
         ),
         RunSpec(
@@ -312,7 +330,9 @@ def test_imagenet_per_rank_losses_average_to_the_scripts_reduced_loss(run):
     assert (out / "checkpoint.pth.tar").exists() and (out / "model_best.pth.tar").exists()
 
 
-@pytest.mark.parametrize("run_name", ["spawner", "slurm_node"])
+@pytest.mark.parametrize(
+    "run_name", ["spawner", "slurm_node", "process_workers", "process_workers_spawn"]
+)
 def test_spawned_workers_are_the_ranks(run):
     """ddptui started one process; the workers it spawned formed the process group: they are
     ranks 0 and 1 of world size 2, each its own process."""
@@ -321,6 +341,30 @@ def test_spawned_workers_are_the_ranks(run):
     assert sorted(last) == [0, 1], run.describe()
     assert {e.get("world_size") for e in last.values()} == {2}
     assert last[0]["pid"] != last[1]["pid"]
+
+
+@pytest.mark.parametrize("run_name", ["process_workers", "process_workers_spawn"])
+def test_process_workers_are_the_ranks_and_a_helper_process_is_not(run):
+    """Workers started with ``multiprocessing.Process`` (forked under torchrun, spawned under
+    ``--launcher spawn``): each rank's statuses from its own worker once it has one, its end
+    reported by that worker (a forked worker skips the exit handlers), and nothing from the
+    helper the parent ran first, which formed no process group. Under torchrun the workers
+    meet at the script's own ``MASTER_PORT`` (plain torchrun leaves them waiting for its
+    agent's store there)."""
+    workers = {rank: own["pid"] for rank, own in run.facts.items()}
+    helper = {own["helper_pid"] for own in run.facts.values()}
+    statuses = [e for e in run.events if e["kind"] == "status"]
+    assert helper.isdisjoint(e.get("pid") for e in statuses), run.describe()
+    ended = {e["rank"]: e["pid"] for e in statuses if e["state"] != "started"}
+    assert ended == workers, run.describe()
+    assert {e["state"] for e in statuses if e["state"] != "started"} == {"finished"}
+    # they share the rank's threads (ddptui's, with one rank: every usable core), as
+    # mp.spawn's workers do, rather than take them all each
+    assert {own["threads"] for own in run.facts.values()} == {max(1, usable_cpus() // 2)}
+    launched = statuses[0]["pid"]  # ddptui's own process: rank 0 until its workers formed
+    assert launched not in workers.values()
+    since = next(i for i, e in enumerate(statuses) if e.get("pid") in workers.values())
+    assert launched not in {e.get("pid") for e in statuses[since:]}, run.describe()
 
 
 @pytest.mark.parametrize("run_name", ["slurm_node"])

@@ -31,6 +31,8 @@ FIRST_BEAT_S = 0.5
 MAX_FRAMES = 200
 
 _collectives: Callable[[], list[dict[str, Any]]] | None = None
+#: See :func:`quiet_when`.
+_quiet: Callable[[], bool] | None = None
 _ddp_source: Callable[[], bool] | None = None
 _beat: Heartbeat | None = None
 
@@ -249,6 +251,11 @@ class Heartbeat:
         while not self._stop.wait(wait):
             wait = self.interval
             try:
+                if _quiet is not None and _quiet():
+                    # Its workers (multiprocessing.Process) are the ranks now; it only waits.
+                    self.stop()
+                    self.reporter.mute()
+                    return
                 self.beat()
             except Exception:  # telemetry never takes a rank down
                 pass
@@ -262,6 +269,30 @@ def _marks() -> list[dict[str, Any]]:
         return list(_collectives() or [])
     except Exception:  # the recorder is optional; a beat never fails for it
         return []
+
+
+def quiet_when(check: Callable[[], bool] | None) -> None:
+    """Before each beat, ``check()``: once true, the heartbeat stops and the reporter sends
+    nothing more (a process whose workers are the ranks now: spawned.workers_formed)."""
+    global _quiet
+    _quiet = check
+
+
+def last() -> None:
+    """This process's last beat now (a worker that ends without exit handlers), if it beats."""
+    if _beat is not None:
+        _beat.last()
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a worker the script started) has no heartbeat thread: it starts its own
+    when it has a rank."""
+    global _beat
+    _beat = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def stop() -> None:

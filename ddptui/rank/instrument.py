@@ -769,7 +769,7 @@ class Instrument:
             # reporter first), so it runs before it: the last steps go out before the reporter
             # closes, however few steps the script took.
             self._atexit = True
-            atexit.register(self._at_exit)
+            atexit.register(self.at_exit)
         steps = [
             self._attach_dynamo,
             self._watch_torchmetrics,
@@ -1770,7 +1770,9 @@ class Instrument:
 
     def _attach_spawn(self, torch: Any) -> None:
         """Workers the script spawns with ``torch.multiprocessing`` are instrumented too, and
-        this process, which only waits for them from then on, goes quiet (ddptui.rank.spawned)."""
+        this process, which only waits for them from then on, goes quiet (ddptui.rank.spawned);
+        so are the workers it starts with ``multiprocessing.Process``, and it goes quiet once
+        one of them has formed a process group."""
         import torch.multiprocessing as tmp
 
         spawn_module = sys.modules["torch.multiprocessing.spawn"]
@@ -1789,6 +1791,24 @@ class Instrument:
         self._patch(spawn_module, "start_processes", start_processes)
         if tmp.__dict__.get("start_processes") is original:
             self._patch(tmp, "start_processes", start_processes)
+
+        # Workers started with multiprocessing.Process (torch.multiprocessing.Process is it)
+        # by the script: see spawned.wrap_process.
+        import multiprocessing.process  # loaded by torch.multiprocessing
+
+        process_class = multiprocessing.process.BaseProcess
+        start = process_class.start
+
+        @functools.wraps(start)
+        def start_process(process: Any, /) -> None:
+            if not self.disabled:
+                try:
+                    spawned.wrap_process(process, install)
+                except Exception as exc:  # it starts as the script made it, unseen; steps go on
+                    _warn(f"instrumentation: a process the script started is not followed ({exc})")
+            return start(process)
+
+        self._patch(process_class, "start", start_process)
 
     def _attach_process_group(self, torch: Any) -> None:
         """Learn this process's rank from the process group it creates (a worker the script
@@ -2557,7 +2577,8 @@ class Instrument:
                 epoch, samples, step_time, _, now, wall = self._pending.popleft()
                 self._deliver(epoch, samples, step_time, None, None, now, wall)
 
-    def _at_exit(self) -> None:
+    def at_exit(self) -> None:
+        """The process ends: the drainer stops and every finished step goes out."""
         try:
             self._drainer.stop()
             if not self.disabled:

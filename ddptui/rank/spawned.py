@@ -9,6 +9,14 @@ size are learned from the process group it creates (``init_process_group`` is wr
 the workers are the run's ranks. The spawner itself goes quiet once it has spawned: it only
 waits, and is never judged (no heartbeat, no status of its own; the launcher still sees how
 it exits).
+
+Workers a script starts with ``multiprocessing.Process`` (PyTorch's "Writing Distributed
+Applications" tutorial: a ``Process`` per rank whose target calls ``init_process_group``)
+run :func:`process_worker` first in the same way (:func:`wrap_process`). Nothing says in
+advance that such a process is a rank (a script starts helpers the same way), so the process
+that started it goes quiet only once one of its workers has formed a process group
+(:func:`workers_formed`, read by its heartbeat), and a worker that never forms one reports
+nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +40,16 @@ AGENT_ENDPOINT_ENV = "DDPTUI_AGENT_STORE"
 
 #: Whether this process has seen its process group (and announced its rank when spawned).
 _group_seen = False
+#: Where targets of ``multiprocessing.Process`` are the library's own (a DataLoader's workers,
+#: a Pool's, a Manager's server, mp.spawn's wrapper): never a rank, left as they are.
+LIBRARY_TARGETS = frozenset({"multiprocessing", "concurrent", "torch", "ddptui"})
+#: In a process that started workers with ``multiprocessing.Process``: per start method, the
+#: event they set once one of them has its process group (see :func:`workers_formed`).
+_formed_events: dict[str, Any] = {}
+#: In such a worker: the event it sets once its process group has formed.
+_formed_event: Any = None
+#: Whether this process is such a worker (see :func:`process_worker`).
+_process_worker = False
 
 
 def spawned_worker(
@@ -63,6 +82,91 @@ def spawned_worker(
     get_reporter()
     install()
     return fn(index, *args)
+
+
+def wrap_process(process: Any, install: Callable[[], Any]) -> None:
+    """Before ``process.start()``: a process whose target is the script's (not the library's)
+    runs :func:`process_worker` first, with the event it sets once its process group forms.
+    A ``Process`` subclass that overrides ``run`` has no target: left as it is."""
+    target = getattr(process, "_target", None)
+    if target is None or not os.environ.get(ENDPOINT_ENV) or not callable(target):
+        return
+    if isinstance(target, functools.partial) and target.func in (process_worker, spawned_worker):
+        return
+    if (getattr(target, "__module__", None) or "").partition(".")[0] in LIBRARY_TARGETS:
+        return
+    import multiprocessing  # loaded by the caller (Process.start)
+
+    # An event of the process's own start method: a fork context's semaphore has no name a
+    # spawned process could open.
+    method = getattr(process, "_start_method", None) or multiprocessing.get_start_method()
+    event = _formed_events.get(method)
+    if event is None:
+        event = _formed_events[method] = multiprocessing.get_context(method).Event()
+        from ddptui.rank import heartbeat
+
+        heartbeat.quiet_when(workers_formed)
+    process._target = functools.partial(process_worker, target, install, event)
+
+
+def process_worker(
+    target: Callable[..., Any], install: Callable[[], Any], formed: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """What a worker started with ``multiprocessing.Process`` runs instead of its target: as
+    :func:`spawned_worker`, the hooks first (a forked worker has its parent's already), its
+    rank learned from the process group it forms. Its end is reported here, once it has a
+    rank: a forked worker ends in ``os._exit``, where no exit handler runs."""
+    global _formed_event, _group_seen, _process_worker
+    _formed_event, _process_worker = formed, True
+    _group_seen = False  # a forked worker's copy of its parent's: this process has none yet
+    if _formed_events:  # a forked worker's copy of its parent's: its own workers only
+        _formed_events.clear()
+        from ddptui.rank import heartbeat
+
+        heartbeat.quiet_when(None)
+    os.environ[SPAWNED_ENV] = "1"
+    if os.environ.pop(AGENT_STORE_ENV, None) == "True":  # as in spawned_worker
+        os.environ[AGENT_ENDPOINT_ENV] = _endpoint()
+    inst = install()  # the Instrument (a forked worker's: its parent's, installed already)
+    try:
+        result = target(*args, **kwargs)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            detail = exc.code if isinstance(exc.code, str) else f"SystemExit: {exc.code}"
+            _worker_ended(inst, detail, traceback.format_exc())
+        else:
+            _worker_ended(inst)
+        raise
+    except BaseException as exc:
+        _worker_ended(inst, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        raise
+    _worker_ended(inst)
+    return result
+
+
+def _worker_ended(inst: Any, error: str | None = None, trace: str | None = None) -> None:
+    """A :func:`process_worker` that formed a process group ended: what the exit handlers do
+    at a rank's exit (the last beat, the last steps, the final status), in their order."""
+    if not _group_seen or not os.environ.get(ENDPOINT_ENV):
+        return
+    from ddptui.rank import heartbeat
+    from ddptui.rank.reporter import get_reporter
+
+    try:
+        heartbeat.last()
+        if inst is not None:
+            inst.at_exit()
+        reporter = get_reporter()
+        reporter.finished(error=error, traceback=trace)
+        reporter.close()
+    except Exception:  # telemetry never changes how a worker ends
+        pass
+
+
+def workers_formed() -> bool:
+    """Whether a worker this process started with ``multiprocessing.Process`` has formed its
+    process group: it is a rank now, and this process only waits for it."""
+    return any(event.is_set() for event in _formed_events.values())
 
 
 def _endpoint() -> str:
@@ -148,6 +252,33 @@ def on_process_group(rank: int, world_size: int) -> None:
     reporter.rank = rank
     reporter.started(guess_device=False)
     heartbeat.start(reporter)
+    if _process_worker:
+        _share_threads_among(world_size)
+        if _formed_event is not None:  # the process that started this worker may go quiet now
+            try:
+                _formed_event.set()
+            except Exception:  # telemetry never changes how a rank runs
+                pass
+
+
+def _share_threads_among(workers: int) -> None:
+    """A worker started with ``multiprocessing.Process`` takes its share of the starting
+    rank's threads once it knows how many workers share them (its group's world: one node's,
+    in the shape these scripts have), as :func:`share_threads` gives mp.spawn's workers
+    theirs. With the rank's whole share each, forked from a rank whose torch had set its
+    threads, the tutorial's ``train_dist.py`` (two workers on two cores) took 36-41 s under
+    ddptui against 10 s under ``python`` (4 times the CPU)."""
+    torch = sys.modules.get("torch")
+    if torch is None or THREADS_ENV not in os.environ:
+        return
+    from ddptui.rank.cpus import threads_for_workers
+
+    threads = threads_for_workers(workers)
+    os.environ["OMP_NUM_THREADS"] = os.environ[THREADS_ENV] = str(threads)
+    try:
+        torch.set_num_threads(threads)
+    except Exception:  # telemetry never changes how a rank runs
+        pass
 
 
 def learn_rank() -> bool:

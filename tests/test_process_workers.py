@@ -1,0 +1,218 @@
+"""Workers a script starts with ``multiprocessing.Process`` (ddptui.rank.spawned): which
+processes are followed, what a worker reports at its end, and the starting process going
+quiet once a worker has its process group. In one process, no worker started; the real runs
+are in the real-world tier (``process_workers``, ``process_workers_spawn``)."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import multiprocessing.pool
+import os
+import sys
+import threading
+
+import pytest
+
+from ddptui.constants import ENDPOINT_ENV
+from ddptui.rank import heartbeat, reporter, spawned
+
+
+def _script_target(value):
+    return value * 2
+
+
+def _install():
+    return None
+
+
+@pytest.fixture
+def parent(monkeypatch):
+    """A rank process ddptui launched, before it starts any process of the script's."""
+    monkeypatch.setenv(ENDPOINT_ENV, "ipc:///nonexistent")
+    monkeypatch.setattr(spawned, "_formed_events", {})
+    monkeypatch.setattr(spawned, "_formed_event", None)
+    monkeypatch.setattr(spawned, "_group_seen", False)
+    monkeypatch.setattr(heartbeat, "_quiet", None)
+    for name in (spawned.SPAWNED_ENV, spawned.AGENT_STORE_ENV, spawned.AGENT_ENDPOINT_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_process_running_a_function_of_the_script_is_followed(parent):
+    process = multiprocessing.get_context("spawn").Process(target=_script_target, args=(4,))
+    spawned.wrap_process(process, _install)
+    target = process._target
+    assert isinstance(target, functools.partial) and target.func is spawned.process_worker
+    assert target.args[:2] == (_script_target, _install)
+    assert set(spawned._formed_events) == {"spawn"}  # its own start method's event
+    assert heartbeat._quiet is spawned.workers_formed
+    spawned.wrap_process(process, _install)  # started again: not wrapped twice
+    assert process._target is target
+
+
+def test_the_librarys_processes_and_runs_without_ddptui_are_left_alone(parent, monkeypatch):
+    from torch.utils.data._utils.worker import _worker_loop
+
+    for target in (_worker_loop, multiprocessing.pool.worker, None):
+        process = multiprocessing.Process(target=target)
+        spawned.wrap_process(process, _install)
+        assert process._target is target
+    monkeypatch.delenv(ENDPOINT_ENV)
+    process = multiprocessing.Process(target=_script_target)
+    spawned.wrap_process(process, _install)
+    assert process._target is _script_target
+    assert spawned._formed_events == {} and heartbeat._quiet is None
+
+
+class _Reporter:
+    def __init__(self):
+        self.calls = []
+
+    def finished(self, error=None, traceback=None):
+        self.calls.append(("finished", error, traceback))
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+@pytest.fixture
+def sent(parent, monkeypatch):
+    """What a worker's reporter is asked to send at its end."""
+    rep = _Reporter()
+    monkeypatch.setattr(reporter, "get_reporter", lambda: rep)
+    return rep.calls
+
+
+def test_a_helper_that_forms_no_group_reports_nothing(sent):
+    """A forked helper of a rank that formed its group inherits that rank's state: it must
+    not end the rank (a finished status under its rank, with the helper's pid)."""
+    spawned._group_seen = True  # the parent's, copied into the forked helper
+    event = threading.Event()
+    assert spawned.process_worker(_script_target, _install, event, 21) == 42
+    assert sent == []
+    assert not event.is_set()
+
+
+def _forms_group_and(then):
+    def target():
+        spawned._group_seen = True  # as on_process_group marks it
+        then()
+
+    return target
+
+
+def test_a_worker_that_formed_its_group_reports_how_it_ended(sent):
+    def boom():
+        raise RuntimeError("boom on rank 1")
+
+    with pytest.raises(RuntimeError):
+        spawned.process_worker(_forms_group_and(boom), _install, None)
+    (call, error, trace), close = sent
+    assert (call, error, close) == ("finished", "RuntimeError: boom on rank 1", ("close",))
+    assert "boom on rank 1" in trace and "Traceback" in trace
+
+    sent.clear()
+    spawned.process_worker(_forms_group_and(lambda: None), _install, None)
+    assert sent == [("finished", None, None), ("close",)]
+
+
+@pytest.mark.parametrize(("code", "error"), [(0, None), (None, None), (3, "SystemExit: 3")])
+def test_a_worker_that_exits_reports_its_code(sent, code, error):
+    def leave():
+        raise SystemExit(code)
+
+    with pytest.raises(SystemExit):
+        spawned.process_worker(_forms_group_and(leave), _install, None)
+    assert sent[0][:2] == ("finished", error)
+
+
+def test_a_worker_forgets_its_parents_workers_and_meets_where_the_script_says(parent, monkeypatch):
+    """A forked worker has its parent's events and quiet check: its own beats must not stop
+    when a sibling forms the group. torchrun's agent-store flag is not its (see
+    spawned_worker)."""
+    spawned._formed_events["fork"] = threading.Event()
+    heartbeat.quiet_when(spawned.workers_formed)
+    monkeypatch.setenv(spawned.AGENT_STORE_ENV, "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    seen = {}
+
+    def target():
+        seen["store"] = os.environ.get(spawned.AGENT_STORE_ENV)
+        seen["spawned"] = os.environ.get(spawned.SPAWNED_ENV)
+
+    spawned.process_worker(target, _install, None)
+    assert spawned._formed_events == {} and heartbeat._quiet is None
+    assert seen == {"store": None, "spawned": "1"}
+
+
+class _Beats:
+    def __init__(self):
+        self.beats = 0
+        self.muted = threading.Event()
+
+    def beat(self, **fields):
+        self.beats += 1
+
+    def mute(self):
+        self.muted.set()
+
+
+def test_the_starting_process_goes_quiet_once_a_worker_formed_its_group(parent):
+    formed = threading.Event()
+    spawned._formed_events["fork"] = formed
+    heartbeat.quiet_when(spawned.workers_formed)
+    rep = _Beats()
+    beat = heartbeat.Heartbeat(rep, interval=0.05).start()
+    try:
+        assert not rep.muted.wait(0.3)  # it beats while its workers prepare
+        assert rep.beats > 0
+        formed.set()  # on_process_group in a worker
+        assert rep.muted.wait(5)
+        beat._thread.join(5)
+        assert not beat._thread.is_alive()
+    finally:
+        beat.stop()
+    count = rep.beats
+    beat.last()  # stopped: no last beat from it at exit
+    assert rep.beats == count
+
+
+def _exit_with_the_heartbeat_forgotten():
+    os._exit(0 if heartbeat._beat is None else 1)
+
+
+def test_a_forked_worker_starts_a_heartbeat_of_its_own(monkeypatch):
+    """The parent's heartbeat thread does not run in a forked child: a child that kept the
+    parent's object would never start its own, and its rank would send no beats (a forked
+    mp.spawn worker's too), leaving a hang in it without evidence."""
+    monkeypatch.setattr(heartbeat, "_beat", object())
+    process = multiprocessing.get_context("fork").Process(target=_exit_with_the_heartbeat_forgotten)
+    process.start()
+    process.join(30)
+    assert process.exitcode == 0
+
+
+class _Torch:
+    def __init__(self):
+        self.threads = []
+
+    def set_num_threads(self, n):
+        self.threads.append(n)
+
+
+def test_a_worker_takes_its_share_of_the_ranks_threads(parent, monkeypatch):
+    """Forked from a rank whose torch had set its threads, two workers of the rank's whole
+    share each took 4 times the CPU of ``python train_dist.py``: each takes its share once
+    its group says how many share them."""
+    from ddptui.constants import THREADS_ENV
+
+    torch = _Torch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setenv(THREADS_ENV, "4")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    spawned._share_threads_among(2)
+    assert torch.threads == [2]
+    assert os.environ["OMP_NUM_THREADS"] == os.environ[THREADS_ENV] == "2"
+    spawned._share_threads_among(8)  # never below one thread
+    assert torch.threads == [2, 1]
