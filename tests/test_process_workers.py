@@ -178,6 +178,14 @@ def test_the_starting_process_goes_quiet_once_a_worker_formed_its_group(parent):
     assert rep.beats == count
 
 
+def test_a_rank_with_a_group_of_its_own_never_goes_quiet_for_its_workers(parent):
+    spawned._formed_events["fork"] = formed = threading.Event()
+    formed.set()
+    assert spawned.workers_formed()
+    spawned._group_seen = True  # this process trains in a group of its own
+    assert not spawned.workers_formed()
+
+
 def _exit_with_the_heartbeat_forgotten():
     os._exit(0 if heartbeat._beat is None else 1)
 

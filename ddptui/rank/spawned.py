@@ -165,8 +165,9 @@ def _worker_ended(inst: Any, error: str | None = None, trace: str | None = None)
 
 def workers_formed() -> bool:
     """Whether a worker this process started with ``multiprocessing.Process`` has formed its
-    process group: it is a rank now, and this process only waits for it."""
-    return any(event.is_set() for event in _formed_events.values())
+    process group: it is a rank now, and this process only waits for it (unless this process
+    has a group of its own: a rank that trains goes on reporting whatever its helpers do)."""
+    return not _group_seen and any(event.is_set() for event in _formed_events.values())
 
 
 def _endpoint() -> str:
