@@ -466,6 +466,15 @@ def test_setup_label_says_amp_and_device_as_far_as_known(config, devices, expect
     assert setup_label(config, devices) == expected
 
 
+def test_setup_label_counts_the_ranks_the_run_grew_to():
+    """One process started (``--world-size 1``) whose two workers are the ranks: the header
+    read "1 ranks" beside a table of two."""
+    one = {**SCRIPT, "world_size": 1}
+    assert setup_label(one, [], ranks=1).endswith(" · 1 rank")
+    assert setup_label(one, ["cpu", "cpu"], ranks=2).endswith(" · cpu · 2 ranks")
+    assert setup_label(SCRIPT, [], ranks=0).endswith(" · 2 ranks")  # none reported yet
+
+
 @pytest.mark.parametrize(
     ("devices", "expected"),
     [

@@ -149,14 +149,20 @@ def _summarise_devices(devices: list[str]) -> str:
     return shown + (f" +{more}" if more > 0 else "")
 
 
-def setup_label(config: dict[str, Any], rank_devices: Iterable[str | None] = ()) -> str:
+def setup_label(
+    config: dict[str, Any], rank_devices: Iterable[str | None] = (), ranks: int = 0
+) -> str:
     """``spawn · gloo · amp bf16 · cuda:0,1 · 2 ranks``: the header's account of the run, as
-    far as ddptui knows it (see :func:`amp_label` and :func:`device_label`)."""
+    far as ddptui knows it (see :func:`amp_label` and :func:`device_label`). ``ranks``: the
+    ranks the run has now, where the script's own workers grew it past the processes ddptui
+    started (one process whose two workers are the ranks read "1 ranks")."""
     parts = [str(config.get("launcher")), str(config.get("backend")), amp_label(config)]
     device = device_label(config, rank_devices)
     if device:
         parts.append(device)
-    parts.append(f"{config.get('world_size')} ranks")
+    world = config.get("world_size")
+    started = world if isinstance(world, int) and not isinstance(world, bool) else 0
+    parts.append(counted(max(started, ranks), "rank") if started or ranks else f"{world} ranks")
     return " · ".join(parts)
 
 

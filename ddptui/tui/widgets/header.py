@@ -51,7 +51,7 @@ class RunHeader(Vertical):
             "  ",
             (target_label(config), "bold cyan"),
             "  ",
-            setup_label(config, (row.device for row in frame.rows)) + "  ",
+            setup_label(config, [row.device for row in frame.rows], len(frame.rows)) + "  ",
             (f" {frame.status.upper()} ", STATUS_STYLE.get(frame.status, "bold")),
         )
         if frame.attempt:
