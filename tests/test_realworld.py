@@ -100,20 +100,19 @@ SPECS = {
         ),
         # Plain torchrun leaves these workers waiting for its agent's store at the script's
         # MASTER_PORT (spawned.process_worker): the script's contract, 0, is the exit here.
-        RunSpec(
-            "process_workers",
-            "process_workers.py",
-            args=lambda w: ["--out", str(w), "--port", str(free_port())],
-            world_size=1,
-            cost=1.5,
-        ),
-        RunSpec(
-            "process_workers_spawn",
-            "process_workers.py",
-            args=lambda w: ["--out", str(w), "--port", str(free_port())],
-            world_size=1,
-            launcher="spawn",
-            cost=1.5,
+        *(
+            RunSpec(
+                name,
+                "process_workers.py",
+                args=lambda w: ["--out", str(w), "--port", str(free_port())],
+                world_size=1,
+                launcher=launcher,
+                cost=1.5,
+            )
+            for name, launcher in (
+                ("process_workers", "torchrun"),
+                ("process_workers_spawn", "spawn"),
+            )
         ),
         RunSpec(
             "slurm_node",
