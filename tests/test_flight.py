@@ -3,6 +3,7 @@ fixtures under tests/data/fr were recorded by tests/data/fr/record_fixtures.py),
 validation of trace files, the rank's trace server against bad requests, and the option."""
 
 import copy
+import faulthandler
 import json
 import os
 import pickle
@@ -189,6 +190,35 @@ def test_bad_requests_get_no_trace_and_the_server_keeps_answering(server):
     assert not (run_dir / "fr-rank-3.json").exists()
     assert flight.request_traces(sockets, [3]) == {3: "ok"}
     assert srv.thread.is_alive()
+
+
+def test_the_worker_that_became_the_rank_answers_for_it(server, monkeypatch):
+    """A spawner answered for rank 3 before its worker did: the worker binds the rank's
+    socket in its place, and the spawner standing down later leaves the worker's socket."""
+    spawner, sockets, run_dir = server
+    path = flight_recorder.socket_path(sockets, 3)
+    monkeypatch.setenv(flight_recorder.SOCKET_DIR_ENV, str(sockets))
+    monkeypatch.setenv(flight_recorder.BUFFER_ENV, "2000")
+    monkeypatch.setattr(flight_recorder, "_server", None)
+    monkeypatch.setattr(flight_recorder, "_terminate_hook", None)
+    monkeypatch.setattr(flight_recorder.stacks, "_dump_file", None)
+    flight_recorder.serve_rank(str(run_dir), 3)
+    worker = flight_recorder._server
+    try:
+        assert worker is not None and worker is not spawner and worker.rank == 3
+        assert (run_dir / "stacks-rank-3.txt").is_file()  # its stacks, on ddptui's request
+        spawner.close()  # it stands down
+        assert path.exists()
+        assert raw_request(path, b"stacks\n") == b"ok\n"
+        assert "test_the_worker_that_became_the_rank" in (run_dir / "stacks-rank-3.txt").read_text()
+        flight_recorder.serve_rank(str(run_dir), 4)  # its group said another rank
+        assert flight_recorder._server.rank == 4 and not path.exists()
+    finally:
+        flight_recorder.stop_trace_server()
+        flight_recorder.remove_terminate_trace()
+        faulthandler.unregister(flight_recorder.stacks.STACK_SIGNAL)
+        flight_recorder.stacks._dump_file.close()
+    assert not flight_recorder.socket_path(sockets, 4).exists()
 
 
 def test_a_rank_without_a_socket_is_named_not_waited_for(tmp_path):

@@ -34,6 +34,7 @@ def parent(monkeypatch):
     monkeypatch.setattr(spawned, "_formed_event", None)
     monkeypatch.setattr(spawned, "_group_seen", False)
     monkeypatch.setattr(heartbeat, "_quiet", None)
+    monkeypatch.setattr(heartbeat, "_then", None)
     for name in (spawned.SPAWNED_ENV, spawned.AGENT_STORE_ENV, spawned.AGENT_ENDPOINT_ENV):
         monkeypatch.delenv(name, raising=False)
 
@@ -46,6 +47,7 @@ def test_a_process_running_a_function_of_the_script_is_followed(parent):
     assert target.args[:2] == (_script_target, _install)
     assert set(spawned._formed_events) == {"spawn"}  # its own start method's event
     assert heartbeat._quiet is spawned.workers_formed
+    assert heartbeat._then is spawned.stand_down  # its trace server goes with its beats
     spawned.wrap_process(process, _install)  # started again: not wrapped twice
     assert process._target is target
 
@@ -161,7 +163,8 @@ class _Beats:
 def test_the_starting_process_goes_quiet_once_a_worker_formed_its_group(parent):
     formed = threading.Event()
     spawned._formed_events["fork"] = formed
-    heartbeat.quiet_when(spawned.workers_formed)
+    stood_down = []
+    heartbeat.quiet_when(spawned.workers_formed, then=lambda: stood_down.append(True))
     rep = _Beats()
     beat = heartbeat.Heartbeat(rep, interval=0.05).start()
     try:
@@ -171,6 +174,7 @@ def test_the_starting_process_goes_quiet_once_a_worker_formed_its_group(parent):
         assert rep.muted.wait(5)
         beat._thread.join(5)
         assert not beat._thread.is_alive()
+        assert stood_down == [True]
     finally:
         beat.stop()
     count = rep.beats

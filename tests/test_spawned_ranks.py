@@ -362,3 +362,68 @@ def test_a_spawners_threads_are_split_among_its_workers_at_least_one_each(
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     spawned.share_threads(workers)  # no count of workers (0, a bool, a string): left alone
     assert os.environ["OMP_NUM_THREADS"] == os.environ["DDPTUI_THREADS"] == threads
+
+
+# -- a hang among the workers a script started -------------------------------------------------
+HANG_SCRIPT = """
+import os, sys, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch import nn
+
+
+def work(rank, world, port):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(200):
+        if rank == 1 and step == 5:
+            time.sleep(120)  # rank 1 stops before its next forward
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    port, how = sys.argv[1], sys.argv[2]
+    if how == "spawn":
+        mp.spawn(work, args=(2, port), nprocs=2)
+    else:
+        workers = [mp.Process(target=work, args=(rank, 2, port)) for rank in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("how", "launcher"), [("spawn", "spawn"), ("process", "torchrun")])
+def test_a_hang_among_a_scripts_workers_is_named_from_their_own_traces(tmp_path, how, launcher):
+    """Rank 1 of the workers a script started (mp.spawn; a Process each, forked under
+    torchrun) stops before a collective rank 0 waits in. The traces and stacks ddptui asks
+    for are the workers' own: it was the spawner that answered for rank 0 ("rank 0 hung
+    outside any collective, in <module>", its mp.spawn line), rank 1 had none, and torch's
+    analyzer, told a world of one, said "rank 0 never entered all_gather #1 that ranks
+    entered in"."""
+    from ddptui.rank.net import free_port
+
+    script = tmp_path / "hang.py"
+    script.write_text(HANG_SCRIPT)
+    run_dir = tmp_path / "run"
+    args = ["--launcher", launcher, "--hang-timeout", "5", "--script", str(script), "--"]
+    proc = run_headless([*args, str(free_port()), how], run_dir)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    details = [d["detail"] for d in summary["diagnoses"]]
+    named = [d for d in details if "never entered all_reduce" in d]
+    assert named and named[-1].startswith("rank 1 never entered all_reduce #"), details
+    assert "that rank 0 waits in" in named[-1], details
+    assert not [d for d in details if "<module>" in d], details  # no spawner's stack
+    for rank in (0, 1):
+        assert (run_dir / f"fr-rank-{rank}.json").is_file()
+        stacks = (run_dir / f"stacks-rank-{rank}.txt").read_text()
+        assert "in work" in stacks and "start_processes" not in stacks, stacks[-2000:]

@@ -349,6 +349,7 @@ class TraceServer:
         self.path.unlink(missing_ok=True)  # a previous attempt's socket
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.sock.bind(str(self.path))
+        self.inode = os.stat(self.path).st_ino  # whose socket the path is (see close)
         self.sock.listen(4)
         self.served = 0
         self.thread = threading.Thread(target=self._serve, name="ddptui-fr", daemon=True)
@@ -385,10 +386,16 @@ class TraceServer:
         conn.sendall(b"ok\n")
 
     def close(self) -> None:
+        """Stop answering; the socket's path goes too, unless another process of the rank has
+        bound its own there since (a worker the script started, now the rank)."""
         try:
             self.sock.close()
         finally:
-            self.path.unlink(missing_ok=True)
+            try:
+                if os.stat(self.path).st_ino == self.inode:
+                    self.path.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 #: How long the trace written on std::terminate may take before the abort goes on.
@@ -459,6 +466,47 @@ def remove_terminate_trace() -> None:
     set_terminate(previous)
     _retired.append(_handler)  # a terminate already under way may still be calling it
     _terminate_hook = None
+
+
+def stop_trace_server() -> None:
+    """This process answers for no rank any more (a spawner whose workers are the ranks)."""
+    global _server
+    server, _server = _server, None
+    if server is not None:
+        server.close()
+
+
+def serve_rank(run_dir: str | None, rank: int) -> None:
+    """A process that became rank ``rank`` once its process group formed (a worker the script
+    started): its own stack file, trace server and terminate trace, as the rank entry gives
+    the processes it starts. A forked worker had its parent's: they answered for the
+    parent's rank (a hang among mp.spawn's workers was named from the spawner's stack, "rank
+    0 hung outside any collective, in <module>", the line of its ``mp.spawn``)."""
+    if run_dir:
+        stacks.register_stack_dump(run_dir, rank)
+    if not recording():
+        return
+    if _server is not None and _server.rank != rank:
+        stop_trace_server()  # it answered for the rank it had before its group said another
+    start_trace_server(run_dir, rank)
+    remove_terminate_trace()
+    install_terminate_trace(run_dir, rank)
+
+
+def _forget_server_after_fork() -> None:
+    """A forked child has no thread behind its parent's trace server: it answers for nobody
+    until it is a rank itself (its copy of the socket closed; the path stays the parent's)."""
+    global _server
+    server, _server = _server, None
+    if server is not None:
+        try:
+            server.sock.close()
+        except OSError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_server_after_fork)
 
 
 def start_trace_server(run_dir: str | None, rank: int) -> TraceServer | None:

@@ -33,6 +33,7 @@ MAX_FRAMES = 200
 _collectives: Callable[[], list[dict[str, Any]]] | None = None
 #: See :func:`quiet_when`.
 _quiet: Callable[[], bool] | None = None
+_then: Callable[[], None] | None = None
 _ddp_source: Callable[[], bool] | None = None
 _beat: Heartbeat | None = None
 
@@ -255,6 +256,8 @@ class Heartbeat:
                     # Its workers (multiprocessing.Process) are the ranks now; it only waits.
                     self.stop()
                     self.reporter.mute()
+                    if _then is not None:
+                        _then()
                     return
                 self.beat()
             except Exception:  # telemetry never takes a rank down
@@ -271,11 +274,12 @@ def _marks() -> list[dict[str, Any]]:
         return []
 
 
-def quiet_when(check: Callable[[], bool] | None) -> None:
-    """Before each beat, ``check()``: once true, the heartbeat stops and the reporter sends
-    nothing more (a process whose workers are the ranks now: spawned.workers_formed)."""
-    global _quiet
-    _quiet = check
+def quiet_when(check: Callable[[], bool] | None, then: Callable[[], None] | None = None) -> None:
+    """Before each beat, ``check()``: once true, the heartbeat stops, the reporter sends
+    nothing more and ``then()`` runs (a process whose workers are the ranks now:
+    spawned.workers_formed, spawned.stand_down)."""
+    global _quiet, _then
+    _quiet, _then = check, then
 
 
 def last() -> None:

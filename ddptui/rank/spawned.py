@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ddptui.constants import ENDPOINT_ENV, THREADS_ENV
+from ddptui.constants import ENDPOINT_ENV, RUN_DIR_ENV, THREADS_ENV
 
 #: Set in a worker that a script spawned (its rank is known only from its process group).
 SPAWNED_ENV = "DDPTUI_SPAWNED"
@@ -105,7 +105,7 @@ def wrap_process(process: Any, install: Callable[[], Any]) -> None:
         event = _formed_events[method] = multiprocessing.get_context(method).Event()
         from ddptui.rank import heartbeat
 
-        heartbeat.quiet_when(workers_formed)
+        heartbeat.quiet_when(workers_formed, then=stand_down)
     process._target = functools.partial(process_worker, target, install, event)
 
 
@@ -226,6 +226,7 @@ def became_spawner(workers: int = 1) -> None:
     from ddptui.rank.reporter import get_reporter
 
     heartbeat.stop()
+    stand_down()
     reporter = get_reporter()
     count_ok = isinstance(workers, int) and not isinstance(workers, bool)
     if count_ok and 1 <= workers <= protocol.MAX_GROWN_WORLD:
@@ -253,6 +254,7 @@ def on_process_group(rank: int, world_size: int) -> None:
     reporter.rank = rank
     reporter.started(guess_device=False)
     heartbeat.start(reporter)
+    _serve_as(rank)
     if _process_worker:
         _share_threads_among(world_size)
         if _formed_event is not None:  # the process that started this worker may go quiet now
@@ -260,6 +262,30 @@ def on_process_group(rank: int, world_size: int) -> None:
                 _formed_event.set()
             except Exception:  # telemetry never changes how a rank runs
                 pass
+
+
+def _serve_as(rank: int) -> None:
+    """What the rank entry sets up for a rank, for this worker that became one: its stacks,
+    its Flight Recorder trace on request and on abort, the recorder's progress in its beats."""
+    from ddptui.rank import flight_recorder, heartbeat
+
+    try:
+        flight_recorder.serve_rank(os.environ.get(RUN_DIR_ENV), rank)
+        if flight_recorder.recording():
+            heartbeat.set_collectives_source(flight_recorder.progress)
+    except Exception:  # telemetry never changes how a rank runs
+        pass
+
+
+def stand_down() -> None:
+    """This process only waits for its workers, which are the ranks: it answers ddptui's
+    trace and stack requests for no rank any more (the worker that became its rank does)."""
+    from ddptui.rank import flight_recorder
+
+    try:
+        flight_recorder.stop_trace_server()
+    except Exception:  # telemetry never changes how a rank runs
+        pass
 
 
 def _share_threads_among(workers: int) -> None:

@@ -412,7 +412,7 @@ class RunSession:
             self.fr_dir,
             self.run_dir,
             list(live),
-            self.cfg.world_size,
+            self.state.world_size,  # the world a script's own workers grew it to
             t,
             stacks=stacks,
             remote=remote,
@@ -514,7 +514,7 @@ class RunSession:
             traced = flight.at_crash(
                 self.run_dir,
                 pids,
-                self.cfg.world_size,
+                state.world_size,  # the world a script's own workers grew it to
                 state.elapsed(self.clock()),
                 failed,
                 errors,
