@@ -402,6 +402,23 @@ def test_a_rank_whose_heartbeat_stopped_is_stuck_only_when_its_cpu_idles():
     assert stuck_ranks(state, 40.0, 20.0, 20.0, cpu_percent={0: 0.0}) == {}
 
 
+def test_a_spawner_waiting_for_its_workers_group_is_never_stuck():
+    """A script's own mp.spawn: its process (rank 0 until its workers announce themselves)
+    stopped beating when it spawned, and idles while they import torch and meet. Spawned
+    workers that took longer than ``--hang-timeout 5`` to form their group on a loaded machine
+    had the spawner judged hung ("rank 0 hung outside any collective, in <module>", its
+    mp.spawn line) and the healthy run torn down."""
+    state = announced(1)
+    beating(state, 0, 0.5, 2.0)  # then it spawns: its heartbeat stops
+    state.apply(protocol.Note(run="r", rank=0, t=0.0, seq=50, code="spawned", workers=2), now=2.0)
+    assert stuck_ranks(state, 40.0, 5.0, 5.0, cpu_percent={0: 0.0}) == {}
+    started = protocol.Status(run="r", rank=0, t=0.0, seq=0, state="started", pid=4242)
+    state.apply(started, now=41.0)  # a worker is rank 0 now: judged as any rank
+    beating(state, 0, 41.5, 60.0)
+    (stuck,) = stuck_ranks(state, 60.0, 5.0, 5.0, cpu_percent={0: 0.0}).values()
+    assert stuck.rank == 0
+
+
 def _waiting_for_rank_0(
     state, start, end, rank0_cpu=lambda t: t * 0.98, rank0_digest=lambda t: "d0"
 ):

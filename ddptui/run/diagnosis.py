@@ -421,13 +421,18 @@ def stuck_ranks(
     only when it stood still up to its last beat and ddptui's own recent sample of its CPU
     (``cpu_percent``; the diagnoser passes :data:`RECENT_CPU_S` of it) idles. A rank that
     sends no beats at all (an older ddptui, or a rank that has not announced itself) is
-    never judged: silence is not evidence. Nothing is stuck once the run has ended.
+    never judged: silence is not evidence; nor is a spawner, which stopped beating to wait
+    for the workers it started until one of them announces itself under its rank (its idle
+    wait while they import torch and meet is by design). Nothing is stuck once the run has
+    ended.
     """
     if limit is None or state.outcome:
         return {}
     stuck: dict[int, Stuck] = {}
     for rank, view in state.ranks.items():
         if view.state != "started" or view.beat_at is None or view.still_since is None:
+            continue
+        if view.spawned:
             continue
         allowed = limit if view.step > 0 else (before_first_step or limit)
         late = now - view.beat_at > BEAT_LATE * beat_s
