@@ -43,7 +43,7 @@ from ddptui.constants import (
 )
 from ddptui.rank import flight_recorder, heartbeat
 from ddptui.rank.cpus import threads_per_rank
-from ddptui.rank.instrument import ddp_possible, install_rank
+from ddptui.rank.instrument import ddp_possible, install
 from ddptui.runfiles import RunDir
 
 _PR_SET_PDEATHSIG = 1
@@ -120,11 +120,11 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
-    install_rank(run_dir, rank)  # stack dump on a signal; zero-code hooks unless switched off
+    install()  # the zero-code hooks, unless switched off
+    # Its stacks on a signal or request; its trace on request and on gloo's abort.
+    flight_recorder.serve_rank(run_dir, rank)
     heartbeat.set_ddp_source(ddp_possible)  # a rank in backward() without DDP waits for none
     if flight_recorder.recording():
-        flight_recorder.start_trace_server(run_dir, rank)  # traces on ddptui's request
-        flight_recorder.install_terminate_trace(run_dir, rank)  # and on gloo's abort
         heartbeat.set_collectives_source(flight_recorder.progress)  # progress in every beat
 
 

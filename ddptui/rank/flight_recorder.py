@@ -477,11 +477,12 @@ def stop_trace_server() -> None:
 
 
 def serve_rank(run_dir: str | None, rank: int) -> None:
-    """A process that became rank ``rank`` once its process group formed (a worker the script
-    started): its own stack file, trace server and terminate trace, as the rank entry gives
-    the processes it starts. A forked worker had its parent's: they answered for the
-    parent's rank (a hang among mp.spawn's workers was named from the spawner's stack, "rank
-    0 hung outside any collective, in <module>", the line of its ``mp.spawn``)."""
+    """This process is rank ``rank``: its stack file (always, with a run directory), and
+    with the recorder on its trace server and terminate trace. The rank entry calls it for
+    the processes ddptui starts, and a worker the script started once its process group
+    names its rank. A forked worker had its parent's: they answered for the parent's rank
+    (a hang among mp.spawn's workers was named from the spawner's stack, "rank 0 hung
+    outside any collective, in <module>", the line of its ``mp.spawn``)."""
     if run_dir:
         stacks.register_stack_dump(run_dir, rank)
     if not recording():

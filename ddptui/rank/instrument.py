@@ -139,7 +139,6 @@ import ddptui
 from ddptui.constants import ENDPOINT_ENV, NO_INSTRUMENT_ENV, PHASES
 from ddptui.rank import spawned
 from ddptui.rank.drainer import Drainer
-from ddptui.rank.stacks import register_stack_dump
 
 #: Steps with every gradient hook armed before keeping only the last parameter's.
 LEARN_STEPS = 2
@@ -300,14 +299,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def install_rank(run_dir: str | None, rank: int) -> None:
-    """What the rank entry calls before the target runs: the stack dump for hang diagnosis
-    (always, when there is a run directory) and the instrumentation (when :func:`wanted`)."""
-    if run_dir:
-        register_stack_dump(run_dir, rank)
-    install()
 
 
 #: torch.compile's tracer: ddptui's code is put on its skip list once it is imported.

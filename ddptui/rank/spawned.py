@@ -57,24 +57,12 @@ def spawned_worker(
 ) -> Any:
     """What a spawned worker runs instead of ``fn(index, *args)``: the hooks (``install``,
     the instrumentation's), then ``fn``."""
-    os.environ[SPAWNED_ENV] = "1"
+    _become_worker()
     # its index among the workers of this node: the local rank (the GPU) in these scripts
     os.environ["LOCAL_RANK"] = str(index)
-    # Under ddptui's torchrun (the vehicle of a one-process spawner), torchrun tells its worker
-    # to use the agent's store: inherited, it would make these workers' env:// rendezvous
-    # (MASTER_ADDR/PORT the script sets, as pytorch/examples' multigpu.py does) connect as
-    # clients to a store nobody serves, and wait 30 minutes. The script's own workers are not
-    # torchrun's: they rendezvous as under ``python script.py``, unless they meet at the
-    # agent's own endpoint (see :func:`before_rendezvous`).
-    if os.environ.pop(AGENT_STORE_ENV, None) == "True":
-        os.environ[AGENT_ENDPOINT_ENV] = _endpoint()
     # A worker forked from the spawner has the spawner's torch threads: its share instead
     # (see share_threads; a spawned one read it from OMP_NUM_THREADS when it imported torch).
-    torch = sys.modules.get("torch")
-    if torch is not None and THREADS_ENV in os.environ:
-        from ddptui.rank.cpus import threads_per_rank
-
-        torch.set_num_threads(threads_per_rank(1))
+    _take_thread_share()
     from ddptui.rank.reporter import get_reporter  # loaded on use: keeps this module light
 
     # The reporter first (its exit handler then runs last, after the hooks flushed the last
@@ -82,6 +70,31 @@ def spawned_worker(
     get_reporter()
     install()
     return fn(index, *args)
+
+
+def _become_worker() -> None:
+    """What every worker a script started does first: it is one (its rank comes from its
+    process group), and torchrun's agent-store flag is not its own.
+
+    Under ddptui's torchrun (the vehicle of a one-process spawner), torchrun tells its worker
+    to use the agent's store: inherited, it would make these workers' env:// rendezvous
+    (MASTER_ADDR/PORT the script sets, as pytorch/examples' multigpu.py does) connect as
+    clients to a store nobody serves, and wait 30 minutes. The script's own workers are not
+    torchrun's: they rendezvous as under ``python script.py``, unless they meet at the
+    agent's own endpoint (see :func:`before_rendezvous`)."""
+    os.environ[SPAWNED_ENV] = "1"
+    if os.environ.pop(AGENT_STORE_ENV, None) == "True":
+        os.environ[AGENT_ENDPOINT_ENV] = _endpoint()
+
+
+def _take_thread_share() -> None:
+    """torch in this worker takes the threads :func:`share_threads` left it (``DDPTUI_THREADS``),
+    where ddptui chose the rank's threads and torch is loaded."""
+    torch = sys.modules.get("torch")
+    if torch is not None and THREADS_ENV in os.environ:
+        from ddptui.rank.cpus import threads_per_rank
+
+        torch.set_num_threads(threads_per_rank(1))
 
 
 def wrap_process(process: Any, install: Callable[[], Any]) -> None:
@@ -124,9 +137,7 @@ def process_worker(
         from ddptui.rank import heartbeat
 
         heartbeat.quiet_when(None)
-    os.environ[SPAWNED_ENV] = "1"
-    if os.environ.pop(AGENT_STORE_ENV, None) == "True":  # as in spawned_worker
-        os.environ[AGENT_ENDPOINT_ENV] = _endpoint()
+    _become_worker()
     inst = install()  # the Instrument (a forked worker's: its parent's, installed already)
     try:
         result = target(*args, **kwargs)
@@ -295,15 +306,11 @@ def _share_threads_among(workers: int) -> None:
     theirs. With the rank's whole share each, forked from a rank whose torch had set its
     threads, the tutorial's ``train_dist.py`` (two workers on two cores) took 36-41 s under
     ddptui against 10 s under ``python`` (4 times the CPU)."""
-    torch = sys.modules.get("torch")
-    if torch is None or THREADS_ENV not in os.environ:
+    if "torch" not in sys.modules or THREADS_ENV not in os.environ:
         return
-    from ddptui.rank.cpus import threads_for_workers
-
-    threads = threads_for_workers(workers)
-    os.environ["OMP_NUM_THREADS"] = os.environ[THREADS_ENV] = str(threads)
     try:
-        torch.set_num_threads(threads)
+        share_threads(workers)
+        _take_thread_share()
     except Exception:  # telemetry never changes how a rank runs
         pass
 
