@@ -120,6 +120,22 @@ def test_probe_samples_a_live_process():
     assert isinstance(probe.memory_state(), MemoryState)
 
 
+def test_a_rank_whose_process_changed_has_only_its_new_processes_cpu():
+    """A spawner (rank 0 until its workers formed their group) idles: its samples must not
+    make the worker that became rank 0 read as idle (the hang rule's evidence)."""
+    import os
+    from collections import deque
+
+    probe = RankProbe()
+    probe._cpu[0] = deque((float(t), 0.0) for t in range(10))  # the spawner's, idle
+    probe.rss[0] = 1
+    probe.sample({0: os.getpid()}, now=10.0)  # another pid: measurement starts afresh
+    assert probe.cpu_percent() == {} and probe.rss == {}
+    sum(i * i for i in range(200_000))
+    probe.sample({0: os.getpid()}, now=11.0)
+    assert [at for at, _ in probe._cpu[0]] == [11.0]
+
+
 def test_probe_reads_cpu_over_the_window_asked_for():
     from collections import deque
 

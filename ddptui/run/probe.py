@@ -49,6 +49,11 @@ class RankProbe:
                 except (psutil.Error, OSError, ValueError):
                     continue
                 self._procs[rank] = proc
+                # Another process under this rank (a worker the script started, now the
+                # rank): the samples of the one before (a spawner idling while its workers
+                # start) are not this one's CPU.
+                self._cpu.pop(rank, None)
+                self.rss.pop(rank, None)
                 continue
             try:
                 with proc.oneshot():
