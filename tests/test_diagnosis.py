@@ -402,6 +402,21 @@ def test_a_rank_whose_heartbeat_stopped_is_stuck_only_when_its_cpu_idles():
     assert stuck_ranks(state, 40.0, 20.0, 20.0, cpu_percent={0: 0.0}) == {}
 
 
+def test_a_silent_rank_whose_io_moves_is_not_stuck():
+    """A C call that keeps the GIL while it waits on storage or a pipe (``import torch`` from
+    a network file system, a loader reading a streamed checkpoint): no beats, the CPU idle,
+    and only ddptui's own sample of its I/O says it works."""
+    state = announced(2)
+    beating(state, 0, 0.5, 10.5)  # then its beats stop
+    beating(state, 1, 0.5, 40.0, digest=lambda t: f"d{int(t)}", cpu=lambda t: t)
+    idle = {0: 0.0}
+    reading = {0: 4 * IDLE_IO_BYTES_PER_S}
+    assert stuck_ranks(state, 40.0, 20.0, 20.0, idle, io_rate=reading) == {}
+    for trickle in ({0: IDLE_IO_BYTES_PER_S / 2}, {1: 4 * IDLE_IO_BYTES_PER_S}, {}, None):
+        (stuck,) = stuck_ranks(state, 40.0, 20.0, 20.0, idle, io_rate=trickle).values()
+        assert stuck.how == "silent" and stuck.rank == 0
+
+
 def test_a_spawner_waiting_for_its_workers_group_is_never_stuck():
     """A script's own mp.spawn: its process (rank 0 until its workers announce themselves)
     stopped beating when it spawned, and idles while they import torch and meet. Spawned
@@ -637,6 +652,11 @@ def test_a_rank_whose_beats_stopped_works_only_by_ddptuis_own_cpu_sample():
     assert working_ranks(state, 40.0, stuck) == []
     assert working_ranks(state, 40.0, stuck, cpu_percent={0: 0.5}) == []
     assert working_ranks(state, 40.0, stuck, cpu_percent={0: 99.0}) == [0]
+    # its CPU idle, its I/O moving (a call that keeps the GIL while it reads): work
+    moving = {0: 4 * IDLE_IO_BYTES_PER_S}
+    assert working_ranks(state, 40.0, stuck, {0: 0.5}, io_rate=moving) == [0]
+    assert working_ranks(state, 40.0, stuck, {0: 0.5}, io_rate={0: 100.0}) == []
+    assert working_ranks(state, 40.0, stuck, None, io_rate=moving) == [0]
 
 
 def test_a_stopped_rank_is_no_work_once_its_recent_cpu_idles():
@@ -663,6 +683,10 @@ def test_a_stopped_rank_is_no_work_once_its_recent_cpu_idles():
     d = Diagnoser(hang_timeout=10)
     (found,) = d.check(state, 40.0, {0: 30.0, 1: 0.5}, {0: 99.0, 1: 0.5})
     assert found.cause == "waiting"
+    # Idle now and silent, but reading (a call that keeps the GIL while it waits on storage).
+    d = Diagnoser(hang_timeout=10)
+    (found,) = d.check(state, 40.0, mean_20s, last_5s, {0: 1e6, 1: 0.0})
+    assert found.cause == "waiting" and "which works" in found.detail
 
 
 def test_diagnoser_reports_the_hang_once_with_its_evidence():

@@ -129,11 +129,36 @@ def test_a_rank_whose_process_changed_has_only_its_new_processes_cpu():
     probe = RankProbe()
     probe._cpu[0] = deque((float(t), 0.0) for t in range(10))  # the spawner's, idle
     probe.rss[0] = 1
+    probe._io[0] = deque((float(t), 0) for t in range(10))  # the spawner's, still
     probe.sample({0: os.getpid()}, now=10.0)  # another pid: measurement starts afresh
     assert probe.cpu_percent() == {} and probe.rss == {}
+    assert [at for at, _ in probe._io[0]] == [10.0]  # the new process's first reading
     sum(i * i for i in range(200_000))
     probe.sample({0: os.getpid()}, now=11.0)
     assert [at for at, _ in probe._cpu[0]] == [11.0]
+
+
+def test_probe_measures_a_ranks_io_rate_from_its_own_readings():
+    """ddptui's own evidence that a silent rank moves data: bytes a second over the window
+    asked for, from /proc/<pid>/io of the rank (none with fewer than two readings)."""
+    import os
+    import tempfile
+    from collections import deque
+
+    probe = RankProbe()
+    probe.sample({0: os.getpid()}, now=0.0)
+    assert probe.io_rate() == {}  # one reading: no rate yet
+    with tempfile.TemporaryFile() as f:
+        f.write(bytes(4 << 20))  # 4 MiB written: this process's wchar
+    probe.sample({0: os.getpid()}, now=2.0)
+    assert probe.io_rate()[0] >= (4 << 20) / 2
+    # rank 0 read 1 MB a second for 15 s, then nothing for 5 s
+    probe._io[0] = deque((float(t), min(t, 15) * 1_000_000) for t in range(20))
+    assert probe.io_rate()[0] == pytest.approx(15e6 / 19)
+    assert probe.io_rate(4.0) == {0: 0.0}
+    assert probe.io_rate(5.0)[0] == pytest.approx(1e6 / 5)
+    probe._io[1] = deque([(3.0, 5), (4.0, 2)])  # a counter that went back: not negative
+    assert probe.io_rate()[1] == 0.0
 
 
 def test_probe_reads_cpu_over_the_window_asked_for():

@@ -177,6 +177,52 @@ def test_a_rank_0_checkpoint_streamed_to_an_uploader_is_work_not_a_hang(tmp_path
     assert moved and moved[-1] - moved[0] >= size  # the upload counts as rank 0's I/O
 
 
+def test_a_rank_reading_inside_a_call_that_keeps_the_gil_works_and_is_not_hung(tmp_path):
+    """Rank 0 reads a 10 MB checkpoint fed into a pipe at about 1.3 MB/s in one C call that
+    keeps the GIL (as ``import torch`` from a network file system faults its libraries in):
+    its beats stop and its CPU idles while rank 1 waits in a barrier; the limit is 3 s. With
+    its CPU the only evidence, rank 0 was "heartbeat silent, CPU idle" and the healthy run
+    was torn down as hung. Now ddptui's own sample of its I/O shows it works."""
+    import threading
+
+    fifo = tmp_path / "download"
+    os.mkfifo(fifo)
+    size = 10 * 1024 * 1024
+    sent = []
+
+    def feeder():  # 64 KiB every 50 ms
+        with open(fifo, "wb") as pipe:
+            for _ in range(size // 65536):
+                pipe.write(bytes(65536))
+                pipe.flush()
+                sent.append(65536)
+                time.sleep(0.05)
+
+    feed = threading.Thread(target=feeder, daemon=True)
+    feed.start()
+    env = {
+        "PLAIN_EPOCHS": "2",
+        "PLAIN_STEPS": "3",
+        "PLAIN_DOWNLOAD_RANK": "0",
+        "PLAIN_DOWNLOAD_FROM": str(fifo),
+        "PLAIN_DOWNLOAD_BYTES": str(size),
+    }
+    try:
+        proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "3")
+    finally:
+        if feed.is_alive():  # the rank never opened it: let the feeder go
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        feed.join(10)
+    assert sum(sent) == size  # the whole checkpoint went
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary["outcome"] == "finished"
+    assert not [d for d in summary["diagnoses"] if d["cause"] in ("hang", "collective")]
+    sent_at = [e["t"] for e in read_events(tmp_path / "run") if e["rank"] == 0]
+    silent = max(later - t for t, later in zip(sent_at, sent_at[1:], strict=False))
+    assert silent > 4.0, "rank 0 never went silent: the test tests nothing"
+
+
 def test_ranks_that_train_apart_are_told_and_ddp_or_pipelined_ranks_are_not(tmp_path):
     """pytorch/examples' ImageNet script wraps its model in DDP only on a GPU: on the CPU its
     ranks each trained their own model under ddptui, and nothing said so. The same script

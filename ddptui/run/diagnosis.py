@@ -349,11 +349,11 @@ IDLE_IO_BYTES_PER_S = 64 * 1024
 STILL_TOO_SHARE = 0.75
 #: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
 BEAT_LATE = 3
-#: Seconds of ddptui's own CPU samples that say what a rank whose beats stopped does now
-#: (busy: works; idle: stuck, once it stood still for the limit). Read over 20 s, a rank
-#: stopped mid-step (SIGSTOP, a frozen machine) "worked" for up to 20 s after its CPU fell to
-#: nothing (pytorch/examples' imagenet, rank 1 stopped by SIGSTOP: "waiting for rank 1, which
-#: works" 22 s after rank 1's last beat; the verdict 3 s later).
+#: Seconds of ddptui's own CPU and I/O samples that say what a rank whose beats stopped does now
+#: (busy, or moving data: works; idle: stuck, once it stood still for the limit). Read over 20 s, a
+#: rank stopped mid-step (SIGSTOP, a frozen machine) "worked" for up to 20 s after its CPU fell to
+#: nothing (pytorch/examples' imagenet, rank 1 stopped by SIGSTOP: "waiting for rank 1, which works"
+#: 22 s after rank 1's last beat; the verdict 3 s later).
 RECENT_CPU_S = 5.0
 #: A rank's stack stood still for this many beats in a collective: it waits there (fewer: one
 #: sample, which may have caught a working rank passing through a collective's code).
@@ -410,6 +410,7 @@ def stuck_ranks(
     before_first_step: float | None = None,
     cpu_percent: Mapping[int, float] | None = None,
     beat_s: float = BEAT_S,
+    io_rate: Mapping[int, float] | None = None,
 ) -> dict[int, Stuck]:
     """The live ranks with evidence of being stuck (rank -> :class:`Stuck`).
 
@@ -418,8 +419,12 @@ def stuck_ranks(
     core meanwhile, and it read or wrote under :data:`IDLE_IO_BYTES_PER_S` (files, pipes,
     TLS connections, storage; where the kernel counts it). A rank whose beats stopped coming
     (its heartbeat thread cannot run: the GIL is held, or the process is stopped) is stuck
-    only when it stood still up to its last beat and ddptui's own recent sample of its CPU
-    (``cpu_percent``; the diagnoser passes :data:`RECENT_CPU_S` of it) idles. A rank that
+    only when it stood still up to its last beat and ddptui's own recent samples of it idle:
+    its CPU (``cpu_percent``) and, where known, its I/O (``io_rate``, bytes a second; the
+    diagnoser passes :data:`RECENT_CPU_S` of both). A C call that keeps the GIL while it
+    waits on storage (``import torch`` from a network file system: its libraries' pages
+    fault in from there) stops the beats with the CPU idle, and only its I/O shows it works:
+    a rank that read a pipe at 1 MB/s inside one such call was torn down as hung. A rank that
     sends no beats at all (an older ddptui, or a rank that has not announced itself) is
     never judged: silence is not evidence; nor is a spawner, which stopped beating to wait
     for the workers it started until one of them announces itself under its rank (its idle
@@ -439,7 +444,13 @@ def stuck_ranks(
         if late:
             quiet = now - view.still_since
             cpu = (cpu_percent or {}).get(rank)
-            if quiet >= allowed and cpu is not None and cpu < IDLE_CPU_SHARE * 100:
+            moved = (io_rate or {}).get(rank)
+            if (
+                quiet >= allowed
+                and cpu is not None
+                and cpu < IDLE_CPU_SHARE * 100
+                and (moved is None or moved < IDLE_IO_BYTES_PER_S)
+            ):
                 stuck[rank] = Stuck(rank, quiet, None, view.frame, view.waiting, "silent")
             continue
         still = view.still_for or 0.0
@@ -460,24 +471,26 @@ def working_ranks(
     stuck: Mapping[int, Stuck],
     cpu_percent: Mapping[int, float] | None = None,
     beat_s: float = BEAT_S,
+    io_rate: Mapping[int, float] | None = None,
 ) -> list[int]:
     """The live ranks with evidence that they still work while the ``stuck`` ones stand still:
     their beats come and they are not stuck themselves (their stack moves, they use CPU, or they
     read or write: files, pipes, TLS, storage), or their beats stopped but ddptui's own sample
-    of their CPU (``cpu_percent``: pass the recent one, :data:`RECENT_CPU_S`) is busy (a long
-    call that holds the GIL). Ranks that wait in a collective for one of these are waiting, not
-    hung: a rank-0 checkpoint or evaluation longer than the limit is work. A rank that waits in
-    a collective itself is no such rank, busy or not (a CUDA synchronisation spins while an NCCL
-    collective waits for a peer): its stack is in one, or its NCCL Flight Recorder shows one
-    started and not completed that no rank has completed either (one another rank completed is
-    stale on this one: every rank entered it and nobody waits in it for a peer). gloo's marks
-    are not read here: a gloo wait shows on the stack, and its marks may lag a rank that went
-    on. A rank that sends no beats, or whose beats stopped while its CPU is unknown, shows no
-    work: silence is no evidence either way. Waiting is read with the stack's stillness: a rank
-    waits in a collective when its stack has stood still there for :data:`WAIT_STILL_BEATS`
-    beats. One beat is one sample of a stack: a rank that evaluates through its DDP module
-    (nanoGPT's rank-0 ``estimate_loss``) is caught inside DDP's own code now and then, and one
-    such sample made a healthy run's verdict "hung"; a wait stands still, work moves."""
+    of their CPU (``cpu_percent``: pass the recent one, :data:`RECENT_CPU_S`) is busy or of
+    their I/O (``io_rate``) moves (a long call that holds the GIL). Ranks that wait in a
+    collective for one of these are waiting, not hung: a rank-0 checkpoint or evaluation longer
+    than the limit is work. A rank that waits in a collective itself is no such rank, busy or
+    not (a CUDA synchronisation spins while an NCCL collective waits for a peer): its stack is
+    in one, or its NCCL Flight Recorder shows one started and not completed that no rank has
+    completed either (one another rank completed is stale on this one: every rank entered it and
+    nobody waits in it for a peer). gloo's marks are not read here: a gloo wait shows on the
+    stack, and its marks may lag a rank that went on. A rank that sends no beats, or whose beats
+    stopped while neither its CPU nor its I/O is known busy, shows no work: silence is no
+    evidence either way. Waiting is read with the stack's stillness: a rank waits in a
+    collective when its stack has stood still there for :data:`WAIT_STILL_BEATS` beats. One beat
+    is one sample of a stack: a rank that evaluates through its DDP module (nanoGPT's rank-0
+    ``estimate_loss``) is caught inside DDP's own code now and then, and one such sample made a
+    healthy run's verdict "hung"; a wait stands still, work moves."""
     done = completed_anywhere(state)
     working = []
     for rank, view in state.ranks.items():
@@ -489,7 +502,9 @@ def working_ranks(
             continue
         if now - view.beat_at > BEAT_LATE * beat_s:
             cpu = (cpu_percent or {}).get(rank)
-            if cpu is None or cpu < IDLE_CPU_SHARE * 100:
+            moved = (io_rate or {}).get(rank)
+            busy = cpu is not None and cpu >= IDLE_CPU_SHARE * 100
+            if not busy and (moved is None or moved < IDLE_IO_BYTES_PER_S):
                 continue
         working.append(rank)
     return sorted(working)
@@ -1048,12 +1063,13 @@ class Diagnoser:
         now: float,
         cpu_percent: Mapping[int, float] | None = None,
         recent_cpu: Mapping[int, float] | None = None,
+        recent_io: Mapping[int, float] | None = None,
     ) -> list[Diagnosis]:
         """What this second's state shows. ``cpu_percent``: each rank's CPU by ddptui's own
-        sample over :data:`ddptui.run.probe.WINDOW_S` (the straggler rule's); ``recent_cpu``:
-        over the last :data:`RECENT_CPU_S`, what a rank whose beats stopped does now: busy,
-        it works; idle, it is stuck once it stood still for the limit (``cpu_percent`` when
-        not given)."""
+        sample over :data:`ddptui.run.probe.WINDOW_S` (the straggler rule's); ``recent_cpu``
+        and ``recent_io`` (bytes a second): over the last :data:`RECENT_CPU_S`, what a rank
+        whose beats stopped does now: busy or moving data, it works; idle, it is stuck once
+        it stood still for the limit (``cpu_percent`` when not given)."""
         found = self.notes(state)  # notes are no verdicts: they never change the ones below
         if state.outcome:
             return found
@@ -1080,8 +1096,8 @@ class Diagnoser:
             limit = hang_limit(state, self.hang_timeout)
             before = prepare_limit(limit, self.hang_timeout)
             recent = cpu_percent if recent_cpu is None else recent_cpu
-            stuck = stuck_ranks(state, now, limit, before, recent)
-            working = working_ranks(state, now, stuck, recent) if stuck else []
+            stuck = stuck_ranks(state, now, limit, before, recent, io_rate=recent_io)
+            working = working_ranks(state, now, stuck, recent, io_rate=recent_io) if stuck else []
             if stuck and working and limit is not None:
                 # Not a hang while a rank works: the stuck ones wait for it (said once).
                 if not self._waited:

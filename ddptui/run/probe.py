@@ -1,5 +1,5 @@
-"""What ddptui measures itself for the diagnosis: each rank's CPU and resident memory, the
-host's memory use, and the cgroup's memory use, limit and OOM kills.
+"""What ddptui measures itself for the diagnosis: each rank's CPU, I/O and resident memory,
+the host's memory use, and the cgroup's memory use, limit and OOM kills.
 
 Cheap enough to run once a second beside a run (a few ``psutil`` calls and small files under
 ``/sys/fs/cgroup``); every reading that fails is simply missing, never an error.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -18,8 +19,19 @@ from ddptui.run.diagnosis import MemoryState
 WINDOW_S = 20.0
 
 
+def io_total(counters: Any) -> int:
+    """The bytes a process moved by ``psutil``'s ``io_counters()`` (``/proc/<pid>/io``): what
+    its ``read()``/``write()`` calls passed (files, pipes, TLS) and what it made storage read
+    or write (a memory-mapped file's pages too), as the rank's heartbeat counts them."""
+    return sum(
+        int(getattr(counters, name, 0) or 0)
+        for name in ("read_chars", "write_chars", "read_bytes", "write_bytes")
+    )
+
+
 class RankProbe:
-    """Per-rank CPU percent (100 = one core) and RSS, and host memory, sampled by the caller."""
+    """Per-rank CPU percent (100 = one core), I/O rate and RSS, and host memory, sampled by
+    the caller."""
 
     def __init__(self, cgroup_root: str | Path = "/sys/fs/cgroup") -> None:
         self._procs: dict[int, psutil.Process] = {}
@@ -28,6 +40,8 @@ class RankProbe:
         #: again every second (256 ranks on 32 nodes: 248 failed lookups a second).
         self._absent: dict[int, int] = {}
         self._cpu: dict[int, deque[tuple[float, float]]] = {}
+        #: Per rank, ``(time, bytes moved so far)``: its I/O (see :func:`io_total`).
+        self._io: dict[int, deque[tuple[float, int]]] = {}
         #: Each rank's last resident memory, in bytes.
         self.rss: dict[int, int] = {}
         self._host: deque[tuple[float, float]] = deque()
@@ -53,7 +67,9 @@ class RankProbe:
                 # rank): the samples of the one before (a spawner idling while its workers
                 # start) are not this one's CPU.
                 self._cpu.pop(rank, None)
+                self._io.pop(rank, None)
                 self.rss.pop(rank, None)
+                self._sample_io(rank, proc, now)
                 continue
             try:
                 with proc.oneshot():
@@ -66,12 +82,39 @@ class RankProbe:
             samples.append((now, float(cpu)))
             while samples and samples[0][0] < now - WINDOW_S:
                 samples.popleft()
+            self._sample_io(rank, proc, now)
         try:
             self._host.append((now, psutil.virtual_memory().percent / 100.0))
         except (OSError, RuntimeError):
             pass
         while self._host and self._host[0][0] < now - WINDOW_S:
             self._host.popleft()
+
+    def _sample_io(self, rank: int, proc: psutil.Process, now: float) -> None:
+        """One reading of the rank's I/O (none where the kernel does not count it, or does
+        not let this process read it)."""
+        try:
+            moved = io_total(proc.io_counters())
+        except (psutil.Error, OSError, AttributeError, TypeError, ValueError):
+            return
+        samples = self._io.setdefault(rank, deque())
+        samples.append((now, moved))
+        while samples and samples[0][0] < now - WINDOW_S:
+            samples.popleft()
+
+    def io_rate(self, window: float = WINDOW_S) -> dict[int, float]:
+        """Each rank's I/O in bytes a second over its readings of the last ``window`` seconds
+        (at most :data:`WINDOW_S`), counted back from its newest; ranks with fewer than two
+        readings there are left out (unknown)."""
+        out = {}
+        for rank, samples in self._io.items():
+            if len(samples) < 2:
+                continue
+            last_at, last = samples[-1]
+            first_at, first = next((s for s in samples if s[0] >= last_at - window), samples[-1])
+            if last_at > first_at:
+                out[rank] = max(0, last - first) / (last_at - first_at)
+        return out
 
     def cpu_percent(self, window: float = WINDOW_S) -> dict[int, float]:
         """Each rank's mean CPU percent over its samples of the last ``window`` seconds

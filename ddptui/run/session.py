@@ -376,6 +376,7 @@ class RunSession:
                 now,
                 self.probe.cpu_percent(),
                 self.probe.cpu_percent(RECENT_CPU_S),
+                self.probe.io_rate(RECENT_CPU_S),
             )
             self._news += found
         if self.diagnoser.hang is not None and not self._hung:

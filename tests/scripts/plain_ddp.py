@@ -13,6 +13,12 @@ Fault injection through environment variables (rank R, epochs counted from 1):
   slowly (as ``aws s3 cp - s3://...`` reading its stdin does): from a thread its main thread
   waits for, the CPU idle; every rank then meets in a barrier.
 
+* ``PLAIN_DOWNLOAD_RANK=R``, ``PLAIN_DOWNLOAD_FROM=FIFO``, ``PLAIN_DOWNLOAD_BYTES=N``: after
+  the first epoch rank R reads an N-byte checkpoint from FIFO, fed slowly (a download
+  streamed through a pipe), in one C call that keeps the GIL (``fread`` through
+  ``ctypes.PyDLL``, as an extension's loader may): its heartbeat cannot beat and its CPU
+  idles, only its I/O moves; every rank then meets in a barrier.
+
 * ``PLAIN_PREPARE_S=S``: every rank prepares for S seconds of CPU work (hashing, as a
   tokeniser or an index build would) after ``init_process_group``, before its first step.
 
@@ -93,6 +99,25 @@ def upload(path, size):
     sender.join()
 
 
+def download(path, size):
+    """Read ``size`` bytes from ``path`` in one ``fread`` that keeps the GIL (its loop of
+    ``read`` calls waits on the pipe, the CPU idle)."""
+    import ctypes
+
+    libc = ctypes.PyDLL(None)  # a PyDLL call keeps the GIL for its whole length
+    libc.fdopen.restype = ctypes.c_void_p
+    libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    libc.fread.restype = ctypes.c_size_t
+    libc.fread.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    stream = libc.fdopen(os.open(path, os.O_RDONLY), b"rb")
+    buffer = ctypes.create_string_buffer(size)
+    got = libc.fread(buffer, 1, size, stream)
+    libc.fclose(stream)
+    if got != size:
+        raise RuntimeError(f"read {got} of {size} bytes")
+
+
 def prepare(seconds):
     """Host work before the first step: busy, its stack inside this one function."""
     import hashlib
@@ -148,6 +173,10 @@ def main():
         if epoch == 1 and os.environ.get("PLAIN_UPLOAD_TO"):
             if rank == env_int("PLAIN_UPLOAD_RANK"):
                 upload(os.environ["PLAIN_UPLOAD_TO"], env_int("PLAIN_UPLOAD_BYTES"))
+            dist.barrier()
+        if epoch == 1 and os.environ.get("PLAIN_DOWNLOAD_FROM"):
+            if rank == env_int("PLAIN_DOWNLOAD_RANK"):
+                download(os.environ["PLAIN_DOWNLOAD_FROM"], env_int("PLAIN_DOWNLOAD_BYTES"))
             dist.barrier()
     print(f"rank {rank} done, last loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()
