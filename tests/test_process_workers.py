@@ -52,17 +52,55 @@ def test_a_process_running_a_function_of_the_script_is_followed(parent):
     assert process._target is target
 
 
+class _Worker(multiprocessing.Process):
+    """A rank written as a Process subclass: its work in ``run()``, no target."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def run(self):
+        return _script_target(self.value)
+
+
+def test_a_process_subclass_that_overrides_run_is_followed(parent, monkeypatch):
+    import pickle
+
+    process = _Worker(4)
+    spawned.wrap_process(process, _install)
+    wrapped = process.__dict__["run"]
+    assert isinstance(wrapped, spawned.SubclassRun) and wrapped.install is _install
+    assert process._target is None and heartbeat._quiet is spawned.workers_formed
+    spawned.wrap_process(process, _install)  # started again: not wrapped twice
+    assert process.__dict__["run"] is wrapped
+    # in the worker (a spawned one unpickles its process first): the class's run, wrapped
+    # (the event pickles only while a process is spawned)
+    again = pickle.loads(pickle.dumps(spawned.SubclassRun(_install, None)))
+    ran = []
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: process)
+    monkeypatch.setattr(spawned, "process_worker", lambda own, install, formed: ran.append(own()))
+    again()
+    assert ran == [8]
+
+
 def test_the_librarys_processes_and_runs_without_ddptui_are_left_alone(parent, monkeypatch):
     from torch.utils.data._utils.worker import _worker_loop
 
     for target in (_worker_loop, multiprocessing.pool.worker, None):
         process = multiprocessing.Process(target=target)
         spawned.wrap_process(process, _install)
-        assert process._target is target
+        assert process._target is target and "run" not in process.__dict__
+    # a subclass of the library's own (a Pool's, a Manager's server): its run left alone
+    process = multiprocessing.context.ForkServerProcess()
+    spawned.wrap_process(process, _install)
+    assert "run" not in process.__dict__
     monkeypatch.delenv(ENDPOINT_ENV)
     process = multiprocessing.Process(target=_script_target)
     spawned.wrap_process(process, _install)
     assert process._target is _script_target
+    process = _Worker(1)
+    spawned.wrap_process(process, _install)
+    assert "run" not in process.__dict__
     assert spawned._formed_events == {} and heartbeat._quiet is None
 
 

@@ -100,18 +100,19 @@ SPECS = {
         ),
         # Plain torchrun leaves these workers waiting for its agent's store at the script's
         # MASTER_PORT (spawned.process_worker): the script's contract, 0, is the exit here.
+        # Under spawn the ranks are a Process subclass overriding run() (no target).
         *(
             RunSpec(
                 name,
                 "process_workers.py",
-                args=lambda w: ["--out", str(w), "--port", str(free_port())],
+                args=lambda w, more=more: ["--out", str(w), "--port", str(free_port()), *more],
                 world_size=1,
                 launcher=launcher,
                 cost=1.5,
             )
-            for name, launcher in (
-                ("process_workers", "torchrun"),
-                ("process_workers_spawn", "spawn"),
+            for name, launcher, more in (
+                ("process_workers", "torchrun", []),
+                ("process_workers_spawn", "spawn", ["--subclass"]),
             )
         ),
         RunSpec(
@@ -344,12 +345,13 @@ def test_spawned_workers_are_the_ranks(run):
 
 @pytest.mark.parametrize("run_name", ["process_workers", "process_workers_spawn"])
 def test_process_workers_are_the_ranks_and_a_helper_process_is_not(run):
-    """Workers started with ``multiprocessing.Process`` (forked under torchrun, spawned under
-    ``--launcher spawn``): each rank's statuses from its own worker once it has one, its end
-    reported by that worker (a forked worker skips the exit handlers), and nothing from the
-    helper the parent ran first, which formed no process group. Under torchrun the workers
-    meet at the script's own ``MASTER_PORT`` (plain torchrun leaves them waiting for its
-    agent's store there)."""
+    """Workers started with ``multiprocessing.Process`` (forked under torchrun, with a target;
+    spawned under ``--launcher spawn``, of a subclass that overrides ``run()``, which was not
+    followed: "run finished without a step"): each rank's statuses from its own worker once it
+    has one, its end reported by that worker (a forked worker skips the exit handlers), and
+    nothing from the helper the parent ran first, which formed no process group. Under torchrun
+    the workers meet at the script's own ``MASTER_PORT`` (plain torchrun leaves them waiting for
+    its agent's store there)."""
     workers = {rank: own["pid"] for rank, own in run.facts.items()}
     helper = {own["helper_pid"] for own in run.facts.values()}
     statuses = [e for e in run.events if e["kind"] == "status"]

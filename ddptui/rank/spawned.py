@@ -100,13 +100,20 @@ def _take_thread_share() -> None:
 def wrap_process(process: Any, install: Callable[[], Any]) -> None:
     """Before ``process.start()``: a process whose target is the script's (not the library's)
     runs :func:`process_worker` first, with the event it sets once its process group forms.
-    A ``Process`` subclass that overrides ``run`` has no target: left as it is."""
+    So does one of a ``Process`` subclass of the script's that overrides ``run`` (``class
+    Worker(mp.Process): def run(self): ...``, no target): its ``run`` is wrapped in the same
+    way (:class:`SubclassRun`)."""
+    if not os.environ.get(ENDPOINT_ENV):
+        return
     target = getattr(process, "_target", None)
-    if target is None or not os.environ.get(ENDPOINT_ENV) or not callable(target):
+    if target is None:
+        if not _scripts_run(process):
+            return
+    elif not callable(target):
         return
-    if isinstance(target, functools.partial) and target.func in (process_worker, spawned_worker):
+    elif isinstance(target, functools.partial) and target.func in (process_worker, spawned_worker):
         return
-    if (getattr(target, "__module__", None) or "").partition(".")[0] in LIBRARY_TARGETS:
+    elif (getattr(target, "__module__", None) or "").partition(".")[0] in LIBRARY_TARGETS:
         return
     import multiprocessing  # loaded by the caller (Process.start)
 
@@ -119,7 +126,42 @@ def wrap_process(process: Any, install: Callable[[], Any]) -> None:
         from ddptui.rank import heartbeat
 
         heartbeat.quiet_when(workers_formed, then=stand_down)
-    process._target = functools.partial(process_worker, target, install, event)
+    if target is None:
+        process.run = SubclassRun(install, event)  # an instance's attribute: pickled with it
+    else:
+        process._target = functools.partial(process_worker, target, install, event)
+
+
+def _scripts_run(process: Any) -> bool:
+    """Whether ``process`` is of a class whose ``run`` is its own and not the library's (see
+    :data:`LIBRARY_TARGETS`: a ``Pool``'s or a ``Manager``'s processes), not yet wrapped."""
+    if isinstance(process.__dict__.get("run"), SubclassRun):
+        return False  # started again: not wrapped twice
+    import multiprocessing.process  # loaded by the caller (Process.start)
+
+    cls = type(process)
+    run = getattr(cls, "run", None)
+    if run is None or run is multiprocessing.process.BaseProcess.run:
+        return False
+    module = getattr(run, "__module__", None) or ""
+    return callable(run) and module.partition(".")[0] not in LIBRARY_TARGETS
+
+
+class SubclassRun:
+    """What a worker of a script's ``Process`` subclass runs instead of its ``run``:
+    :func:`process_worker` around the class's own ``run``. It holds no reference to the
+    process (a spawned worker unpickles its process before running it): in the worker, the
+    process is ``multiprocessing.current_process()``."""
+
+    def __init__(self, install: Callable[[], Any], formed: Any) -> None:
+        self.install, self.formed = install, formed
+
+    def __call__(self) -> Any:
+        import multiprocessing
+
+        process = multiprocessing.current_process()
+        own = functools.partial(type(process).run, process)
+        return process_worker(own, self.install, self.formed)
 
 
 def process_worker(

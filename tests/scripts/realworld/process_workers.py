@@ -6,7 +6,10 @@ Distributed Applications with PyTorch" tutorial (seba-1511/dist_tuto.pth's ``tra
 run as ``python process_workers.py`` (or by a launcher with one process), on CPU. Written for
 ddptui's tests; no ddptui import.
 
-    python process_workers.py [--size 2] [--port 29500] [--epochs 3] [--out DIR]
+    python process_workers.py [--size 2] [--port 29500] [--epochs 3] [--out DIR] [--subclass]
+
+``--subclass``: each rank is a ``Process`` subclass that overrides ``run()`` (no target),
+the other common way to write a process per rank.
 
 Before its ranks start, the parent runs a helper ``Process`` that writes the data (a download
 step's shape) and forms no process group: a process the script starts that is not a rank.
@@ -32,6 +35,7 @@ parser.add_argument("--epochs", default=3, type=int)
 parser.add_argument("--batch", default=32, type=int, help="the batch of all ranks together")
 parser.add_argument("--samples", default=256, type=int)
 parser.add_argument("--out", default=".", type=str)
+parser.add_argument("--subclass", action="store_true", help="ranks as a Process subclass")
 
 
 class Partition:
@@ -131,6 +135,17 @@ def init_process(rank, size, fn, args, helper_pid, backend="gloo"):
     fn(rank, size, args, helper_pid)
 
 
+class Worker(Process):
+    """One rank: its work in ``run()``, as a subclass of ``Process`` writes it."""
+
+    def __init__(self, rank, size, args, helper_pid):
+        super().__init__()
+        self.rank, self.size, self.args, self.helper_pid = rank, size, args, helper_pid
+
+    def run(self):
+        init_process(self.rank, self.size, run, self.args, self.helper_pid)
+
+
 if __name__ == "__main__":
     args = parser.parse_args()
     helper = Process(target=write_data, args=(os.path.join(args.out, "data.pt"), args.samples))
@@ -138,7 +153,10 @@ if __name__ == "__main__":
     helper.join()
     processes = []
     for rank in range(args.size):
-        p = Process(target=init_process, args=(rank, args.size, run, args, helper.pid))
+        if args.subclass:
+            p = Worker(rank, args.size, args, helper.pid)
+        else:
+            p = Process(target=init_process, args=(rank, args.size, run, args, helper.pid))
         p.start()
         processes.append(p)
     for p in processes:
