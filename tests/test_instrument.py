@@ -1049,12 +1049,14 @@ def test_the_inner_module_trained_without_ddp_makes_every_step(inst):
 
 def test_the_heartbeat_knows_whether_the_rank_holds_a_ddp_module(inst):
     """Without one a rank's ``backward()`` waits for no gradient all-reduce (pytorch/examples'
-    ImageNet script on the CPU makes none); without hooks to say, one may be there."""
+    ImageNet script on the CPU makes none); without hooks to say, one may be there. Installing
+    the hooks tells the heartbeat: a worker the script spawned installs them itself, and its
+    beats said nothing of it (a backward without DDP read as a wait in one)."""
     import gc
 
     from ddptui.rank import heartbeat
 
-    heartbeat.set_ddp_source(instrument.ddp_possible)  # as the rank entry sets it
+    assert heartbeat._ddp_source is instrument.ddp_possible  # set by install, as a worker's
     try:
         assert not heartbeat.ddp_possible()
         model = DistributedDataParallel(torch.nn.Linear(4, 4))

@@ -43,7 +43,7 @@ from ddptui.constants import (
 )
 from ddptui.rank import flight_recorder, heartbeat
 from ddptui.rank.cpus import threads_per_rank
-from ddptui.rank.instrument import ddp_possible, install
+from ddptui.rank.instrument import install
 from ddptui.runfiles import RunDir
 
 _PR_SET_PDEATHSIG = 1
@@ -123,7 +123,6 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
     install()  # the zero-code hooks, unless switched off
     # Its stacks on a signal or request; its trace on request and on gloo's abort.
     flight_recorder.serve_rank(run_dir, rank)
-    heartbeat.set_ddp_source(ddp_possible)  # a rank in backward() without DDP waits for none
     if flight_recorder.recording():
         heartbeat.set_collectives_source(flight_recorder.progress)  # progress in every beat
 

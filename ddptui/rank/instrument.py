@@ -137,7 +137,7 @@ from typing import Any
 
 import ddptui
 from ddptui.constants import ENDPOINT_ENV, NO_INSTRUMENT_ENV, PHASES
-from ddptui.rank import spawned
+from ddptui.rank import heartbeat, spawned
 from ddptui.rank.drainer import Drainer
 
 #: Steps with every gradient hook armed before keeping only the last parameter's.
@@ -269,6 +269,10 @@ def install(environ: dict[str, str] | None = None, force: bool = False) -> Instr
     inst = Instrument()
     _instrument = inst
     ddptui._instrument = inst
+    # The heartbeat asks it whether a backward() may wait for DDP's gradient all-reduce: in
+    # the rank ddptui launched, and in a worker the script spawned, which installs the hooks
+    # itself (without, a spawned worker with no DDP module read as waiting in one).
+    heartbeat.set_ddp_source(ddp_possible)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "Tensor"):
         inst.attach(torch)
