@@ -19,6 +19,12 @@ Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
    puts every submodule call on torch's slow path. The ratio of a 64-layer forward with one
    to without.
 
+``--control`` measures the bench against itself (an A/A run): the "with" arm installs the
+instrumentation and removes it again before its steps, so nothing of ddptui is on their path.
+Its interval is the bench's own noise floor at that many pairs: a figure for the hooks whose
+interval is no narrower than it says nothing finer. ``--step-ms 10`` (or 3) measures one step
+size only, so that the pairs go where the question is.
+
 ``--without PART`` measures the step overhead with one part of the instrumentation left out
 (``module``: the DDP forward hooks; ``optimizer``: the optimizer step hooks; ``backward``:
 the ``Tensor.backward`` wrapper; ``collectives``: the collective wrappers; ``delivery``: the
@@ -92,18 +98,25 @@ def leave_out(part: str) -> None:
     setattr(instrument.Instrument, WITHOUT[part], lambda self, *args, **kwargs: None)
 
 
+#: ``--control``: the "with" arm installs and at once removes the instrumentation.
+CONTROL = False
+
+
 def hooks(on: bool, model: DistributedDataParallel) -> None:
-    """Switch the instrumentation on (installed, watching ``model``) or off (removed)."""
+    """Switch the instrumentation on (installed, watching ``model``) or off (removed); under
+    :data:`CONTROL` "on" installs it and removes it again (nothing on the step path)."""
     instrument.uninstall()
     if on:
         instrument.install(force=True).watch(model)
+        if CONTROL:
+            instrument.uninstall()
 
 
 def faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def overhead(pairs: int) -> None:
+def overhead(pairs: int, goals: tuple[tuple[float, float], ...] = GOALS) -> None:
     """The hooks on vs off, at each goal's step time."""
     model = DistributedDataParallel(SmallCNN())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -111,7 +124,7 @@ def overhead(pairs: int) -> None:
     def make_step(batch: int) -> Callable[[], None]:
         return smallcnn_step(model, opt, batch)
 
-    for target, goal in GOALS:
+    for target, goal in goals:
         before = load()
         hooks(False, model)
         step = make_step(smallcnn_batch(make_step, target))
@@ -326,11 +339,29 @@ def main() -> None:
         "(repeatable; all: every part, so that what is left is installing it at all; with "
         "an allocator that keeps its memory; the per-call figures are skipped)",
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="an A/A run: the 'with' arm installs and removes the instrumentation before its "
+        "steps (the bench's own noise floor; the per-call figures are skipped)",
+    )
+    parser.add_argument(
+        "--step-ms",
+        type=int,
+        choices=sorted(round(t * 1e3) for t, _ in GOALS),
+        help="measure this step size only",
+    )
     opts = parser.parse_args()
+    global CONTROL
+    CONTROL = opts.control
+    goals = tuple(g for g in GOALS if opts.step_ms in (None, round(g[0] * 1e3)))
     if opts.pairs < MIN_PAIRS:
         parser.error(f"--pairs must be at least {MIN_PAIRS} (the interval needs them)")
-    if opts.without:
+    if opts.control and opts.without:
+        parser.error("--control measures nothing of ddptui: not with --without")
+    if opts.without or opts.control:
         opts.allocator = "keep"
+    if opts.without:
         opts.without = sorted(WITHOUT) if "all" in opts.without else sorted(set(opts.without))
         for part in opts.without:
             leave_out(part)
@@ -357,15 +388,17 @@ def main() -> None:
         if opts.without:
             parts = ", ".join(f"{part} (Instrument.{WITHOUT[part]})" for part in opts.without)
             print(f"(without {parts}: made no-ops)")
-        overhead(opts.pairs)
+        if opts.control:
+            print("(control, A/A: the 'with' arm has the instrumentation installed and removed)")
+        overhead(opts.pairs, goals)
         if opts.allocator == "keep":
             return
         if opts.allocator == "both":
             sys.stdout.flush()
-            subprocess.run(
-                [sys.executable, __file__, "--pairs", str(opts.pairs), "--allocator", "keep"],
-                check=False,
-            )
+            again = [sys.executable, __file__, "--pairs", str(opts.pairs), "--allocator", "keep"]
+            if opts.step_ms is not None:
+                again += ["--step-ms", str(opts.step_ms)]
+            subprocess.run(again, check=False)
         before = load()
         per_call, calls = per_hook_call(opts.rounds * 2)
         print(
