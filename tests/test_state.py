@@ -587,6 +587,11 @@ def test_silent_rank_is_flagged_after_several_intervals():
     problems = s.health(now=20.0)
     assert list(problems) == [1] and problems[1] == "silent: no event for 20 s"
     assert s.health(now=5.0) == {}
+    # its I/O moving by ddptui's own sample (a call that keeps the GIL while it reads): said
+    s.io_rates = {1: 3 * 2**20, 0: 10 * 2**20}
+    assert s.health(now=20.0)[1] == "silent: no event for 20 s, its I/O moving 3.0 MiB/s"
+    s.io_rates = {1: 1000.0}  # a trickle: not work to the hang rule, not said
+    assert s.health(now=20.0)[1] == "silent: no event for 20 s"
 
 
 def test_outcome_marks_failing_rank_and_stops_health_checks():

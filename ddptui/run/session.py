@@ -370,13 +370,15 @@ class RunSession:
         with self._lock:
             pids = local_pids(self.state, socket.gethostname())
         self.probe.sample(pids, now)
+        io_rates = self.probe.io_rate(RECENT_CPU_S)
         with self._lock:
+            self.state.io_rates = io_rates
             found = self.diagnoser.check(
                 self.state,
                 now,
                 self.probe.cpu_percent(),
                 self.probe.cpu_percent(RECENT_CPU_S),
-                self.probe.io_rate(RECENT_CPU_S),
+                io_rates,
             )
             self._news += found
         if self.diagnoser.hang is not None and not self._hung:

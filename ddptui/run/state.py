@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddptui import protocol
-from ddptui.run.diagnosis import PhaseHistory
+from ddptui.run.diagnosis import IDLE_IO_BYTES_PER_S, PhaseHistory
 
 #: Points kept per series (loss, throughput, step time) per rank.
 SERIES_LENGTH = 2_000
@@ -400,6 +400,10 @@ class RunState:
         #: own: a ``NodeSample`` event from its ``ddptui join`` agent (or a monitor snapshot /
         #: its dict form), read by the system panel.
         self.node_samples: dict[int, object] = {}
+        #: Rank -> bytes a second it read or wrote by ddptui's own recent sample of its
+        #: process (ranks on this machine; set by the run's session every second): what a
+        #: silent rank does while a call that keeps the GIL stops its beats.
+        self.io_rates: dict[int, float] = {}
         #: Recent phase breakdowns per rank, for the straggler diagnosis.
         self.phase_history = PhaseHistory()
         #: Step -> the ranks' losses at it (the last SERIES_LENGTH steps, as the ranks' own
@@ -980,6 +984,9 @@ class RunState:
             quiet = now - view.last_seen
             if quiet > limit:
                 problems[rank] = f"silent: no event for {quiet:.0f} s"
+                moved = self.io_rates.get(rank)
+                if moved is not None and moved >= IDLE_IO_BYTES_PER_S:  # work, to the hang rule
+                    problems[rank] += f", its I/O moving {moved / 2**20:.1f} MiB/s"
         return problems
 
 
