@@ -133,48 +133,69 @@ def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
     assert "diagnosis: rank 1 hung outside any collective" in replay.stdout
 
 
+#: What rank 0 moves through the test's FIFO (see :func:`run_with_a_pipe`).
+PIPE_BYTES = 10 * 1024 * 1024
+
+
+def run_with_a_pipe(tmp_path, direction):
+    """plain_ddp.py, 2 ranks under spawn, ``--hang-timeout 3``: after its first epoch rank 0
+    moves :data:`PIPE_BYTES` through a FIFO at about 1.3 MB/s (64 KiB every 50 ms, the test's
+    end of it) while rank 1 waits in a barrier: ``upload`` (rank 0 writes, the test drains)
+    or ``download`` (the test feeds, rank 0 reads). The run must finish with no hang."""
+    import threading
+
+    fifo = tmp_path / direction
+    os.mkfifo(fifo)
+    moved = []
+
+    def test_end():
+        if direction == "upload":
+            with open(fifo, "rb") as pipe:
+                while chunk := pipe.read(65536):
+                    moved.append(len(chunk))
+                    time.sleep(0.05)
+            return
+        with open(fifo, "wb") as pipe:
+            for _ in range(PIPE_BYTES // 65536):
+                pipe.write(bytes(65536))
+                pipe.flush()
+                moved.append(65536)
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=test_end, daemon=True)
+    thread.start()
+    key, where = ("UPLOAD", "TO") if direction == "upload" else ("DOWNLOAD", "FROM")
+    env = {
+        "PLAIN_EPOCHS": "2",
+        "PLAIN_STEPS": "3",
+        f"PLAIN_{key}_RANK": "0",
+        f"PLAIN_{key}_{where}": str(fifo),
+        f"PLAIN_{key}_BYTES": str(PIPE_BYTES),
+    }
+    try:
+        proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "3")
+    finally:
+        if thread.is_alive():  # the rank never opened it: let the test's end go
+            other = os.O_WRONLY if direction == "upload" else os.O_RDONLY
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, other | os.O_NONBLOCK))
+        thread.join(10)
+    assert sum(moved) == PIPE_BYTES  # the whole checkpoint went
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary["outcome"] == "finished"
+    assert not [d for d in summary["diagnoses"] if d["cause"] in ("hang", "collective")]
+
+
 def test_a_rank_0_checkpoint_streamed_to_an_uploader_is_work_not_a_hang(tmp_path):
     """Rank 0 streams its checkpoint to an uploader that drains it at about 1.3 MB/s (a CLI
     sending it to object storage, or an HTTPS transfer) for about 8 s, its main thread
     waiting, its CPU idle, while rank 1 waits in a barrier; the limit is 3 s. It counted as
     no I/O (storage only): the healthy run was torn down as hung. Now what its read and
     write calls pass counts."""
-    import threading
-
-    fifo = tmp_path / "uploader"
-    os.mkfifo(fifo)
-    got = []
-
-    def uploader():  # 64 KiB every 50 ms
-        with open(fifo, "rb") as pipe:
-            while chunk := pipe.read(65536):
-                got.append(len(chunk))
-                time.sleep(0.05)
-
-    drain = threading.Thread(target=uploader, daemon=True)
-    drain.start()
-    size = 10 * 1024 * 1024
-    env = {
-        "PLAIN_EPOCHS": "2",
-        "PLAIN_STEPS": "3",
-        "PLAIN_UPLOAD_RANK": "0",
-        "PLAIN_UPLOAD_TO": str(fifo),
-        "PLAIN_UPLOAD_BYTES": str(size),
-    }
-    try:
-        proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "3")
-    finally:
-        if drain.is_alive():  # the rank never opened it: let the reader go
-            with contextlib.suppress(OSError):
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        drain.join(10)
-    assert sum(got) == size  # the whole checkpoint went
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert summary["outcome"] == "finished"
-    assert not [d for d in summary["diagnoses"] if d["cause"] in ("hang", "collective")]
+    run_with_a_pipe(tmp_path, "upload")
     beats = [e for e in read_events(tmp_path / "run") if e["kind"] == "beat" and e["rank"] == 0]
     moved = [b["io"] for b in beats if b.get("io") is not None]
-    assert moved and moved[-1] - moved[0] >= size  # the upload counts as rank 0's I/O
+    assert moved and moved[-1] - moved[0] >= PIPE_BYTES  # the upload counts as rank 0's I/O
 
 
 def test_a_rank_reading_inside_a_call_that_keeps_the_gil_works_and_is_not_hung(tmp_path):
@@ -183,41 +204,7 @@ def test_a_rank_reading_inside_a_call_that_keeps_the_gil_works_and_is_not_hung(t
     its beats stop and its CPU idles while rank 1 waits in a barrier; the limit is 3 s. With
     its CPU the only evidence, rank 0 was "heartbeat silent, CPU idle" and the healthy run
     was torn down as hung. Now ddptui's own sample of its I/O shows it works."""
-    import threading
-
-    fifo = tmp_path / "download"
-    os.mkfifo(fifo)
-    size = 10 * 1024 * 1024
-    sent = []
-
-    def feeder():  # 64 KiB every 50 ms
-        with open(fifo, "wb") as pipe:
-            for _ in range(size // 65536):
-                pipe.write(bytes(65536))
-                pipe.flush()
-                sent.append(65536)
-                time.sleep(0.05)
-
-    feed = threading.Thread(target=feeder, daemon=True)
-    feed.start()
-    env = {
-        "PLAIN_EPOCHS": "2",
-        "PLAIN_STEPS": "3",
-        "PLAIN_DOWNLOAD_RANK": "0",
-        "PLAIN_DOWNLOAD_FROM": str(fifo),
-        "PLAIN_DOWNLOAD_BYTES": str(size),
-    }
-    try:
-        proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "3")
-    finally:
-        if feed.is_alive():  # the rank never opened it: let the feeder go
-            with contextlib.suppress(OSError):
-                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
-        feed.join(10)
-    assert sum(sent) == size  # the whole checkpoint went
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert summary["outcome"] == "finished"
-    assert not [d for d in summary["diagnoses"] if d["cause"] in ("hang", "collective")]
+    run_with_a_pipe(tmp_path, "download")
     sent_at = [e["t"] for e in read_events(tmp_path / "run") if e["rank"] == 0]
     silent = max(later - t for t, later in zip(sent_at, sent_at[1:], strict=False))
     assert silent > 4.0, "rank 0 never went silent: the test tests nothing"
