@@ -413,7 +413,10 @@ def test_a_hang_among_a_scripts_workers_is_named_from_their_own_traces(tmp_path,
 
     The workers import ``torch._dynamo`` before they meet: in the constructor of their DDP
     module, under the full suite's load, the import outlasted ``--hang-timeout 5`` and the
-    run was said hung there (not yet understood; see the thirty-sixth session's note)."""
+    run was said hung there (their beats stopped, their CPU idle: not understood; see the
+    thirty-sixth session's note). Not seen again in the thirty-seventh, whose full-suite run
+    ran this test three times each way without the import (all passed); since then a silent
+    rank whose I/O moves, by ddptui's own sample, is not stuck."""
     from ddptui.rank.net import free_port
 
     script = tmp_path / "hang.py"
