@@ -136,12 +136,18 @@ def process_cpu(children: set[bytes] | None = None) -> float:
 IO_COUNTERS = (b"rchar:", b"wchar:", b"read_bytes:", b"write_bytes:")
 
 
-def _io(pid: int | str) -> int:
+def io_sum(data: bytes) -> int:
+    """The :data:`IO_COUNTERS` of a ``/proc/<pid>/io`` file's contents, summed (ddptui's own
+    sample of a rank reads them too: ``ddptui.run.probe``)."""
     total = 0
-    for line in _proc(f"/proc/{pid}/io").splitlines():
+    for line in data.splitlines():
         if line.startswith(IO_COUNTERS):
             total += int(line.split()[1])
     return total
+
+
+def _io(pid: int | str) -> int:
+    return io_sum(_proc(f"/proc/{pid}/io"))
 
 
 #: Per live child seen, its I/O when last read; what the children gone had moved; and the

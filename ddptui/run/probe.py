@@ -9,24 +9,14 @@ from __future__ import annotations
 
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 import psutil
 
+from ddptui.rank.heartbeat import io_sum
 from ddptui.run.diagnosis import MemoryState
 
 #: Seconds of CPU samples averaged per rank, and of host memory samples kept.
 WINDOW_S = 20.0
-
-
-def io_total(counters: Any) -> int:
-    """The bytes a process moved by ``psutil``'s ``io_counters()`` (``/proc/<pid>/io``): what
-    its ``read()``/``write()`` calls passed (files, pipes, TLS) and what it made storage read
-    or write (a memory-mapped file's pages too), as the rank's heartbeat counts them."""
-    return sum(
-        int(getattr(counters, name, 0) or 0)
-        for name in ("read_chars", "write_chars", "read_bytes", "write_bytes")
-    )
 
 
 class RankProbe:
@@ -40,7 +30,8 @@ class RankProbe:
         #: again every second (256 ranks on 32 nodes: 248 failed lookups a second).
         self._absent: dict[int, int] = {}
         self._cpu: dict[int, deque[tuple[float, float]]] = {}
-        #: Per rank, ``(time, bytes moved so far)``: its I/O (see :func:`io_total`).
+        #: Per rank, ``(time, bytes moved so far)``: its I/O, counted as its heartbeat counts
+        #: it (``/proc/<pid>/io``: files, pipes, TLS, storage; see ``heartbeat.io_sum``).
         self._io: dict[int, deque[tuple[float, int]]] = {}
         #: Each rank's last resident memory, in bytes.
         self.rss: dict[int, int] = {}
@@ -94,8 +85,9 @@ class RankProbe:
         """One reading of the rank's I/O (none where the kernel does not count it, or does
         not let this process read it)."""
         try:
-            moved = io_total(proc.io_counters())
-        except (psutil.Error, OSError, AttributeError, TypeError, ValueError):
+            with open(f"/proc/{proc.pid}/io", "rb") as f:
+                moved = io_sum(f.read())
+        except (OSError, ValueError, IndexError):
             return
         samples = self._io.setdefault(rank, deque())
         samples.append((now, moved))
