@@ -240,14 +240,17 @@ IN_SITU = (
 )  # fmt: skip
 
 
-def in_situ(target: float, pairs: int) -> tuple[float, float, float]:
+def in_situ(target: float, pairs: int) -> tuple[float, float, float, float]:
     """The hooks' own time per step *inside* a training step (SmallCNN at ``target`` seconds a
     step), where the kernels before each hook have pushed the interpreter's code and data out
     of the CPU caches, against the same entries with every body returning at once (the
     instrument disabled: torch's call of the hook and this timing wrapper, the floor; a
-    disabled instrument arms no gradient hook). Interleaved blocks, medians. Returns (hooks,
-    floor, step) in microseconds per step."""
+    disabled instrument arms no gradient hook); and the drainer thread's CPU time making and
+    sending those steps' events, off the step path (its drains during the blocks with the
+    bodies on, over their steps). Interleaved blocks, medians. Returns (hooks, floor, step,
+    drainer) in microseconds per step."""
     spent, live, clock = [0.0], [False], time.perf_counter
+    drained = [0.0]
 
     def timed(fn: Callable[..., object]) -> Callable[..., object]:
         def wrapper(*args: object, **kwargs: object) -> object:
@@ -261,11 +264,23 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float]:
 
         return wrapper
 
+    def drain_timed(fn: Callable[..., bool]) -> Callable[..., bool]:
+        def wrapper(*args: object) -> bool:
+            if not live[0]:
+                return fn(*args)
+            t0 = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                drained[0] += time.thread_time() - t0
+
+        return wrapper
+
     cls, watch_cls = instrument.Instrument, instrument._GradWatch
-    originals = {name: cls.__dict__[name] for name in IN_SITU}
+    originals = {name: cls.__dict__[name] for name in (*IN_SITU, "_drain")}
     original_hook = watch_cls.__dict__["_hook"]
     for name, fn in originals.items():
-        setattr(cls, name, timed(fn))
+        setattr(cls, name, drain_timed(fn) if name == "_drain" else timed(fn))
     watch_cls._hook = lambda watch, index: timed(original_hook(watch, index))
     try:
         model = DistributedDataParallel(SmallCNN())
@@ -277,25 +292,50 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float]:
         steps = max(5, round(BLOCK_S / target))
         per_step: dict[bool, list[float]] = {False: [], True: []}  # by "disabled"
         step_s: list[float] = []
+        drainer: list[float] = []
         for i in range(pairs):
             for disabled in (False, True) if i % 2 == 0 else (True, False):
                 hooks(True, model)
                 instrument.current().disabled = disabled
                 settle(step, instrument.LEARN_STEPS + 1)
-                spent[0], live[0] = 0.0, True
+                spent[0] = drained[0] = 0.0
+                live[0] = True
                 t0 = clock()
                 for _ in range(steps):
                     step()
                 live[0] = False
                 step_s.append((clock() - t0) / steps)
                 per_step[disabled].append(spent[0] / steps)
+                if not disabled:
+                    drainer.append(drained[0] / steps)
         hooks(False, model)
     finally:
         for name, fn in originals.items():
             setattr(cls, name, fn)
         watch_cls._hook = original_hook
     median = statistics.median
-    return median(per_step[False]) * 1e6, median(per_step[True]) * 1e6, median(step_s) * 1e6
+    return (
+        median(per_step[False]) * 1e6,
+        median(per_step[True]) * 1e6,
+        median(step_s) * 1e6,
+        median(drainer) * 1e6,
+    )
+
+
+def print_in_situ(goals: tuple[tuple[float, float], ...], pairs: int, warm: float | None) -> None:
+    """:func:`in_situ` at each goal's step size: the larger step's kernels push more of the
+    interpreter's code and data out of the caches, and the same hooks cost more inside it."""
+    for target, _ in goals:
+        before = load()
+        hooked, floor, step_us, drainer = in_situ(target, pairs)
+        against = f", against {warm:.1f} us called directly, warm" if warm is not None else ""
+        print(
+            f"in situ, inside {step_us / 1e3:.1f} ms SmallCNN steps: the hooks take "
+            f"{hooked:.1f} us a step ({hooked / step_us * 100:.2f} % of it); with every body "
+            f"returning at once {floor:.1f} us (torch's call of the hook and the timing): the "
+            f"bodies {hooked - floor:.1f} us{against}; off the step path, the drainer thread's "
+            f"CPU {drainer:.1f} us a step ({before})"
+        )
 
 
 def global_hook_ratio(rounds: int) -> float:
@@ -351,6 +391,12 @@ def main() -> None:
         choices=sorted(round(t * 1e3) for t, _ in GOALS),
         help="measure this step size only",
     )
+    parser.add_argument(
+        "--in-situ",
+        action="store_true",
+        help="only the hooks' own time inside steps (and the drainer's off them), at each step "
+        "size: quick, and less swayed by the machine than the step overhead",
+    )
     opts = parser.parse_args()
     global CONTROL
     CONTROL = opts.control
@@ -359,7 +405,9 @@ def main() -> None:
         parser.error(f"--pairs must be at least {MIN_PAIRS} (the interval needs them)")
     if opts.control and opts.without:
         parser.error("--control measures nothing of ddptui: not with --without")
-    if opts.without or opts.control:
+    if opts.in_situ and (opts.control or opts.without):
+        parser.error("--in-situ times ddptui's hooks themselves: not with --control or --without")
+    if opts.without or opts.control or opts.in_situ:
         opts.allocator = "keep"
     if opts.without:
         opts.without = sorted(WITHOUT) if "all" in opts.without else sorted(set(opts.without))
@@ -378,6 +426,10 @@ def main() -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
+        if opts.in_situ:
+            print(f"== the hooks in situ ({allocator_line()}; {opts.rounds * 2} pairs of blocks)")
+            print_in_situ(goals, opts.rounds * 2, None)
+            return
         print(
             f"== training step overhead of the hooks (SmallCNN in DDP, gloo, 1 rank, CPU, "
             f"1 thread; {opts.pairs} pairs of interleaved blocks of about "
@@ -412,16 +464,7 @@ def main() -> None:
             f"{bodies / calls:.2f} us per hook call; off it, the drainer thread making and "
             f"sending the events: {drained:.1f} us per step ({before})"
         )
-        before = load()
-        target = GOALS[-1][0]
-        hooked, floor, step_us = in_situ(target, opts.rounds * 2)
-        print(
-            f"in situ, inside {step_us / 1e3:.1f} ms SmallCNN steps: the hooks take "
-            f"{hooked:.1f} us a step ({hooked / step_us * 100:.2f} % of it); with every body "
-            f"returning at once {floor:.1f} us (torch's call of the hook and the timing): the "
-            f"bodies {hooked - floor:.1f} us, against {bodies:.1f} us called directly, warm "
-            f"({before})"
-        )
+        print_in_situ(goals, opts.rounds * 2, bodies)
         ratio = global_hook_ratio(opts.rounds)
         print(
             f"a global no-op module hook on a 64-layer forward: {ratio:.2f}x its time "
