@@ -495,6 +495,25 @@ def test_gpu_steps_beyond_the_pending_limit_go_out_without_phases(inst, monkeypa
     assert [entry[1] for entry in inst._pending] == [5, 6]
 
 
+def test_gpu_steps_beyond_the_pending_limit_that_the_device_passed_keep_their_phases(
+    inst, monkeypatch
+):
+    """Fast GPU steps fill more than the limit in one drainer interval with the device keeping
+    up: each goes with its phases and loss."""
+    monkeypatch.setattr(instrument, "MAX_PENDING", 2)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    inst.torch = FakeTorch(clock, [True])  # the device has passed every event
+    inst._cuda = "cuda:0"
+    losses = [train_step(model, opt, clock, batch=b).item() for b in (3, 4, 5, 6, 7)]
+    inst.send_ready()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [3, 4, 5, 6, 7]
+    assert all(log["phases"] is not None for log in logs)
+    assert [log["loss"] for log in logs] == pytest.approx(losses)
+
+
 def test_cpu_steps_beyond_the_gpu_pending_limit_keep_their_loss_and_phases(inst, monkeypatch):
     """Many fast CPU steps in one drainer interval: their values are on the host, and each
     goes with its loss and phases. Only beyond the host bound do the oldest go without."""

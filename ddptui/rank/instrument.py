@@ -147,7 +147,8 @@ MAX_RELEARN = 3
 #: Custom phase names kept per process (more are ignored, counted in ``phases_ignored``).
 MAX_CUSTOM_PHASES = 8
 #: Finished GPU steps whose events may still be on the device; beyond, the oldest is sent
-#: without phases.
+#: without phases if the device has not passed them yet (with them if it has: fast steps
+#: fill more than this in one drainer interval).
 MAX_PENDING = 64
 #: Finished steps whose values are on the host already (CPU training), waiting for the
 #: drainer; beyond, the oldest goes without its loss and phases (a bound on what a starved
@@ -2483,20 +2484,22 @@ class Instrument:
                 if not (self._first_released or final or self.explicit):
                     return sent
                 epoch, samples, step_time, read, now, wall = pending[0]
-                if len(pending) > (MAX_PENDING_HOST if type(read) is tuple else MAX_PENDING):
-                    read = None  # the device (or the drainer) is far behind: the oldest goes
-                    # without values
                 if read is None:
                     phases = loss = None
-                elif type(read) is tuple:
+                elif type(read) is tuple:  # on the host already
                     phases, loss = read
-                    if loss is not None:
+                    if len(pending) > MAX_PENDING_HOST:  # the drainer far behind: the oldest
+                        phases = loss = None  # goes without its values
+                    elif loss is not None:
                         loss = _mean_item(*loss)
-                else:
+                else:  # a GPU step's: once the device has passed its events
                     try:
-                        if not read.query():
+                        if read.query():
+                            values = dict(read.values())
+                        elif len(pending) > MAX_PENDING:
+                            values = {}  # the device far behind: the oldest goes without
+                        else:
                             return sent
-                        values = dict(read.values())
                     except Exception:
                         values = {}
                     phases, loss = values.get("phases"), values.get("loss")
