@@ -480,36 +480,27 @@ def test_on_a_gpu_an_evaluation_pass_is_out_of_the_steps_time_not_out_of_its_pha
     assert second["step_time"] == pytest.approx(sum(second["phases"].values()) - 0.020)
 
 
-def test_gpu_steps_beyond_the_pending_limit_go_out_without_phases(inst, monkeypatch):
-    monkeypatch.setattr(instrument, "MAX_PENDING", 2)
-    clock = inst.fake_clock
-    model = DistributedDataParallel(Net(clock))
-    opt = timed_sgd(model.parameters(), clock)
-    inst.torch = FakeTorch(clock, [False])  # the device never passes the events
-    inst._cuda = "cuda:0"
-    for batch in (3, 4, 5, 6):
-        train_step(model, opt, clock, batch=batch)
-    inst.send_ready()  # what the drainer thread does within its interval
-    logs = inst.fake.logs  # the oldest, sent when no room was left: no phases, own samples
-    assert [(log["samples"], log["phases"]) for log in logs] == [(3, None), (4, None)]
-    assert [entry[1] for entry in inst._pending] == [5, 6]
-
-
-def test_gpu_steps_beyond_the_pending_limit_that_the_device_passed_keep_their_phases(
-    inst, monkeypatch
+@pytest.mark.parametrize("passed", [False, True], ids=["on the device", "passed"])
+def test_gpu_steps_beyond_the_pending_limit_go_without_phases_only_while_on_the_device(
+    inst, monkeypatch, passed
 ):
-    """Fast GPU steps fill more than the limit in one drainer interval with the device keeping
-    up: each goes with its phases and loss."""
+    """More GPU steps wait than the limit: while the device has not passed their events, the
+    oldest go without phases (their own samples); fast steps with the device keeping up fill
+    more than the limit in one drainer interval, and each goes with its phases and loss."""
     monkeypatch.setattr(instrument, "MAX_PENDING", 2)
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = timed_sgd(model.parameters(), clock)
-    inst.torch = FakeTorch(clock, [True])  # the device has passed every event
+    inst.torch = FakeTorch(clock, [passed])
     inst._cuda = "cuda:0"
-    losses = [train_step(model, opt, clock, batch=b).item() for b in (3, 4, 5, 6, 7)]
-    inst.send_ready()
+    losses = [train_step(model, opt, clock, batch=b).item() for b in (3, 4, 5, 6)]
+    inst.send_ready()  # what the drainer thread does within its interval
     logs = inst.fake.logs
-    assert [log["samples"] for log in logs] == [3, 4, 5, 6, 7]
+    if not passed:  # the oldest, sent when no room was left
+        assert [(log["samples"], log["phases"]) for log in logs] == [(3, None), (4, None)]
+        assert [entry[1] for entry in inst._pending] == [5, 6]
+        return
+    assert [log["samples"] for log in logs] == [3, 4, 5, 6]
     assert all(log["phases"] is not None for log in logs)
     assert [log["loss"] for log in logs] == pytest.approx(losses)
 
