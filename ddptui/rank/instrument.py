@@ -152,9 +152,9 @@ MAX_CUSTOM_PHASES = 8
 MAX_PENDING = 64
 #: Finished steps whose values are on the host already (CPU training), waiting for the
 #: drainer; beyond, the oldest goes without its loss and phases (a bound on what a starved
-#: drainer leaves queued, far above what one interval holds: 0.4 ms CPU steps fill 250 in
-#: 100 ms). At MAX_PENDING, 975 of 2,000 such steps of a small CPU model (0.4 ms steps, one
-#: rank under ddptui) went out without a loss.
+#: drainer leaves queued, far above what one interval holds: 0.4 ms CPU steps fill 125 in
+#: one). At MAX_PENDING, 975 of 2,000 such steps of a small CPU model (one rank under
+#: ddptui) went out without a loss.
 MAX_PENDING_HOST = 4096
 #: Losses remembered per step (gradient accumulation); more are not averaged in.
 MAX_LOSSES = 8
