@@ -190,7 +190,7 @@ def test_the_header_rate_is_the_runs_global_rate_whatever_the_ranks_states(later
     now = 1.0 + later
     frame = run_frame(state, now)
     expected = state.global_samples_per_s(now)
-    assert 0 < expected <= 350.0
+    assert 0 < expected <= 350.0 * (1 + 1e-12)  # each rank's rate over its recent steps
     assert frame.summary.startswith(fmt_rate(expected, True)), frame.summary
 
 
