@@ -109,6 +109,9 @@ def test_throughput_is_the_rate_of_the_recent_steps_not_of_the_last_one():
     assert s.ranks[0].samples_per_s == pytest.approx(8 / 0.0013)  # the last step's own
     frame = run_frame(s, t)
     assert [r.samples_per_s_value for r in frame.rows] == pytest.approx([true_rate / 2] * 2)
+    # the step time shown beside it is the mean of the same steps (1.17 ms), not the last's
+    assert s.ranks[0].recent_step_time() == pytest.approx(sum(times) / len(times))
+    assert [r.step_time for r in frame.rows] == ["1.2 ms", "1.2 ms"]
 
 
 def test_the_recent_rate_reads_only_the_last_seconds_of_steps():

@@ -338,6 +338,15 @@ class RankView:
             return self.samples_per_s
         return self._rate_samples / self._rate_time
 
+    def recent_step_time(self) -> float | None:
+        """The mean time of the steps :meth:`recent_rate` reads (the latest step's where it
+        alone arrived in that window): millisecond steps swing, one step's time 0.5 ms, the
+        next 6.6 ms, around 1.1 ms."""
+        window = self.rate_window
+        if len(window) < 2 or self._rate_time <= 0.0:
+            return self.step_time
+        return self._rate_time / len(window)
+
     def rate_at(self, now: float | None) -> float | None:
         """Samples/s at ``now``: the rate of its latest steps while they keep coming (see
         :meth:`recent_rate`); once the rank has not stepped for longer than the grace (a

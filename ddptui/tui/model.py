@@ -202,7 +202,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 epoch_step=step,
                 loss=fmt_num(view.loss),
                 samples_per_s=fmt_num(rate, ",.0f"),
-                step_time=_ms(view.step_time),
+                step_time=_ms(view.recent_step_time()),
                 last_seen=_ago(seen_at, view.last_seen),
                 state=shown_state,
                 problem=problem,
