@@ -135,6 +135,22 @@ def test_the_recent_rate_reads_only_the_last_seconds_of_steps():
     assert not window and s.ranks[0].recent_rate() is None
 
 
+def test_an_outsized_step_leaves_the_recent_rate_exact_once_it_is_out_of_the_window():
+    """A step at the largest rate for the longest time the wire allows (a forged event): once
+    it leaves the window, the rate is the steps' that stay, not what rounding left of it."""
+    s = RunState("r", 1)
+    huge = step(0, 1, 1, 1.0, samples=8, step_time=protocol.MAX_SECONDS, sps=protocol.MAX_RATE)
+    s.apply(huge, now=1.0)
+    t = 4.0
+    for i in range(2, 40):
+        t += 0.001
+        s.apply(step(0, i, i, t, samples=8, step_time=0.001, sps=8000.0), now=t)
+    view = s.ranks[0]
+    assert len(view.rate_window) == 38
+    assert view.recent_rate() == pytest.approx(8000.0, rel=1e-9)
+    assert view.recent_step_time() == pytest.approx(0.001, rel=1e-9)
+
+
 def test_a_pause_beyond_the_grace_decays_the_throughput_to_what_was_kept_up():
     """nanoGPT's rank 0 evaluates for 20 s (rank 1 waits for it in its next all-reduce): no
     samples are trained, and the figure says so instead of the last step's 914 samples/s."""

@@ -46,7 +46,9 @@ RATE_GRACE_S = 2.0
 RATE_WINDOW_S = 2.0
 RATE_WINDOW_STEPS = 2048
 #: The window's sums are added to and taken from as steps come and go; recomputed from its
-#: steps this often, so that rounding cannot build up over a long run.
+#: steps this often, so that rounding cannot build up over a long run, and whenever a step
+#: that leaves outweighed the steps that stay (a rate of 10^12 for 10^9 s, as a forged event
+#: may say, left 10^5 samples of rounding behind: 7,884 samples/s for 8,000).
 _RATE_RESUM = 4096
 
 
@@ -315,12 +317,14 @@ class RankView:
         samples, spent = self._rate_samples + done, self._rate_time + seconds
         since = now - RATE_WINDOW_S
         if window[0][0] < since or len(window) > RATE_WINDOW_STEPS:
+            lost = False  # a step left that outweighed what stays: the sums' digits went with it
             while window[0][0] < since or len(window) > RATE_WINDOW_STEPS:
                 _, gone, gone_s = window.popleft()
                 samples -= gone
                 spent -= gone_s
+                lost = lost or gone > samples or gone_s > spent
             self._rate_notes += 1
-            if self._rate_notes >= _RATE_RESUM:  # counted as steps leave: only then can it drift
+            if lost or self._rate_notes >= _RATE_RESUM:  # else only rounding, slowly
                 self._rate_notes = 0
                 samples = sum(entry[1] for entry in window)
                 spent = sum(entry[2] for entry in window)
