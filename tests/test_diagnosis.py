@@ -14,8 +14,10 @@ from ddptui.constants import PHASES
 from ddptui.run.diagnosis import (
     CAUSES,
     IDLE_IO_BYTES_PER_S,
+    GROWTH_NOTE_BYTES_S,
     Diagnoser,
     Diagnosis,
+    GrowthWatch,
     MemoryState,
     PhaseHistory,
     RankEnd,
@@ -25,6 +27,7 @@ from ddptui.run.diagnosis import (
     diagnose_hang,
     diagnoses_for_summary,
     find_straggler,
+    growth_diagnosis,
     hang_limit,
     no_comm_diagnosis,
     prepare_limit,
@@ -1411,3 +1414,24 @@ def test_ranks_that_pass_tensors_point_to_point_are_no_train_apart_note():
     state.apply(note, now=9.0)
     assert no_comm_diagnosis(state, 1.0) is None
     assert Diagnoser().check(state, 100.0) == []  # the note itself is no line either
+
+
+def test_the_record_growth_is_read_over_a_full_window_and_said_with_the_disk_left():
+    """events.jsonl's growth, read from its size once a second: nothing until the window is
+    watched (a first burst is no pace), then bytes a second over the last window only."""
+    watch = GrowthWatch(window=30.0)
+    sizes = [0] + [700_000 * i for i in range(1, 40)]  # 0.7 MB a second
+    rates = [watch.sample(float(t), size) for t, size in enumerate(sizes)]
+    assert rates[:27] == [None] * 27
+    assert rates[30] == pytest.approx(700_000)
+    assert rates[30] > GROWTH_NOTE_BYTES_S
+    slow = GrowthWatch(window=30.0)  # a burst, then nothing: the pace of the last 30 s
+    for t in range(60):
+        rate = slow.sample(float(t), 50_000_000 if t >= 5 else 0)
+    assert rate == 0.0
+    note = growth_diagnosis(700_000, 100 * 2**30, 31.0)
+    assert note.cause == "record_growth" and note.rank is None and "record_growth" in CAUSES
+    assert "0.7 MiB a second (2.3 GiB an hour" in note.detail
+    assert "100.0 GiB free under the run directory: about 42.6 h" in note.detail
+    assert "free" not in growth_diagnosis(700_000, None, 31.0).detail
+    assert diagnoses_for_summary([note])["diagnoses"][0]["cause"] == "record_growth"

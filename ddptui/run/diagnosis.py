@@ -54,6 +54,7 @@ CAUSES = (
     "oom",  # a rank killed (SIGKILL) while memory was nearly exhausted
     "sampler",  # a note: a shuffling DistributedSampler never told its epoch (no verdict)
     "no_comm",  # a note: every rank trained many steps without any collective (no verdict)
+    "record_growth",  # a note: events.jsonl grows fast enough to fill a disk (no verdict)
 )
 
 
@@ -1003,6 +1004,52 @@ def diagnoses_for_summary(
             for rank, text in sorted(stacks.items())
         }
     return out
+
+
+# -- the run's own record ------------------------------------------------------------------------
+#: events.jsonl growing faster than this (bytes a second) over :data:`GROWTH_WINDOW_S` is said,
+#: once: 1.8 GiB an hour. Every step is a line of about 470 bytes on every rank, and a script
+#: of millisecond steps writes megabytes a second (two ranks of 1.2 ms CPU steps: 18.7 MB in
+#: 26 s); a full disk under the run directory stops the run.
+GROWTH_NOTE_BYTES_S = 512 * 1024
+GROWTH_WINDOW_S = 30.0
+
+
+class GrowthWatch:
+    """How fast a file grows: its size sampled now and then; :meth:`sample` returns bytes a
+    second over the last :data:`GROWTH_WINDOW_S` once that much has been watched, else None."""
+
+    def __init__(self, window: float = GROWTH_WINDOW_S) -> None:
+        self.window = window
+        self._marks: deque[tuple[float, int]] = deque()
+
+    def sample(self, now: float, size: int) -> float | None:
+        marks = self._marks
+        marks.append((now, size))
+        while now - marks[0][0] > self.window:
+            marks.popleft()
+        first_t, first_size = marks[0]
+        if now - first_t < 0.9 * self.window:
+            return None
+        return max(0, size - first_size) / (now - first_t)
+
+
+def growth_diagnosis(rate: float, free: int | None, t: float) -> Diagnosis:
+    """The note for an events.jsonl growing ``rate`` bytes a second, with ``free`` bytes left
+    on its disk (None: not known)."""
+    mib, gib = 2.0**20, 2.0**30
+    left = ""
+    if free is not None:
+        hours = free / rate / 3600
+        left = f"; {free / gib:,.1f} GiB free under the run directory: about {hours:,.1f} h"
+    return Diagnosis(
+        None,
+        "record_growth",
+        f"events.jsonl grows {rate / mib:,.1f} MiB a second ({rate * 3600 / gib:,.1f} GiB an "
+        f"hour; a line a step a rank){left}, and a full disk stops the run. Fewer, longer "
+        "steps, or ddptui.log every Nth step (its calls replace the hooks' steps), keep it small",
+        t,
+    )
 
 
 # -- the running judgement -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import os
 import shlex
+import shutil
 import signal
 import socket
 import threading
@@ -32,12 +33,15 @@ from ddptui.run.check_files import check_restart_checkpoint
 from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.collector import Collector, CollectorStats
 from ddptui.run.diagnosis import (
+    GROWTH_NOTE_BYTES_S,
     RECENT_CPU_S,
     Diagnoser,
     Diagnosis,
+    GrowthWatch,
     completed_anywhere,
     diagnose_crash,
     diagnoses_for_summary,
+    growth_diagnosis,
     rank_ends,
     waiting_marks,
 )
@@ -192,6 +196,8 @@ class RunSession:
         self.probe = None
         self._news: list[Diagnosis] = []
         self._next_diagnosis = 0.0
+        #: How fast events.jsonl grows (said once, when fast: see :meth:`_watch_growth`).
+        self._growth: GrowthWatch | None = GrowthWatch()
         self._hung = False
         self.state.max_restarts = cfg.max_restarts
         #: One line per restart (and per restart refused), for the front ends to show.
@@ -370,6 +376,7 @@ class RunSession:
         with self._lock:
             pids = local_pids(self.state, socket.gethostname())
         self.probe.sample(pids, now)
+        self._watch_growth(now)
         io_rates = self.probe.io_rate(RECENT_CPU_S)
         with self._lock:
             self.state.io_rates = io_rates
@@ -386,6 +393,24 @@ class RunSession:
         elif not self._hung:
             self._flight_warm()
             self._flight_watch(now)
+
+    def _watch_growth(self, now: float) -> None:
+        """Say once when events.jsonl grows so fast that the disk may fill: a run of very fast
+        steps writes megabytes a second, and a full disk stops the run."""
+        if self._growth is None or self._events_file is None:
+            return
+        rate = self._growth.sample(now, self._events_file.size)
+        if rate is None or rate < GROWTH_NOTE_BYTES_S:
+            return
+        self._growth = None  # said once
+        try:
+            free: int | None = shutil.disk_usage(self.run_dir).free
+        except OSError:
+            free = None
+        with self._lock:
+            found = growth_diagnosis(rate, free, self.state.elapsed(now))
+            self.diagnoser.record(found)
+            self._news.append(found)
 
     def _arm_flight(self, launcher: Launcher) -> None:
         """Tell the ranks where to listen for Flight Recorder trace requests."""
