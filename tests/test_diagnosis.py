@@ -13,8 +13,8 @@ from ddptui import protocol
 from ddptui.constants import PHASES
 from ddptui.run.diagnosis import (
     CAUSES,
-    IDLE_IO_BYTES_PER_S,
     GROWTH_NOTE_BYTES_S,
+    IDLE_IO_BYTES_PER_S,
     Diagnoser,
     Diagnosis,
     GrowthWatch,
