@@ -27,6 +27,10 @@ class _FillsUp:
         self.room -= len(data)
         return self.real.append(data)
 
+    @property
+    def size(self):  # what has been written, as a LineAppender says
+        return self.real.size
+
     def deleted(self):
         return self.real.deleted()
 
