@@ -30,7 +30,7 @@ import re
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -1015,9 +1015,22 @@ GROWTH_NOTE_BYTES_S = 512 * 1024
 GROWTH_WINDOW_S = 30.0
 
 
+def counter_rate(samples: Sequence[tuple[float, float]], window: float) -> float | None:
+    """How fast a count that only grows (bytes moved, a file's size) moved: per second, over
+    its ``(time, count)`` samples of the last ``window`` seconds counted back from the newest;
+    None without two samples at different times there."""
+    if len(samples) < 2:
+        return None
+    last_at, last = samples[-1]
+    first_at, first = next((s for s in samples if s[0] >= last_at - window), samples[-1])
+    if last_at <= first_at:
+        return None
+    return max(0, last - first) / (last_at - first_at)
+
+
 class GrowthWatch:
     """How fast a file grows: its size sampled now and then; :meth:`sample` returns bytes a
-    second over the last :data:`GROWTH_WINDOW_S` once that much has been watched, else None."""
+    second over the last ``window`` seconds once that much has been watched, else None."""
 
     def __init__(self, window: float = GROWTH_WINDOW_S) -> None:
         self.window = window
@@ -1028,10 +1041,9 @@ class GrowthWatch:
         marks.append((now, size))
         while now - marks[0][0] > self.window:
             marks.popleft()
-        first_t, first_size = marks[0]
-        if now - first_t < 0.9 * self.window:
+        if now - marks[0][0] < 0.9 * self.window:
             return None
-        return max(0, size - first_size) / (now - first_t)
+        return counter_rate(marks, self.window)
 
 
 def growth_diagnosis(rate: float, free: int | None, t: float) -> Diagnosis:

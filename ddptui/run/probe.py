@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from ddptui.rank.heartbeat import io_sum
-from ddptui.run.diagnosis import MemoryState
+from ddptui.run.diagnosis import MemoryState, counter_rate
 
 #: Seconds of CPU samples averaged per rank, and of host memory samples kept.
 WINDOW_S = 20.0
@@ -100,12 +100,9 @@ class RankProbe:
         readings there are left out (unknown)."""
         out = {}
         for rank, samples in self._io.items():
-            if len(samples) < 2:
-                continue
-            last_at, last = samples[-1]
-            first_at, first = next((s for s in samples if s[0] >= last_at - window), samples[-1])
-            if last_at > first_at:
-                out[rank] = max(0, last - first) / (last_at - first_at)
+            rate = counter_rate(samples, window)
+            if rate is not None:
+                out[rank] = rate
         return out
 
     def cpu_percent(self, window: float = WINDOW_S) -> dict[int, float]:
