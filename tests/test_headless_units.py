@@ -223,3 +223,34 @@ def test_the_status_line_shows_an_evaluations_loss_when_it_has_no_accuracy():
     assert "  eval loss 5.3800  " in progress_line(state, 1.0)
     state.apply(protocol.Eval(run="r", rank=0, t=0.0, seq=1, epoch=1, accuracy=0.5), now=2.0)
     assert "  acc 0.5000  " in progress_line(state, 2.0)
+
+
+def test_a_session_says_once_when_its_record_grows_fast(tmp_path, monkeypatch):
+    """The session's once-a-second diagnosis reads events.jsonl's size: past the threshold
+    over the window it records one ``record_growth`` note (for the front ends and
+    summary.json), and never a second."""
+    from ddptui.run import session as session_module
+    from ddptui.run.diagnosis import GrowthWatch
+    from ddptui.run.session import RunSession
+
+    class Growing:  # what the session reads of its LineAppender
+        size = 0
+
+    cfg = build_config({"run_dir": str(tmp_path / "run")}, Machine(0, "none", 2))
+    session = RunSession(cfg)
+    monkeypatch.setattr(session_module, "GROWTH_NOTE_BYTES_S", 1000)
+    session._growth = GrowthWatch(window=2.0)
+    session._events_file = Growing()
+    session.run_dir.mkdir(parents=True, exist_ok=True)
+    said = []
+    try:
+        for second in range(8):
+            Growing.size = 5000 * second
+            session._watch_growth(float(second))
+            said += session.take_diagnoses()
+    finally:
+        session._events_file = None
+        session.close()
+    assert [d.cause for d in said] == ["record_growth"]
+    assert "free under the run directory" in said[0].detail
+    assert [d.cause for d in session.diagnoser.diagnoses] == ["record_growth"]
