@@ -480,6 +480,49 @@ def test_on_a_gpu_an_evaluation_pass_is_out_of_the_steps_time_not_out_of_its_pha
     assert second["step_time"] == pytest.approx(sum(second["phases"].values()) - 0.020)
 
 
+def test_on_a_gpu_every_micro_batch_is_in_the_loss_and_at_most_max_losses_go_to_the_host(
+    inst, monkeypatch
+):
+    """Gradient accumulation over more micro-batches than MAX_LOSSES on a GPU: the losses are
+    folded into their sum on the device as they come, so that the step's loss is the mean of
+    all of them (nanoGPT's 40) while no more than MAX_LOSSES copies go to the host."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    inst.torch = FakeTorch(clock, [True])
+    inst._cuda = "cuda:0"
+    copies = []
+    to_host = inst._to_host
+    monkeypatch.setattr(inst, "_to_host", lambda value: copies.append(value) or to_host(value))
+    micro, undivided = 21, []
+    for _ in range(micro):
+        loss = model(torch.randn(3, 4)).pow(2).mean()
+        undivided.append(loss.item())
+        (loss / micro).backward()
+    opt.step()
+    inst.flush()
+    assert inst.fake.logs[-1]["loss"] == pytest.approx(sum(undivided) / micro)
+    assert len(copies) <= instrument.MAX_LOSSES
+
+
+def test_losses_that_cannot_be_folded_leave_the_first_ones_to_stand_for_the_step(inst):
+    """A step's losses on two devices cannot be stacked into one sum: the first MAX_LOSSES
+    stand for the step, as before folding, and nothing raises on the step's path."""
+    first = [torch.tensor(float(i)) for i in range(instrument.MAX_LOSSES - 1)]
+    first.append(torch.tensor(7.0, device="meta"))
+    for value in [*first, torch.tensor(100.0)]:
+        inst._loss_count += 1
+        inst._keep_loss(value, None)
+    assert inst._losses == first and inst._folded == 0  # the ninth is not kept
+    assert not inst.disabled
+    assert inst._loss_divisors == [None]  # each divisor once
+    inst._forget_losses()
+    distinct = inst._loss_divisors
+    for divisor in range(50):
+        inst._keep_loss(torch.tensor(1.0), float(divisor))
+    assert len(distinct) == instrument.MAX_LOSSES + 1  # more cannot all be the count
+
+
 @pytest.mark.parametrize("passed", [False, True], ids=["on the device", "passed"])
 def test_gpu_steps_beyond_the_pending_limit_go_without_phases_only_while_on_the_device(
     inst, monkeypatch, passed
@@ -1511,7 +1554,11 @@ def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit, d
         (2, 2, None, "undivided"),  # nanoGPT: loss / accumulation steps, each micro-batch
         (2, 2, "off", "undivided"),  # ...through a GradScaler switched off (its float32 path)
         (2, 2, "on", "undivided"),  # ...through a live GradScaler (float16)
-        (10, 10, None, "undivided"),  # more micro-batches than the losses kept
+        (10, 10, None, "undivided"),  # more micro-batches than the losses kept: folded
+        (40, 40, "on", "undivided"),  # nanoGPT on one GPU: 40 micro-batches, four folds
+        (20, 3, None, "as divided"),
+        (12, None, None, "as divided"),
+        (17, "window", None, "summed"),
         (2, 3, None, "as divided"),  # a division that is not the accumulation's
         (1, 4, None, "as divided"),  # one backward: nothing accumulated
         (2, None, None, "as divided"),  # accumulation without a division: the mean
@@ -1553,8 +1600,7 @@ def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
         else:
             opt.step()
     inst.flush()
-    kept = min(micro, instrument.MAX_LOSSES)
-    last = undivided[-micro:][:kept]
+    last = undivided[-micro:]  # every micro-batch's, however many (nanoGPT: 40 on one GPU)
     mean = sum(last) / len(last)
     if expect == "summed":
         expected = sum(value / micro for value in undivided[-micro:])  # = the window's mean
@@ -2433,6 +2479,34 @@ def test_a_gpu_script_without_ddp_reports_its_loss(inst):
     assert len(logs) == 10
     assert [log["loss"] for log in logs] == pytest.approx([v.item() for v in losses], rel=1e-3)
     assert all(log["phases"] is None for log in logs)  # no forward seen: no made-up split
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_cuda_accumulation_reports_every_micro_batch_in_its_loss(inst):
+    """nanoGPT's way on one GPU, bf16: 20 micro-batches a step, each loss divided by 20 before
+    its backward. The step's loss is the mean of all 20, folded on the device."""
+    inst.clock = __import__("time").perf_counter
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    model = DistributedDataParallel(net.to(device), device_ids=[0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    micro, means = 20, []
+    for _ in range(3):
+        undivided = []
+        for _ in range(micro):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(torch.randn(32, 64, device=device)).float().pow(2).mean()
+            undivided.append(loss.detach())
+            (loss / micro).backward()
+        opt.step()
+        opt.zero_grad()
+        means.append(torch.stack(undivided).mean())
+    torch.cuda.synchronize()
+    inst.flush(timeout=10.0)
+    logs = inst.fake.logs
+    assert [log["loss"] for log in logs] == pytest.approx([m.item() for m in means], rel=1e-3)
 
 
 class OnGpu(torch.Tensor):

@@ -156,7 +156,10 @@ MAX_PENDING = 64
 #: one). At MAX_PENDING, 975 of 2,000 such steps of a small CPU model (one rank under
 #: ddptui) went out without a loss.
 MAX_PENDING_HOST = 4096
-#: Losses remembered per step (gradient accumulation); more are not averaged in.
+#: Loss tensors kept per step (gradient accumulation): at this many, the next one first folds
+#: them into their sum (one stack and sum on their device, once per this many micro-batches),
+#: so that every micro-batch's loss is in the step's mean and a GPU step copies at most this
+#: many to the host. nanoGPT accumulates 40 a step on one GPU; its mean was of the first 8.
 MAX_LOSSES = 8
 #: Finished steps go to the reporter from the drainer thread at most this often (the
 #: reporter batches its sends at the same interval).
@@ -418,15 +421,21 @@ class CudaStepRead:
     gives ``("phases", {...})`` and ``("loss", float | None)``.
     """
 
-    __slots__ = ("_marks", "_losses", "_custom", "_scale")
+    __slots__ = ("_marks", "_losses", "_custom", "_scale", "_count")
 
     def __init__(
-        self, marks: list[tuple[str, Any]], losses: list[Any], custom: dict, scale: int = 1
+        self,
+        marks: list[tuple[str, Any]],
+        losses: list[Any],
+        custom: dict,
+        scale: int = 1,
+        count: int | None = None,
     ) -> None:
         self._marks = marks  # [("start", ev0), (phase, ev1), ...]: phase = ev(i-1) -> ev(i)
         self._losses = losses  # pinned host copies (or floats already read)
         self._custom = custom
         self._scale = scale  # what each loss was divided by (see _finish_step)
+        self._count = count  # the losses they hold (a folded sum holds several)
 
     def query(self) -> bool:
         return all(event.query() for _, event in self._marks)
@@ -438,7 +447,8 @@ class CudaStepRead:
             phases[name] += max(0.0, previous.elapsed_time(event) / 1000.0)
             previous = event
         phases.update(self._custom)
-        return [("phases", phases), ("loss", _host_loss(self._losses, self._scale))]
+        loss = _host_loss(self._losses, self._scale, self._count)
+        return [("phases", phases), ("loss", loss)]
 
     def keys(self) -> list[str]:
         return ["phases", "loss"]
@@ -449,21 +459,28 @@ class LossRead:
     read once the device has passed ``event``, the same ``query()`` / ``values()`` / ``keys()``
     shape as :class:`CudaStepRead`."""
 
-    __slots__ = ("_event", "_losses", "_phases", "_scale")
+    __slots__ = ("_event", "_losses", "_phases", "_scale", "_count")
 
     def __init__(
-        self, event: Any, losses: list[Any], phases: dict[str, float] | None, scale: int = 1
+        self,
+        event: Any,
+        losses: list[Any],
+        phases: dict[str, float] | None,
+        scale: int = 1,
+        count: int | None = None,
     ) -> None:
         self._event = event
         self._losses = losses  # pinned host copies (or floats already read)
         self._phases = phases  # the script's own phases, if any
         self._scale = scale
+        self._count = count
 
     def query(self) -> bool:
         return bool(self._event.query())
 
     def values(self) -> list[tuple[str, Any]]:
-        return [("phases", self._phases), ("loss", _host_loss(self._losses, self._scale))]
+        loss = _host_loss(self._losses, self._scale, self._count)
+        return [("phases", self._phases), ("loss", loss)]
 
     def keys(self) -> list[str]:
         return ["phases", "loss"]
@@ -647,7 +664,9 @@ class Instrument:
         # and what each recorded one was divided by (None: not a division by a CPU number;
         # WINDOW: a mean over the accumulation window, see _divisor).
         self._loss_count = 0
-        self._loss_divisors: list[float | str | None] = []
+        self._loss_divisors: list[float | str | None] = []  # each value once (see _keep_loss)
+        # How many losses the folded first entry of ``_losses`` holds beyond one (their sum).
+        self._folded = 0
         # The step's micro-batches went through the HF Trainer's ``training_step``: their
         # losses add up to the step's loss, however they were divided (see _attach_transformers).
         self._summed_losses = False
@@ -2171,23 +2190,41 @@ class Instrument:
         try:
             if tensor.dim() == 0:
                 self._loss_count += 1
-                if len(self._losses) < MAX_LOSSES:
-                    scaled = self._scaled
-                    if scaled is not None and scaled[0] == id(tensor):
-                        self._losses.append(scaled[1])
-                        self._loss_divisors.append(scaled[2])
-                    else:
-                        # Detached: the loss is read a step or more later (by the drainer),
-                        # and the tensor itself would keep the step's whole autograd graph
-                        # alive until then. Keeping 16 such losses, with no hooks at all, cost
-                        # 30 to 570 us of a 3 ms SmallCNN step on CPU (five processes, three of
-                        # them 67-85 us); detached ones, nothing measurable. The divisor is
-                        # read now, from the graph, while it is there.
-                        self._losses.append(tensor.detach())
-                        self._loss_divisors.append(_divisor(tensor))
+                scaled = self._scaled
+                if scaled is not None and scaled[0] == id(tensor):
+                    self._keep_loss(scaled[1], scaled[2])
+                else:
+                    # Detached: the loss is read a step or more later (by the drainer), and
+                    # the tensor itself would keep the step's whole autograd graph alive until
+                    # then. Keeping 16 such losses, with no hooks at all, cost 30 to 570 us of
+                    # a 3 ms SmallCNN step on CPU (five processes, three of them 67-85 us);
+                    # detached ones, nothing measurable. The divisor is read now, from the
+                    # graph, while it is there.
+                    self._keep_loss(tensor.detach(), _divisor(tensor))
             self._scaled = None
         except Exception as exc:
             self._fail(exc)
+
+    def _keep_loss(self, loss: Any, divisor: float | str | None) -> None:
+        """One micro-batch's loss into the step's (see :data:`MAX_LOSSES`), and what it was
+        divided by: each divisor once, as only whether all of them are the accumulation's
+        count is asked (``_finish_step``); past MAX_LOSSES distinct ones they cannot be."""
+        losses = self._losses
+        if len(losses) >= MAX_LOSSES:
+            torch = self.torch
+            try:
+                stacked = torch.stack(losses)
+                total = stacked.sum(dtype=torch.promote_types(stacked.dtype, torch.float32))
+            except Exception:
+                total = None  # losses on two devices: the first MAX_LOSSES stand for the step
+            if total is None:
+                return
+            self._folded += len(losses) - 1
+            losses[:] = [total]
+        losses.append(loss)
+        divisors = self._loss_divisors
+        if len(divisors) <= MAX_LOSSES and divisor not in divisors:
+            divisors.append(divisor)
 
     def _backward_return(self) -> None:
         if self.disabled or self._seg not in _BWD:
@@ -2287,7 +2324,7 @@ class Instrument:
         (which keeps its list), or not the step's (a joined optimizer's)."""
         if self._losses:
             self._losses = []
-        self._loss_count = 0
+        self._loss_count = self._folded = 0
         self._summed_losses = False
         if self._loss_divisors:
             self._loss_divisors.clear()  # no new list on every step
@@ -2310,13 +2347,14 @@ class Instrument:
             or all(d == count or d is WINDOW for d in divisors)
         )
         scale = count if summed else 1
+        held = len(losses) + self._folded  # the losses the list holds (see _keep_loss)
         self._forget_losses()
         cuda = self._cuda is not None
         if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
             host_losses = [self._to_host(value) for value in losses]
         elif losses:
-            loss = (losses, scale)  # read by the drainer: .item() costs microseconds here
+            loss = (losses, scale, held)  # read by the drainer: .item() costs microseconds
         # After a closure's backward the optimizer updates: ``optimizer``, not ``data``.
         self._transition("closure_post" if self._closure_now else "opt_post", "data")
         self._closure_loop, self._closure_now = self._closure_now, False
@@ -2328,7 +2366,7 @@ class Instrument:
         custom = self._custom
         read: Any  # a CudaStepRead or LossRead (a GPU), or (phases, loss tensors) on the CPU
         if cuda and len(self._marks) > 1:
-            read = CudaStepRead(self._marks, host_losses, custom, scale)
+            read = CudaStepRead(self._marks, host_losses, custom, scale, held)
             self._marks = [("start", self._marks[-1][1])]
         else:
             # Without any DDP module (FSDP, a plain model) no forward is seen: the time before
@@ -2357,7 +2395,7 @@ class Instrument:
                     copies = [self._to_host(value) for value in losses]
                     event = self.torch.cuda.Event()
                     event.record(self.torch.cuda.current_stream(on_gpu[-1]))
-                    read = LossRead(event, copies, phases, scale)
+                    read = LossRead(event, copies, phases, scale, held)
         self._acc = _NO_PHASES.copy()
         self._step_wait = None
         self._steps_ended += 1
@@ -2679,20 +2717,29 @@ _AFTER_GRAD = {
 _AFTER_GRAD["closure_post"] = "optimizer"
 
 
-def _mean_item(values: list[Any], scale: int = 1) -> float | None:
-    """The mean of a step's CPU loss tensors, times ``scale`` (each was divided by it: see
-    ``_finish_step``); None if one cannot be read."""
+def _mean_item(values: list[Any], scale: int = 1, count: int | None = None) -> float | None:
+    """The mean of a step's ``count`` CPU losses (``values``: the tensors, the first maybe
+    the sum of several, see ``Instrument._keep_loss``), times ``scale`` (each was divided by
+    it: see ``_finish_step``); None if one cannot be read."""
     try:
-        return _mean(float(value.item()) for value in values) * scale
+        return _loss_mean([float(value.item()) for value in values], scale, count)
     except Exception:
         return None
 
 
-def _host_loss(copies: list[Any], scale: int) -> float | None:
+def _host_loss(copies: list[Any], scale: int, count: int | None = None) -> float | None:
     """A step's loss from its host copies (pinned tensors the device has filled, or floats
-    read already): their mean times ``scale`` (see ``_finish_step``); None without any."""
+    read already): as :func:`_mean_item`; None without any."""
     losses = [h if type(h) is float else float(h.item()) for h in copies]
-    return _mean(losses) * scale if losses else None
+    return _loss_mean(losses, scale, count) if losses else None
+
+
+def _loss_mean(losses: list[float], scale: int, count: int | None) -> float:
+    """The mean of ``count`` losses whose values (some of them sums) are ``losses``, times
+    ``scale``; unfolded, exactly their mean."""
+    if count is None or count == len(losses):
+        return _mean(losses) * scale
+    return sum(losses) / count * scale
 
 
 def _mean(values: Iterable[float]) -> float:
