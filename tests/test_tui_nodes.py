@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from ddptui import protocol
 from ddptui.monitor.snapshot import to_dict
 from ddptui.run.state import RunState
 from ddptui.tui.model import (
@@ -64,7 +65,7 @@ def test_grouped_by_node_with_summaries():
     node1 = frame.nodes[1]
     assert node1.ranks == (4, 5, 6, 7) and node1.host == "node-1"
     assert node1.worst == "straggler" and node1.problems == 1
-    times = [state.ranks[r].typical_step_time for r in node1.ranks]
+    times = [state.ranks[r].recent_step_time() for r in node1.ranks]
     assert math.isclose(node1.mean_step_time, sum(times) / 4)
     sps = sum(state.ranks[r].samples_per_s for r in (4, 5, 6, 7))
     assert math.isclose(node1.samples_per_s, sps)
@@ -83,6 +84,45 @@ def test_grouped_by_node_with_summaries():
     kinds = [(line.kind, line.key) for line in lines[5:]]
     assert kinds[0] == ("node", 0) and kinds[5] == ("node", 2)
     assert {k for kind, k in kinds[1:5]} == {0, 1, 2, 3}
+
+
+def test_a_node_row_averages_the_step_times_its_rank_rows_show():
+    """The rank rows show each rank's mean step time over its last 2 s; the node's summary
+    row is their mean, not the mean of the ranks' medians of their last ten steps (a rank
+    whose every fourth step is slow read 50 ms on its node's row beside its own 150 ms)."""
+    state, _ = multi_node_state(2, 2, steps=5)
+    seq = dict.fromkeys(range(4), 5)
+    t = 1.0
+    for _ in range(6):
+        for step_time in (0.05, 0.05, 0.05, 0.45):
+            t += step_time
+            for rank in range(4):
+                state.apply(
+                    protocol.Step(
+                        run="multi",
+                        rank=rank,
+                        t=t,
+                        seq=seq[rank],
+                        step=1,
+                        epoch=1,
+                        loss=1.0,
+                        samples=32,
+                        samples_per_s=32 / step_time,
+                        step_time=step_time,
+                    ),
+                    now=t,
+                )
+                seq[rank] += 1
+    frame = run_frame(state, t)
+    node1 = frame.nodes[1]
+    assert state.ranks[2].typical_step_time == pytest.approx(0.05)  # its median
+    shown = [state.ranks[rank].recent_step_time() for rank in (2, 3)]
+    assert shown[0] == pytest.approx(0.15, rel=0.2)  # the 2 s window's steps (some 0.45 s)
+    assert node1.mean_step_time == pytest.approx(sum(shown) / 2)
+    lines = table_lines(frame)
+    node_line = next(line for line in lines if line.kind == "node" and line.key == 1)
+    rank_lines = [line for line in lines if line.kind == "rank" and line.key in (2, 3)]
+    assert {line.cells[8] for line in rank_lines} == {node_line.cells[8]}  # "step time"
 
 
 def test_worst_first_failed_then_silent_then_straggler_then_slowest():

@@ -63,8 +63,11 @@ class RankRow:
     #: Its last collective started and whether it completed, per process group (the Flight
     #: Recorder's progress in its heartbeat): ``all_reduce #812 …`` (waiting) or ``#812 ✓``.
     collective: str = ""
-    #: Raw numbers behind the formatted cells, for node summaries and ordering.
+    #: Raw numbers behind the formatted cells, for node summaries and ordering: the rank's
+    #: typical (median) step time orders the rows; the one shown, its last 2 s's mean, is
+    #: what its node's summary row averages.
     step_time_s: float | None = None
+    shown_step_s: float | None = None
     samples_per_s_value: float | None = None
     loss_value: float | None = None
 
@@ -189,10 +192,12 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         rate = state.rank_rate_over_run(view) if state.outcome else view.rate_at(now)
         if view.state == "started" and rate:
             live_rate += rate
+        recent_step = view.recent_step_time()
         rows.append(
             RankRow(
                 node=view.node,
                 step_time_s=view.typical_step_time or view.step_time,
+                shown_step_s=recent_step,
                 samples_per_s_value=rate if view.state == "started" else None,
                 loss_value=view.loss,
                 rank=rank,
@@ -202,7 +207,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 epoch_step=step,
                 loss=fmt_num(view.loss),
                 samples_per_s=fmt_num(rate, ",.0f"),
-                step_time=_ms(view.recent_step_time()),
+                step_time=_ms(recent_step),
                 last_seen=_ago(seen_at, view.last_seen),
                 state=shown_state,
                 problem=problem,
@@ -427,7 +432,7 @@ def node_summaries(rows: Sequence[RankRow]) -> tuple[NodeSummary, ...]:
     for group in sorted(groups, key=_group_order):
         members = groups[group]
         hosts = sorted({r.host for r in members if r.host != "--"})
-        times = [r.step_time_s for r in members if r.step_time_s is not None]
+        times = [r.shown_step_s for r in members if r.shown_step_s is not None]
         losses = [r.loss_value for r in members if r.loss_value is not None]
         severities = [severity(r) for r in members]
         worst = min(severities, key=lambda s: _SEVERITY_INDEX.get(s, 99))
