@@ -244,6 +244,44 @@ def test_explicit_log_wins_and_gets_the_phases(inst, monkeypatch):
     assert fake.logs[3]["phases"] == {"mine": 1.0}
 
 
+@pytest.mark.parametrize(
+    ("every", "warmup", "where"),
+    [
+        (10, 0, "after"),  # every 10th step from the start: the hooks sent some of the ten
+        (1, 5, "after"),  # every step, after five steps the hooks sent
+        (1, 5, "before"),  # every step, called before its optimizer's step
+        (4, 7, "after"),  # every 4th step from the 8th on
+    ],
+)
+def test_the_scripts_first_log_does_not_count_the_steps_the_hooks_sent_again(
+    inst, every, warmup, where
+):
+    """A script that starts calling ``ddptui.log(samples=n)`` while the hooks have already
+    sent some of the steps its ``n`` covers: the run's samples are the script's, each once
+    (logging every 100th step counted up to 99 steps twice: +0.4 % of a run's samples)."""
+    inst._drainer.stop()  # the test says when the hooks' steps go
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    batch, steps, counted = 6, warmup + 3 * every, 0
+    for step in range(steps):
+        clock.advance(0.005)
+        loss = model(torch.randn(batch, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        logs = step >= warmup and (step - warmup) % every == every - 1
+        if logs and where == "before":
+            ddptui.log(loss=1.0, samples=batch * every)
+        opt.step()
+        if step == warmup + every // 2 - 1 or (warmup and step == warmup - 1):
+            inst.send_ready()  # the drainer's interval came in the middle of the window
+        if logs and where == "after":
+            ddptui.log(loss=1.0, samples=batch * every)
+        counted += batch
+    inst.flush()
+    assert sum(log.get("samples", 0) for log in inst.fake.logs) == counted
+
+
 def test_an_evaluation_pass_is_its_own_phase(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))

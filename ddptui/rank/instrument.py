@@ -727,6 +727,10 @@ class Instrument:
         # under ``_send_lock``.
         self._pending: deque[tuple[int | None, int, float, Any, float, float]] = deque()
         self._carry: dict[str, float] = {}
+        # The samples of the steps sent, and of those withheld once ``ddptui.log`` took over
+        # (see explicit_log): what the script's first call may count again.
+        self._samples_sent = 0
+        self._withheld = 0
         self._send_lock = threading.RLock()
         self._draining: int | None = None  # the thread delivering steps now (re-entry guard)
         # The first step waits for the next step's start (or a flush): a script that calls
@@ -2561,7 +2565,9 @@ class Instrument:
         if self.explicit:
             if phases:
                 _add_into(self._carry, phases)
+            self._withheld += samples
             return
+        self._samples_sent += samples
         get_reporter = self._get_reporter
         if get_reporter is None:
             # first report: keeps the rank light until then (msgspec, the protocol)
@@ -2635,7 +2641,8 @@ class Instrument:
         the previous explicit log (unless it brings its own ``phases``). The steps a pass over
         the training DataLoader makes are no longer the steps the rank reports (a script may
         log every 10th): said so, if they went."""
-        if not self.explicit:
+        first = not self.explicit
+        if first:
             self._loader_steps = 0
             if self._loader_steps_sent and not self.disabled:
                 self._loader_steps_sent = False
@@ -2649,6 +2656,8 @@ class Instrument:
             with self._send_lock:  # the drainer thread adds to the carry under it too
                 self._send_ready(final=True)
                 carried, self._carry = self._carry, {}
+                if first:
+                    self._take_over_samples(metrics)
             if "phases" in metrics:
                 return
             phases = carried
@@ -2658,6 +2667,21 @@ class Instrument:
                 metrics["phases"] = phases
         except Exception as exc:
             self._fail(exc)
+
+    def _take_over_samples(self, metrics: dict[str, Any]) -> None:
+        """The script's first ``ddptui.log(samples=n)``: its ``n`` counts the samples since
+        it began counting, its latest steps', and the hooks sent some of those steps already
+        (a script that logs every 100th step: up to 99 of them, counted twice; +0.4 % of a
+        run's samples). Its ``n`` less what it shares with the steps sent: beyond the
+        samples of the steps withheld since ``ddptui.log`` took over and of the step under
+        way, it covers sent ones. A script that logs every step shares none."""
+        samples = metrics.get("samples")
+        if type(samples) is not int or samples <= 0 or not self._samples_sent:
+            return
+        unsent = self._withheld + self._samples
+        shared = min(self._samples_sent, max(0, samples - unsent))
+        if shared:
+            metrics["samples"] = samples - shared
 
     def phase(self, name: str) -> _Phase:
         return _Phase(self, name)
