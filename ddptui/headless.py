@@ -296,7 +296,8 @@ def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSessio
 
 def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
     """Run ``cfg`` to the end; the exit code of its outcome: 0 finished, 1 failed, 3 hung, 130
-    after Ctrl-C, 143 after SIGTERM (``summary.json`` in the run directory says the same)."""
+    after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP (``summary.json`` in the run directory
+    says the same)."""
     out = out or sys.stdout
     console = HeadlessConsole(out)
     session = RunSession(cfg)

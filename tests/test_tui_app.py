@@ -4,6 +4,8 @@ stopped from the keyboard, quitting a live run asks first and stops every worker
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import pytest
@@ -11,6 +13,7 @@ from textual.widgets import Button, DataTable, Input, Log, Select
 
 from ddptui.run.config import build_config, check_options
 from ddptui.run.machine import Machine
+from ddptui.tui import app as app_module
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.model import RANK_COLUMNS
 from ddptui.tui.screens.confirm import ConfirmScreen
@@ -192,6 +195,42 @@ async def test_quit_while_live_asks_then_stops_every_worker(tmp_path):
         await pilot.pause(0.3)
     assert source.done.is_set()
     assert app.sessions[0].calls == ["start", "stop", "close"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+async def test_a_signal_stops_the_live_run_as_interrupted_and_exits_with_its_code(
+    tmp_path, monkeypatch, sig
+):
+    """SIGTERM, or SIGHUP (the terminal gone), to the dashboard: its live run stops as
+    ``interrupted`` with 128 + the signal, as ``ddptui --no-ui``'s; their default ended
+    ddptui at once, with no summary.json and the trace sockets' folder left. After SIGHUP the
+    process ends at once once the run has stopped (Textual's shutdown would write to the
+    terminal that is gone); the handlers ddptui found are put back."""
+    exits, quieted = [], []
+    monkeypatch.setattr(app_module, "quiet_lost_terminal", lambda: quieted.append(True))
+    before = signal.getsignal(sig)
+    app = _app(tmp_path)
+    app.deps.catch_signals = True
+    app.deps.hard_exit = exits.append
+    app.start_at_once = True
+    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    async with app.run_test(size=SIZE) as pilot:
+        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+        source = app.screen.source
+        await _wait(pilot, lambda: source.started.is_set())
+        os.kill(os.getpid(), sig)
+        await _wait(pilot, lambda: source.done.is_set())
+        if sig == signal.SIGHUP:
+            await _wait(pilot, lambda: exits)  # (the fake exit returns: the timer goes on)
+            assert set(exits) == {129}
+            assert quieted == [True] and app.is_running  # ended by the process's exit
+        else:
+            await _wait(pilot, lambda: not app.is_running)
+    assert app.sessions[0].stops == [(True, 128 + sig)]
+    assert app.sessions[0].calls == ["start", "stop", "close"]
+    if sig == signal.SIGTERM:
+        assert app.return_value == 143 and exits == [] and quieted == []
+    assert signal.getsignal(sig) == before
 
 
 class _FakeLauncher:

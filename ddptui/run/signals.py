@@ -1,6 +1,9 @@
-"""Signals while a run is live: Ctrl-C and SIGTERM turned into :class:`Interrupted` (the run is
-torn down, ddptui exits 128 + the signal), remembered during a teardown, and held back while
-processes start. Shared by ``ddptui --no-ui``, ``ddptui bench``, ``ddptui join`` and the session.
+"""Signals while a run is live: Ctrl-C, SIGTERM and SIGHUP turned into :class:`Interrupted` (the
+run is torn down, ddptui exits 128 + the signal), remembered during a teardown, and held back
+while processes start. SIGHUP is the terminal going away (an ssh session dropped, a tmux server
+killed): its default ended ddptui at once, with no ``summary.json``, its trace sockets' folder
+left behind. It is not taken where ddptui was started to ignore it (``nohup``). Shared by
+``ddptui --no-ui``, ``ddptui bench``, ``ddptui join`` and the session.
 
 Held back without leaking a signal mask: blocking the signals with ``pthread_sigmask`` while a
 launcher starts would do, but a child forked meanwhile inherits the blocked mask, and so would
@@ -13,7 +16,9 @@ ddptui), and a recorded signal is raised again, under the old handlers, once the
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,8 +27,36 @@ from contextlib import contextmanager
 DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
 
+def teardown_signals() -> tuple[signal.Signals, ...]:
+    """The signals that tear a run down: SIGINT and SIGTERM, and SIGHUP unless ignored."""
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is None or signal.getsignal(hangup) is signal.SIG_IGN:
+        return DEFERRED
+    return (*DEFERRED, hangup)
+
+
+def quiet_lost_terminal() -> None:
+    """After SIGHUP: the standard streams that were the terminal write to /dev/null, so that
+    the teardown's lines (the terminal is gone: writing to it fails with EIO) do not cut it
+    short. Streams to a file or a pipe stay as they are. A terminal is told by its kind, a
+    character device: once hung up, ``isatty`` says it is none (its ioctl fails)."""
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        for fd in (0, 1, 2):
+            try:
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
+
+
 class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached ddptui: stop the run, exit 128 + the signal's number."""
+    """Ctrl-C, SIGTERM or SIGHUP reached ddptui: stop the run, exit 128 + the signal's number."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -31,8 +64,8 @@ class Interrupted(Exception):
 
 
 class SignalGuard:
-    """While :attr:`armed`, SIGINT and SIGTERM raise :class:`Interrupted` (main thread only);
-    disarmed, they are remembered and ignored (the run is already being torn down)."""
+    """While :attr:`armed`, SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` (main thread
+    only); disarmed, they are remembered and ignored (the run is already being torn down)."""
 
     def __init__(self) -> None:
         self.armed = True
@@ -44,6 +77,8 @@ class SignalGuard:
 
     def handler(self, signum: int, frame: object) -> None:
         self.received.append(signum)
+        if signum == getattr(signal, "SIGHUP", None):
+            quiet_lost_terminal()
         if self.armed and self.gentle and signum == signal.SIGINT and not self.gentle_asked:
             self.gentle_asked = True  # the next Ctrl-C tears the run down as before
             return
@@ -54,9 +89,9 @@ class SignalGuard:
 
 @contextmanager
 def signals_interrupt() -> Iterator[SignalGuard]:
-    """Install a :class:`SignalGuard` for SIGINT and SIGTERM for the duration."""
+    """Install a :class:`SignalGuard` for :func:`teardown_signals` for the duration."""
     guard = SignalGuard()
-    previous = {sig: signal.signal(sig, guard.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, guard.handler) for sig in teardown_signals()}
     try:
         yield guard
     finally:
@@ -66,7 +101,7 @@ def signals_interrupt() -> Iterator[SignalGuard]:
 
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back for the duration; deliver the ones that came on exit.
+    """Hold the teardown signals back for the duration; deliver the ones that came on exit.
 
     Only the main thread can change Python signal handlers, and only it runs them: in any
     other thread this does nothing (a signal then reaches the main thread as usual)."""
@@ -79,7 +114,7 @@ def signals_deferred() -> Iterator[None]:
         if signum not in received:
             received.append(signum)
 
-    previous = {sig: signal.signal(sig, record) for sig in DEFERRED}
+    previous = {sig: signal.signal(sig, record) for sig in teardown_signals()}
     try:
         yield
     finally:

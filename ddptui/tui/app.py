@@ -8,8 +8,11 @@ frozen clock. The CLI uses the defaults; tests pass fakes.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from ddptui.monitor.pcie import pcie_interval
 from ddptui.run.options import RunConfig, new_run_id
 from ddptui.run.rundir import EXIT_CODES
 from ddptui.run.session import RunSession
+from ddptui.run.signals import quiet_lost_terminal, teardown_signals
 from ddptui.tui.machine import HostInfo, detect_host
 from ddptui.tui.screens.confirm import ConfirmScreen
 from ddptui.tui.screens.launch import LaunchScreen
@@ -61,6 +65,10 @@ class Deps:
     monitor_interval: float = 1.0
     #: Replays show the run as of this time (default: its last event).
     replay_now: float | None = None
+    #: SIGTERM and SIGHUP stop the runs and end the app (the CLI's dashboard; not in tests).
+    catch_signals: bool = False
+    #: How the app ends after SIGHUP, once its runs have stopped (see ``DdpTuiApp._leave``).
+    hard_exit: Callable[[int], Any] = os._exit
 
 
 class DdpTuiApp(App[int]):
@@ -96,6 +104,9 @@ class DdpTuiApp(App[int]):
         self.feed = SystemFeed(self.deps.make_sampler, self.deps.monitor_interval)
         self.live_sources: list[LiveSource] = []
         self._quitting = False
+        self._signal_code: int | None = None
+        self._hung_up = False
+        self._caught: list[tuple[int, Any]] = []  # (signal, its handler before)
         self._run_screens = 0
         self._monitor_return: str | None = None
 
@@ -104,6 +115,8 @@ class DdpTuiApp(App[int]):
     # being stacked: a screen left below the visible one is a "background screen" in Textual,
     # and it turned every partial repaint of the run screen into a full-screen one.
     def on_mount(self) -> None:
+        if self.deps.catch_signals:
+            self._catch_signals()
         if self.mode == "monitor":
             self._enter("monitor", MonitorScreen(refresh_hz=1 / self.deps.monitor_interval))
             return
@@ -142,6 +155,58 @@ class DdpTuiApp(App[int]):
 
     def on_unmount(self) -> None:
         self.feed.stop()
+        loop = asyncio.get_running_loop()
+        for sig, previous in self._caught:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, previous)  # asyncio leaves the default, not what was there
+
+    # -- signals ------------------------------------------------------------------------------
+    def _catch_signals(self) -> None:
+        """SIGTERM, and SIGHUP (the terminal gone: an ssh session dropped, a tmux server
+        killed), stop the runs and end the app, as a quit does: each run's ``summary.json``
+        is written and its trace sockets' folder removed, where their default ended ddptui at
+        once with neither. Taken by the event loop, so the handler runs as a callback of it,
+        never between two of the app's own lines; SIGHUP not where it is ignored (nohup)."""
+        loop = asyncio.get_running_loop()
+        for sig in teardown_signals():
+            if sig == signal.SIGINT:  # a key in the dashboard (Textual's raw mode), not a signal
+                continue
+            previous = signal.getsignal(sig)
+            try:
+                loop.add_signal_handler(sig, self._signalled, sig)
+            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+                continue
+            self._caught.append((sig, previous))
+
+    def _signalled(self, signum: int) -> None:
+        """A teardown signal: every running run stops as ``interrupted``; the app exits with
+        128 + the signal once they have (ddptui --no-ui's exit code)."""
+        if signum == getattr(signal, "SIGHUP", None):
+            quiet_lost_terminal()
+            self._hung_up = True
+        if self._signal_code is not None:
+            return  # the runs are stopping already
+        self._signal_code = 128 + signum
+        running = self.running_sources
+        for source in running:
+            source.interrupt(self._signal_code)
+        if not running:
+            self._leave(self._signal_code)
+            return
+        self._quitting = True
+        self.set_interval(0.1, self._exit_when_stopped, name="signal-wait")
+
+    def _leave(self, code: int) -> None:
+        """End the app with ``code``. After SIGHUP, once the runs have stopped (their files
+        written and closed), the process ends at once: Textual's output thread died writing
+        to the hung-up terminal, and its shutdown, which writes to restore the terminal,
+        waited on that thread forever (seen: the runs' summaries written, ddptui still there
+        minutes later)."""
+        if not self._hung_up:
+            self.exit(code)
+            return
+        self.feed.stop()
+        self.deps.hard_exit(code)
 
     # -- runs ---------------------------------------------------------------------------------
     def show_run(self, source: RunSource) -> None:
@@ -217,6 +282,8 @@ class DdpTuiApp(App[int]):
     def exit_code(self) -> int:
         """The exit code headless would give: 1 when a launched run failed, else that of the
         last run (0 finished, 3 hung, 130 stopped, as its summary.json says), 0 without one."""
+        if self._signal_code is not None:
+            return self._signal_code
         failed = any(s.state.outcome == "failed" or s.error for s in self.live_sources)
         if failed:
             return 1
@@ -252,7 +319,7 @@ class DdpTuiApp(App[int]):
 
     def _exit_when_stopped(self) -> None:
         if not self.running_sources:
-            self.exit(self.exit_code())
+            self._leave(self.exit_code())
 
     def stop_everything(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """After the app has exited: make sure no run is left running (blocking).
@@ -308,7 +375,7 @@ def run_dashboard(mode: str, **kwargs: Any) -> int:
     interval = kwargs.pop("interval", None)
     pcie = kwargs.pop("pcie", False)
     pcie_interval(pcie)  # a bad value is refused here, not inside the running app
-    deps = Deps()
+    deps = Deps(catch_signals=True)
     if interval is not None:
         deps.monitor_interval = float(interval)
     if pcie:  # PCIe throughput on its own thread, shown on each GPU card with its age

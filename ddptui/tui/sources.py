@@ -141,6 +141,7 @@ class LiveSource(RunSource):
         #: The thread that drives the session (and owns its socket), once one does.
         self.driver: threading.Thread | None = None
         self._abandoned = False
+        self._interrupted: int | None = None
 
     def locked(self) -> contextlib.AbstractContextManager[Any]:
         return self.session.locked()
@@ -165,6 +166,17 @@ class LiveSource(RunSource):
     def request_stop(self) -> None:
         """Ask the driving thread to stop every worker (returns at once)."""
         self._stop.set()
+
+    def interrupt(self, exit_code: int) -> None:
+        """As :meth:`request_stop`, for a signal to ddptui: the run ends ``interrupted``
+        with ``exit_code`` (128 + the signal), as ``ddptui --no-ui``'s does."""
+        self._interrupted = exit_code
+        self._stop.set()
+
+    def _halt(self) -> LaunchResult | None:
+        if self._interrupted is None:
+            return self.session.stop()
+        return self.session.stop(interrupted=True, exit_code=self._interrupted)
 
     def request_checkpoint_stop(self) -> None:
         """Ask the driving thread to have a built-in trainer's ranks stop after the current
@@ -219,7 +231,7 @@ class LiveSource(RunSource):
                     self._stop_with_checkpoint()
                 overdue = getattr(self.session, "stop_overdue", None)
                 if self._stop.is_set() or cancelled() or (overdue is not None and overdue()):
-                    self.result = self.session.stop()
+                    self.result = self._halt()
                     break
                 began = time.monotonic()
                 if self.session.pump(PUMP_TIMEOUT_S):

@@ -254,6 +254,8 @@ class FakeSession:
         #: Every call of the session's own surface (pump and poll included), with the name
         #: of the thread that made it: a RunSession's socket belongs to one thread.
         self.threads: list[tuple[str, str]] = []
+        #: (interrupted, exit_code) of each stop: a signal to ddptui stops as interrupted
+        self.stops: list[tuple[bool, int | None]] = []
         self.result = None
 
     def _record(self, name: str, listed: bool = True) -> None:
@@ -288,14 +290,17 @@ class FakeSession:
                 self.state.set_outcome("finished", now=self.clock())
         return self.result
 
-    def stop(self):
+    def stop(self, interrupted: bool = False, exit_code: int | None = None):
         from ddptui.run.launcher import LaunchResult
 
         self._record("stop")
+        self.stops.append((interrupted, exit_code))
         if self.result is None:
             self.result = LaunchResult(-15, stopped=True)
             with self._lock:
-                self.state.set_outcome("stopped", now=self.clock())
+                self.state.set_outcome(
+                    "interrupted" if interrupted else "stopped", now=self.clock()
+                )
         return self.result
 
     def close(self) -> None:
