@@ -81,3 +81,8 @@ NODE_SLOT_ENV = "DDPTUI_NODE_SLOT"
 JOIN_TOKEN_ENV = "DDPTUI_JOIN_TOKEN"
 #: Launchers of a whole job: the node launchers, or Slurm (srun starts one agent per node).
 JOB_LAUNCHERS = (*LAUNCHERS, "slurm")
+
+# -- step events -------------------------------------------------------------------------------
+#: Most optimizer steps one step event may stand for (``protocol.Step.steps``): 25 ms of 6 µs
+#: steps, far below any DDP step; the dashboard spends a moment on each of them.
+MAX_STEPS_PER_EVENT = 4096

@@ -28,6 +28,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from ddptui.constants import MAX_STEPS_PER_EVENT
+
 SCHEMA_VERSION = 1
 #: Largest message accepted from a socket; anything bigger is counted as oversized.
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -43,6 +45,7 @@ MAX_SECONDS = 1e9
 MAX_RATE = 1e12
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+StepCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_STEPS_PER_EVENT)]
 #: Highest attempt number an event may carry (``--max-restarts`` allows at most 100).
 MAX_ATTEMPT = 1_000
 Metric = float | int | str | bool | None
@@ -160,6 +163,12 @@ class Step(Event, tag="step"):
     #: built-in ones (``constants.PHASES``, which partition the step) and custom ones
     #: (``ddptui.phase``, which overlap them). None when nothing measured the phases.
     phases: Phases | None = None
+    #: How many optimizer steps the event stands for: the zero-code hooks send the steps of
+    #: a very fast script a few at a time (under 5 ms each, up to 25 ms of them in one
+    #: event), so that its record and the dashboard keep up. ``step`` is the last one's
+    #: number; ``samples``, ``step_time`` and ``phases`` are their sums; ``loss`` is the last
+    #: one's. 1 for every other step event.
+    steps: StepCount = 1
 
 
 class Eval(Event, tag="eval"):

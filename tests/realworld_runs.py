@@ -89,6 +89,15 @@ class RunResult:
         """ddptui's step events of ``rank``, in order."""
         return [e for e in self.events if e["kind"] == "step" and e["rank"] == rank]
 
+    def step_numbers(self, rank: int) -> list[int]:
+        """The numbers of every step ``rank``'s step events stand for, in order (an event
+        of several fast steps stands for those up to its own number)."""
+        return [
+            number
+            for e in self.steps(rank)
+            for number in range(e["step"] - e["steps"] + 1, e["step"] + 1)
+        ]
+
     @property
     def facts(self) -> dict[int, dict]:
         return parse_facts(self.run_dir)

@@ -129,6 +129,25 @@ def test_tensorboard_scalars_per_rank_and_global(run_dir):
     assert accuracy == [(1, 0.9475), (2, 0.965), (3, 0.975)]
 
 
+def test_an_event_of_several_steps_says_how_many_and_gives_one_steps_time(tmp_path):
+    """A very fast script's steps, sent a few at a time by the hooks: the CSV row says how
+    many (``steps``) beside their summed time; TensorBoard's step time is one step's."""
+    fields = {"run": "r", "rank": 0, "epoch": 0, "samples_per_s": 8 / 0.001}
+    events = [
+        protocol.Step(**fields, seq=0, t=1.0, step=1, samples=8, step_time=0.001),
+        protocol.Step(**fields, seq=1, t=2.0, step=5, samples=32, step_time=0.004, steps=4),
+    ]
+    target = tmp_path / "out.csv"
+    with open(target, "w") as out:
+        export.write_csv(events, out)
+    rows = _read_csv(target)
+    assert [(r["step"], r["steps"], r["samples"], r["step_time"]) for r in rows] == [
+        ("1", "1", "8", "0.001"), ("5", "4", "32", "0.004"),
+    ]  # fmt: skip
+    times = [value for tag, value, *_ in export.tensorboard_scalars(events) if "step_time" in tag]
+    assert times == pytest.approx([0.001, 0.001])
+
+
 def test_tensorboard_scalars_keep_each_evaluation_of_an_epoch():
     """Evaluating every N steps: each evaluation once (every rank reports it), at its epoch."""
     events = [

@@ -587,6 +587,75 @@ def test_gpu_steps_beyond_the_pending_limit_go_without_phases_only_while_on_the_
     assert [log["loss"] for log in logs] == pytest.approx(losses)
 
 
+def _fast_steps(inst, n, epochs=None, slow=()):
+    """``n`` steps of 0.8 ms of the fake clock (0.5 ms the first: no data before it); each
+    step's loss and batch size. ``epochs``: the epoch each step is in; ``slow``: the steps
+    that take 6 ms more."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock, forward_s=0.0001, backward_s=0.0002))
+    opt = timed_sgd(model.parameters(), clock, seconds=0.0001)
+    losses = []
+    for i in range(n):
+        if epochs is not None:
+            inst._epoch = epochs[i]
+        batch = 3 + i % 4
+        between = 0.006 if i in slow else 0.0
+        loss = train_step(
+            model, opt, clock, batch=batch, data_s=0.0003, between_s=between, other_s=0.0001
+        )
+        losses.append((loss.item(), batch))
+    return losses
+
+
+def test_very_fast_steps_go_a_few_at_a_time_with_their_sums_and_mean_loss(inst):
+    """Steps under MERGE_BELOW_S found ready together go as one event of up to MERGE_S of
+    their time: how many it holds, their samples, time and phases summed, the last one's
+    loss (a step's own, at its number). The first step goes alone (the rank's first sign of
+    training)."""
+    inst._drainer.stop()  # no thread: the steps wait until the flush, as in a busy interval
+    steps = _fast_steps(inst, 70)
+    inst.flush()
+    logs = inst.fake.logs
+    counts = [log.get("steps", 1) for log in logs]
+    assert counts[0] == 1 and sum(counts) == 70 and len(logs) < 10
+    assert sum(log["samples"] for log in logs) == sum(batch for _, batch in steps)
+    at = 0
+    for log, count in zip(logs, counts, strict=True):
+        mine = steps[at : at + count]
+        at += count
+        assert log["samples"] == sum(batch for _, batch in mine)
+        assert log["loss"] == mine[-1][0]
+        assert log["step_time"] == pytest.approx(sum(log["phases"].values()))
+        assert log["step_time"] <= instrument.MERGE_S + 1e-12
+        if count > 1:
+            assert log["step_time"] == pytest.approx(0.0008 * count)
+    for log, following in zip(logs[1:-1], logs[2:], strict=True):  # full but the last
+        one = following["step_time"] / following["steps"]
+        assert log["step_time"] + one > instrument.MERGE_S
+
+
+def test_fast_steps_of_two_epochs_or_slow_ones_go_apart(inst, monkeypatch):
+    """An event's steps are of one epoch; a step of MERGE_BELOW_S or more goes alone, after
+    the steps before it (it went ahead of them once: their losses a group late)."""
+    inst._drainer.stop()
+    _fast_steps(inst, 9, epochs=[0, 0, 0, 0, 1, 1, 1, 1, 1])
+    inst.flush()
+    assert [(log["epoch"], log.get("steps", 1)) for log in inst.fake.logs] == [
+        (0, 1), (0, 3), (1, 5),
+    ]  # fmt: skip
+    inst.fake.logs.clear()
+    steps = _fast_steps(inst, 8, slow=(3, 6))  # a slow step ends the group before it
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log.get("steps", 1) for log in logs] == [3, 1, 2, 1, 1]
+    assert [log["loss"] for log in logs] == [steps[i][0] for i in (2, 3, 5, 6, 7)]
+    monkeypatch.setattr(instrument, "MERGE_BELOW_S", 0.0008)  # the steps are 0.8 ms
+    inst.fake.logs.clear()
+    _fast_steps(inst, 4)
+    inst.flush()
+    assert [log.get("steps", 1) for log in inst.fake.logs] == [1, 1, 1, 1]
+
+
 def test_cpu_steps_beyond_the_gpu_pending_limit_keep_their_loss_and_phases(inst, monkeypatch):
     """Many fast CPU steps in one drainer interval: their values are on the host, and each
     goes with its loss and phases. Only beyond the host bound do the oldest go without."""

@@ -617,7 +617,7 @@ def test_an_event_that_cannot_be_sent_is_dropped_alone(collector, monkeypatch):
     try:
         with rep._lock:  # all in one batch, as the sender thread makes them
             for i in range(6):
-                rep._steps.append((time.time(), i + 1, None, 1.0, 4, None, None, {}, None))
+                rep._steps.append((time.time(), i + 1, None, 1.0, 4, None, None, {}, None, 1))
             rep._make_steps()
             rep._flush(time.monotonic())
         events = drain(collector, 5)

@@ -219,6 +219,44 @@ def ddp_step(rank, seq, step_no, t, step_time, samples=8, comm=0.02):
     return msgspec.structs.replace(event, phases=phases)
 
 
+def test_an_event_of_several_fast_steps_counts_each_of_them():
+    """The hooks send a very fast script's steps a few at a time (``steps``): each is a step
+    of its epoch and of the run, the step time shown is one step's (the table read 15 ms for
+    1 ms steps, the time of an event), and where two ranks
+    group their steps differently the run's time is still each step's least over the
+    ranks (8 steps of 1 ms: 8 ms, not the 16 ms of both ranks' sums)."""
+    s = RunState("r", 2)
+    for rank in (0, 1):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+    groups = {0: [(1, 1), (4, 3), (8, 4)], 1: [(1, 1), (5, 4), (8, 3)]}  # (last step, steps)
+    for rank, events in groups.items():
+        for seq, (last, count) in enumerate(events, start=1):
+            t = last * 0.001
+            event = ddp_step(rank, seq, last, t, 0.001 * count, samples=8 * count, comm=0.0)
+            event = msgspec.structs.replace(event, steps=count, samples_per_s=8 / 0.001)
+            s.apply(event, now=t)
+    view = s.ranks[1]
+    assert view.steps_in_epoch == 8 and view.samples_total == 64
+    assert view.step_time == pytest.approx(0.001)  # one step's, of the 3 in its last event
+    assert list(view.recent_step_times) == pytest.approx([0.001] * 3)
+    assert view.recent_step_time() == pytest.approx(0.001)  # the table's: not 8 ms / 3 events
+    assert view.recent_rate() == pytest.approx(8 / 0.001)
+    assert s.lockstep_time == pytest.approx(0.008)
+    assert s.final_samples_per_s() == pytest.approx(128 / 0.008)
+
+
+def test_a_step_event_stands_for_one_step_unless_it_says_more():
+    line = (
+        b'{"kind":"step","v":1,"run":"r","rank":0,"t":1.0,"seq":0,"step":3,"samples":8,'
+        b'"step_time":0.5}'
+    )
+    assert protocol.from_json(line).steps == 1  # as every step event before the field
+    for bad in (0, -1, protocol.MAX_STEPS_PER_EVENT + 1, 1.5, "2", True):
+        forged = line[:-1] + b',"steps":' + msgspec.json.encode(bad) + b"}"
+        with pytest.raises(protocol.InvalidEvent):
+            protocol.from_json(forged)
+
+
 @pytest.mark.parametrize("renumbered", [False, True])
 def test_a_ranks_wait_inside_a_step_for_rank_0s_checkpoint_is_no_time_the_run_stepped(
     renumbered,

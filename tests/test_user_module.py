@@ -163,7 +163,8 @@ def test_a_module_runs_on_every_rank_as_python_m_runs_it(tmp_path, monkeypatch, 
     assert result is not None and result.ok, result
     assert leftover == []
     events = read_events(session.run_dir)
-    assert sum(e["kind"] == "step" for e in events) == 2 * 3 * 2  # two ranks, 3 x --times 2
+    steps = sum(e["steps"] for e in events if e["kind"] == "step")
+    assert steps == 2 * 3 * 2  # two ranks, 3 x --times 2
     for rank in (0, 1):
         log = (session.run_dir / f"rank-{rank}.log").read_text()
         assert "as-module __main__ mypkg train.py True False" in log, log

@@ -485,12 +485,14 @@ class Reporter:
         phases: dict[str, float] | None,
         loss: float | None,
         rated: bool = True,
+        steps: int = 1,
     ) -> None:
         """A step that ended at ``now`` (``time.monotonic``) and ``wall`` (``time.time``),
         logged later (the zero-code instrumentation's steps, from its drainer thread, which
         calls :meth:`flush` itself: the sender thread is not woken for them). ``rated``
         False: its time is no measure of its rate (no samples/s is derived from it).
-        ``step_time`` None: not known (a first step whose beginning nothing saw)."""
+        ``step_time`` None: not known (a first step whose beginning nothing saw). ``steps``
+        more than 1: that many steps in one event (see ``protocol.Step.steps``)."""
         self._log_step(
             now,
             wall,
@@ -504,6 +506,7 @@ class Reporter:
             values=None,
             poke=False,
             rated=rated,
+            count=steps,
         )
 
     def _log_step(
@@ -520,6 +523,7 @@ class Reporter:
         values: dict[str, Any] | None,
         poke: bool = True,
         rated: bool = True,
+        count: int = 1,
     ) -> None:
         if self._socket is None:
             return
@@ -537,8 +541,8 @@ class Reporter:
             samples = 0 if samples is None else (_whole("samples", samples) or 0)
         if step is not None and (type(step) is not int or not 0 <= step <= _INT_MAX):
             step = _whole("step", step)
-        self.steps_logged += 1
-        self._step = step if step is not None else self._step + 1
+        self.steps_logged += count
+        self._step = step if step is not None else self._step + count
         if step_time is not None and not (
             type(step_time) is float and 0.0 <= step_time <= protocol.MAX_SECONDS
         ):
@@ -575,6 +579,7 @@ class Reporter:
             step_time,
             metrics,
             phases,
+            count,
         )
         if read is None and not self._pending:
             # Off the step path: the sender thread makes the event and sends it.
@@ -598,7 +603,7 @@ class Reporter:
         steps, batch = self._steps, self._batch
         run, rank, attempt = self.run_id, self.rank, self.attempt
         while steps:
-            t, step, epoch, loss, samples, samples_per_s, step_time, metrics, phases = (
+            t, step, epoch, loss, samples, samples_per_s, step_time, metrics, phases, count = (
                 steps.popleft()
             )
             batch.append(
@@ -616,6 +621,7 @@ class Reporter:
                     step_time=step_time,
                     metrics=metrics,
                     phases=phases,
+                    steps=count,
                 )
             )
             self._seq += 1

@@ -1058,7 +1058,7 @@ def growth_diagnosis(rate: float, free: int | None, t: float) -> Diagnosis:
         None,
         "record_growth",
         f"events.jsonl grows {rate / mib:,.1f} MiB a second ({rate * 3600 / gib:,.1f} GiB an "
-        f"hour; a line a step a rank){left}, and a full disk stops the run. Fewer, longer "
+        f"hour; a line an event){left}, and a full disk stops the run. Fewer, longer "
         "steps, or ddptui.log every Nth step (its calls replace the hooks' steps), keep it small",
         t,
     )

@@ -213,11 +213,12 @@ class RankView:
         default_factory=lambda: deque(maxlen=SERIES_LENGTH)
     )
     recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
-    #: Its recent timed steps with a rate: ``(arrival, samples at that rate, seconds)``, and
-    #: their sums (see :meth:`note_rate`).
-    rate_window: deque[tuple[float, float, float]] = field(default_factory=deque)
+    #: Its recent timed step events with a rate: ``(arrival, samples at that rate, seconds,
+    #: steps)``, and their sums (see :meth:`note_rate`).
+    rate_window: deque[tuple[float, float, float, int]] = field(default_factory=deque)
     _rate_samples: float = field(default=0.0, repr=False)
     _rate_time: float = field(default=0.0, repr=False)
+    _rate_steps: int = field(default=0, repr=False)
     _rate_notes: int = field(default=0, repr=False)
     #: The latest step's phases in seconds (built-in and custom), when the rank sends them.
     phases: dict[str, float] | None = None
@@ -307,32 +308,36 @@ class RankView:
             return self.samples_timed / self.time_stepping
         return self.samples_per_s
 
-    def note_rate(self, now: float, rate: float, seconds: float) -> None:
-        """A step of ``seconds`` at ``rate`` samples/s arrived at ``now``: into the window,
+    def note_rate(self, now: float, rate: float, seconds: float, steps: int = 1) -> None:
+        """A step event of ``seconds`` at ``rate`` samples/s (``steps`` steps: see
+        ``protocol.Step.steps``) arrived at ``now``: into the window,
         and the steps older than :data:`RATE_WINDOW_S` before it out (a step's cost is the
         same however many the window holds: reads are a division)."""
         window = self.rate_window
         done = rate * seconds
-        window.append((now, done, seconds))
+        window.append((now, done, seconds, steps))
         samples, spent = self._rate_samples + done, self._rate_time + seconds
+        counted = self._rate_steps + steps
         since = now - RATE_WINDOW_S
         if window[0][0] < since or len(window) > RATE_WINDOW_STEPS:
             lost = False  # a step left that outweighed what stays: the sums' digits went with it
             while window[0][0] < since or len(window) > RATE_WINDOW_STEPS:
-                _, gone, gone_s = window.popleft()
+                _, gone, gone_s, gone_n = window.popleft()
                 samples -= gone
                 spent -= gone_s
+                counted -= gone_n
                 lost = lost or gone > samples or gone_s > spent
             self._rate_notes += 1
             if lost or self._rate_notes >= _RATE_RESUM:  # else only rounding, slowly
                 self._rate_notes = 0
                 samples = sum(entry[1] for entry in window)
                 spent = sum(entry[2] for entry in window)
-        self._rate_samples, self._rate_time = samples, spent
+        self._rate_samples, self._rate_time, self._rate_steps = samples, spent, counted
 
     def forget_rates(self) -> None:
         self.rate_window.clear()
         self._rate_samples = self._rate_time = 0.0
+        self._rate_steps = 0
 
     def recent_rate(self) -> float | None:
         """Samples/s of its latest steps: over those that arrived within
@@ -349,7 +354,7 @@ class RankView:
         window = self.rate_window
         if len(window) < 2 or self._rate_time <= 0.0:
             return self.step_time
-        return self._rate_time / len(window)
+        return self._rate_time / self._rate_steps  # the window's events may hold several
 
     def rate_at(self, now: float | None) -> float | None:
         """Samples/s at ``now``: the rate of its latest steps while they keep coming (see
@@ -629,7 +634,8 @@ class RunState:
                 self.epoch_base = 0
         elif ev.epoch is not None and ev.epoch == view.ended_epoch:
             self._epoch_reopened(view)
-        view.steps_in_epoch += 1
+        count = ev.steps  # more than 1: a fast script's steps in one event (its last's number)
+        view.steps_in_epoch += count
         if stepped and view.step_offset + ev.step <= view.step:
             self.steps_unordered = True  # a step again: its least time is no step's own
         view.step = view.step_offset + ev.step
@@ -647,10 +653,11 @@ class RunState:
                     view.pauses.append((start, now, ev.samples_per_s))
             series.append((now, ev.samples_per_s))
             if ev.step_time:  # a rate with its time: the recent rate weighs it by that
-                view.note_rate(now, ev.samples_per_s, ev.step_time)
+                view.note_rate(now, ev.samples_per_s, ev.step_time, count)
         if ev.step_time is not None:
-            view.step_time = ev.step_time
-            view.recent_step_times.append(ev.step_time)
+            each = ev.step_time if count == 1 else ev.step_time / count
+            view.step_time = each
+            view.recent_step_times.append(each)
             view.time_stepping += ev.step_time
             view.samples_timed += ev.samples
             # One step of the run is one step number of one attempt on every rank (after a
@@ -663,15 +670,11 @@ class RunState:
                 first = self._first_steps.setdefault(view.attempt, (key, ev.step_time))
                 if first[0] == key and ev.step_time < first[1]:
                     self._first_steps[view.attempt] = (key, ev.step_time)
-            least = self._least_step_time.get(key)
-            if least is None:
-                self._least_step_time[key] = ev.step_time
-                self.lockstep_time += ev.step_time
-                if len(self._least_step_time) > SERIES_LENGTH:  # the oldest step first in
-                    del self._least_step_time[next(iter(self._least_step_time))]
-            elif ev.step_time < least:
-                self._least_step_time[key] = ev.step_time
-                self.lockstep_time -= least - ev.step_time
+            if count == 1:
+                self._lockstep(key, ev.step_time)
+            else:  # each of its steps, at their mean time (ranks group their steps apart)
+                for number in range(max(0, ev.step - count + 1), ev.step + 1):
+                    self._lockstep((view.attempt, number), each)
         phases = getattr(ev, "phases", None)
         if phases:
             if not self.lockstep and "comm" in phases:
@@ -679,6 +682,19 @@ class RunState:
             view.phases = phases
             self.phase_history.add(view.rank, phases)
         view.still_since, view.cpu_since, view.io_since = now, view.cpu, view.io  # progress
+
+    def _lockstep(self, key: tuple[int, int], seconds: float) -> None:
+        """One rank's time for the step ``key`` (attempt, step): the least over the ranks is
+        the run's time for it (:attr:`lockstep_time`)."""
+        least = self._least_step_time.get(key)
+        if least is None:
+            self._least_step_time[key] = seconds
+            self.lockstep_time += seconds
+            if len(self._least_step_time) > SERIES_LENGTH:  # the oldest step first in
+                del self._least_step_time[next(iter(self._least_step_time))]
+        elif seconds < least:
+            self._least_step_time[key] = seconds
+            self.lockstep_time -= least - seconds
 
     def _count_loss(self, view: RankView, loss: float) -> None:
         """Count a rank's loss at its step into :attr:`loss_steps` (call before appending it to

@@ -3,9 +3,13 @@ and TensorBoard.
 
 - CSV: one row per ``step`` or ``eval`` event of the run, in file order (``-`` writes to
   stdout). Columns: ``kind, rank, t, seq, epoch, step, loss, samples, samples_per_s,
-  step_time, accuracy, eval_loss, count, metrics`` (the extra metrics as a JSON object).
+  step_time, accuracy, eval_loss, count, metrics, steps`` (the extra metrics as a JSON
+  object; ``steps``: how many optimizer steps a step row stands for, more than 1 where the
+  hooks sent a very fast script's steps a few at a time: ``step`` is the last one's, its
+  ``samples`` and ``step_time`` their sums, its ``loss`` the last one's).
 - TensorBoard (``pip install 'ddptui[tensorboard]'``): scalars per rank
-  (``rank{N}/loss``, ``rank{N}/samples_per_s``, ``rank{N}/step_time`` and every numeric extra
+  (``rank{N}/loss``, ``rank{N}/samples_per_s``, ``rank{N}/step_time`` (one step's: a row of
+  several steps gives their mean) and every numeric extra
   metric, such as ``rank{N}/lr``) against the rank's step, and for the whole run
   (``global/loss``: mean over the ranks that logged that step, ``global/samples_per_s``: sum
   over them, ``global/eval_accuracy`` and ``global/eval_loss`` against the epoch: the
@@ -55,6 +59,7 @@ CSV_COLUMNS = (
     "eval_loss",
     "count",
     "metrics",
+    "steps",
 )
 TENSORBOARD_HINT = "pip install 'ddptui[tensorboard]'"
 
@@ -121,7 +126,7 @@ def csv_row(event: protocol.AnyEvent) -> tuple | None:
             eval_loss,
             count,
         )
-    ) + (metrics,)
+    ) + (metrics, event.steps if isinstance(event, protocol.Step) else "")
 
 
 def write_csv(events: Iterable[protocol.AnyEvent], out: TextIO) -> int:
@@ -177,10 +182,13 @@ def tensorboard_scalars(
     for event in events:
         if isinstance(event, protocol.Step):
             prefix, step, t = f"rank{event.rank}/", event.step, event.t
+            step_time = event.step_time
+            if step_time is not None and event.steps > 1:  # several steps' time: one's
+                step_time /= event.steps
             for name, value in (
                 ("loss", event.loss),
                 ("samples_per_s", event.samples_per_s),
-                ("step_time", event.step_time),
+                ("step_time", step_time),
                 *sorted(event.metrics.items()),
             ):
                 number = _number(value)
