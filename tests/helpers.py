@@ -45,6 +45,17 @@ def read_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def step_numbers(events: list[dict], rank: int | None = None) -> list[int]:
+    """The numbers of every step the step events (of ``rank``, or all) stand for, in order:
+    an event of several very fast steps (``steps``) stands for those up to its own number."""
+    return [
+        number
+        for e in events
+        if e["kind"] == "step" and (rank is None or e["rank"] == rank)
+        for number in range(e["step"] - e.get("steps", 1) + 1, e["step"] + 1)
+    ]
+
+
 def drain(collector, until, rounds=200):
     """Poll a collector until ``until(events)`` holds, or ``rounds`` polls in a row (of
     0.05 s) found nothing more; the events received."""

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers import ROOT, prestarted_by, processes_of_run, read_events
+from tests.helpers import ROOT, prestarted_by, processes_of_run, read_events, step_numbers
 
 SCRIPTS = ROOT / "tests" / "scripts" / "realworld"
 #: The most seconds one run may take before it is killed (a hang verdict that never comes).
@@ -90,13 +90,8 @@ class RunResult:
         return [e for e in self.events if e["kind"] == "step" and e["rank"] == rank]
 
     def step_numbers(self, rank: int) -> list[int]:
-        """The numbers of every step ``rank``'s step events stand for, in order (an event
-        of several fast steps stands for those up to its own number)."""
-        return [
-            number
-            for e in self.steps(rank)
-            for number in range(e["step"] - e["steps"] + 1, e["step"] + 1)
-        ]
+        """The numbers of every step ``rank``'s step events stand for, in order."""
+        return step_numbers(self.events, rank)
 
     @property
     def facts(self) -> dict[int, dict]:

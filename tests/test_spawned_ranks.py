@@ -14,7 +14,7 @@ from ddptui import protocol
 from ddptui.rank.reporter import Reporter
 from ddptui.run.collector import Collector
 from ddptui.run.state import RunState
-from tests.helpers import drain, processes_of_run
+from tests.helpers import drain, processes_of_run, read_events, step_numbers
 
 
 def started(rank, world_size, state="started", run="r"):
@@ -242,8 +242,7 @@ def test_workers_that_meet_at_torchruns_endpoint_train_under_ddptuis_torchrun(tm
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (run_dir / "rank-0.log").read_text()
     assert "worker 0 done" in log and "worker 1 done" in log
-    events = (run_dir / "events.jsonl").read_text().splitlines()
-    assert sum('"kind":"step"' in line for line in events) == 6  # 3 steps x 2 workers
+    assert len(step_numbers(read_events(run_dir))) == 6  # 3 steps x 2 workers
 
 
 SHARING_SCRIPT = """
