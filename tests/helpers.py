@@ -45,6 +45,20 @@ def read_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def wait_for_steps(run_dir: Path, more_than: int, timeout: float = 90.0) -> str:
+    """Wait until the run in ``run_dir`` has recorded more than ``more_than`` step events;
+    its run id (fails the test when it never does)."""
+    stepped = wait_until(
+        lambda: (
+            (run_dir / "events.jsonl").exists()
+            and sum(e["kind"] == "step" for e in read_events(run_dir)) > more_than
+        ),
+        timeout,
+    )
+    assert stepped, f"the ranks never stepped ({run_dir})"
+    return read_events(run_dir)[0]["run"]
+
+
 def step_numbers(events: list[dict], rank: int | None = None) -> list[int]:
     """The numbers of every step the step events (of ``rank``, or all) stand for, in order:
     an event of several very fast steps (``steps``) stands for those up to its own number."""

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from ddptui.run.signals import DEFERRED, teardown_signals
-from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
+from tests.helpers import USER_SCRIPT, processes_of_run, wait_for_steps
 
 
 def test_sighup_tears_down_unless_ignored():
@@ -87,15 +87,7 @@ def test_headless_run_whose_terminal_hangs_up_is_torn_down_with_its_summary(tmp_
     os.close(slave)
     run_id = None
     try:
-        stepped = wait_until(
-            lambda: (
-                (run_dir / "events.jsonl").exists()
-                and sum(e["kind"] == "step" for e in read_events(run_dir)) > 5
-            ),
-            90,
-        )
-        assert stepped, "the rank never stepped"
-        run_id = read_events(run_dir)[0]["run"]
+        run_id = wait_for_steps(run_dir, 5)
         os.close(master)  # the terminal goes away: SIGHUP to its session's leader
         master = None
         assert proc.wait(timeout=60) == 128 + signal.SIGHUP

@@ -17,7 +17,7 @@ from ddptui.run.launcher import Launcher, wait_for
 from ddptui.run.machine import Machine
 from ddptui.run.rundir import load_run
 from ddptui.run.session import RunSession
-from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_until
+from tests.helpers import USER_SCRIPT, processes_of_run, read_events, wait_for_steps, wait_until
 
 pytestmark = pytest.mark.slow
 CPU = Machine(0, "no CUDA", 2)
@@ -252,15 +252,7 @@ def test_ctrl_c_in_headless_mode_stops_every_worker(tmp_path):
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        stepped = wait_until(
-            lambda: (
-                (run_dir / "events.jsonl").exists()
-                and sum(e["kind"] == "step" for e in read_events(run_dir)) > 10
-            ),
-            90,
-        )
-        assert stepped, "ranks never stepped"
-        run_id = read_events(run_dir)[0]["run"]
+        run_id = wait_for_steps(run_dir, 10)
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
         out, _ = proc.communicate(timeout=30)
     finally:

@@ -63,6 +63,21 @@ async def _wait(pilot, predicate, timeout: float = 5.0) -> None:
     await pilot_until(pilot, predicate, timeout)
 
 
+def _starting(app, tmp_path):
+    """``app``, made to launch a run at once (as ``ddptui --start`` does)."""
+    app.start_at_once = True
+    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    return app
+
+
+async def _started(pilot, app) -> LiveSource:
+    """The run the app launched at once, once its session has started."""
+    await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
+    source = app.screen.source
+    await _wait(pilot, lambda: source.started.is_set())
+    return source
+
+
 # -- the form -------------------------------------------------------------------------------
 async def test_form_shows_the_clis_own_messages(tmp_path):
     app = _app(tmp_path)
@@ -177,12 +192,9 @@ async def test_launch_stop_back_and_quit(tmp_path):
 
 async def test_quit_while_live_asks_then_stops_every_worker(tmp_path):
     app = _app(tmp_path, raw={"run_dir": str(tmp_path / "r")})
-    app.start_at_once = True
-    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    _starting(app, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
-        source = app.screen.source
-        await _wait(pilot, lambda: source.started.is_set())
+        source = await _started(pilot, app)
         await pilot.press("q")
         await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("n")  # changed my mind: the run goes on
@@ -212,12 +224,9 @@ async def test_a_signal_stops_the_live_run_as_interrupted_and_exits_with_its_cod
     app = _app(tmp_path)
     app.deps.catch_signals = True
     app.deps.hard_exit = exits.append
-    app.start_at_once = True
-    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    _starting(app, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
-        source = app.screen.source
-        await _wait(pilot, lambda: source.started.is_set())
+        source = await _started(pilot, app)
         os.kill(os.getpid(), sig)
         await _wait(pilot, lambda: source.done.is_set())
         if sig == signal.SIGHUP:
@@ -263,12 +272,9 @@ def _session_threads(session: FakeSession) -> set[str]:
 
 async def test_every_session_call_is_on_its_driving_thread(tmp_path):
     app = _app(tmp_path)
-    app.start_at_once = True
-    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    _starting(app, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
-        source = app.screen.source
-        await _wait(pilot, lambda: source.started.is_set())
+        source = await _started(pilot, app)
         await pilot.press("s")
         await _wait(pilot, lambda: source.done.is_set())
     app.stop_everything(timeout=5)
@@ -287,12 +293,9 @@ async def test_quitting_never_closes_the_socket_from_another_thread(tmp_path):
         return sessions[-1]
 
     app = primed_app("run", deps=fake_deps(session_factory=factory, refresh_hz=4.0))
-    app.start_at_once = True
-    app.cfg = build_config({"run_dir": str(tmp_path / "r"), "backend": "gloo"})
+    _starting(app, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await _wait(pilot, lambda: isinstance(app.screen, RunScreen))
-        source = app.screen.source
-        await _wait(pilot, lambda: source.started.is_set())
+        source = await _started(pilot, app)
     # The app has gone; its worker is told to stop and hangs in the session's stop().
     session = sessions[0]
     assert session.stopping.wait(10)
