@@ -2528,6 +2528,7 @@ class Instrument:
         self._draining = me
         sent = False
         group: list[tuple[Any, ...]] = []  # fast steps that go as one event (see MERGE_BELOW_S)
+        grouped = 0.0  # their time
         try:
             while pending:
                 if not (self._first_released or final or self.explicit):
@@ -2555,11 +2556,12 @@ class Instrument:
                 pending.popleft()
                 step = (epoch, samples, step_time, phases, loss, now, wall)
                 mergeable = self._mergeable(step_time)
-                if group and not (mergeable and self._joins_group(group, step)):
+                if group and not (mergeable and self._joins_group(group, grouped, step)):
                     self._deliver_group(group)  # in order: the group's steps came first
-                    group = []
+                    group, grouped = [], 0.0
                 if mergeable:
                     group.append(step)
+                    grouped += step_time
                 else:
                     self._deliver(*step)
                 sent = True
@@ -2580,17 +2582,16 @@ class Instrument:
         )
 
     @staticmethod
-    def _joins_group(group: list[tuple[Any, ...]], step: tuple[Any, ...]) -> bool:
+    def _joins_group(group: list[tuple[Any, ...]], grouped: float, step: tuple[Any, ...]) -> bool:
         """Whether ``step`` (a mergeable one) goes in the same event as the steps of
-        ``group``: of the same epoch, with phases as they have them or not, and within
-        MERGE_S of step time."""
+        ``group`` (``grouped`` seconds of them): of the same epoch, with phases as they have
+        them or not, and within MERGE_S of step time."""
         first = group[0]
-        step_time = step[2]
         return (
             step[0] == first[0]
             and (step[3] is None) == (first[3] is None)
             and len(group) < MAX_STEPS_PER_EVENT
-            and sum(member[2] for member in group) + step_time <= MERGE_S
+            and grouped + step[2] <= MERGE_S
         )
 
     def _deliver_group(self, group: list[tuple[Any, ...]]) -> None:
