@@ -634,6 +634,25 @@ def test_very_fast_steps_go_a_few_at_a_time_with_their_sums_and_mean_loss(inst):
         assert log["step_time"] + one > instrument.MERGE_S
 
 
+def test_fast_gpu_steps_go_a_few_at_a_time_once_the_device_has_passed_them(inst):
+    """On a GPU the steps are grouped as they become readable: their device phases summed,
+    the last one's loss, nothing read before the device has passed it."""
+    inst._drainer.stop()
+    done = [False]
+    inst.torch = FakeTorch(inst.fake_clock, done)
+    inst._cuda = "cuda:0"
+    steps = _fast_steps(inst, 12)
+    inst.send_ready()
+    assert inst.fake.logs == []  # on the device still
+    done[0] = True
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log.get("steps", 1) for log in logs] == [1, 11]
+    assert logs[1]["loss"] == steps[-1][0]
+    assert logs[1]["samples"] == sum(batch for _, batch in steps[1:])
+    assert sum(logs[1]["phases"].values()) == pytest.approx(0.0008 * 11)
+
+
 def test_fast_steps_of_two_epochs_or_slow_ones_go_apart(inst, monkeypatch):
     """An event's steps are of one epoch; a step of MERGE_BELOW_S or more goes alone, after
     the steps before it (it went ahead of them once: their losses a group late)."""
