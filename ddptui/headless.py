@@ -55,7 +55,7 @@ def phase_table(state: RunState) -> list[str]:
         return []
     width = max(len(p) for p in PHASES) + 1
     lines = [
-        f"phases (median share of the step over the last {history.window} steps):",
+        f"phases (median share of the step over the last {history.covered()} steps):",
         "rank  " + "".join(f"{p:>{width}}" for p in PHASES),
     ]
     for rank in ranks:

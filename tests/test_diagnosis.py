@@ -64,6 +64,27 @@ def history(per_rank, steps=10):
     return h
 
 
+def test_the_phase_window_says_how_many_steps_it_stands_for():
+    """The phase bars and the headless table name the steps their medians are over: the
+    window's length while steps come one an event (fewer at first), and the steps its events
+    hold where a very fast script's events hold several ("last 30 steps" read for 30 events
+    of up to 31 steps each)."""
+    h = PhaseHistory(window=4)
+    assert h.covered() == 0
+    h.add(0, VICTIM)
+    h.add(1, VICTIM)
+    assert h.covered() == 1
+    for _ in range(5):
+        h.add(0, VICTIM)
+    assert h.covered() == 4
+    for steps in (3, 5):
+        h.add(1, VICTIM, steps)
+    assert h.covered() == 1 + 3 + 5
+    for _ in range(4):
+        h.add(1, VICTIM, 20)
+    assert h.covered() == 80
+
+
 @pytest.mark.parametrize(
     "per_rank, rank, cause, words",
     [

@@ -131,9 +131,13 @@ class PhaseHistory:
         #: old (the bars) takes the straggler rule's, computed a moment before.
         self._medians: dict[int, tuple[tuple[float, ...], float]] = {}
         self._changed: set[int] = set()
+        #: Per rank whose window holds an event of several steps (a very fast script's, see
+        #: ``protocol.Step.steps``), how many steps each of its window's events stands for.
+        self._counts: dict[int, deque[int]] = {}
 
-    def add(self, rank: int, phases: Mapping[str, float] | None) -> None:
-        """One step's (or one explicit log's) phases in seconds."""
+    def add(self, rank: int, phases: Mapping[str, float] | None, steps: int = 1) -> None:
+        """One step's (or one explicit log's) phases in seconds; ``steps``: how many steps
+        they are the sums of."""
         if not phases:
             return
         get = phases.get
@@ -153,8 +157,24 @@ class PhaseHistory:
         window = self._shares.get(rank)
         if window is None:
             window = self._shares[rank] = deque(maxlen=self.window)
+        counts = self._counts.get(rank)
+        if counts is None and steps > 1:
+            counts = self._counts[rank] = deque([1] * len(window), maxlen=self.window)
+        if counts is not None:
+            counts.append(steps)
         window.append(tuple([value / total for value in seconds]))
         self._changed.add(rank)
+
+    def covered(self) -> int:
+        """The most steps a rank's window stands for: what the medians are over (the window's
+        length, or more where a very fast script's events each hold several steps)."""
+        if not self._shares:
+            return 0
+        counts = self._counts
+        return max(
+            sum(counts[rank]) if rank in counts else len(window)
+            for rank, window in self._shares.items()
+        )
 
     def steps(self, rank: int) -> int:
         return len(self._shares.get(rank, ()))

@@ -680,7 +680,7 @@ class RunState:
             if not self.lockstep and "comm" in phases:
                 self.lockstep = True
             view.phases = phases
-            self.phase_history.add(view.rank, phases)
+            self.phase_history.add(view.rank, phases, count)
         view.still_since, view.cpu_since, view.io_since = now, view.cpu, view.io  # progress
 
     def _lockstep(self, key: tuple[int, int], seconds: float) -> None:

@@ -48,7 +48,7 @@ def phase_bars(state: RunState, width: int = 40, max_bars: int = MAX_BARS) -> Te
         text.append("█", style=PHASE_STYLES[phase])
         text.append(f" {phase}  ")
     # Short enough that the legend stays one line at 120 columns (with a scrollbar beside it).
-    text.append(f"(median share, last {history.window} steps)", style="dim")
+    text.append(f"(median share, last {history.covered()} steps)", style="dim")
     for rank in sorted(shown):
         text.append(f"\nrank {rank:>3} ")
         cells = 0
