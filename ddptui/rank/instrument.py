@@ -434,8 +434,8 @@ class CudaStepRead:
         marks: list[tuple[str, Any]],
         losses: list[Any],
         custom: dict,
-        scale: int = 1,
-        count: int | None = None,
+        scale: int,
+        count: int,
     ) -> None:
         self._marks = marks  # [("start", ev0), (phase, ev1), ...]: phase = ev(i-1) -> ev(i)
         self._losses = losses  # pinned host copies (or floats already read)
@@ -472,8 +472,8 @@ class LossRead:
         event: Any,
         losses: list[Any],
         phases: dict[str, float] | None,
-        scale: int = 1,
-        count: int | None = None,
+        scale: int,
+        count: int,
     ) -> None:
         self._event = event
         self._losses = losses  # pinned host copies (or floats already read)
@@ -2810,7 +2810,7 @@ _AFTER_GRAD = {
 _AFTER_GRAD["closure_post"] = "optimizer"
 
 
-def _mean_item(values: list[Any], scale: int = 1, count: int | None = None) -> float | None:
+def _mean_item(values: list[Any], scale: int, count: int) -> float | None:
     """The mean of a step's ``count`` CPU losses (``values``: the tensors, the first maybe
     the sum of several, see ``Instrument._keep_loss``), times ``scale`` (each was divided by
     it: see ``_finish_step``); None if one cannot be read."""
@@ -2820,17 +2820,17 @@ def _mean_item(values: list[Any], scale: int = 1, count: int | None = None) -> f
         return None
 
 
-def _host_loss(copies: list[Any], scale: int, count: int | None = None) -> float | None:
+def _host_loss(copies: list[Any], scale: int, count: int) -> float | None:
     """A step's loss from its host copies (pinned tensors the device has filled, or floats
     read already): as :func:`_mean_item`; None without any."""
     losses = [h if type(h) is float else float(h.item()) for h in copies]
     return _loss_mean(losses, scale, count) if losses else None
 
 
-def _loss_mean(losses: list[float], scale: int, count: int | None) -> float:
+def _loss_mean(losses: list[float], scale: int, count: int) -> float:
     """The mean of ``count`` losses whose values (some of them sums) are ``losses``, times
     ``scale``; unfolded, exactly their mean."""
-    if count is None or count == len(losses):
+    if count == len(losses):
         return _mean(losses) * scale
     return sum(losses) / count * scale
 
