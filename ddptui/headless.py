@@ -31,7 +31,7 @@ from ddptui.formatting import (
 from ddptui.monitor import SystemMonitor, preflight
 from ddptui.run.diagnosis import Diagnosis
 from ddptui.run.options import RunConfig, resume_command
-from ddptui.run.rundir import RunDirError
+from ddptui.run.rundir import RunDirError, tail_lines
 from ddptui.run.session import RunSession
 from ddptui.run.signals import Interrupted, signals_deferred, signals_interrupt
 from ddptui.run.state import RunState
@@ -44,6 +44,9 @@ BAR_WIDTH = 24
 
 #: Implausible seq jumps named in the summary (one line each).
 MAX_JUMPS_SHOWN = 4
+#: Lines of output shown for a run that finished without a step (see
+#: HeadlessConsole._said_last).
+STEPLESS_TAIL_LINES = 5
 
 
 def phase_table(state: RunState) -> list[str]:
@@ -211,6 +214,8 @@ class HeadlessConsole:
             f"{over_run(state)}; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )
+        if verdict == "finished without a step":
+            self._said_last(session)
         for rank, before, after in state.seq_jumps[:MAX_JUMPS_SHOWN]:
             self.line(
                 f"rank {rank}'s event seq jumped from {before:,} to {after:,}: not drops, a "
@@ -255,6 +260,19 @@ class HeadlessConsole:
         if state.outcome == "stopped" and session.files.checkpoint.is_file():
             self.line(f"to continue: ddptui --resume {session.run_dir}")
             self.line(f"         or: {resume_command(session.cfg)}")
+
+    def _said_last(self, session: RunSession) -> None:
+        """A run that ended well without a step: what its first rank with output said last.
+        A script that decides not to train says why on its output (pytorch/examples'
+        ``ddp/example.py`` without two GPUs: "Unable to locate sufficient 2 gpus to run this
+        example. Exiting."), which plain torchrun shows and the run directory's logs keep."""
+        for rank in sorted(session.state.ranks):
+            lines = tail_lines(session.files.rank_log(rank), STEPLESS_TAIL_LINES)
+            if lines:
+                self.line(f"last lines of {rank_log_name(rank)}:")
+                for text in lines:
+                    self.line(f"  | {text}")
+                return
 
 
 def eval_summary(state: RunState, script: bool) -> str:

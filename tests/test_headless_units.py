@@ -2,6 +2,8 @@
 
 import io
 
+import msgspec
+
 from ddptui import protocol
 from ddptui.formatting import fmt_epoch
 from ddptui.headless import HeadlessConsole, eval_summary, gpu_preflight, progress_line
@@ -254,3 +256,54 @@ def test_a_session_says_once_when_its_record_grows_fast(tmp_path, monkeypatch):
     assert [d.cause for d in said] == ["record_growth"]
     assert "free under the run directory" in said[0].detail
     assert [d.cause for d in session.diagnoser.diagnoses] == ["record_growth"]
+
+
+def _ended_session(tmp_path, stepped: bool):
+    """A session of two ranks that started and finished (with a step each when ``stepped``),
+    concluded without a launch."""
+    from ddptui.run.launcher import LaunchResult
+    from ddptui.run.session import RunSession
+
+    cfg = build_config(
+        {"device": "cpu", "world_size": "2", "run_dir": str(tmp_path / "run")}, deep=False
+    )
+    session = RunSession(cfg, clock=lambda: 100.0)
+    session.run_dir.mkdir(parents=True)
+    events = [
+        protocol.Status(run=cfg.run_id, rank=r, t=1.0, seq=0, state="started") for r in (0, 1)
+    ]
+    if stepped:
+        events += [msgspec.structs.replace(step(r, 1, 1), run=cfg.run_id) for r in (0, 1)]
+    events += [
+        protocol.Status(run=cfg.run_id, rank=r, t=2.0, seq=2, state="finished") for r in (0, 1)
+    ]
+    session._record(events)
+    session._conclude(LaunchResult(0), drain=False)
+    return session
+
+
+def test_a_run_that_finished_without_a_step_shows_what_its_first_rank_said_last(tmp_path):
+    """pytorch/examples' ``ddp/example.py`` on a machine without two GPUs prints why it
+    exits and trains nothing: plain torchrun shows the line, and so does the summary."""
+    session = _ended_session(tmp_path, stepped=False)
+    session.files.rank_log(0).write_text("")  # rank 0 said nothing: the next rank's lines
+    lines = [f"line {i}" for i in range(8)]
+    session.files.rank_log(1).write_text("\n".join([*lines, "Unable to locate 2 gpus."]) + "\n")
+    out = io.StringIO()
+    HeadlessConsole(out, tty=False).summary(session, 100.0)
+    text = out.getvalue()
+    assert text.startswith("run finished without a step after ")
+    assert "last lines of rank-1.log:\n  | line 4\n" in text
+    assert "  | line 7\n  | Unable to locate 2 gpus.\nrun directory: " in text
+    assert "line 3" not in text and "rank-0.log" not in text
+
+
+def test_a_run_with_steps_or_ranks_without_output_shows_no_log_lines(tmp_path):
+    for stepped in (True, False):
+        session = _ended_session(tmp_path / str(stepped), stepped=stepped)
+        if stepped:
+            session.files.rank_log(0).write_text("epoch 1 done\n")
+        out = io.StringIO()
+        HeadlessConsole(out, tty=False).summary(session, 100.0)
+        assert ("without a step" in out.getvalue()) is not stepped
+        assert "last lines of" not in out.getvalue()
