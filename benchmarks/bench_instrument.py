@@ -4,7 +4,7 @@ Run: uv run python benchmarks/bench_instrument.py [--pairs N] [--rounds N]
 
 1. Training step time with vs without the hooks (the built-in synthetic trainer's SmallCNN, DDP over
    gloo with one rank, on CPU, one thread, its batch sized for 10 ms and for 3 ms steps; a live
-   collector in another process receives the steps): blocks of 0.2 s (four of the drainer's
+   collector in another process receives the steps): blocks of 0.8 s (four of the drainer's
    intervals: each holds its share of its work, ``bench_telemetry.BLOCK_S``) with and without,
    alternating in one run; each pair of blocks gives a ratio, and the figure is their median with a
    90 % distribution-free interval. Wall time (the goal) and the process's CPU time, and a step's

@@ -7,7 +7,7 @@ Run: uv run python benchmarks/bench_telemetry.py [log] [train] [ingest] [--pairs
    Target <= 10 us.
 2. Training step time with vs without ``ddptui.log`` (the synthetic trainer's SmallCNN on CPU, one
    thread, its batch sized for 10 ms and for 3 ms steps; a live collector in another process):
-   blocks of 0.2 s (``BLOCK_S``) with and without, alternating in one run; each pair of blocks gives
+   blocks of 0.8 s (``BLOCK_S``) with and without, alternating in one run; each pair of blocks gives
    a ratio, and the figure is their median with a 90 % distribution-free interval
    (``benchmath.median_interval``). Wall time (the goal) and the process's CPU time (all its
    threads, ZeroMQ's I/O thread included; less disturbed by a loaded machine). Goals: <= 1 % at 10

@@ -161,9 +161,13 @@ MAX_PENDING_HOST = 4096
 #: so that every micro-batch's loss is in the step's mean and a GPU step copies at most this
 #: many to the host. nanoGPT accumulates 40 a step on one GPU; its mean was of the first 8.
 MAX_LOSSES = 8
-#: Finished steps go to the reporter from the drainer thread at most this often (the
-#: reporter batches its sends at the same interval).
-SEND_INTERVAL_S = 0.05
+#: Finished steps go to the reporter from the drainer thread at most this often, in one
+#: message. Each drain and its send cost about 150 us of fixed work besides each step's
+#: (cold caches, the GIL taken from the training thread, ZeroMQ's I/O thread woken): at
+#: 50 ms the drainer took 68 us of CPU a 10 ms step and the training thread waited 10 us a
+#: step for the GIL; at 250 ms, 19 and 0.5 us (bench_instrument.py, 150 pairs each). The
+#: dashboard draws at 3 to 4.5 Hz: a step reaches it at most this much later.
+SEND_INTERVAL_S = 0.2
 #: Steps shorter than this that the drainer finds ready together go as one event of up to
 #: MERGE_S of their time (``protocol.Step.steps`` says how many): a line of events.jsonl a
 #: step a rank made 4 GB an hour of 0.4 ms steps and kept the dashboard busy; at most about

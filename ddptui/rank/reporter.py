@@ -67,10 +67,13 @@ SEND_HWM = 1_000
 LINGER_MS = 1_000
 #: After a send finds the queue full, drop (and count) without trying for this long.
 FULL_BACKOFF_S = 0.01
-#: Step events wait at most this long before the sender thread makes and sends them.
-FLUSH_INTERVAL_S = 0.05
-#: Steps queued unmade beyond this are made and sent on the caller's thread.
-MAX_QUEUED_STEPS = 256
+#: Step events wait at most this long before the sender thread makes and sends them (as the
+#: zero-code hooks' steps wait for their drainer, ``instrument.SEND_INTERVAL_S``: each batch
+#: has a fixed cost, which a longer interval shares among more steps).
+FLUSH_INTERVAL_S = 0.2
+#: Steps queued unmade beyond this are made and sent on the caller's thread (a script logging
+#: 5,000 steps a second fills it in one interval).
+MAX_QUEUED_STEPS = 1024
 #: Events kept for a peer whose connection has not completed yet (status events: a few more).
 HOLD_EVENTS = 256
 _HOLD_STATUS_EXTRA = 16
