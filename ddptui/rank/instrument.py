@@ -162,10 +162,10 @@ MAX_PENDING_HOST = 4096
 #: many to the host. nanoGPT accumulates 40 a step on one GPU; its mean was of the first 8.
 MAX_LOSSES = 8
 #: Finished steps go to the reporter from the drainer thread at most this often, in one
-#: message. Each drain and its send cost about 150 us of fixed work besides each step's
-#: (cold caches, the GIL taken from the training thread, ZeroMQ's I/O thread woken): at
-#: 50 ms the drainer took 68 us of CPU a 10 ms step and the training thread waited 10 us a
-#: step for the GIL; at 250 ms, 19 and 0.5 us (bench_instrument.py, 150 pairs each). The
+#: message. Each drain and its send have a cost of their own besides each step's (cold
+#: caches, the GIL taken from the training thread, ZeroMQ's I/O thread woken): at 50 ms
+#: the other threads took 68 us of CPU a 10 ms step and the training thread waited 10 us a
+#: step for the GIL; at 0.2 s, 24 and 1.8 us (bench_instrument.py, 150 pairs each). The
 #: dashboard draws at 3 to 4.5 Hz: a step reaches it at most this much later.
 SEND_INTERVAL_S = 0.2
 #: Steps shorter than this that the drainer finds ready together go as one event of up to
