@@ -220,6 +220,44 @@ def test_the_starting_process_goes_quiet_once_a_worker_formed_its_group(parent):
     assert rep.beats == count
 
 
+class _Ending:
+    """A reporter at its process's end: what it sends, and whether it was muted first."""
+
+    def __init__(self):
+        self.enabled, self.muted, self.sent = True, False, []
+
+    def mute(self):
+        self.muted = True
+
+    def finished(self, error=None, traceback=None):
+        if not self.muted:
+            self.sent.append("finished")
+
+    def close(self):
+        self.sent.append("close")
+
+
+@pytest.mark.parametrize("formed", [True, False])
+def test_the_starting_process_ending_within_a_beat_of_its_workers_forming_ends_unheard(
+    parent, monkeypatch, formed
+):
+    """The tutorial's ``train_dist.py`` without its data: both workers formed their group and
+    failed at once, and the process that started them ended before its heartbeat looked. Its
+    ``finished`` went out as rank 0 and hid the failure of the worker that was rank 0. At its
+    end it stands down as its heartbeat would have; before its workers form, it ends heard."""
+    spawned._formed_events["fork"] = event = threading.Event()
+    if formed:
+        event.set()
+    stood_down = []
+    heartbeat.quiet_when(spawned.workers_formed, then=lambda: stood_down.append(True))
+    rep = _Ending()
+    monkeypatch.setattr(heartbeat, "_beat", None)
+    monkeypatch.setattr(reporter, "_reporter", rep)
+    reporter._at_exit(rep)
+    assert rep.sent == (["close"] if formed else ["finished", "close"])
+    assert stood_down == ([True] if formed else [])
+
+
 def test_a_rank_with_a_group_of_its_own_never_goes_quiet_for_its_workers(parent):
     spawned._formed_events["fork"] = formed = threading.Event()
     formed.set()

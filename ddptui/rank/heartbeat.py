@@ -280,6 +280,28 @@ def _marks() -> list[dict[str, Any]]:
         return []
 
 
+def quiet_at_end(reporter: Any) -> bool:
+    """At this process's end, before its last status: whether the :func:`quiet_when` check
+    holds now, and if so the same standing down (the heartbeat stops, ``reporter`` sends
+    nothing more). The heartbeat looks once a beat: workers that formed their group and
+    failed within it (the tutorial's ``train_dist.py`` without its data: each worker's MNIST
+    download refused at once) left the process that started them unquieted, and its
+    ``finished``, sent as rank 0 at its exit, hid the failure of the worker that was rank 0."""
+    if _quiet is None:
+        return False
+    try:
+        if not _quiet():
+            return False
+        if _beat is not None:
+            _beat.stop()
+        reporter.mute()
+        if _then is not None:
+            _then()
+    except Exception:  # telemetry never changes how a process ends
+        return False
+    return True
+
+
 def quiet_when(check: Callable[[], bool] | None, then: Callable[[], None] | None = None) -> None:
     """Before each beat, ``check()``: once true, the heartbeat stops, the reporter sends
     nothing more and ``then()`` runs (a process whose workers are the ranks now:

@@ -992,6 +992,9 @@ def reset_reporter() -> None:
 
 def _at_exit(reporter: Reporter) -> None:
     if reporter is _reporter and reporter.enabled:
+        from ddptui.rank import heartbeat  # loaded with the rank entry
+
+        heartbeat.quiet_at_end(reporter)  # a process whose workers are the ranks ends unheard
         reporter.finished()
         reporter.close()
 
