@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from typing import TextIO
 
 from ddptui import protocol
@@ -205,7 +206,8 @@ class HeadlessConsole:
         stats = session.stats
         rejected = f", {stats.rejected} rejected" if stats.rejected else ""
         verdict = state.outcome or "ended"
-        if verdict == "finished" and not any(v.step for v in state.ranks.values()):
+        stepless = verdict == "finished" and not any(v.step for v in state.ranks.values())
+        if stepless:
             verdict = "finished without a step"
         self.line(
             f"run {verdict} after {fmt_duration(state.elapsed(now))}: "
@@ -214,7 +216,7 @@ class HeadlessConsole:
             f"{over_run(state)}; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )
-        if verdict == "finished without a step":
+        if stepless:
             self._said_last(session)
         for rank, before, after in state.seq_jumps[:MAX_JUMPS_SHOWN]:
             self.line(
@@ -253,9 +255,7 @@ class HeadlessConsole:
             if session.restart_refused:
                 self.line(f"not restarted: {session.restart_refused}")
             if failure.stderr_tail:
-                self.line(f"last lines of {rank_log_name(failure.rank)}:")
-                for text in failure.stderr_tail:
-                    self.line(f"  | {text}")
+                self._log_tail(failure.rank, failure.stderr_tail)
         self.line(f"run directory: {session.run_dir}")
         if state.outcome == "stopped" and session.files.checkpoint.is_file():
             self.line(f"to continue: ddptui --resume {session.run_dir}")
@@ -269,10 +269,14 @@ class HeadlessConsole:
         for rank in sorted(session.state.ranks):
             lines = tail_lines(session.files.rank_log(rank), STEPLESS_TAIL_LINES)
             if lines:
-                self.line(f"last lines of {rank_log_name(rank)}:")
-                for text in lines:
-                    self.line(f"  | {text}")
+                self._log_tail(rank, lines)
                 return
+
+    def _log_tail(self, rank: int | None, lines: Iterable[str]) -> None:
+        """The last lines of a rank's log (the launcher's when no rank is known), quoted."""
+        self.line(f"last lines of {rank_log_name(rank)}:")
+        for text in lines:
+            self.line(f"  | {text}")
 
 
 def eval_summary(state: RunState, script: bool) -> str:

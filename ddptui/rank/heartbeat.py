@@ -260,10 +260,7 @@ class Heartbeat:
             try:
                 if _quiet is not None and _quiet():
                     # Its workers (multiprocessing.Process) are the ranks now; it only waits.
-                    self.stop()
-                    self.reporter.mute()
-                    if _then is not None:
-                        _then()
+                    _go_quiet(self, self.reporter)
                     return
                 self.beat()
             except Exception:  # telemetry never takes a rank down
@@ -280,26 +277,29 @@ def _marks() -> list[dict[str, Any]]:
         return []
 
 
-def quiet_at_end(reporter: Any) -> bool:
-    """At this process's end, before its last status: whether the :func:`quiet_when` check
-    holds now, and if so the same standing down (the heartbeat stops, ``reporter`` sends
+def _go_quiet(beat: Heartbeat | None, reporter: Any) -> None:
+    """Stand down: no more beats, nothing more sent, then :func:`quiet_when`'s ``then``."""
+    if beat is not None:
+        beat.stop()
+    reporter.mute()
+    if _then is not None:
+        _then()
+
+
+def quiet_at_end(reporter: Any) -> None:
+    """At this process's end, before its last status: when the :func:`quiet_when` check
+    holds now, the same standing down (the heartbeat stops, ``reporter`` sends
     nothing more). The heartbeat looks once a beat: workers that formed their group and
     failed within it (the tutorial's ``train_dist.py`` without its data: each worker's MNIST
     download refused at once) left the process that started them unquieted, and its
     ``finished``, sent as rank 0 at its exit, hid the failure of the worker that was rank 0."""
     if _quiet is None:
-        return False
+        return
     try:
-        if not _quiet():
-            return False
-        if _beat is not None:
-            _beat.stop()
-        reporter.mute()
-        if _then is not None:
-            _then()
+        if _quiet():
+            _go_quiet(_beat, reporter)
     except Exception:  # telemetry never changes how a process ends
-        return False
-    return True
+        pass
 
 
 def quiet_when(check: Callable[[], bool] | None, then: Callable[[], None] | None = None) -> None:
