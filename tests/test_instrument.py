@@ -693,6 +693,64 @@ def test_cpu_steps_beyond_the_gpu_pending_limit_keep_their_loss_and_phases(inst,
     assert [log["loss"] for log in logs] == pytest.approx([None, None, *losses[2:]])
 
 
+@pytest.mark.parametrize("consumed", ["set_to_none", "zeroed", "by_hand", "kept"])
+def test_a_ddp_loop_without_an_optimizer_step_ends_a_step_where_its_gradients_go(inst, consumed):
+    """A throughput loop of forward and backward only (kyoungseoun-chung's
+    pytorch-distributed-cpu: zero_grad, forward, backward, no step) or weights updated by
+    hand: each backward whose gradients the next iteration finds consumed is a step, ended
+    at the backward's return; the last one when the process ends. Gradients kept (a loop
+    that accumulates and never steps) end none: that is one step still under way."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(4):
+        clock.advance(0.005)  # the batch
+        if consumed == "set_to_none":
+            opt.zero_grad()
+        elif consumed == "zeroed":
+            opt.zero_grad(set_to_none=False)
+        loss = model(torch.randn(6, 4)).pow(2).mean()
+        loss.backward()
+        losses.append(loss.item())
+        if consumed == "by_hand":
+            with torch.no_grad():
+                for param in model.parameters():
+                    param -= 0.01 * param.grad
+            model.zero_grad()
+    inst.at_exit()
+    logs = inst.fake.logs
+    if consumed == "kept":
+        assert logs == []
+        return
+    assert [log["loss"] for log in logs] == pytest.approx(losses)
+    assert [log["samples"] for log in logs] == [6, 6, 6, 6]
+    # the first from its forward; the others from the backward before, the batch in it
+    assert [log["step_time"] for log in logs] == pytest.approx([0.030, 0.035, 0.035, 0.035])
+    for log in logs[1:]:
+        assert log["phases"]["data"] == pytest.approx(0.005)
+        assert log["phases"]["forward"] == pytest.approx(0.010)
+        assert log["phases"]["backward"] == pytest.approx(0.020)
+        assert log["phases"]["optimizer"] == 0.0
+
+
+def test_micro_batches_before_the_first_optimizer_step_are_one_step(inst):
+    """Gradient accumulation without ``no_sync``: every micro-batch's backward syncs, and
+    its gradients stay for the next one until the optimizer steps: the window is one step
+    from the very first (no optimizer seen yet), as after it."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        for _ in range(4):
+            clock.advance(0.005)
+            (model(torch.randn(6, 4)).pow(2).mean() / 4).backward()
+        opt.step()
+        opt.zero_grad()
+    inst.at_exit()
+    assert [log["samples"] for log in inst.fake.logs] == [24, 24, 24]
+
+
 def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     clock = inst.fake_clock
     model = Net(clock)

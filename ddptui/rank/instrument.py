@@ -784,6 +784,12 @@ class Instrument:
         #: The epochs a framework's plan announced (see _plan_epochs); None: none yet.
         self._epochs_planned: int | None = None
         self._steps_ended = 0  # training steps ended in this process
+        #: An optimizer's step was seen in this process (the torch.optim hooks fired).
+        self._opt_seen = False
+        #: Until then, after each training backward of a DDP module: one of its parameters
+        #: that got a gradient, that gradient (weakly) and its version, to tell at the next
+        #: training forward whether the gradient was consumed (see _grads_discarded).
+        self._grad_left: tuple[Any, Any, int] | None = None
         #: An evaluation pass (a DDP module's forward not training) ended since the last
         #: training forward, and no accuracy was taken from it yet (see _metric_computed).
         self._evaluated = False
@@ -1963,12 +1969,13 @@ class Instrument:
         event.record(cuda.current_stream(self._cuda))
         return event
 
-    def _transition(self, nxt: str, new_seg: str) -> float:
+    def _transition(self, nxt: str, new_seg: str, at: float | None = None) -> float:
         """Close the current segment at ``nxt`` (an event name) and open ``new_seg``; returns
-        the time of the transition."""
-        now = self.clock()
+        the time of the transition: now, or ``at`` (no later than now, no earlier than the
+        segment's start; an evaluation since is the next segment's)."""
+        now = self.clock() if at is None else at
         if self._cuda is not None:
-            return self._transition_cuda(now, nxt, new_seg)
+            return self._transition_cuda(now, nxt, new_seg, at is None)
         mark = self._mark
         if mark is not None:
             seg = self._seg
@@ -1979,13 +1986,13 @@ class Instrument:
                 acc[_AFTER_GRAD[nxt]] += now - t_grad
             else:
                 self._acc[_RESOLVE[seg, nxt]] += now - mark
-        if self._eval_end is not None:
+        if self._eval_end is not None and at is None:
             self._take_eval()
         self._seg, self._mark = new_seg, now
         self._t_grad = None
         return now
 
-    def _transition_cuda(self, now: float, nxt: str, new_seg: str) -> float:
+    def _transition_cuda(self, now: float, nxt: str, new_seg: str, evals: bool = True) -> float:
         """:meth:`_transition` on GPU: the host accounting, and a CUDA event per segment."""
         seg, mark = self._seg, self._mark
         event = self._event()
@@ -2003,7 +2010,7 @@ class Instrument:
                 self._marks.append((name, event))
         else:
             self._marks = [("start", event)]
-        if self._eval_end is not None:
+        if self._eval_end is not None and evals:
             self._take_eval()
         self._seg, self._mark = new_seg, now
         self._t_grad = None
@@ -2109,6 +2116,8 @@ class Instrument:
             key = self._fwd_ddp = id(ddp)
             if key not in self._watches:
                 self._watches[key] = _GradWatch(self, list(ddp.module.parameters()))
+            if self._seg == "after_bwd" and not self._opt_seen and self._grads_discarded():
+                self._end_without_optimizer()
             self._active.add(key)
             self._forward_start(args, kwargs, "ddp_pre")
         except Exception as exc:
@@ -2245,12 +2254,55 @@ class Instrument:
             return
         try:
             self._transition("bwd_return", "after_bwd")
+            if not self._opt_seen:
+                self._grad_left = self._a_gradient()
         except Exception as exc:
             self._fail(exc)
+
+    # -- steps without an optimizer -----------------------------------------------------------
+    # A DDP script may train without torch.optim: a throughput benchmark that runs forward
+    # and backward only (kyoungseoun-chung/pytorch-distributed-cpu: zero_grad, forward,
+    # backward, 500 times, no step), or one that updates its weights by hand. No optimizer
+    # step ends its steps, and the run read "preparing" to its end. There, a training
+    # forward that finds the last backward's gradients gone (set to None, replaced or
+    # zeroed in place: consumed) ends the step of that backward, at the backward's return.
+    # Gradient accumulation leaves them as they were until its optimizer step (nanoGPT's
+    # micro-steps, a loop dividing its loss by the window): no step ends there.
+    def _a_gradient(self) -> tuple[Any, Any, int] | None:
+        """A parameter of this step's DDP modules that got a gradient, the gradient (weakly:
+        it must go when the script lets it) and its version; None without one."""
+        for key in self._active:
+            watch = self._watches.get(key)
+            if watch is None or watch.last is None:
+                continue
+            param = watch.params[watch.last]
+            grad = param.grad
+            if grad is not None:
+                return param, weakref.ref(grad), grad._version
+        return None
+
+    def _grads_discarded(self) -> bool:
+        """Whether the gradient noted at the last training backward's return is no longer
+        its parameter's as it was: set to None, replaced, or changed in place (zeroed)."""
+        left = self._grad_left
+        if left is None:
+            return False
+        param, ref, version = left
+        grad = param.grad
+        return grad is None or grad is not ref() or grad._version != version
+
+    def _end_without_optimizer(self) -> None:
+        """End the step whose gradients were consumed without an optimizer step, at its
+        backward's return (what came after, the next batch's wait, is the next step's)."""
+        self._grad_left = None
+        if self._rank_unknown:
+            self._rank_unknown = not spawned.learn_rank()
+        self._finish_step(0, at=self._mark)
 
     def _opt_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
         self._opt_depth += 1
+        self._opt_seen = True
         if self.disabled or self._opt_depth > 1:  # a step inside a step: the outer one counts
             return None
         if self._rank_unknown:
@@ -2344,8 +2396,9 @@ class Instrument:
             self._loss_divisors.clear()  # no new list on every step
 
     # -- ending a step ---------------------------------------------------------------------------
-    def _finish_step(self, ender: int) -> None:
-        """The optimizer ``ender`` (its id) ended a training step: hand it to the drainer."""
+    def _finish_step(self, ender: int, at: float | None = None) -> None:
+        """The optimizer ``ender`` (its id; 0: none, see _end_without_optimizer) ended a
+        training step, now or ``at`` (a time already passed): hand it to the drainer."""
         losses = self._losses
         loss: tuple[list[Any], int] | None = None  # CPU: the loss tensors, read off the path
         # Gradient accumulation that divides each micro-batch's loss by their number
@@ -2370,7 +2423,7 @@ class Instrument:
         elif losses:
             loss = (losses, scale, held)  # read by the drainer: .item() costs microseconds
         # After a closure's backward the optimizer updates: ``optimizer``, not ``data``.
-        self._transition("closure_post" if self._closure_now else "opt_post", "data")
+        self._transition("closure_post" if self._closure_now else "opt_post", "data", at)
         self._closure_loop, self._closure_now = self._closure_now, False
         self._closure_repeat = False
         now = self._mark
@@ -2704,6 +2757,10 @@ class Instrument:
         try:
             self._drainer.stop()
             if not self.disabled:
+                if self._steps_ended and not self._opt_seen and self._seg == "after_bwd":
+                    # The last of the steps that ended without an optimizer (no forward
+                    # after it to end it): ended at its backward's return, as they were.
+                    self._end_without_optimizer()
                 self.flush()
         except Exception:
             pass
