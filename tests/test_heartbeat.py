@@ -120,6 +120,60 @@ def test_io_counts_a_child_and_never_goes_back(tmp_path):
     assert heartbeat.process_io() - idle < 4096  # its own reading of /proc is not I/O
 
 
+def _tcp_pair():
+    """Both ends of a loopback TCP connection, in this process."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+    return client, accepted
+
+
+def test_socket_bytes_counts_a_tcp_connection_and_keeps_a_closed_ones_bytes():
+    """A plain socket's traffic (an HTTP download without TLS) is no ``/proc/<pid>/io``
+    I/O; the kernel's TCP counters say it moved. A connection closed keeps what it moved
+    (a total that went back would read as the rank having moved)."""
+    client, accepted = _tcp_pair()
+    before = heartbeat.socket_bytes()
+    with client, accepted:
+        for _ in range(16):  # 1 MiB, 64 KiB at a time: sent (acknowledged) and received
+            client.sendall(b"x" * (64 << 10))
+            got = 0
+            while got < 64 << 10:
+                got += len(accepted.recv(64 << 10))
+        moved = heartbeat.socket_bytes()
+        if moved == before:
+            pytest.skip("the kernel gives no TCP byte counters here (TCP_INFO)")
+        assert moved - before >= 2 << 20
+    assert heartbeat.socket_bytes() >= moved
+
+
+def test_a_beat_counts_tcp_traffic_only_between_beats_of_an_unmoved_stack(monkeypatch):
+    """Read only where it is asked whether a rank standing still works (a download by rank
+    0 while its peers wait at a barrier): between two beats that found the stack where it
+    was. A training rank's connections (its collectives) move while its stack moves, and
+    never count."""
+    from ddptui.rank.frames import Frame
+
+    stacks = {"a": [Frame("train.py", 7, "<module>")], "b": [Frame("train.py", 9, "<module>")]}
+    where = ["a"]
+    traffic = [0]
+    monkeypatch.setattr(heartbeat, "main_frames", lambda ident=None: stacks[where[0]])
+    monkeypatch.setattr(heartbeat, "process_io", lambda children=None: 1000)
+    monkeypatch.setattr(heartbeat, "socket_bytes", lambda: traffic[0])
+    monkeypatch.setattr(heartbeat, "_collectives", None)
+    reporter = _Beats()
+    beat = heartbeat.Heartbeat(reporter, interval=3600)  # not started: beats only when asked
+    for stack, moved in [("a", 0), ("a", 500), ("a", 70_000), ("b", 9_000), ("b", 300)]:
+        where[0] = stack
+        traffic[0] += moved
+        beat.beat()
+    # a, then a again (the baseline), +70,000 while it stood there; b moved (its 9,000 not
+    # counted), b again (a new baseline)
+    assert [b["io"] for b in reporter.beats] == [1000, 1000, 71_000, 71_000, 71_000]
+
+
 class _Beats:
     enabled = True
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import socket
+import struct
 import sys
 import threading
 import time
@@ -163,8 +165,8 @@ def process_io(children: set[bytes] | None = None) -> int | None:
     ``/proc/<pid>/io``, summed, less what this module read of ``/proc`` itself): a
     checkpoint written to a file, or streamed to an uploader through a pipe, over HTTPS to
     object storage or by a child process (``aws s3 cp``), counts; a plain socket's traffic
-    does not, nor does a collective's wait. Never less than it gave before. None where the
-    kernel does not count them."""
+    does not (see :meth:`Heartbeat.socket_moved`), nor does a collective's wait. Never less
+    than it gave before. None where the kernel does not count them."""
     global _gone_io, _last_io
     try:
         total = _io("self")
@@ -181,6 +183,70 @@ def process_io(children: set[bytes] | None = None) -> int | None:
     total += sum(_child_io.values()) + _gone_io
     _last_io = max(_last_io, total - _own_reads)
     return _last_io
+
+
+#: Where ``struct tcp_info`` (linux/tcp.h) holds ``tcpi_bytes_acked`` and
+#: ``tcpi_bytes_received`` (two ``__u64``, Linux 4.1 and later), and the bytes asked for.
+_TCP_BYTES = struct.Struct("=QQ")
+_TCP_BYTES_AT = 120
+_TCP_INFO_LEN = _TCP_BYTES_AT + _TCP_BYTES.size
+#: Most of this process's descriptors looked at each beat (a rank of a large gloo world
+#: holds a socket per peer and process group).
+MAX_FDS = 4096
+
+#: Per TCP socket of this process seen (by inode), its bytes when last read; and what the
+#: sockets closed since had moved.
+_sock_bytes: dict[str, int] = {}
+_gone_sock_bytes = 0
+
+
+def _tcp_bytes(fd: int) -> int | None:
+    """The bytes a TCP connection on ``fd`` has sent (acknowledged by its peer) and received;
+    None for any other descriptor (a listening socket, UDP, a Unix socket), or without
+    those counters. Read from a duplicate of ``fd``: the script's own is never touched."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (
+                socket.AF_INET,
+                socket.AF_INET6,
+            ):
+                return None
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if len(info) < _TCP_INFO_LEN:
+        return None
+    sent, received = _TCP_BYTES.unpack_from(info, _TCP_BYTES_AT)
+    return sent + received
+
+
+def socket_bytes() -> int:
+    """Bytes this process's TCP connections have moved, the closed ones' included (as last
+    read): a plain socket's ``send`` and ``recv`` (an HTTP download or upload without TLS: a
+    dataset fetched by rank 0 while the others wait at a barrier, a checkpoint put to
+    MinIO), which ``/proc/<pid>/io`` does not count. The kernel's own counters
+    (``TCP_INFO``), about 12 us a socket to read. This process's beats and a store's polls
+    move well under ``diagnosis.IDLE_IO_BYTES_PER_S``; a collective's wait, nothing."""
+    global _gone_sock_bytes
+    seen: dict[str, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return _gone_sock_bytes + sum(_sock_bytes.values())
+    for name in names[:MAX_FDS]:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed since
+        if not target.startswith("socket:"):
+            continue
+        moved = _tcp_bytes(int(name))
+        if moved is not None:
+            seen[target] = max(moved, _sock_bytes.get(target, 0))
+    for inode in [i for i in _sock_bytes if i not in seen]:  # closed: what it moved stays
+        _gone_sock_bytes += _sock_bytes.pop(inode)
+    _sock_bytes.update(seen)
+    return _gone_sock_bytes + sum(_sock_bytes.values())
 
 
 def digest(frames: list[Frame]) -> str:
@@ -207,6 +273,11 @@ class Heartbeat:
         self.reporter = reporter
         self.interval = interval
         self.main_ident = threading.main_thread().ident
+        #: The last beat's stack digest, the TCP bytes read at it (None: not read), and the
+        #: bytes moved between beats of one unmoved stack (see :meth:`socket_moved`).
+        self._digest: str | None = None
+        self._sockets: int | None = None
+        self._socket_moved = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddptui-heartbeat", daemon=True)
 
@@ -223,15 +294,32 @@ class Heartbeat:
         ddp = ddp_possible()
         info = classify(frames, ddp=ddp)
         children = _children(os.getpid())
+        stack = digest(frames) if frames else None
+        io = process_io(children)
         self.reporter.beat(
             frame=info.where if frames else None,
             waiting=info.collective if info.in_collective else None,
-            digest=digest(frames) if frames else None,
+            digest=stack,
             cpu=process_cpu(children),
             collectives=_marks(),
-            io=process_io(children),
+            io=None if io is None else io + self.socket_moved(stack),
             ddp=ddp,
         )
+
+    def socket_moved(self, stack: str | None) -> int:
+        """The TCP bytes (:func:`socket_bytes`) moved between consecutive beats that found the
+        main thread's stack where it was: where ddptui asks whether a rank standing still
+        works. Read only then (a rank of a gloo world holds a socket per peer: 1,000 of them
+        take 12 ms to read), so what a training rank's connections move (its collectives'
+        traffic) never counts."""
+        if stack is None or stack != self._digest:
+            self._digest, self._sockets = stack, None
+            return self._socket_moved
+        now = socket_bytes()
+        if self._sockets is not None:
+            self._socket_moved += max(0, now - self._sockets)
+        self._sockets = now
+        return self._socket_moved
 
     def last(self) -> None:
         """At exit: stop, and send the collectives as they ended. The beats come once a second,
@@ -318,9 +406,13 @@ def last() -> None:
 
 def _forget_after_fork() -> None:
     """A forked child (a worker the script started) has no heartbeat thread: it starts its own
-    when it has a rank."""
-    global _beat
+    when it has a rank. Nor has it moved anything yet: its kernel counters start at 0, and
+    its parent's totals, kept, hid its own I/O until it had moved as much."""
+    global _beat, _own_reads, _gone_io, _last_io, _gone_sock_bytes
     _beat = None
+    _own_reads = _gone_io = _last_io = _gone_sock_bytes = 0
+    _child_io.clear()
+    _sock_bytes.clear()
 
 
 if hasattr(os, "register_at_fork"):
