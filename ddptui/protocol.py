@@ -142,7 +142,8 @@ class Beat(Event, tag="beat"):
     cpu: float | None = None
     #: Bytes the process and its descendants have read and written (``/proc/<pid>/io`` of each:
     #: ``rchar`` + ``wchar`` + ``read_bytes`` + ``write_bytes``: files, pipes, TLS connections
-    #: and storage, not plain sockets), where the kernel counts them. Only its growth is read.
+    #: and storage), where the kernel counts them, and what the process's TCP connections
+    #: moved between beats of one unmoved stack (plain sockets). Only its growth is read.
     io: NonNegInt | None = None
     #: Steps the rank has taken so far (0: still preparing).
     steps: NonNegInt = 0

@@ -360,7 +360,8 @@ IDLE_CPU_SHARE = 0.02
 #: A rank standing still that read or wrote less than this per second (its heartbeat's
 #: ``io``: files, pipes, TLS connections and storage; a checkpoint on a slow network file
 #: system, or streamed to object storage, moves megabytes a second with its CPU idle; a rank
-#: blocked in a collective moves nothing: a plain socket's traffic does not count) does no I/O.
+#: blocked in a collective moves nothing; a plain socket's traffic counts while the stack stands
+#: still, ``heartbeat.Heartbeat.socket_moved``) does no I/O.
 IDLE_IO_BYTES_PER_S = 64 * 1024
 #: The waiting note says the working rank's stack stood in one place when it did for at
 #: least this share of the time the waiting ranks stood still, less two beats: each rank's
