@@ -147,6 +147,12 @@ def test_socket_bytes_counts_a_tcp_connection_and_keeps_a_closed_ones_bytes():
             pytest.skip("the kernel gives no TCP byte counters here (TCP_INFO)")
         assert moved - before >= 2 << 20
     assert heartbeat.socket_bytes() >= moved
+    import os
+
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):  # it reads duplicates of the descriptors, and closes every one
+        heartbeat.socket_bytes()
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_a_beat_counts_tcp_traffic_only_between_beats_of_an_unmoved_stack(monkeypatch):

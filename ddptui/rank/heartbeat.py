@@ -205,7 +205,16 @@ def _tcp_bytes(fd: int) -> int | None:
     None for any other descriptor (a listening socket, UDP, a Unix socket), or without
     those counters. Read from a duplicate of ``fd``: the script's own is never touched."""
     try:
-        with socket.socket(fileno=os.dup(fd)) as sock:
+        copy = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        sock = socket.socket(fileno=copy)
+    except OSError:  # not a socket now (closed and its number reused since it was listed)
+        os.close(copy)
+        return None
+    try:
+        with sock:
             if sock.type != socket.SOCK_STREAM or sock.family not in (
                 socket.AF_INET,
                 socket.AF_INET6,
@@ -330,13 +339,14 @@ class Heartbeat:
         self.stop()
         try:
             children = _children(os.getpid())
+            io = process_io(children)
             self.reporter.beat(
                 frame=None,
                 waiting=None,
                 digest=None,
                 cpu=process_cpu(children),
                 collectives=_marks(),
-                io=process_io(children),
+                io=None if io is None else io + self._socket_moved,
             )
         except Exception:  # telemetry never takes a rank down, nor its exit
             pass
