@@ -590,10 +590,13 @@ def test_gpu_steps_beyond_the_pending_limit_go_without_phases_only_while_on_the_
 def _fast_steps(inst, n, epochs=None, slow=()):
     """``n`` steps of 0.8 ms of the fake clock (0.5 ms the first: no data before it); each
     step's loss and batch size. ``epochs``: the epoch each step is in; ``slow``: the steps
-    that take 6 ms more."""
+    that take 6 ms more. One model and optimizer for each ``inst`` (a new one, with no
+    DataLoader, would step its first step in the last one's iteration: see _joins)."""
     clock = inst.fake_clock
-    model = DistributedDataParallel(Net(clock, forward_s=0.0001, backward_s=0.0002))
-    opt = timed_sgd(model.parameters(), clock, seconds=0.0001)
+    if not hasattr(inst, "fast_net"):
+        model = DistributedDataParallel(Net(clock, forward_s=0.0001, backward_s=0.0002))
+        inst.fast_net = (model, timed_sgd(model.parameters(), clock, seconds=0.0001))
+    model, opt = inst.fast_net
     losses = []
     for i in range(n):
         if epochs is not None:
@@ -1150,6 +1153,39 @@ def test_a_gan_iteration_is_one_step_with_the_discriminators_loss(inst, ddp):
     assert [log["samples"] for log in logs] == [4, 5, 3, 6, 0 if not ddp else 6]
     # The first step starts at its first forward; the others span a whole iteration.
     assert [log["step_time"] for log in logs[1:3]] == pytest.approx([iteration] * 2)
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["kept", "made each step"])
+@pytest.mark.parametrize("ddp", [False, True])
+def test_without_a_data_loader_a_second_optimizer_after_the_step_joins_its_iteration(
+    inst, ddp, fresh
+):
+    """Batches sliced from tensors, no DataLoader to tell iterations apart: a second
+    optimizer stepping after the one that ended the step is in its iteration (udit4code's
+    manual data-parallel SGD: rank 0 steps a single-process reference model after each
+    step, and counted 20 steps to rank 1's 10, every other one with the reference's loss;
+    a GAN on made-up data). The step's loss is the first optimizer's. An optimizer made
+    anew each step over the same parameters is the same one: each of its steps is a step."""
+    clock = inst.fake_clock
+    wrap = DistributedDataParallel if ddp else (lambda module: module)
+    model, reference = wrap(Net(clock)), Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    losses = []
+    for _ in range(4):
+        clock.advance(0.004)
+        if fresh:
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        opt.zero_grad()
+        loss = model(torch.randn(4, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        reference.zero_grad()
+        (reference(torch.randn(8, 4)) - 1).pow(2).mean().backward()
+        torch.optim.SGD(reference.parameters(), lr=0.01).step()  # a new one each time
+    inst.at_exit()
+    logs = inst.fake.logs
+    assert [log["loss"] for log in logs] == pytest.approx(losses)
 
 
 @pytest.mark.parametrize(

@@ -2335,7 +2335,7 @@ class Instrument:
         if self.disabled:
             return None
         try:
-            key = id(optimizer)
+            key = _optimizer_key(optimizer)
             if self._ddp_seen and not self._fwd_seen:
                 # a second optimizer in the same iteration: part of the next step
                 self._transition("opt_post", "data")
@@ -2362,16 +2362,22 @@ class Instrument:
         """Whether the optimizer ``key`` steps in the iteration of the step that ended last
         rather than ending one of its own: the script draws each step's batch from a
         DataLoader (the last step drew one), none was drawn since, and this is another
-        optimizer than the one that ended that step, not yet stepped since (DCGAN's
+        optimizer than the one that ended that step (over other parameters: one made anew
+        each step over the same ones is the same), not yet stepped since (DCGAN's
         ``optimizerG.step()`` after ``optimizerD.step()`` on the same batch). One optimizer
         stepping again on a batch drawn once (a script that overfits one batch) ends a step
-        each time."""
-        return (
-            self._step_drew
-            and self._draws == 0
-            and key != self._step_ender
-            and key not in self._joined
-        )
+        each time.
+
+        A script that draws no batch from any DataLoader (tensors sliced by rank, a memmap,
+        data made up) says nothing of its iterations but its optimizers: there, another
+        optimizer than the one that ended the last step, not yet stepped since, joins it as
+        well. udit4code/Pytorch-Distributed-101's manual data-parallel SGD steps a
+        single-process reference model's optimizer on rank 0 after each step: rank 0
+        counted 20 steps to rank 1's 10, every other one with the reference's loss. Two
+        optimizers that take turns, an iteration each, would count as one step in two."""
+        if self._draws or key == self._step_ender or key in self._joined:
+            return False
+        return self._step_drew or (self._passes < 0 and self._step_ender != 0)
 
     def _join(self, key: int) -> None:
         """A further optimizer's step in the same iteration (see :meth:`_joins`): its time is
@@ -2869,6 +2875,16 @@ _AFTER_GRAD = {
     nxt: "comm" if nxt in ("bwd_return", "opt_pre", "closure_pre") else "data" for nxt in _EVENTS
 }
 _AFTER_GRAD["closure_post"] = "optimizer"
+
+
+def _optimizer_key(optimizer: Any) -> int:
+    """Which optimizer steps, as :meth:`Instrument._joins` tells them apart: by its first
+    parameter (an optimizer a script makes anew each step over the same parameters is the
+    same one), else by the object."""
+    try:
+        return id(optimizer.param_groups[0]["params"][0])
+    except Exception:  # no parameter groups, or none in the first: the object itself
+        return id(optimizer)
 
 
 def _mean_item(values: list[Any], scale: int, count: int) -> float | None:
