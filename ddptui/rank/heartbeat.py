@@ -20,7 +20,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ddptui.rank.frames import Frame, classify
@@ -152,11 +152,33 @@ def _io(pid: int | str) -> int:
     return io_sum(_proc(f"/proc/{pid}/io"))
 
 
-#: Per live child seen, its I/O when last read; what the children gone had moved; and the
-#: last value :func:`process_io` gave (it never goes back: a smaller one would read as the
-#: rank having moved).
-_child_io: dict[bytes, int] = {}
-_gone_io = 0
+class _Tally:
+    """Bytes moved by things that come and go (a rank's child processes, its TCP
+    connections), counted by each: their total keeps what the gone ones had moved."""
+
+    def __init__(self) -> None:
+        self.last: dict[Any, int] = {}  # per one still there, its count when last read
+        self.gone = 0  # what the gone ones had moved
+
+    def reset(self) -> None:
+        self.last.clear()
+        self.gone = 0
+
+    def total(self, read: dict[Any, int], there: Iterable[Any]) -> int:
+        """The total, from the counts ``read`` now of the ones ``there`` (one there but
+        not read keeps its last count; one no longer there keeps its last count as gone)."""
+        last = self.last
+        there = set(there)
+        for key in [k for k in last if k not in there]:
+            self.gone += last.pop(key)
+        for key, count in read.items():
+            last[key] = max(count, last.get(key, 0))
+        return self.gone + sum(last.values())
+
+
+#: The I/O of the children seen, and the last value :func:`process_io` gave (it never goes
+#: back: a smaller one would read as the rank having moved).
+_child_io = _Tally()
 _last_io = 0
 
 
@@ -167,20 +189,19 @@ def process_io(children: set[bytes] | None = None) -> int | None:
     object storage or by a child process (``aws s3 cp``), counts; a plain socket's traffic
     does not (see :meth:`Heartbeat.socket_moved`), nor does a collective's wait. Never less
     than it gave before. None where the kernel does not count them."""
-    global _gone_io, _last_io
+    global _last_io
     try:
         total = _io("self")
     except (OSError, ValueError, IndexError):
         return None
     live = _children(os.getpid()) if children is None else children
+    read = {}
     for child in live:
         try:
-            _child_io[child] = _io(child.decode())
+            read[child] = _io(child.decode())
         except (OSError, ValueError, IndexError):
             continue  # gone, or not ours to read
-    for child in [c for c in _child_io if c not in live]:  # ended: what it moved stays
-        _gone_io += _child_io.pop(child)
-    total += sum(_child_io.values()) + _gone_io
+    total += _child_io.total(read, live)
     _last_io = max(_last_io, total - _own_reads)
     return _last_io
 
@@ -194,10 +215,8 @@ _TCP_INFO_LEN = _TCP_BYTES_AT + _TCP_BYTES.size
 #: holds a socket per peer and process group).
 MAX_FDS = 4096
 
-#: Per TCP socket of this process seen (by inode), its bytes when last read; and what the
-#: sockets closed since had moved.
-_sock_bytes: dict[str, int] = {}
-_gone_sock_bytes = 0
+#: The bytes of this process's TCP connections seen (by their sockets' inodes).
+_sock_bytes = _Tally()
 
 
 def _tcp_bytes(fd: int) -> int | None:
@@ -236,12 +255,11 @@ def socket_bytes() -> int:
     MinIO), which ``/proc/<pid>/io`` does not count. The kernel's own counters
     (``TCP_INFO``), about 12 us a socket to read. This process's beats and a store's polls
     move well under ``diagnosis.IDLE_IO_BYTES_PER_S``; a collective's wait, nothing."""
-    global _gone_sock_bytes
     seen: dict[str, int] = {}
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
-        return _gone_sock_bytes + sum(_sock_bytes.values())
+        return _sock_bytes.total({}, _sock_bytes.last)
     for name in names[:MAX_FDS]:
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
@@ -251,11 +269,8 @@ def socket_bytes() -> int:
             continue
         moved = _tcp_bytes(int(name))
         if moved is not None:
-            seen[target] = max(moved, _sock_bytes.get(target, 0))
-    for inode in [i for i in _sock_bytes if i not in seen]:  # closed: what it moved stays
-        _gone_sock_bytes += _sock_bytes.pop(inode)
-    _sock_bytes.update(seen)
-    return _gone_sock_bytes + sum(_sock_bytes.values())
+            seen[target] = moved
+    return _sock_bytes.total(seen, seen)
 
 
 def digest(frames: list[Frame]) -> str:
@@ -418,11 +433,11 @@ def _forget_after_fork() -> None:
     """A forked child (a worker the script started) has no heartbeat thread: it starts its own
     when it has a rank. Nor has it moved anything yet: its kernel counters start at 0, and
     its parent's totals, kept, hid its own I/O until it had moved as much."""
-    global _beat, _own_reads, _gone_io, _last_io, _gone_sock_bytes
+    global _beat, _own_reads, _last_io
     _beat = None
-    _own_reads = _gone_io = _last_io = _gone_sock_bytes = 0
-    _child_io.clear()
-    _sock_bytes.clear()
+    _own_reads = _last_io = 0
+    _child_io.reset()
+    _sock_bytes.reset()
 
 
 if hasattr(os, "register_at_fork"):
