@@ -457,13 +457,17 @@ def test_a_killed_rank_fails_the_run_and_is_named(run):
     assert [d["rank"] for d in first] == [1]
     assert "FAILED: rank 1 was killed by signal SIGKILL" in run.stdout, run.describe()
     # Noticed at once, not at a timeout (60 s here): from the kill (the script prints its time
-    # just before) to ddptui's exit, rank 0's teardown and its Flight Recorder trace included.
-    # 2.6 s on a quiet machine; with this tier's three runs and the other worker's tests at
-    # once, 10.8 s from rank 1's last event was seen, hence 20 (test_launch's spawn case, run
-    # alone, keeps 10 s).
+    # just before) to the launcher's end (its result file), rank 0's teardown and its Flight
+    # Recorder trace included. 2.6 s on a quiet machine; with this tier's three runs and the
+    # other workers' tests at once, 10.8 s from rank 1's last event was seen, hence 20
+    # (test_launch's spawn case, run alone, keeps 10 s). Then ddptui reads the trace with
+    # torch's analyzer (it imports torch): 3.7 s alone on a machine twice as slow as usual,
+    # 16 s there in a full suite, so ddptui's own end is held to well under the timeout only.
     log = (run.run_dir / "rank-1.log").read_text()
     killed_at = float(re.search(r"injecting kill on rank 1 before step \d+ at (\S+)", log)[1])
-    assert run.ended - killed_at < 20, f"{run.ended - killed_at:.1f} s to notice and end"
+    noticed = (run.run_dir / "launcher-result.json").stat().st_mtime - killed_at
+    assert noticed < 20, f"{noticed:.1f} s to notice and end the ranks"
+    assert run.ended - killed_at < 45, f"{run.ended - killed_at:.1f} s to notice and end"
 
 
 @pytest.mark.parametrize("run_name", ["trainer_raise"])
