@@ -64,6 +64,28 @@ def test_user_script_delivers_events_from_every_rank(tmp_path, launcher, monkeyp
     assert list(temp.glob("torchelastic_*")) == []  # plain torchrun leaves one in /tmp
 
 
+START_METHOD_SCRIPT = """
+import multiprocessing
+print("before", multiprocessing.get_start_method(allow_none=True), flush=True)
+multiprocessing.set_start_method("spawn")  # raises where a start method is already set
+print("after", multiprocessing.get_start_method(), flush=True)
+"""
+
+
+def test_a_script_under_spawn_may_set_its_start_method_as_under_python(tmp_path):
+    """Under ``python script.py`` no start method is set when a script starts, so its own
+    ``mp.set_start_method("spawn")`` works (harveyp123/Pytorch-DDP-Example's ``mnist_ddp.py``);
+    the spawn launcher's rank had spawn's set and the script failed, "context has already
+    been set"."""
+    script = tmp_path / "start_method.py"
+    script.write_text(START_METHOD_SCRIPT)
+    session = session_for(tmp_path, launcher="spawn", world_size="1", script=str(script))
+    result = run_to_end(session)
+    assert result.ok, result
+    log = (session.run_dir / "rank-0.log").read_text()
+    assert "before None" in log and "after spawn" in log, log
+
+
 # A failing rank named with its exit code, stderr tail and replay: test_outcomes.py, under
 # both launchers; the others torn down when one fails: the sigkill test below, and the
 # real-world tier's trainer_raise run (torchrun).

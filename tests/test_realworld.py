@@ -100,7 +100,8 @@ SPECS = {
         ),
         # Plain torchrun leaves these workers waiting for its agent's store at the script's
         # MASTER_PORT (spawned.process_worker): the script's contract, 0, is the exit here.
-        # Under spawn the ranks are a Process subclass overriding run() (no target).
+        # Under spawn the ranks are a Process subclass overriding run() (no target), started
+        # by the spawn method the script sets itself (mp.set_start_method, as under python).
         *(
             RunSpec(
                 name,
@@ -112,7 +113,7 @@ SPECS = {
             )
             for name, launcher, more in (
                 ("process_workers", "torchrun", []),
-                ("process_workers_spawn", "spawn", ["--subclass"]),
+                ("process_workers_spawn", "spawn", ["--subclass", "--start-method", "spawn"]),
             )
         ),
         RunSpec(
@@ -346,9 +347,10 @@ def test_spawned_workers_are_the_ranks(run):
 @pytest.mark.parametrize("run_name", ["process_workers", "process_workers_spawn"])
 def test_process_workers_are_the_ranks_and_a_helper_process_is_not(run):
     """Workers started with ``multiprocessing.Process`` (forked under torchrun, with a target;
-    spawned under ``--launcher spawn``, of a subclass that overrides ``run()``, which was not
-    followed: "run finished without a step"): each rank's statuses from its own worker once it
-    has one, its end reported by that worker (a forked worker skips the exit handlers), and
+    spawned under ``--launcher spawn``, where the script sets spawn itself, of a subclass that
+    overrides ``run()``, which was not followed: "run finished without a step"): each rank's
+    statuses from its own worker once it has one, its end reported by that worker (a forked
+    worker skips the exit handlers), and
     nothing from the helper the parent ran first, which formed no process group. Under torchrun
     the workers meet at the script's own ``MASTER_PORT`` (plain torchrun leaves them waiting for
     its agent's store there)."""
@@ -362,6 +364,10 @@ def test_process_workers_are_the_ranks_and_a_helper_process_is_not(run):
     # they share the rank's threads (ddptui's, with one rank: every usable core), as
     # mp.spawn's workers do, rather than take them all each
     assert {own["threads"] for own in run.facts.values()} == {max(1, usable_cpus() // 2)}
+    # started as under python: forked, or spawned where the script set spawn itself (the
+    # spawn launcher's rank had spawn's already set, and that call failed)
+    method = "spawn" if run.spec.launcher == "spawn" else "fork"
+    assert {own["start_method"] for own in run.facts.values()} == {method}
     launched = statuses[0]["pid"]  # ddptui's own process: rank 0 until its workers formed
     assert launched not in workers.values()
     since = next(i for i, e in enumerate(statuses) if e.get("pid") in workers.values())

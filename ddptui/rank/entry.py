@@ -23,6 +23,7 @@ import atexit
 import ctypes
 import gc
 import importlib
+import multiprocessing
 import os
 import runpy
 import signal
@@ -259,6 +260,13 @@ def spawn_worker(
         GROUP_RANK="0",
     )
     prepare_rank(run_dir, local_rank, nprocs)
+    if module is None:
+        # The standard library's spawn child set its start method to spawn before this
+        # function ran. A script runs as under ``python script.py``, where none is set yet: its
+        # own ``mp.set_start_method("spawn")`` would raise "context has already been set"
+        # (harveyp123/Pytorch-DDP-Example's ``mnist_ddp.py``), and its processes and
+        # DataLoader workers would be spawned where plain Python (and torchrun) forks them.
+        multiprocessing.set_start_method(None, force=True)
     try:
         code = run_target(module, script, args, run_module)
     except BaseException:

@@ -7,9 +7,12 @@ run as ``python process_workers.py`` (or by a launcher with one process), on CPU
 ddptui's tests; no ddptui import.
 
     python process_workers.py [--size 2] [--port 29500] [--epochs 3] [--out DIR] [--subclass]
+                              [--start-method spawn]
 
 ``--subclass``: each rank is a ``Process`` subclass that overrides ``run()`` (no target),
-the other common way to write a process per rank.
+the other common way to write a process per rank. ``--start-method``: the script first calls
+``torch.multiprocessing.set_start_method`` with it, as harveyp123/Pytorch-DDP-Example's
+``mnist_ddp.py`` does (``"spawn"``) before starting its ``Process`` per GPU.
 
 Before its ranks start, the parent runs a helper ``Process`` that writes the data (a download
 step's shape) and forms no process group: a process the script starts that is not a rank.
@@ -23,6 +26,7 @@ from random import Random
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from facts import report
@@ -36,6 +40,7 @@ parser.add_argument("--batch", default=32, type=int, help="the batch of all rank
 parser.add_argument("--samples", default=256, type=int)
 parser.add_argument("--out", default=".", type=str)
 parser.add_argument("--subclass", action="store_true", help="ranks as a Process subclass")
+parser.add_argument("--start-method", help="set_start_method(...) before any process starts")
 
 
 class Partition:
@@ -123,7 +128,7 @@ def run(rank, size, args, helper_pid):
         print("Rank ", dist.get_rank(), ", epoch ", epoch, ": ", epoch_loss / num_batches)
     threads = torch.get_num_threads()
     report(rank, size, steps, last_loss, epoch_steps, pid=os.getpid(), helper_pid=helper_pid,
-           threads=threads)  # fmt: skip
+           threads=threads, start_method=mp.get_start_method())  # fmt: skip
     dist.destroy_process_group()
 
 
@@ -148,6 +153,8 @@ class Worker(Process):
 
 if __name__ == "__main__":
     args = parser.parse_args()
+    if args.start_method:
+        mp.set_start_method(args.start_method)
     helper = Process(target=write_data, args=(os.path.join(args.out, "data.pt"), args.samples))
     helper.start()
     helper.join()
