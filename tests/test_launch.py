@@ -69,14 +69,17 @@ import multiprocessing
 print("before", multiprocessing.get_start_method(allow_none=True), flush=True)
 multiprocessing.set_start_method("spawn")  # raises where a start method is already set
 print("after", multiprocessing.get_start_method(), flush=True)
+process = multiprocessing.current_process()
+print("process", process.name, multiprocessing.parent_process(), flush=True)
 """
 
 
-def test_a_script_under_spawn_may_set_its_start_method_as_under_python(tmp_path):
+def test_a_script_under_spawn_starts_as_under_python(tmp_path):
     """Under ``python script.py`` no start method is set when a script starts, so its own
     ``mp.set_start_method("spawn")`` works (harveyp123/Pytorch-DDP-Example's ``mnist_ddp.py``);
     the spawn launcher's rank had spawn's set and the script failed, "context has already
-    been set"."""
+    been set". And it is ``MainProcess`` with no parent, as scripts test to know they are the
+    program (the rank was ``rank-0``, a child of the driver)."""
     script = tmp_path / "start_method.py"
     script.write_text(START_METHOD_SCRIPT)
     session = session_for(tmp_path, launcher="spawn", world_size="1", script=str(script))
@@ -84,6 +87,7 @@ def test_a_script_under_spawn_may_set_its_start_method_as_under_python(tmp_path)
     assert result.ok, result
     log = (session.run_dir / "rank-0.log").read_text()
     assert "before None" in log and "after spawn" in log, log
+    assert "process MainProcess None" in log, log
 
 
 # A failing rank named with its exit code, stderr tail and replay: test_outcomes.py, under

@@ -242,6 +242,26 @@ def exit_after_success(code: int) -> None:
     os._exit(code)
 
 
+def as_main_process() -> None:
+    """Make the spawn launcher's rank, a child of the standard library's spawn, look to the
+    script it runs as ``python script.py`` (or a torchrun rank) does.
+
+    * No start method is set yet. The spawn child's bootstrap set spawn's: a script's own
+      ``mp.set_start_method("spawn")`` raised "context has already been set"
+      (harveyp123/Pytorch-DDP-Example's ``mnist_ddp.py``), and its processes and DataLoader
+      workers were spawned where plain Python forks them (a script without a main guard
+      failed at its first batch: its workers ran its top level again).
+    * The process is ``MainProcess``, with no multiprocessing parent: scripts test
+      ``mp.current_process().name == "MainProcess"`` or ``mp.parent_process() is None`` to
+      know they are the program and not one of its workers (to run ``main()``, set up their
+      logging, register signal handlers). The standard library has no setter for the parent:
+      its module-level record is cleared (the rank's own parent watch reads ``getppid``).
+    """
+    multiprocessing.set_start_method(None, force=True)
+    multiprocessing.current_process().name = "MainProcess"
+    multiprocessing.process._parent_process = None  # what parent_process() returns
+
+
 def spawn_worker(
     local_rank: int,
     nprocs: int,
@@ -261,12 +281,7 @@ def spawn_worker(
     )
     prepare_rank(run_dir, local_rank, nprocs)
     if module is None:
-        # The standard library's spawn child set its start method to spawn before this
-        # function ran. A script runs as under ``python script.py``, where none is set yet: its
-        # own ``mp.set_start_method("spawn")`` would raise "context has already been set"
-        # (harveyp123/Pytorch-DDP-Example's ``mnist_ddp.py``), and its processes and
-        # DataLoader workers would be spawned where plain Python (and torchrun) forks them.
-        multiprocessing.set_start_method(None, force=True)
+        as_main_process()
     try:
         code = run_target(module, script, args, run_module)
     except BaseException:
