@@ -333,6 +333,36 @@ def test_collectives_the_script_calls_are_comm_not_the_phase_they_interrupt(inst
     assert sum(second["phases"][p] for p in PHASES) == pytest.approx(second["step_time"])
 
 
+def test_a_collective_another_thread_calls_is_not_the_steps_comm(inst):
+    """A collective called from another thread while the step computes (a compression hook's
+    callback, an async checkpoint's): the stepping thread did not wait in it. Timed, it was
+    counted as the step's comm and moved its backward's start (and a collective of the step's
+    own, called while the other thread's was in progress, went untimed)."""
+    import threading
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    collective = inst._collective_wrapper(lambda *a, **k: clock.advance(0.007))
+    train_step(model, opt, clock)
+    clock.advance(0.005)
+    loss = model(torch.randn(6, 4)).pow(2).mean()
+    elsewhere = threading.Thread(target=collective)
+    elsewhere.start()
+    elsewhere.join()
+    opt.zero_grad()
+    loss.backward()
+    collective()  # the script's own, after backward: comm
+    clock.advance(0.001)
+    opt.step()
+    inst.flush()
+    second = inst.fake.logs[1]
+    assert second["phases"]["comm"] == pytest.approx(0.007)  # its own collective only
+    # the 7 ms this thread spent joining the other is the segment's it was in, as other work
+    assert second["phases"]["backward"] == pytest.approx(0.027)
+    assert sum(second["phases"][p] for p in PHASES) == pytest.approx(second["step_time"])
+
+
 def test_gradient_accumulation_sums_samples_and_averages_losses(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))

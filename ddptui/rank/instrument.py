@@ -133,6 +133,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from threading import get_ident
 from typing import Any
 
 import ddptui
@@ -750,6 +751,10 @@ class Instrument:
         self._atexit = False
         self._get_reporter: Callable[[], Any] | None = None
         self._in_collective = False  # inside a timed collective (nested ones are not timed)
+        #: The thread that ended the last step (None before the first): a collective another
+        #: thread calls (a gradient compression hook's callback in a store's thread, an async
+        #: checkpoint's) is not the stepping thread's wait, and is not timed as its comm.
+        self._step_thread: int | None = None
         self._p2p_noted = False  # the p2p note was sent (see P2P)
         # an evaluation pass (forwards without grad, or in eval mode) since the last segment
         self._eval_start: float | None = None
@@ -1878,7 +1883,12 @@ class Instrument:
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if inst._in_collective or inst.disabled or inst._cuda is not None:
+            if (
+                inst._in_collective
+                or inst.disabled
+                or inst._cuda is not None
+                or (inst._step_thread is not None and get_ident() != inst._step_thread)
+            ):
                 return original(*args, **kwargs)
             inst._in_collective = True
             start = inst.clock()
@@ -2405,6 +2415,7 @@ class Instrument:
     def _finish_step(self, ender: int, at: float | None = None) -> None:
         """The optimizer ``ender`` (its id; 0: none, see _end_without_optimizer) ended a
         training step, now or ``at`` (a time already passed): hand it to the drainer."""
+        self._step_thread = get_ident()
         losses = self._losses
         loss: tuple[list[Any], int] | None = None  # CPU: the loss tensors, read off the path
         # Gradient accumulation that divides each micro-batch's loss by their number
