@@ -315,11 +315,13 @@ def uninstall() -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child (a DataLoader worker) has no drainer thread: a drain the parent's
-    thread had under way leaves its lock held in the child, so the child gets a new one."""
+    thread had under way leaves its lock held in the child, so the child gets a new one.
+    Its stepping thread is the one that forked, known at its first step."""
     inst = _instrument
     if inst is not None:
         inst._send_lock = threading.RLock()
         inst._draining = None
+        inst._step_thread = None
 
 
 if hasattr(os, "register_at_fork"):
@@ -752,7 +754,7 @@ class Instrument:
         self._get_reporter: Callable[[], Any] | None = None
         self._in_collective = False  # inside a timed collective (nested ones are not timed)
         #: The thread that ended the last step (None before the first): a collective another
-        #: thread calls (a gradient compression hook's callback in a store's thread, an async
+        #: thread calls (a gradient compression hook's callback in the backend's thread, an async
         #: checkpoint's) is not the stepping thread's wait, and is not timed as its comm.
         self._step_thread: int | None = None
         self._p2p_noted = False  # the p2p note was sent (see P2P)
