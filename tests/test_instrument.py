@@ -306,6 +306,18 @@ def test_an_evaluation_pass_is_its_own_phase(inst):
     assert trained > 0.02
 
 
+def _second_step_forward(inst):
+    """One training step, then the second's data wait (5 ms) and forward: the clock, the
+    optimizer, a collective that takes 7 ms (wrapped as torch's are) and the loss."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    collective = inst._collective_wrapper(lambda *a, **k: clock.advance(0.007))
+    train_step(model, opt, clock)
+    clock.advance(0.005)
+    return clock, opt, collective, model(torch.randn(6, 4)).pow(2).mean()
+
+
 def test_collectives_the_script_calls_are_comm_not_the_phase_they_interrupt(inst):
     """An ImageNet-style loop: a barrier and metric all_reduces between forward and backward."""
     import torch.distributed as dist
@@ -313,13 +325,7 @@ def test_collectives_the_script_calls_are_comm_not_the_phase_they_interrupt(inst
 
     assert dist.all_reduce is c10d.all_reduce  # one wrapper under both names
     assert dist.barrier.__wrapped__.__module__ == "torch.distributed.distributed_c10d"
-    clock = inst.fake_clock
-    model = DistributedDataParallel(Net(clock))
-    opt = timed_sgd(model.parameters(), clock)
-    collective = inst._collective_wrapper(lambda *a, **k: clock.advance(0.007))
-    train_step(model, opt, clock)
-    clock.advance(0.005)
-    loss = model(torch.randn(6, 4)).pow(2).mean()
+    clock, opt, collective, loss = _second_step_forward(inst)
     collective()  # the barrier: 7 ms
     collective()  # the metrics' all_reduce: 7 ms
     opt.zero_grad()
@@ -340,13 +346,7 @@ def test_a_collective_another_thread_calls_is_not_the_steps_comm(inst):
     own, called while the other thread's was in progress, went untimed)."""
     import threading
 
-    clock = inst.fake_clock
-    model = DistributedDataParallel(Net(clock))
-    opt = timed_sgd(model.parameters(), clock)
-    collective = inst._collective_wrapper(lambda *a, **k: clock.advance(0.007))
-    train_step(model, opt, clock)
-    clock.advance(0.005)
-    loss = model(torch.randn(6, 4)).pow(2).mean()
+    clock, opt, collective, loss = _second_step_forward(inst)
     elsewhere = threading.Thread(target=collective)
     elsewhere.start()
     elsewhere.join()
