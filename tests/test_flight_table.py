@@ -93,6 +93,34 @@ def test_a_groups_backends_are_judged_apart():
     assert behind_ranks(state) == {1: "behind: at #39 while rank 0 wait(s) in all_reduce #40"}
 
 
+# -- the session's warming of torch's analyzer ------------------------------------------------
+def test_the_analyzer_is_loaded_once_a_rank_stands_still_or_fails(tmp_path, monkeypatch):
+    """A failed rank's run reads the traces with torch's analyzer once the launcher ends: its
+    import starts when a rank fails, not then (it took 16 s on a loaded machine)."""
+    from ddptui.run import flight
+    from ddptui.run.config import build_config
+    from ddptui.run.machine import Machine
+    from ddptui.run.session import RunSession
+
+    warmed = []
+    monkeypatch.setattr(flight, "warm_analyzer", lambda: warmed.append(True))
+    cfg = build_config({"run_dir": str(tmp_path / "run")}, Machine(0, "no GPU", 2))
+    session = RunSession(cfg)
+    session._flight_warm()  # no trace sockets: nothing to analyze
+    session.fr_dir = tmp_path
+    state = session.state
+    for rank in (0, 1):
+        status = protocol.Status(run="r", rank=rank, t=0, seq=0, state="started", pid=10 + rank)
+        state.apply(status, now=0.0)
+    state.apply(beat(0, 1, 3, 3), now=1.0)
+    session._flight_warm()
+    assert warmed == []  # every rank works
+    failed = protocol.Status(run="r", rank=1, t=2, seq=1, state="failed", error="boom", pid=11)
+    state.apply(failed, now=2.0)
+    session._flight_warm()
+    assert warmed == [True]
+
+
 # -- the session's live desync check -------------------------------------------------------
 def test_every_rank_still_in_a_collective_asks_for_traces_once_and_a_desync_is_a_verdict(
     tmp_path, monkeypatch

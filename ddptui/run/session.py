@@ -456,17 +456,20 @@ class RunSession:
         return found
 
     def _flight_warm(self) -> None:
-        """Once any live rank has stood still for :data:`FLIGHT_WARM_S`, load torch's analyzer
-        in the background: a hang verdict then reads the traces without waiting for torch to
-        load in this process."""
+        """Once any live rank has stood still for :data:`FLIGHT_WARM_S`, or a rank has failed,
+        load torch's analyzer in the background: a hang verdict, or the crash diagnosis once
+        the launcher ends, then reads the traces without waiting for torch to load in this
+        process (a killed rank's run on a loaded machine: 16 s from the launcher's end to the
+        summary, most of it that import, begun only then)."""
         if self.fr_dir is None:
             return
         with self._lock:
-            still = any(
-                v.state == "started" and (v.still_for or 0.0) >= FLIGHT_WARM_S
+            warm = any(
+                v.state == "failed"
+                or (v.state == "started" and (v.still_for or 0.0) >= FLIGHT_WARM_S)
                 for v in self.state.ranks.values()
             )
-        if still:
+        if warm:
             flight.warm_analyzer()
 
     def _flight_watch(self, now: float) -> None:
