@@ -467,8 +467,10 @@ def test_a_killed_rank_fails_the_run_and_is_named(run):
     # Recorder trace included. 2.6 s on a quiet machine; with this tier's three runs and the
     # other workers' tests at once, 10.8 s from rank 1's last event was seen, hence 20
     # (test_launch's spawn case, run alone, keeps 10 s). Then ddptui reads the trace with
-    # torch's analyzer (it imports torch): 3.7 s alone on a machine twice as slow as usual,
-    # 16 s there in a full suite, so ddptui's own end is held to well under the timeout only.
+    # torch's analyzer, which imports torch (begun when rank 0 failed): on a machine at half
+    # the usual speed, 16 s to the summary in a full suite when the import began only at the
+    # launcher's end (3.3 s alone, 1.7 s since), so ddptui's own end is held to well under
+    # the timeout only.
     log = (run.run_dir / "rank-1.log").read_text()
     killed_at = float(re.search(r"injecting kill on rank 1 before step \d+ at (\S+)", log)[1])
     noticed = (run.run_dir / "launcher-result.json").stat().st_mtime - killed_at
