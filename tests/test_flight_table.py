@@ -96,7 +96,8 @@ def test_a_groups_backends_are_judged_apart():
 # -- the session's warming of torch's analyzer ------------------------------------------------
 def test_the_analyzer_is_loaded_once_a_rank_stands_still_or_fails(tmp_path, monkeypatch):
     """A failed rank's run reads the traces with torch's analyzer once the launcher ends: its
-    import starts when a rank fails, not then (it took 16 s on a loaded machine)."""
+    import starts when a rank fails, not then (begun then, the summary came 3.3 s after the
+    launcher's end on a slow machine, 1.7 s since)."""
     from ddptui.run import flight
     from ddptui.run.config import build_config
     from ddptui.run.machine import Machine
