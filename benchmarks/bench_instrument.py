@@ -240,7 +240,7 @@ IN_SITU = (
 )  # fmt: skip
 
 
-def in_situ(target: float, pairs: int) -> tuple[float, float, float, float]:
+def in_situ(target: float, pairs: int) -> tuple[float, float, float, float, dict[str, float]]:
     """The hooks' own time per step *inside* a training step (SmallCNN at ``target`` seconds a
     step), where the kernels before each hook have pushed the interpreter's code and data out
     of the CPU caches, against the same entries with every body returning at once (the
@@ -248,11 +248,13 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float, float]:
     disabled instrument arms no gradient hook); and the drainer thread's CPU time making and
     sending those steps' events, off the step path (its drains during the blocks with the
     bodies on, over their steps). Interleaved blocks, medians. Returns (hooks, floor, step,
-    drainer) in microseconds per step."""
-    spent, live, clock = [0.0], [False], time.perf_counter
+    drainer) in microseconds per step, and each entry's bodies (its time with the bodies on less
+    its time with them returning at once, medians) in microseconds per step."""
+    names = (*IN_SITU, "gradient")
+    spent, live, clock = dict.fromkeys(names, 0.0), [False], time.perf_counter
     drained = [0.0]
 
-    def timed(fn: Callable[..., object]) -> Callable[..., object]:
+    def timed(fn: Callable[..., object], name: str) -> Callable[..., object]:
         def wrapper(*args: object, **kwargs: object) -> object:
             if not live[0]:
                 return fn(*args, **kwargs)
@@ -260,7 +262,7 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float, float]:
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[0] += clock() - t0
+                spent[name] += clock() - t0
 
         return wrapper
 
@@ -280,8 +282,8 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float, float]:
     originals = {name: cls.__dict__[name] for name in (*IN_SITU, "_drain")}
     original_hook = watch_cls.__dict__["_hook"]
     for name, fn in originals.items():
-        setattr(cls, name, drain_timed(fn) if name == "_drain" else timed(fn))
-    watch_cls._hook = lambda watch, index: timed(original_hook(watch, index))
+        setattr(cls, name, drain_timed(fn) if name == "_drain" else timed(fn, name))
+    watch_cls._hook = lambda watch, index: timed(original_hook(watch, index), "gradient")
     try:
         model = DistributedDataParallel(SmallCNN())
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -291,6 +293,9 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float, float]:
         )
         steps = max(5, round(BLOCK_S / target))
         per_step: dict[bool, list[float]] = {False: [], True: []}  # by "disabled"
+        by_name: dict[bool, dict[str, list[float]]] = {
+            off: {name: [] for name in names} for off in (False, True)
+        }
         step_s: list[float] = []
         drainer: list[float] = []
         for i in range(pairs):
@@ -298,14 +303,17 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float, float]:
                 hooks(True, model)
                 instrument.current().disabled = disabled
                 settle(step, instrument.LEARN_STEPS + 1)
-                spent[0] = drained[0] = 0.0
+                spent.update(dict.fromkeys(names, 0.0))
+                drained[0] = 0.0
                 live[0] = True
                 t0 = clock()
                 for _ in range(steps):
                     step()
                 live[0] = False
                 step_s.append((clock() - t0) / steps)
-                per_step[disabled].append(spent[0] / steps)
+                per_step[disabled].append(sum(spent.values()) / steps)
+                for name in names:
+                    by_name[disabled][name].append(spent[name] / steps)
                 if not disabled:
                     drainer.append(drained[0] / steps)
         hooks(False, model)
@@ -319,6 +327,10 @@ def in_situ(target: float, pairs: int) -> tuple[float, float, float, float]:
         median(per_step[True]) * 1e6,
         median(step_s) * 1e6,
         median(drainer) * 1e6,
+        {
+            name: (median(by_name[False][name]) - median(by_name[True][name])) * 1e6
+            for name in names
+        },
     )
 
 
@@ -327,7 +339,7 @@ def print_in_situ(goals: tuple[tuple[float, float], ...], pairs: int, warm: floa
     interpreter's code and data out of the caches, and the same hooks cost more inside it."""
     for target, _ in goals:
         before = load()
-        hooked, floor, step_us, drainer = in_situ(target, pairs)
+        hooked, floor, step_us, drainer, bodies = in_situ(target, pairs)
         against = f", against {warm:.1f} us called directly, warm" if warm is not None else ""
         print(
             f"in situ, inside {step_us / 1e3:.1f} ms SmallCNN steps: the hooks take "
@@ -335,6 +347,11 @@ def print_in_situ(goals: tuple[tuple[float, float], ...], pairs: int, warm: floa
             f"returning at once {floor:.1f} us (torch's call of the hook and the timing): the "
             f"bodies {hooked - floor:.1f} us{against}; off the step path, the drainer thread's "
             f"CPU {drainer:.1f} us a step ({before})"
+        )
+        # The gradient hook is not armed while disabled: its figure has torch's call in it.
+        print(
+            "  the bodies by entry, us a step: "
+            + ", ".join(f"{name.lstrip('_')} {us:.1f}" for name, us in bodies.items())
         )
 
 
