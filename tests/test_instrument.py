@@ -419,6 +419,54 @@ def test_a_tensor_subclass_loss_is_read_once_per_backward(inst):
     assert calls[-1] == 2  # the backward wrapper once, the one gradient hook left
 
 
+@pytest.fixture(scope="module")
+def rpc_world():
+    """This process as a world of one over torch's RPC (TensorPipe on loopback)."""
+    from torch.distributed import rpc
+
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{free_port()}")
+    rpc.init_rpc("trainer0", rank=0, world_size=1, rpc_backend_options=options)
+    yield rpc
+    rpc.shutdown()
+
+
+@pytest.mark.filterwarnings("ignore:`TorchScript` support for functional optimizers")
+@pytest.mark.filterwarnings("ignore:You are using a Backend")
+@pytest.mark.parametrize(("roots", "optimizer"), [(1, "SGD"), (2, "ASGD")])
+def test_distributed_autograd_and_optimizer_steps_are_steps(inst, rpc_world, roots, optimizer):
+    """pytorch/examples' ``ddp_rpc``: a DDP module trained with ``dist_autograd.backward``
+    and a ``DistributedOptimizer`` (neither ``Tensor.backward`` nor a torch.optim step on the
+    trainer) read "preparing" and 0 samples for its 1,000 steps a trainer. Two roots of one
+    backward are the terms of one objective: the step's loss is their sum. SGD's owners step
+    a functional optimizer (TorchScript); ASGD's a torch.optim one, here in an RPC thread of
+    this process, inside the DistributedOptimizer's step: the same step, not another."""
+    import torch.distributed.autograd as dist_autograd
+    from torch.distributed.optim import DistributedOptimizer
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = DistributedOptimizer(
+        getattr(torch.optim, optimizer), [rpc_world.RRef(p) for p in model.parameters()], lr=0.01
+    )
+    losses = []
+    for _ in range(4):
+        clock.advance(0.005)
+        with dist_autograd.context() as context_id:
+            out = model(torch.randn(6, 4))
+            terms = [out.pow(2).mean(), out.abs().mean()][:roots]
+            dist_autograd.backward(context_id, terms)
+            opt.step(context_id)
+        losses.append(sum(t.item() for t in terms))
+    inst.flush()
+    logs = inst.fake.logs
+    assert len(logs) == 4
+    assert [log["loss"] for log in logs] == pytest.approx(losses)
+    assert [log["samples"] for log in logs] == [6] * 4
+    assert logs[-1]["phases"]["forward"] == pytest.approx(0.010)
+    assert logs[-1]["phases"]["backward"] == pytest.approx(0.020)
+    assert logs[-1]["phases"]["data"] == pytest.approx(0.005)
+
+
 def test_gradient_hooks_shrink_to_the_last_parameter(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))

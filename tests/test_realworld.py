@@ -1,5 +1,5 @@
 """The real-world tier: DDP scripts in the shapes public ones have (pytorch/examples'
-ddp-tutorial-series, ddp/example.py and minGPT-ddp; KaiiZhang/DDP-Tutorial;
+ddp-tutorial-series, ddp/example.py, minGPT-ddp and rpc/ddp_rpc; KaiiZhang/DDP-Tutorial;
 tczhangzhi/pytorch-distributed), written for these tests, run unmodified under ddptui.
 
 Each script runs once (``tests/realworld_runs.py``: a few at a time, in the background) and
@@ -97,6 +97,21 @@ SPECS = {
             args=lambda w: ["--dist-url", f"tcp://127.0.0.1:{free_port()}"],
             world_size=1,
             cost=1.5,
+        ),
+        # pytorch/examples' ddp_rpc: two of the four processes (an RPC master, a parameter
+        # server) form no process group; the trainers' loops run in RPC threads. A short hang
+        # timeout: their silence (and the trainers' main threads in rpc.shutdown) is no hang.
+        RunSpec(
+            "rpc_trainers",
+            "rpc_trainers.py",
+            args=lambda w: [
+                *("--pg-url", f"tcp://127.0.0.1:{free_port()}"),
+                *("--rpc-url", f"tcp://127.0.0.1:{free_port()}"),
+            ],
+            world_size=1,
+            launcher="spawn",
+            hang_timeout=LONG_PREP_HANG_TIMEOUT,
+            cost=2,
         ),
         # Plain torchrun leaves these workers waiting for its agent's store at the script's
         # MASTER_PORT (spawned.process_worker): the script's contract, 0, is the exit here.
@@ -342,6 +357,27 @@ def test_spawned_workers_are_the_ranks(run):
     assert sorted(last) == [0, 1], run.describe()
     assert {e.get("world_size") for e in last.values()} == {2}
     assert last[0]["pid"] != last[1]["pid"]
+
+
+@pytest.mark.parametrize("run_name", ["rpc_trainers"])
+def test_rpc_trainers_are_the_ranks_and_the_master_and_server_are_not(run):
+    """pytorch/examples' ``ddp_rpc``: steps of ``dist_autograd.backward`` and
+    ``DistributedOptimizer.step`` (its 1,000 steps a trainer read 0 samples), every batch's
+    samples, and nothing from the master and the parameter server, which form no process group
+    (each announced itself as rank 0 at its exit: 2 events refused, 2 ``finished`` taken)."""
+    facts = run.facts
+    summary = run.summary
+    assert {r["rank"]: r["samples"] for r in summary["ranks"]} == {
+        rank: own["samples"] for rank, own in facts.items()
+    }, run.describe()
+    assert summary["samples"] == sum(own["samples"] for own in facts.values())
+    assert summary["events"]["rejected"] == 0, run.describe()
+    helpers = {int(pid) for own in facts.values() for pid in own["helper_pids"].split(",")}
+    assert len(helpers) == 2
+    statuses = [e for e in run.events if e["kind"] == "status"]
+    assert helpers.isdisjoint(e.get("pid") for e in statuses), run.describe()
+    ended = {e["rank"]: e["pid"] for e in statuses if e["state"] != "started"}
+    assert ended == {rank: own["pid"] for rank, own in facts.items()}, run.describe()
 
 
 @pytest.mark.parametrize("run_name", ["process_workers", "process_workers_spawn"])

@@ -144,6 +144,32 @@ def test_a_worker_whose_group_was_made_unseen_learns_its_rank_from_the_group(mon
     assert spawned.learn_rank() is False  # never raises into the script
 
 
+@pytest.mark.parametrize("group", [False, True])
+def test_a_worker_that_forms_no_process_group_ends_unheard(monkeypatch, group):
+    """torch RPC's master and parameter server in pytorch/examples' ``ddp_rpc``: mp.spawn's
+    workers 2 and 3 that join only the RPC world, never a rank. At their exit each announced
+    itself as rank 0 (the rank it inherited): its local rank refused as outside the world,
+    its ``finished`` taken as rank 0's. A worker that formed its group ends as a rank does."""
+    from ddptui.rank import reporter as reporter_module
+    from ddptui.rank import spawned
+
+    monkeypatch.setattr(spawned, "_group_seen", group)
+    monkeypatch.setenv(spawned.SPAWNED_ENV, "1")
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeDist(initialized=False))
+    with Collector("r", world_size=2) as collector:
+        rep = Reporter(collector.endpoint, "r", rank=1 if group else 0)
+        monkeypatch.setattr(reporter_module, "_reporter", rep)
+        try:
+            reporter_module._at_exit(rep)
+            got = []
+            for _ in range(20):
+                got += collector.poll(0.05)
+        finally:
+            rep.close()
+    assert [e.state for e in got] == (["started", "finished"] if group else [])
+    assert collector.stats.rejected == 0
+
+
 def test_a_seen_group_announces_once(monkeypatch):
     from ddptui.rank import spawned
 

@@ -828,6 +828,8 @@ class Instrument:
             self._attach_ddp,
             self._attach_jit,
             self._attach_backward,
+            self._attach_dist_autograd,
+            self._attach_dist_optimizer,
             self._attach_scaler,
             self._attach_sampler,
             self._attach_loader,
@@ -994,6 +996,61 @@ class Instrument:
                 after()
 
         self._patch(torch.Tensor, "backward", backward)
+
+    # A model that spans processes over torch's RPC (pytorch/examples' ``ddp_rpc``: a DDP
+    # module on each trainer, an embedding table on a parameter server) trains with
+    # ``dist_autograd.backward(context_id, [loss])`` and ``DistributedOptimizer.step(
+    # context_id)``: neither calls ``Tensor.backward`` nor a ``torch.optim`` optimizer's
+    # step on the trainer (the owners' functional optimizers step in RPC threads), and the
+    # example's 1,000 steps a trainer read "preparing" and 0 samples to their end. They are
+    # followed as those are.
+    def _attach_dist_autograd(self, torch: Any) -> None:
+        """``torch.distributed.autograd.backward`` as a step's backward (absent from a torch
+        built without RPC: nothing to follow there)."""
+        module = sys.modules.get("torch.distributed.autograd")
+        original = getattr(module, "backward", None) if module is not None else None
+        if original is None:
+            return
+        before, after, inst = self._backward_call, self._backward_return, self
+
+        @functools.wraps(original)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            roots = args[1] if len(args) > 1 else kwargs.get("roots")
+            if isinstance(roots, list | tuple):
+                for root in roots:
+                    if isinstance(root, torch.Tensor):
+                        before(root)
+                # The roots' gradients are summed: several are the terms of one objective.
+                if len(roots) > 1:
+                    inst._summed_losses = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                after()
+
+        self._patch(module, "backward", backward)
+
+    def _attach_dist_optimizer(self, torch: Any) -> None:
+        """``DistributedOptimizer.step`` as a step's optimizer step, once the script imports
+        ``torch.distributed.optim``. Its owners' optimizers, stepped by RPC inside it, are
+        the same step (a ``torch.optim`` one on this process is a step inside a step)."""
+        self._when_imported("torch.distributed.optim", self._follow_dist_optimizer)
+
+    def _follow_dist_optimizer(self, module: Any) -> None:
+        cls = getattr(module, "DistributedOptimizer", None)
+        original = getattr(cls, "step", None) if isinstance(cls, type) else None
+        if not callable(original):
+            return
+        pre, post = self._opt_pre, self._opt_post
+
+        @functools.wraps(original)
+        def step(optimizer: Any, /, *args: Any, **kwargs: Any) -> Any:
+            pre(optimizer, (optimizer, *args), kwargs)  # as torch's hooks get them: self first
+            result = original(optimizer, *args, **kwargs)
+            post(optimizer, (optimizer, *args), kwargs)
+            return result
+
+        self._follow("DistributedOptimizer", cls, step=step)
 
     def _attach_scaler(self, torch: Any) -> None:
         from torch.amp import GradScaler

@@ -992,10 +992,11 @@ def reset_reporter() -> None:
 
 def _at_exit(reporter: Reporter) -> None:
     if reporter is _reporter and reporter.enabled:
-        from ddptui.rank import heartbeat  # loaded with the rank entry
+        from ddptui.rank import heartbeat, spawned  # loaded with the rank entry
 
         heartbeat.quiet_at_end(reporter)  # a process whose workers are the ranks ends unheard
-        reporter.finished()
+        if not spawned.unranked():  # nor does a worker of the script's that is no rank
+            reporter.finished()
         reporter.close()
 
 

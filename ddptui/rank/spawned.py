@@ -357,6 +357,15 @@ def _share_threads_among(workers: int) -> None:
         pass
 
 
+def unranked() -> bool:
+    """Whether this process is a worker the script started that never became a rank: it
+    formed no process group (torch RPC's master or parameter server in pytorch/examples'
+    ``ddp_rpc``, which join only the RPC world). It ends unheard, as it ran: at its exit it
+    announced itself as rank 0 (the rank it inherited), its local rank 2 or 3 refused as
+    outside the world, its ``finished`` taken as rank 0's."""
+    return not learn_rank()
+
+
 def learn_rank() -> bool:
     """A spawned worker whose group was created unseen learns its rank from the group now;
     True once this process's rank is known (or it is no spawned worker).
