@@ -155,7 +155,10 @@ def test_a_worker_that_forms_no_process_group_ends_unheard(monkeypatch, group):
 
     monkeypatch.setattr(spawned, "_group_seen", group)
     monkeypatch.setenv(spawned.SPAWNED_ENV, "1")
+    monkeypatch.delenv(spawned.AGENT_STORE_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "torch.distributed", FakeDist(initialized=False))
+    monkeypatch.setattr(reporter_module, "_unheard_at_exit", None, raising=False)
+    spawned._become_worker()  # what such a worker does first
     with Collector("r", world_size=2) as collector:
         rep = Reporter(collector.endpoint, "r", rank=1 if group else 0)
         monkeypatch.setattr(reporter_module, "_reporter", rep)

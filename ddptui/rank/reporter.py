@@ -49,6 +49,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ddptui import protocol
@@ -990,12 +991,24 @@ def reset_reporter() -> None:
     _reporter, _reporter_pid = None, None
 
 
+#: Whether this process ends unheard: set in a worker the script started (see
+#: :func:`spawned.unranked`), which is no rank unless it forms a process group.
+_unheard_at_exit: Callable[[], bool] | None = None
+
+
+def unheard_at_exit(check: Callable[[], bool]) -> None:
+    """At this process's exit, send no ``finished`` when ``check()`` holds then."""
+    global _unheard_at_exit
+    _unheard_at_exit = check
+
+
 def _at_exit(reporter: Reporter) -> None:
     if reporter is _reporter and reporter.enabled:
-        from ddptui.rank import heartbeat, spawned  # loaded with the rank entry
+        from ddptui.rank import heartbeat  # loaded with the rank entry
 
         heartbeat.quiet_at_end(reporter)  # a process whose workers are the ranks ends unheard
-        if not spawned.unranked():  # nor does a worker of the script's that is no rank
+        unheard = _unheard_at_exit
+        if unheard is None or not unheard():  # and so does a worker of the script's, no rank
             reporter.finished()
         reporter.close()
 

@@ -83,6 +83,9 @@ def _become_worker() -> None:
     torchrun's: they rendezvous as under ``python script.py``, unless they meet at the
     agent's own endpoint (see :func:`before_rendezvous`)."""
     os.environ[SPAWNED_ENV] = "1"
+    from ddptui.rank import reporter  # loaded on use: keeps this module light
+
+    reporter.unheard_at_exit(unranked)
     if os.environ.pop(AGENT_STORE_ENV, None) == "True":
         os.environ[AGENT_ENDPOINT_ENV] = _endpoint()
 
