@@ -98,6 +98,15 @@ SPECS = {
             world_size=1,
             cost=1.5,
         ),
+        RunSpec(
+            "spawner_raise",
+            "spawn_workers.py",
+            args=lambda w: ["--dist-url", f"tcp://127.0.0.1:{free_port()}"],
+            env=lambda w: _fault("raise", FAULT_STEP),
+            world_size=1,
+            plain_exit=1,
+            cost=1.5,
+        ),
         # pytorch/examples' ddp_rpc: two of the four processes (an RPC master, a parameter
         # server) form no process group; the trainers' loops run in RPC threads. A short hang
         # timeout: their silence (and the trainers' main threads in rpc.shutdown) is no hang.
@@ -512,6 +521,27 @@ def test_a_killed_rank_fails_the_run_and_is_named(run):
     noticed = (run.run_dir / "launcher-result.json").stat().st_mtime - killed_at
     assert noticed < 20, f"{noticed:.1f} s to notice and end the ranks"
     assert run.ended - killed_at < 45, f"{run.ended - killed_at:.1f} s to notice and end"
+
+
+@pytest.mark.parametrize("run_name", ["spawner_raise"])
+def test_a_raising_spawned_worker_is_named_not_the_spawner_launched_as_rank_0(run):
+    """mp.spawn's wrapper catches a worker's exception and exits it with code 1; the spawner,
+    launched as rank 0, raises it again and exits 1. It read "rank 0 failed first: exit code
+    1", rank 0 ``failed`` and rank 1 ``finished``: now rank 1 fails with its own error and
+    traceback, and rank 0, torn down, is not the cause."""
+    assert run.returncode == run.spec.plain_exit == 1, run.describe()
+    summary = run.summary
+    assert (summary["outcome"], summary["exit_code"]) == ("failed", 1)
+    failure = summary["failure"]
+    assert failure["rank"] == 1, run.describe()
+    assert f"RuntimeError: injected failure on worker 1 at step {FAULT_STEP}" == failure["error"]
+    assert 'spawn_workers.py", line' in failure["traceback"]
+    assert "spawned.py" not in failure["traceback"]  # the script's frames, not ddptui's
+    states = {r["rank"]: r["state"] for r in summary["ranks"]}
+    assert states[1] == "failed" and states[0] != "failed", run.describe()
+    crash = [d for d in summary["diagnoses"] if d["cause"] in ("crash", "oom")]
+    assert [d["rank"] for d in crash] == [1], run.describe()
+    assert "FAILED: rank 1 failed: RuntimeError: injected failure on worker 1" in run.stdout
 
 
 @pytest.mark.parametrize("run_name", ["trainer_raise"])

@@ -13,6 +13,7 @@ import pytest
 
 from ddptui import protocol
 from ddptui.run.config import build_config
+from ddptui.run.diagnosis import rank_ends
 from ddptui.run.session import RunSession
 from ddptui.run.state import RankFailureInfo
 from ddptui.runfiles import RunDir
@@ -115,6 +116,57 @@ def test_a_ranks_own_error_is_the_cause_not_the_drivers_exit(tmp_path):
     assert "rank 0" in cause.describe() and "launcher" not in cause.describe()
     signalled = RankFailureInfo(rank=None, signal="SIGKILL")
     assert session._rank_cause(signalled) is signalled  # a kill is its own cause
+
+
+def _spawned_run(tmp_path, worker_states):
+    """A run launched as one process (pid 100, rank 0) whose mp.spawn workers (pids 200 +
+    rank) took over ranks 0 and 1 and ended as ``worker_states`` says (rank -> state, error)."""
+    session = RunSession(_cfg(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    RunDir(tmp_path / "run").rank_log(0).write_text("ProcessRaisedException: Process 2 ...\n")
+    run = session.cfg.run_id
+    session.state.apply(protocol.Status(run=run, rank=0, t=1.0, seq=0, state="started", pid=100))
+    for rank, (state, error) in worker_states.items():
+        for seq, now in enumerate(("started", state)):
+            session.state.apply(
+                protocol.Status(
+                    run=run, rank=rank, t=2.0, seq=seq, state=now, pid=200 + rank, world_size=2,
+                    error=error if now == "failed" else None,
+                )
+            )  # fmt: skip
+    return session
+
+
+def test_a_spawner_that_fails_is_not_the_rank_its_worker_took_over(tmp_path):
+    """The launcher records the process it launched as rank 0 (pid 100) exiting with 1; its
+    worker that became rank 0 (pid 200) ended well. The failure is the script's process, not
+    rank 0's: rank 0 stays finished, no crash names it (pytorch/examples' ddp_rpc with its
+    RPC master failing, or a spawner whose own last line raises)."""
+    session = _spawned_run(tmp_path, {0: ("finished", None), 1: ("finished", None)})
+    launched = RankFailureInfo(rank=0, exit_code=1, pid=100, stderr_tail=("x",))
+    cause = session._rank_cause(launched)
+    assert cause.spawner and cause.rank == 0 and cause.stderr_tail == ("x",)
+    assert cause.describe().startswith("the script's process (launched as rank 0; its workers")
+    session.state.set_outcome("failed", cause)
+    assert {r: v.state for r, v in session.state.ranks.items()} == {0: "finished", 1: "finished"}
+    assert rank_ends(session.state) == []
+    # the same record of a rank's own process (pid 200) is that rank's failure
+    own = RankFailureInfo(rank=0, exit_code=1, pid=200)
+    assert session._rank_cause(own) is own
+
+
+def test_a_spawned_workers_own_error_is_the_cause_not_the_spawners_exit(tmp_path):
+    """mp.spawn's worker 1 raised: it says so itself, and the spawner's exit code (launched
+    as rank 0) is not rank 0's failure. It read "rank 0 failed first: exit code 1", rank 0
+    failed and rank 1 finished."""
+    session = _spawned_run(
+        tmp_path, {0: ("finished", None), 1: ("failed", "ValueError: worker 1 broke")}
+    )
+    cause = session._rank_cause(RankFailureInfo(rank=0, exit_code=1, pid=100))
+    assert (cause.rank, cause.error, cause.spawner) == (1, "ValueError: worker 1 broke", False)
+    session.state.set_outcome("failed", cause)
+    assert {r: v.state for r, v in session.state.ranks.items()} == {0: "finished", 1: "failed"}
+    assert [e.rank for e in rank_ends(session.state)] == [1]
 
 
 def test_the_summary_of_a_run_names_a_seq_jump(tmp_path):

@@ -68,8 +68,8 @@ def spawned_worker(
     # The reporter first (its exit handler then runs last, after the hooks flushed the last
     # step); it sends nothing until the worker's process group names its rank.
     get_reporter()
-    install()
-    return fn(index, *args)
+    inst = install()
+    return _reporting_failure(inst, fn, index, *args)
 
 
 def _become_worker() -> None:
@@ -184,20 +184,36 @@ def process_worker(
         heartbeat.quiet_when(None)
     _become_worker()
     inst = install()  # the Instrument (a forked worker's: its parent's, installed already)
+    result = _reporting_failure(inst, target, *args, **kwargs)
+    _worker_ended(inst)
+    return result
+
+
+def _reporting_failure(inst: Any, target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``target(*args, **kwargs)`` in a worker the script started; when it raises, the worker
+    (once a rank) reports its own failure, with its error and traceback, before the exception
+    goes on. mp.spawn's wrapper catches it (the spawner raises it again, "Process 1 terminated
+    with the following error") and exits the worker with code 1 through ``sys.exit``, where no
+    exception reaches the exit handlers: a worker that raised ended ``finished``, and the
+    spawner's exit code, launched as rank 0, named rank 0 as the run's failure."""
     try:
-        result = target(*args, **kwargs)
+        return target(*args, **kwargs)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             detail = exc.code if isinstance(exc.code, str) else f"SystemExit: {exc.code}"
-            _worker_ended(inst, detail, traceback.format_exc())
+            _worker_ended(inst, detail, _traceback(exc))
         else:
             _worker_ended(inst)
         raise
     except BaseException as exc:
-        _worker_ended(inst, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        _worker_ended(inst, f"{type(exc).__name__}: {exc}", _traceback(exc))
         raise
-    _worker_ended(inst)
-    return result
+
+
+def _traceback(exc: BaseException) -> str:
+    """``exc``'s traceback from the script's own frames on (this module's call left out)."""
+    tb = exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
 
 
 def _worker_ended(inst: Any, error: str | None = None, trace: str | None = None) -> None:

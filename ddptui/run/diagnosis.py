@@ -801,7 +801,11 @@ def rank_ends(state: Any) -> list[RankEnd]:
     failure = getattr(state, "failure", None)
     ends = []
     for rank, view in sorted(state.ranks.items()):
-        launcher = failure is not None and getattr(failure, "rank", None) == rank
+        launcher = (
+            failure is not None
+            and getattr(failure, "rank", None) == rank
+            and not getattr(failure, "spawner", False)
+        )
         if view.state != "failed" and not launcher:
             continue
         described = launcher and failure is not None and view.error == failure.describe()

@@ -77,6 +77,7 @@ def read_failure(run_dir: Path) -> RankFailureInfo | None:
         signal=typed("signal", str),
         error=typed("error", str),
         stderr_tail=tuple(tail_lines(RunDir(run_dir).rank_log(rank))) if rank is not None else (),
+        pid=typed("pid", int),
     )
 
 

@@ -539,7 +539,7 @@ class RunSession:
         if self.fr_dir is not None:  # the collective each rank was in, from its trace
             pids = {r: v.pid for r, v in state.ranks.items()}
             failed = [r for r, v in state.ranks.items() if v.state == "failed"]
-            if failure is not None and failure.rank is not None:
+            if failure is not None and failure.rank is not None and not failure.spawner:
                 failed.append(failure.rank)
             errors = {r: v.error for r, v in state.ranks.items() if v.error}
             traced = flight.at_crash(
@@ -555,7 +555,7 @@ class RunSession:
         desync = next((d for d in traced if d.cause == "desync" and d.rank is not None), None)
         found = diagnose_crash(
             rank_ends(state),
-            failure.rank if failure is not None else None,
+            failure.rank if failure is not None and not failure.spawner else None,
             memory,
             rss,
             t=state.elapsed(self.clock()),
@@ -629,13 +629,22 @@ class RunSession:
 
     def _rank_cause(self, failure: RankFailureInfo | None) -> RankFailureInfo | None:
         """A failure the launcher reports without a rank (its driver died too, say on a
-        read-only run directory) when a rank reported its own error first: that rank's
-        error, traceback and log are the cause to show, not the driver's traceback."""
-        if failure is None or failure.rank is not None or failure.signal is not None:
-            return failure
-        if self.fault is not None:
+        read-only run directory), or of the process it launched as a rank that its own workers
+        took over (a script's mp.spawn: :attr:`RankFailureInfo.spawner`), when a rank reported
+        its own error first: that rank's error, traceback and log are the cause to show, not
+        the driver's traceback nor the spawner's exit code."""
+        if failure is None or self.fault is not None:
             return failure
         with self._lock:
+            if failure.rank is not None:
+                view = self.state.ranks.get(failure.rank)
+                # its pid as it announced itself in this attempt (a pending one: not yet)
+                mine = view.pid if view is not None and view.state != "pending" else None
+                if failure.pid is None or mine is None or mine == failure.pid:
+                    return failure
+                failure = dataclasses.replace(failure, spawner=True)
+            elif failure.signal is not None:
+                return failure
             failed = [v for _, v in sorted(self.state.ranks.items()) if v.state == "failed"]
         first = next((v for v in failed if v.error), None)
         if first is None:

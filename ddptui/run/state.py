@@ -117,9 +117,18 @@ class RankFailureInfo:
     stderr_tail: tuple[str, ...] = ()
     #: The failing rank's Python traceback, when it reported one.
     traceback: str | None = None
+    #: The process the launcher saw fail (None: not known).
+    pid: int | None = None
+    #: That process was not the rank's any more: the launcher started it as ``rank``, and it
+    #: started the ranks itself (mp.spawn's workers, a ``Process`` per rank), which took that
+    #: rank over. Its end is the script's, not that rank's.
+    spawner: bool = False
 
     def describe(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else "the launcher"
+        if self.spawner:
+            who = f"the script's process (launched as rank {self.rank}; its workers were the ranks)"
+        else:
+            who = f"rank {self.rank}" if self.rank is not None else "the launcher"
         if self.signal:
             how = f"was killed by signal {self.signal}"
         elif self.exit_code is not None:
@@ -815,7 +824,7 @@ class RunState:
         self.outcome = outcome
         self.failure = failure
         self.finished_at = now if now is not None else self.last_event_at
-        if failure is not None and failure.rank in self.ranks:
+        if failure is not None and not failure.spawner and failure.rank in self.ranks:
             view = self.ranks[failure.rank]
             # The launcher knows how the rank ended; the rank itself may have said why.
             self.failure = failure = dataclasses.replace(

@@ -9,9 +9,14 @@ CPU edit: the number of workers is ``--nprocs`` (the original spawns one per vis
 ``init_process_group`` is imported by name at the top, as pytorch/examples'
 ``ddp-tutorial-series/multigpu.py`` does: a worker binds it while it imports the script to
 unpickle its function, before anything in the worker could wrap ``torch.distributed``'s.
+
+A fault for the tests (environment): ``RW_FAULT=raise`` makes worker ``RW_FAULT_RANK`` raise
+just before its step ``RW_FAULT_STEP`` (counted from 1); mp.spawn's wrapper catches it and the
+spawner raises "Process 1 terminated with the following error".
 """
 
 import argparse
+import os
 
 import torch
 import torch.distributed as dist
@@ -66,6 +71,9 @@ def main_worker(gpu, world_size, args):
         losses = AverageMeter()
         epoch_steps[epoch] = 0
         for i, (inputs, target) in enumerate(loader):
+            if os.environ.get("RW_FAULT") == "raise" and gpu == int(os.environ["RW_FAULT_RANK"]):
+                if steps + 1 == int(os.environ["RW_FAULT_STEP"]):
+                    raise RuntimeError(f"injected failure on worker {gpu} at step {steps + 1}")
             loss = criterion(model(inputs), target)
             losses.update(loss.item(), inputs.size(0))
             optimizer.zero_grad()
