@@ -37,6 +37,7 @@ _collectives: Callable[[], list[dict[str, Any]]] | None = None
 _quiet: Callable[[], bool] | None = None
 _then: Callable[[], None] | None = None
 _ddp_source: Callable[[], bool] | None = None
+_thread_source: Callable[[], int | None] | None = None
 _beat: Heartbeat | None = None
 
 
@@ -51,6 +52,26 @@ def set_ddp_source(source: Callable[[], bool] | None) -> None:
     """Where beats learn whether the rank may hold a DDP module (:func:`ddp_possible`)."""
     global _ddp_source
     _ddp_source = source
+
+
+def set_thread_source(source: Callable[[], int | None] | None) -> None:
+    """Where beats learn which thread trains: a function returning the ident of the thread
+    whose optimizer steps end the rank's steps (the instrumentation's), None before a step."""
+    global _thread_source
+    _thread_source = source
+
+
+def steps_thread() -> int | None:
+    """The ident of the thread that trains, when it is not the main thread (a loop run in a
+    ``threading.Thread`` the main thread joins, or in an RPC thread while the main thread
+    waits in ``rpc.shutdown()``: pytorch/examples' ``ddp_rpc``); None: the main thread."""
+    if _thread_source is None:
+        return None
+    try:
+        ident = _thread_source()
+    except Exception:  # a beat never fails for it
+        return None
+    return None if ident == threading.main_thread().ident else ident
 
 
 def main_frames(main_ident: int | None = None) -> list[Frame]:
@@ -313,8 +334,14 @@ class Heartbeat:
         self._stop.set()
 
     def beat(self) -> None:
-        """Sample the main thread and send one beat."""
-        frames = main_frames(self.main_ident)
+        """Sample the thread that trains (the main thread, unless the steps come from another
+        one that is still alive) and send one beat. The main thread's frame said where a
+        loop run in a thread was: both ranks of a run whose rank 1 slept inside its training
+        thread were named hung at ``t.join()``, "while no rank waits in a collective"."""
+        trains = steps_thread()
+        frames = main_frames(trains) if trains is not None else []
+        if not frames:  # the main thread, or the one that trained has ended
+            frames = main_frames(self.main_ident)
         ddp = ddp_possible()
         info = classify(frames, ddp=ddp)
         children = _children(os.getpid())

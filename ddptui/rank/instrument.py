@@ -294,12 +294,19 @@ def install(environ: dict[str, str] | None = None, force: bool = False) -> Instr
     # the rank ddptui launched, and in a worker the script spawned, which installs the hooks
     # itself (without, a spawned worker with no DDP module read as waiting in one).
     heartbeat.set_ddp_source(ddp_possible)
+    heartbeat.set_thread_source(_steps_thread)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "Tensor"):
         inst.attach(torch)
     else:
         sys.meta_path.insert(0, _TorchImportWatcher(inst.attach))
     return inst
+
+
+def _steps_thread() -> int | None:
+    """The thread whose optimizer steps ended the last step (None before one)."""
+    inst = _instrument
+    return inst._step_thread if inst is not None else None
 
 
 def uninstall() -> None:

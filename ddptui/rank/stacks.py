@@ -50,6 +50,9 @@ _WHOLE_END = re.compile(
 )
 
 _dump_file = None  # kept open for faulthandler (it writes to the file descriptor)
+#: The line before a dump that names the thread that trains, when it is not the main thread
+#: (see :func:`ddptui.rank.heartbeat.steps_thread`; a dump on the signal has none).
+STEPS_THREAD_MARK = "ddptui: the steps' thread "
 
 
 def register_stack_dump(run_dir: str | os.PathLike[str], rank: int) -> Path | None:
@@ -82,7 +85,13 @@ def dump_now() -> bool:
     dump = _dump_file
     if dump is None:
         return False
+    from ddptui.rank import heartbeat  # loaded with the rank entry
+
     try:
+        trains = heartbeat.steps_thread()
+        if trains is not None:  # which of the threads below trains (the main one otherwise)
+            dump.write(f"{STEPS_THREAD_MARK}0x{trains:016x}\n")
+            dump.flush()
         faulthandler.dump_traceback(file=dump, all_threads=True)
     except (OSError, ValueError, RuntimeError):
         return False

@@ -37,7 +37,7 @@ from typing import Any
 from ddptui.constants import PHASES
 from ddptui.rank.frames import Frame, StackInfo, classify
 from ddptui.rank.heartbeat import BEAT_S
-from ddptui.rank.stacks import whole_dump
+from ddptui.rank.stacks import STEPS_THREAD_MARK, whole_dump
 
 #: Every cause a diagnosis can name.
 CAUSES = (
@@ -599,21 +599,37 @@ def _waiting_detail(
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
+_STEPS_THREAD = re.compile("^" + re.escape(STEPS_THREAD_MARK) + r"(0x[0-9a-fA-F]+)$", re.M)
 
 
-def parse_stacks(text: str) -> list[list[Frame]]:
-    """The threads of a faulthandler dump, each as frames innermost first, in dump order."""
-    threads: list[list[Frame]] = []
+def parse_threads(text: str) -> list[tuple[int, list[Frame]]]:
+    """The threads of a faulthandler dump with their idents, each as frames innermost first,
+    in dump order."""
+    threads: list[tuple[int, list[Frame]]] = []
     current: list[Frame] | None = None
     for line in text.splitlines():
-        if _THREAD.match(line):
+        head = _THREAD.match(line)
+        if head:
             current = []
-            threads.append(current)
+            threads.append((int(head.group(2), 16), current))
             continue
         match = _FRAME.match(line)
         if match and current is not None:
             current.append(Frame(match.group(1), int(match.group(2)), match.group(3)))
-    return [t for t in threads if t]
+    return [(ident, frames) for ident, frames in threads if frames]
+
+
+def training_thread(text: str) -> list[Frame]:
+    """The thread of a dump that trains: the one the rank named before its dump (its steps
+    come from another thread than the main one), else :func:`main_thread`."""
+    threads = parse_threads(text)
+    marks = _STEPS_THREAD.findall(text)
+    if marks:
+        ident = int(marks[-1], 16)
+        named = next((frames for tid, frames in threads if tid == ident), None)
+        if named is not None:
+            return named
+    return main_thread([frames for _, frames in threads])
 
 
 def main_thread(threads: list[list[Frame]]) -> list[Frame]:
@@ -629,9 +645,10 @@ def main_thread(threads: list[list[Frame]]) -> list[Frame]:
 
 
 def classify_stack(text: str, ddp: bool = True) -> StackInfo:
-    """Whether a rank's main thread sits in a collective, from its faulthandler dump (see
+    """Whether a rank's training thread (:func:`training_thread`: its main thread, unless it
+    trains in another) sits in a collective, from its faulthandler dump (see
     :func:`ddptui.rank.frames.classify`; ``ddp`` False: the rank holds no DDP module)."""
-    return classify(main_thread(parse_stacks(text)), ddp=ddp)
+    return classify(training_thread(text), ddp=ddp)
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
