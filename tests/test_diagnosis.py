@@ -931,6 +931,30 @@ def test_classify_stack_reads_the_main_thread_not_helpers():
     assert classify_stack(dump(main, helper)).collective == "barrier"  # found by <module>
 
 
+def test_classify_stack_reads_the_thread_the_rank_names_as_training():
+    """A loop run in a thread the main thread joins (or in an RPC thread while the main
+    thread waits in ``rpc.shutdown()``): the rank names that thread before its dump, and it
+    is the one read. Read from the main thread, a rank waiting in DDP's all-reduce and its
+    peer asleep in its loop were both "hung outside any collective" at ``t.join()``."""
+    from ddptui.rank.stacks import STEPS_THREAD_MARK
+
+    trainer = [
+        (f"{TORCH}/autograd/graph.py", 829, "_engine_run_backward"),
+        (f"{TORCH}/_tensor.py", 630, "backward"),
+        (SCRIPT, 11, "train"),
+        ("/usr/lib/python3.11/threading.py", 975, "run"),
+    ]
+    main = [("/usr/lib/python3.11/threading.py", 1119, "join"), (SCRIPT, 17, "<module>")]
+    text = dump(trainer, main)  # the trainer is thread 0x00007f0000000000
+    assert classify_stack(text).where == "<module> (train.py:17)"  # no name: the main thread
+    named = f"{STEPS_THREAD_MARK}0x00007f0000000000\n{text}"
+    info = classify_stack(named)
+    assert (info.in_collective, info.collective) == (True, "DDP gradient all-reduce, in backward")
+    assert info.where == "train (train.py:11)"
+    gone = f"{STEPS_THREAD_MARK}0x00007f00000000ff\n{text}"  # a thread not in the dump
+    assert classify_stack(gone).where == "<module> (train.py:17)"
+
+
 @pytest.mark.parametrize("text", ["", "garbage\n\x00", "Thread 0x1 (most recent call first):\n"])
 def test_classify_stack_survives_junk(text):
     assert classify_stack(text).in_collective is False

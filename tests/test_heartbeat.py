@@ -30,6 +30,43 @@ def test_the_main_frame_and_digest_follow_the_main_thread():
     assert heartbeat.digest(frames) != heartbeat.digest(frames[1:])
 
 
+def test_a_beat_samples_the_thread_that_trains(monkeypatch):
+    """Steps that come from another thread than the main one (a loop in a thread the main
+    thread joins, an RPC thread): the beat's frame is that thread's, while it lives; the
+    main thread's before it steps and after it ends."""
+    sent = []
+
+    class Reporter:
+        def beat(self, **values):
+            sent.append(values)
+
+    go, stop = threading.Event(), threading.Event()
+
+    def train_loop():
+        go.set()
+        stop.wait(10)
+
+    trainer = threading.Thread(target=train_loop)
+    monkeypatch.setattr(heartbeat, "_thread_source", None)
+    beat = heartbeat.Heartbeat(Reporter())
+    beat.beat()  # no source: the main thread (this test)
+    trainer.start()
+    go.wait(5)
+    try:
+        heartbeat.set_thread_source(lambda: trainer.ident)
+        beat.beat()
+    finally:
+        stop.set()
+        trainer.join(5)
+    beat.beat()  # the thread ended: the main thread again
+    frames = [values["frame"] for values in sent]
+    assert frames[0].startswith("test_a_beat_samples_the_thread_that_trains (")
+    assert frames[1].startswith("train_loop (test_heartbeat.py:")
+    assert frames[2].startswith("test_a_beat_samples_the_thread_that_trains (")
+    heartbeat.set_thread_source(lambda: threading.main_thread().ident)
+    assert heartbeat.steps_thread() is None  # the main thread trains: nothing to name
+
+
 @pytest.mark.parametrize("shell", [False, True])
 def test_cpu_counts_busy_children(shell):
     """A DataLoader worker, or an evaluation run through a shell (``os.system``: the busy

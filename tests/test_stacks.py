@@ -272,3 +272,36 @@ def test_a_dump_over_the_size_kept_keeps_its_end_where_the_main_thread_is(tmp_pa
     assert len(text.encode()) <= MAX_STACK_BYTES
     assert text.startswith("Thread 0x") and text.endswith(main) and whole_dump(text)
     assert classify_stack(text).in_collective
+
+
+def test_a_dump_names_the_thread_that_trains_and_is_read_from_it(tmp_path, monkeypatch):
+    """A rank that trains in another thread than its main one (a loop in a thread, an RPC
+    thread) names it before its dump (over the trace socket: the dump this rank writes
+    itself), and the dump is read from it: where it waits, not where the main thread joins."""
+    import faulthandler
+    import threading
+
+    from ddptui.rank import heartbeat, stacks
+
+    go, stop = threading.Event(), threading.Event()
+
+    def waiting_in_its_loop():
+        go.set()
+        stop.wait(10)
+
+    trainer = threading.Thread(target=waiting_in_its_loop)
+    trainer.start()
+    go.wait(5)
+    monkeypatch.setattr(stacks, "_dump_file", None)
+    monkeypatch.setattr(heartbeat, "_thread_source", lambda: trainer.ident)
+    path = stacks.register_stack_dump(tmp_path, 0)
+    try:
+        assert stacks.dump_now()
+    finally:
+        stop.set()
+        trainer.join(5)
+        faulthandler.unregister(stacks.STACK_SIGNAL)
+        stacks._dump_file.close()
+    text = path.read_text()
+    assert text.startswith(f"{stacks.STEPS_THREAD_MARK}0x{trainer.ident:016x}\n")
+    assert classify_stack(text).where.startswith("waiting_in_its_loop (test_stacks.py:")
