@@ -103,8 +103,14 @@ def first_per_rank(diagnoses):
     return out
 
 
-def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
+@pytest.mark.parametrize("thread", [False, True])
+def test_hang_is_named_with_stacks_and_torn_down(tmp_path, thread):
+    """``thread``: the loop runs in a thread the main thread joins. Its beats and stacks were
+    the main thread's: both ranks were "hung outside any collective" at ``trainer.join()``,
+    "while no rank waits in a collective", and the trace's line put rank 1 there too."""
     env = {"PLAIN_EPOCHS": "3", "PLAIN_STEPS": "5", "PLAIN_HANG_RANK": "1", "PLAIN_HANG_EPOCH": "2"}
+    if thread:
+        env["PLAIN_THREAD"] = "1"
     proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "5")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert summary["outcome"] == "hung" and summary["exit_code"] == 3
@@ -117,6 +123,7 @@ def test_hang_is_named_with_stacks_and_torn_down(tmp_path):
     assert named[1]["cause"] == "hang" and "stall_forever (plain_ddp.py:" in named[1]["detail"]
     flight = [d["detail"] for d in summary["diagnoses"] if "never entered" in d["detail"]]
     assert flight and flight[0].startswith("rank 1 never entered all_reduce #"), flight
+    assert re.search(r"rank 1 is in stall_forever \(plain_ddp\.py:\d+\)$", flight[0]), flight
     assert named[0]["cause"] == "collective"
     quiet = int(re.search(r"stood still for (\d+) s", named[1]["detail"]).group(1))
     assert 5 <= quiet < 25

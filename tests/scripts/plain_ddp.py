@@ -25,6 +25,7 @@ Fault injection through environment variables (rank R, epochs counted from 1):
 * ``PLAIN_NO_DDP=1``: the model is not wrapped in DDP (as pytorch/examples' ImageNet script
   leaves it on the CPU): each rank trains its own; the ranks meet in one barrier before.
 * ``PLAIN_STEP_S=S``: every step sleeps S more.
+* ``PLAIN_THREAD=1``: the whole of ``main`` runs in a thread the main thread joins.
 * ``PLAIN_P2P=1``: every step rank 0 sends a tensor to rank 1, as a pipeline's stages pass
   activations: by ``isend``/``irecv``, and every other step in a ``batch_isend_irecv`` of
   ``P2POp``s (as torch.distributed.pipelining does).
@@ -183,4 +184,12 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if os.environ.get("PLAIN_THREAD") == "1":
+        # the whole loop in a thread the main thread joins
+        import threading
+
+        trainer = threading.Thread(target=main, name="trainer")
+        trainer.start()
+        trainer.join()
+    else:
+        main()
