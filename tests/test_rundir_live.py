@@ -153,6 +153,10 @@ def test_a_spawner_that_fails_is_not_the_rank_its_worker_took_over(tmp_path):
     # the same record of a rank's own process (pid 200) is that rank's failure
     own = RankFailureInfo(rank=0, exit_code=1, pid=200)
     assert session._rank_cause(own) is own
+    # a spawner killed outright is its own cause, whatever its workers said after
+    session.state.ranks[1].state, session.state.ranks[1].error = "failed", "RuntimeError: peer"
+    killed = session._rank_cause(RankFailureInfo(rank=0, signal="SIGKILL", pid=100))
+    assert killed.spawner and killed.rank == 0 and killed.signal == "SIGKILL"
 
 
 def test_a_spawned_workers_own_error_is_the_cause_not_the_spawners_exit(tmp_path):

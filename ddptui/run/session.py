@@ -643,7 +643,7 @@ class RunSession:
                 if failure.pid is None or mine is None or mine == failure.pid:
                     return failure
                 failure = dataclasses.replace(failure, spawner=True)
-            elif failure.signal is not None:
+            if failure.signal is not None:  # a kill is its own cause
                 return failure
             failed = [v for _, v in sorted(self.state.ranks.items()) if v.state == "failed"]
         first = next((v for v in failed if v.error), None)
