@@ -110,6 +110,7 @@ SPECS = {
         # pytorch/examples' ddp_rpc: two of the four processes (an RPC master, a parameter
         # server) form no process group; the trainers' loops run in RPC threads. A short hang
         # timeout: their silence (and the trainers' main threads in rpc.shutdown) is no hang.
+        # Not 2 s: the trainers wait, idle, in init_rpc until all four processes have joined.
         RunSpec(
             "rpc_trainers",
             "rpc_trainers.py",
@@ -119,7 +120,7 @@ SPECS = {
             ],
             world_size=1,
             launcher="spawn",
-            hang_timeout=LONG_PREP_HANG_TIMEOUT,
+            hang_timeout=FAULT_HANG_TIMEOUT,
             cost=2,
         ),
         # Plain torchrun leaves these workers waiting for its agent's store at the script's
