@@ -173,6 +173,17 @@ def test_a_spawned_workers_own_error_is_the_cause_not_the_spawners_exit(tmp_path
     assert [e.rank for e in rank_ends(session.state)] == [1]
 
 
+def test_a_worker_failed_on_its_lost_peer_is_not_the_cause(tmp_path):
+    """Rank 0 failed too, on the peer it lost (before mp.spawn's teardown reached it): the
+    first rank to fail of its own is the cause, not the lowest rank that said anything."""
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    session = _spawned_run(
+        tmp_path, {0: ("failed", lost), 1: ("failed", "ValueError: worker 1 broke")}
+    )
+    cause = session._rank_cause(RankFailureInfo(rank=0, exit_code=1, pid=100))
+    assert (cause.rank, cause.error) == (1, "ValueError: worker 1 broke")
+
+
 def test_the_summary_of_a_run_names_a_seq_jump(tmp_path):
     from ddptui.run.rundir import summarize
 

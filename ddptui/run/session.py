@@ -38,6 +38,7 @@ from ddptui.run.diagnosis import (
     Diagnoser,
     Diagnosis,
     GrowthWatch,
+    RankEnd,
     completed_anywhere,
     diagnose_crash,
     diagnoses_for_summary,
@@ -646,7 +647,15 @@ class RunSession:
             if failure.signal is not None:  # a kill is its own cause
                 return failure
             failed = [v for _, v in sorted(self.state.ranks.items()) if v.state == "failed"]
-        first = next((v for v in failed if v.error), None)
+        # The first to fail of its own: a rank that failed on its lost peer (gloo's
+        # "Connection closed by peer" when mp.spawn's worker 1 raised) is not the cause.
+        said = [
+            (RankEnd(v.rank, v.last_seen, v.error, getattr(v, "traceback", None)), v)
+            for v in failed
+            if v.error
+        ]
+        said.sort(key=lambda pair: (pair[0].consequence_like, pair[0].t is None, pair[0].t or 0.0))
+        first = said[0][1] if said else None
         if first is None:
             return failure
         return RankFailureInfo(
