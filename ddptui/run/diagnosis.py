@@ -842,6 +842,25 @@ def rank_ends(state: Any) -> list[RankEnd]:
     return ends
 
 
+def crash_cause(ends: list[RankEnd], launcher_rank: int | None = None) -> RankEnd:
+    """The failed rank that is the cause among ``ends`` (not empty; see :func:`diagnose_crash`):
+    a rank that died without reporting (killed) and that the launcher names first; otherwise
+    the earliest rank whose error is not one a lost peer produces; otherwise the earliest."""
+    by_rank = {e.rank: e for e in ends}
+    primaries = [e for e in ends if not e.consequence_like]
+    timed = sorted((e for e in primaries if e.t is not None), key=lambda e: (e.t, e.rank))
+    untimed = [e for e in primaries if e.t is None]
+    if launcher_rank in by_rank and by_rank[launcher_rank] in untimed:
+        return by_rank[launcher_rank]
+    if timed:
+        return timed[0]
+    if untimed:
+        return untimed[0]
+    if launcher_rank in by_rank:
+        return by_rank[launcher_rank]
+    return min(ends, key=lambda e: (e.t is None, e.t or 0.0, e.rank))
+
+
 def diagnose_crash(
     ends: list[RankEnd],
     launcher_rank: int | None = None,
@@ -880,22 +899,8 @@ def diagnose_crash(
             )
             for end in sorted(ends, key=lambda e: e.rank)
         ]
-    by_rank = {e.rank: e for e in ends}
     primaries = [e for e in ends if not e.consequence_like]
-    timed = sorted((e for e in primaries if e.t is not None), key=lambda e: (e.t, e.rank))
-    untimed = [e for e in primaries if e.t is None]
-    cause: RankEnd
-    if launcher_rank in by_rank and by_rank[launcher_rank] in untimed:
-        cause = by_rank[launcher_rank]
-    elif timed:
-        cause = timed[0]
-    elif untimed:
-        cause = untimed[0]
-    elif launcher_rank in by_rank:
-        cause = by_rank[launcher_rank]
-    else:
-        everyone = sorted(ends, key=lambda e: (e.t is None, e.t or 0.0, e.rank))
-        cause = everyone[0]
+    cause = crash_cause(ends, launcher_rank)
     first = _cause_diagnosis(cause, memory, rss, t)
     line = _error_line(cause)
     # A rank that failed with an error of its own (not one a lost peer produces) is its own

@@ -38,8 +38,8 @@ from ddptui.run.diagnosis import (
     Diagnoser,
     Diagnosis,
     GrowthWatch,
-    RankEnd,
     completed_anywhere,
+    crash_cause,
     diagnose_crash,
     diagnoses_for_summary,
     growth_diagnosis,
@@ -646,18 +646,13 @@ class RunSession:
                 failure = dataclasses.replace(failure, spawner=True)
             if failure.signal is not None:  # a kill is its own cause
                 return failure
-            failed = [v for _, v in sorted(self.state.ranks.items()) if v.state == "failed"]
-        # The first to fail of its own: a rank that failed on its lost peer (gloo's
-        # "Connection closed by peer" when mp.spawn's worker 1 raised) is not the cause.
-        said = [
-            (RankEnd(v.rank, v.last_seen, v.error, getattr(v, "traceback", None)), v)
-            for v in failed
-            if v.error
-        ]
-        said.sort(key=lambda pair: (pair[0].consequence_like, pair[0].t is None, pair[0].t or 0.0))
-        first = said[0][1] if said else None
-        if first is None:
-            return failure
+            # The ranks that said why they failed (the launcher's record is not set yet), and of
+            # them the cause as the crash diagnosis picks it: a rank that failed on its lost
+            # peer (gloo's "Connection closed by peer" when mp.spawn's worker 1 raised) is not.
+            said = [end for end in rank_ends(self.state) if end.error]
+            if not said:
+                return failure
+            first = self.state.ranks[crash_cause(said).rank]
         return RankFailureInfo(
             rank=first.rank,
             error=first.error,
