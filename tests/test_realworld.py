@@ -141,6 +141,17 @@ SPECS = {
                 ("process_workers_spawn", "spawn", ["--subclass", "--start-method", "spawn"]),
             )
         ),
+        # The tutorial's own end: its processes joined, their exit codes unread, so the script
+        # exits 0 though rank 1 raised (and rank 0 then failed on its lost peer).
+        RunSpec(
+            "process_workers_raise",
+            "process_workers.py",
+            args=lambda w: ["--out", str(w), "--port", str(free_port()), "--exit-zero"],
+            env=lambda w: _fault("raise", FAULT_STEP),
+            world_size=1,
+            launcher="spawn",
+            cost=1.5,
+        ),
         RunSpec(
             "slurm_node",
             "slurm_node.py",
@@ -208,7 +219,12 @@ SPECS = {
         ),
     ]
 }
-HEALTHY = [name for name, spec in SPECS.items() if spec.plain_exit == 0]
+#: Those plain torchrun ends with 0 and no fault is injected into.
+HEALTHY = [
+    name
+    for name, spec in SPECS.items()
+    if spec.plain_exit == 0 and "RW_FAULT" not in spec.env(Path())
+]
 HANGS = ["trainer_hang_start", "trainer_hang_mid"]
 
 
@@ -548,6 +564,26 @@ def test_a_raising_spawned_worker_is_named_not_the_spawner_launched_as_rank_0(ru
             run.describe()
         )
     assert "FAILED: rank 1 failed: RuntimeError: injected failure on worker 1" in run.stdout
+
+
+@pytest.mark.parametrize("run_name", ["process_workers_raise"])
+def test_ranks_that_failed_fail_the_run_though_the_script_exits_0(run):
+    """The tutorial's script joins its Process per rank and exits 0 whatever they did: the
+    launcher saw one process end well. Rank 1 raised (and rank 0 failed on its lost peer): the
+    run failed, named by rank 1's own error; before, it ended ``finished`` and exited 0."""
+    assert run.spec.plain_exit == 0 and run.returncode == 1, run.describe()
+    summary = run.summary
+    assert (summary["outcome"], summary["exit_code"]) == ("failed", 1), run.describe()
+    failure = summary["failure"]
+    assert failure["rank"] == 1, run.describe()
+    assert failure["error"] == f"RuntimeError: injected failure on rank 1 at step {FAULT_STEP}"
+    assert 'process_workers.py", line' in failure["traceback"]
+    states = {r["rank"]: r["state"] for r in summary["ranks"]}
+    assert states[1] == "failed", run.describe()
+    crash = [d for d in summary["diagnoses"] if d["cause"] in ("crash", "oom")]
+    assert [d["rank"] for d in crash] == [1], run.describe()
+    assert run.step_numbers(1) == list(range(1, FAULT_STEP))
+    assert "FAILED: rank 1 failed: RuntimeError: injected failure on rank 1" in run.stdout
 
 
 @pytest.mark.parametrize("run_name", ["trainer_raise"])

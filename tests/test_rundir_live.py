@@ -14,6 +14,7 @@ import pytest
 from ddptui import protocol
 from ddptui.run.config import build_config
 from ddptui.run.diagnosis import rank_ends
+from ddptui.run.launcher import LaunchResult
 from ddptui.run.session import RunSession
 from ddptui.run.state import RankFailureInfo
 from ddptui.runfiles import RunDir
@@ -122,7 +123,7 @@ def _spawned_run(tmp_path, worker_states):
     """A run launched as one process (pid 100, rank 0) whose mp.spawn workers (pids 200 +
     rank) took over ranks 0 and 1 and ended as ``worker_states`` says (rank -> state, error)."""
     session = RunSession(_cfg(tmp_path / "run"))
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run").mkdir(parents=True)
     RunDir(tmp_path / "run").rank_log(0).write_text("ProcessRaisedException: Process 2 ...\n")
     run = session.cfg.run_id
     session.state.apply(protocol.Status(run=run, rank=0, t=1.0, seq=0, state="started", pid=100))
@@ -182,6 +183,29 @@ def test_a_worker_failed_on_its_lost_peer_is_not_the_cause(tmp_path):
     )
     cause = session._rank_cause(RankFailureInfo(rank=0, exit_code=1, pid=100))
     assert (cause.rank, cause.error) == (1, "ValueError: worker 1 broke")
+
+
+def test_ranks_that_said_they_failed_fail_a_run_whose_launcher_ended_well(tmp_path):
+    """The script joined its workers without a look at their exit codes (the distributed
+    tutorial's Process per rank) and exited 0; its ranks said they failed. The run failed,
+    named by the rank that failed of its own; before, it ended ``finished``, exit 0."""
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    session = _spawned_run(
+        tmp_path, {0: ("failed", lost), 1: ("failed", "ValueError: worker 1 broke")}
+    )
+    session._conclude(LaunchResult(exit_code=0), drain=False)
+    assert (session.outcome, session.exit_code) == ("failed", 1)
+    failure = session.state.failure
+    assert (failure.rank, failure.error) == (1, "ValueError: worker 1 broke")
+    assert [d.rank for d in session.diagnoser.diagnoses if d.cause == "crash"] == [1]
+    # ranks that all ended well: the run finished, as before
+    well = _spawned_run(tmp_path / "well", {0: ("finished", None), 1: ("finished", None)})
+    well._conclude(LaunchResult(exit_code=0), drain=False)
+    assert (well.outcome, well.exit_code, well.state.failure) == ("finished", 0, None)
+    # the user's stop wins over what the ranks said while torn down
+    stopped = _spawned_run(tmp_path / "stop", {1: ("failed", "ValueError: worker 1 broke")})
+    stopped._conclude(LaunchResult(exit_code=0, stopped=True), drain=False)
+    assert stopped.outcome == "stopped"
 
 
 def test_the_summary_of_a_run_names_a_seq_jump(tmp_path):

@@ -646,13 +646,17 @@ class RunSession:
                 failure = dataclasses.replace(failure, spawner=True)
             if failure.signal is not None:  # a kill is its own cause
                 return failure
-            # The ranks that said why they failed (the launcher's record is not set yet), and of
-            # them the cause as the crash diagnosis picks it: a rank that failed on its lost
-            # peer (gloo's "Connection closed by peer" when mp.spawn's worker 1 raised) is not.
-            said = [end for end in rank_ends(self.state) if end.error]
-            if not said:
-                return failure
-            first = self.state.ranks[crash_cause(said).rank]
+            return self._said_cause() or failure
+
+    def _said_cause(self) -> RankFailureInfo | None:
+        """Under the lock: the cause among the ranks that said why they failed (the launcher's
+        record is not set yet), as the crash diagnosis picks it (a rank that failed on its
+        lost peer, gloo's "Connection closed by peer" when mp.spawn's worker 1 raised, is
+        not), with its error, traceback and log; None where no rank said it failed."""
+        said = [end for end in rank_ends(self.state) if end.error]
+        if not said:
+            return None
+        first = self.state.ranks[crash_cause(said).rank]
         return RankFailureInfo(
             rank=first.rank,
             error=first.error,
@@ -850,8 +854,18 @@ class RunSession:
             failure = RankFailureInfo(rank=None, error=self.fault)
         failure = self._rank_cause(failure)
         asked = self.checkpoint_stop_at is not None and self.fault is None
+        said = None
+        if failure is None and result.ok and not (asked or hung or self._interrupted):
+            # Every process ended well by the launcher's count, yet a rank said it failed: the
+            # ranks are workers the script started and joined without a look at their exit
+            # codes (the distributed tutorial's Process per rank), so the script exits 0.
+            with self._lock:
+                failure = said = self._said_cause()
         outcome = decide_outcome(
-            failed=remote or self.fault is not None or not (result.ok or result.stopped),
+            failed=remote
+            or self.fault is not None
+            or not (result.ok or result.stopped)
+            or said is not None,
             stopped=(result.stopped or (asked and result.ok)) and self.fault is None and not remote,
             interrupted=self._interrupted,
             hung=hung,

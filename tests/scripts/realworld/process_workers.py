@@ -7,12 +7,17 @@ run as ``python process_workers.py`` (or by a launcher with one process), on CPU
 ddptui's tests; no ddptui import.
 
     python process_workers.py [--size 2] [--port 29500] [--epochs 3] [--out DIR] [--subclass]
-                              [--start-method spawn]
+                              [--start-method spawn] [--exit-zero]
 
 ``--subclass``: each rank is a ``Process`` subclass that overrides ``run()`` (no target),
 the other common way to write a process per rank. ``--start-method``: the script first calls
 ``torch.multiprocessing.set_start_method`` with it, as harveyp123/Pytorch-DDP-Example's
-``mnist_ddp.py`` does (``"spawn"``) before starting its ``Process`` per GPU.
+``mnist_ddp.py`` does (``"spawn"``) before starting its ``Process`` per GPU. ``--exit-zero``:
+the script ends as the tutorial's does, joining its processes without a look at their exit
+codes, so it exits 0 whatever they did (without it, with the highest of them).
+
+A fault for the tests (environment): ``RW_FAULT=raise`` makes rank ``RW_FAULT_RANK`` raise just
+before its step ``RW_FAULT_STEP`` (counted from 1).
 
 Before its ranks start, the parent runs a helper ``Process`` that writes the data (a download
 step's shape) and forms no process group: a process the script starts that is not a rank.
@@ -41,6 +46,7 @@ parser.add_argument("--samples", default=256, type=int)
 parser.add_argument("--out", default=".", type=str)
 parser.add_argument("--subclass", action="store_true", help="ranks as a Process subclass")
 parser.add_argument("--start-method", help="set_start_method(...) before any process starts")
+parser.add_argument("--exit-zero", action="store_true", help="exit 0 whatever the ranks did")
 
 
 class Partition:
@@ -116,6 +122,9 @@ def run(rank, size, args, helper_pid):
         epoch_loss = 0.0
         epoch_steps[epoch] = 0
         for data, target in train_set:
+            if os.environ.get("RW_FAULT") == "raise" and rank == int(os.environ["RW_FAULT_RANK"]):
+                if steps + 1 == int(os.environ["RW_FAULT_STEP"]):
+                    raise RuntimeError(f"injected failure on rank {rank} at step {steps + 1}")
             optimizer.zero_grad()
             loss = F.cross_entropy(model(data), target)
             epoch_loss += loss.item()
@@ -168,4 +177,5 @@ if __name__ == "__main__":
         processes.append(p)
     for p in processes:
         p.join()
-    raise SystemExit(max(p.exitcode for p in processes))
+    if not args.exit_zero:
+        raise SystemExit(max(p.exitcode for p in processes))
