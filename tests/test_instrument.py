@@ -774,13 +774,17 @@ def test_cpu_steps_beyond_the_gpu_pending_limit_keep_their_loss_and_phases(inst,
     assert [log["loss"] for log in logs] == pytest.approx([None, None, *losses[2:]])
 
 
-@pytest.mark.parametrize("consumed", ["set_to_none", "zeroed", "by_hand", "kept"])
+@pytest.mark.parametrize(
+    "consumed", ["set_to_none", "zeroed", "by_hand", "by_hand_zeroed_after_forward", "kept"]
+)
 def test_a_ddp_loop_without_an_optimizer_step_ends_a_step_where_its_gradients_go(inst, consumed):
     """A throughput loop of forward and backward only (kyoungseoun-chung's
     pytorch-distributed-cpu: zero_grad, forward, backward, no step) or weights updated by
-    hand: each backward whose gradients the next iteration finds consumed is a step, ended
-    at the backward's return; the last one when the process ends. Gradients kept (a loop
-    that accumulates and never steps) end none: that is one step still under way."""
+    hand: each backward whose gradients (or weights) the next iteration finds consumed (or
+    updated) is a step, ended at the backward's return; the last one when the process ends.
+    A loop that zeroes after its forward (forward, ``model.zero_grad()``, backward, update)
+    read no step at all before. Gradients kept (a loop that accumulates and never steps) end
+    none: that is one step still under way."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -792,9 +796,15 @@ def test_a_ddp_loop_without_an_optimizer_step_ends_a_step_where_its_gradients_go
         elif consumed == "zeroed":
             opt.zero_grad(set_to_none=False)
         loss = model(torch.randn(6, 4)).pow(2).mean()
+        if consumed == "by_hand_zeroed_after_forward":
+            model.zero_grad()
         loss.backward()
         losses.append(loss.item())
-        if consumed == "by_hand":
+        if consumed == "by_hand_zeroed_after_forward":
+            with torch.no_grad():
+                for param in model.parameters():
+                    param -= 0.01 * param.grad
+        elif consumed == "by_hand":
             with torch.no_grad():
                 for param in model.parameters():
                     param -= 0.01 * param.grad

@@ -801,9 +801,10 @@ class Instrument:
         #: An optimizer's step was seen in this process (the torch.optim hooks fired).
         self._opt_seen = False
         #: Until then, after each training backward of a DDP module: one of its parameters
-        #: that got a gradient, that gradient (weakly) and its version, to tell at the next
-        #: training forward whether the gradient was consumed (see _grads_discarded).
-        self._grad_left: tuple[Any, Any, int] | None = None
+        #: that got a gradient, that gradient (weakly), its version and the parameter's, to
+        #: tell at the next training forward whether the gradient was consumed or the weights
+        #: updated (see _grads_discarded).
+        self._grad_left: tuple[Any, Any, int, int] | None = None
         #: An evaluation pass (a DDP module's forward not training) ended since the last
         #: training forward, and no accuracy was taken from it yet (see _metric_computed).
         self._evaluated = False
@@ -2341,12 +2342,17 @@ class Instrument:
     # backward, 500 times, no step), or one that updates its weights by hand. No optimizer
     # step ends its steps, and the run read "preparing" to its end. There, a training
     # forward that finds the last backward's gradients gone (set to None, replaced or
-    # zeroed in place: consumed) ends the step of that backward, at the backward's return.
-    # Gradient accumulation leaves them as they were until its optimizer step (nanoGPT's
-    # micro-steps, a loop dividing its loss by the window): no step ends there.
-    def _a_gradient(self) -> tuple[Any, Any, int] | None:
+    # zeroed in place: consumed), or the weights they were for updated in place (``with
+    # torch.no_grad(): p -= lr * p.grad``, where the loop zeroes its gradients only after
+    # the next forward: forward, ``model.zero_grad()``, backward, update), ends the step of
+    # that backward, at the backward's return. Gradient accumulation leaves both as they were
+    # until its optimizer step (nanoGPT's micro-steps, a loop dividing its loss by the
+    # window): no step ends there. An update through ``p.data`` bumps no version: a loop
+    # that does it and zeroes after its forward still reads no step.
+    def _a_gradient(self) -> tuple[Any, Any, int, int] | None:
         """A parameter of this step's DDP modules that got a gradient, the gradient (weakly:
-        it must go when the script lets it) and its version; None without one."""
+        it must go when the script lets it), its version and the parameter's; None without
+        one."""
         for key in self._active:
             watch = self._watches.get(key)
             if watch is None or watch.last is None:
@@ -2354,18 +2360,24 @@ class Instrument:
             param = watch.params[watch.last]
             grad = param.grad
             if grad is not None:
-                return param, weakref.ref(grad), grad._version
+                return param, weakref.ref(grad), grad._version, param._version
         return None
 
     def _grads_discarded(self) -> bool:
         """Whether the gradient noted at the last training backward's return is no longer
-        its parameter's as it was: set to None, replaced, or changed in place (zeroed)."""
+        its parameter's as it was (set to None, replaced, or changed in place: zeroed), or the
+        parameter was updated in place since."""
         left = self._grad_left
         if left is None:
             return False
-        param, ref, version = left
+        param, ref, version, weights = left
         grad = param.grad
-        return grad is None or grad is not ref() or grad._version != version
+        return (
+            grad is None
+            or grad is not ref()
+            or grad._version != version
+            or param._version != weights
+        )
 
     def _end_without_optimizer(self) -> None:
         """End the step whose gradients were consumed without an optimizer step, at its
