@@ -43,6 +43,45 @@ def test_the_cell_says_the_last_collective_started_and_whether_it_completed():
     assert collective_cell([]) == ""
 
 
+LOST_PEER = """Traceback (most recent call last):
+  File "/w/process_workers.py", line 103, in average_gradients
+    dist.all_reduce(param.grad.data, op=dist.ReduceOp.SUM)
+  File "/v/site-packages/torch/distributed/c10d_logger.py", line 81, in wrapper
+    return func(*args, **kwargs)
+  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 4181, in all_reduce
+    work.wait()
+RuntimeError: [gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:11649
+"""
+OWN_ERROR = """Traceback (most recent call last):
+  File "/w/process_workers.py", line 121, in run
+    raise RuntimeError(f"injected failure on rank {rank} at step {steps + 1}")
+RuntimeError: injected failure on rank 1 at step 7
+"""
+
+
+def test_a_rank_that_failed_inside_its_last_collective_shows_it_failed_not_completed():
+    """The distributed tutorial's ranks, rank 1 raising before step 7's all_reduce: rank 0's
+    all_reduce #25 raised on its lost peer, and gloo counts it completed: its row read
+    ``all_reduce #25 ✓`` beside rank 1's ``#24 ✓``, as if rank 0 had got through. A rank
+    that failed in its own code keeps its last collective's ✓."""
+    state = announced(2)
+    for rank, (error, trace) in enumerate(
+        [("RuntimeError: Connection closed by peer", LOST_PEER), ("RuntimeError: x", OWN_ERROR)]
+    ):
+        view = state.ranks[rank]
+        view.state, view.error, view.traceback = "failed", error, trace
+        view.collectives = (("default_pg", "all_reduce", 25 - rank, 25 - rank, "gloo"),)
+    cells = {row.rank: row.collective for row in run_frame(state, now=1.0).rows}
+    assert cells == {0: "all_reduce #25 ✗", 1: "all_reduce #24 ✓"}
+    # not yet completed (an NCCL wait that timed out): failed there too
+    assert collective_cell([("default_pg", "all_reduce", 9, 8, "nccl")], True) == (
+        "all_reduce #9 ✗"
+    )
+    # two groups: which one raised is not known, and neither is marked
+    two = [("default_pg", None, 5, 5, "gloo"), ("tp", "all_gather", 9, 9, "gloo")]
+    assert collective_cell(two, True) == "default_pg: #5 ✓; tp: all_gather #9 ✓"
+
+
 def stuck_at(state, rank, started, completed, op=None, times=(1.0, 3.0, 5.0)):
     for i, t in enumerate(times):
         state.apply(beat(rank, i + 1, started, completed, op), now=t)

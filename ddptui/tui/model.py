@@ -8,6 +8,7 @@ after it is released. Pure functions, testable without Textual.
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -212,7 +213,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 state=shown_state,
                 problem=problem,
                 where=where_cell(view, state.outcome is not None),
-                collective=collective_cell(view.collectives),
+                collective=collective_cell(view.collectives, failed_in_collective(view)),
             )
         )
         devices[rank] = (view.pid, view.device_uuid)
@@ -257,14 +258,17 @@ def run_frame(state: RunState, now: float) -> RunFrame:
 BEHIND_AFTER_S = 2.0
 
 
-def collective_cell(marks: Sequence[tuple]) -> str:
+def collective_cell(marks: Sequence[tuple], failed: bool = False) -> str:
     """``all_reduce #812 …`` (started, not completed) or ``#811 ✓`` (completed), per process
     group (named when there are several, with its backend when a group has two); marks are
-    ``(group, op, started, completed, backend)``."""
+    ``(group, op, started, completed, backend)``. ``failed``: the rank failed inside its last
+    collective (:func:`failed_in_collective`): with one group's, that one is ``#812 ✗``
+    (gloo counts a collective that raised on a lost peer as completed)."""
     if not marks:
         return ""
     parts = []
     groups = [m[0] for m in marks]
+    failed = failed and sum(m[2] is not None for m in marks) == 1
     for group, op, started, completed, backend in marks:
         if started is None:
             continue
@@ -272,8 +276,23 @@ def collective_cell(marks: Sequence[tuple]) -> str:
         name = f"{op} #{started}" if op else f"#{started}"
         label = f"{group} {backend}" if backend and groups.count(group) > 1 else group
         prefix = f"{label}: " if len(marks) > 1 else ""
-        parts.append(f"{prefix}{name} {'✓' if done else '…'}")
+        parts.append(f"{prefix}{name} {'✗' if failed else '✓' if done else '…'}")
     return "; ".join(parts)
+
+
+#: A traceback's frame line, and a file of torch's distributed package.
+_FRAME = re.compile(r'^\s*File "([^"]*)"', re.M)
+_TORCH_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
+def failed_in_collective(view: RankView) -> bool:
+    """Whether ``view``'s rank failed with an exception raised in torch's distributed code
+    (its traceback's innermost frame is there: a collective's ``work.wait()`` on a lost
+    peer), so that its last collective is the one that failed."""
+    if view.state != "failed" or not view.traceback:
+        return False
+    frames = _FRAME.findall(view.traceback[-4000:])
+    return bool(frames) and _TORCH_DISTRIBUTED.search(frames[-1]) is not None
 
 
 def behind_ranks(state: RunState) -> dict[int, str]:
