@@ -255,6 +255,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="process-group init: tcp://HOST:PORT, file:///PATH or env://",
     )
     g.add_argument("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm")
+    g.add_argument(
+        "--local-rank-arg",
+        nargs="?",
+        const="--local_rank",
+        metavar="FLAG",
+        help="pass each rank's script FLAG=LOCAL_RANK before its own arguments, as "
+        "python -m torch.distributed.launch did (FLAG: --local_rank unless given, as in "
+        "--local-rank-arg=--local-rank), for a script that takes its local rank as an argument",
+    )
     d = p.add_argument_group("diagnosis")
     d.add_argument(
         "--hang-timeout",
@@ -340,7 +349,7 @@ def run_command(args: argparse.Namespace) -> int:
 _CONTINUED = (
     "trainer", "script", "script_module", "launcher", "device", "backend", "amp", "world_size",
     "workers", "oversubscribe", "epochs", "batch_size", "lr", "seed", "data_dir", "init_method",
-    "sync_bn", "model", "max_restarts",
+    "sync_bn", "model", "max_restarts", "local_rank_arg",
 )  # fmt: skip
 
 
@@ -419,7 +428,10 @@ def _print_sbatch(args: argparse.Namespace) -> int:
     for key, value in vars(args).items():
         if key in ("no_ui", "start", "print_sbatch", "script_args") or value in (None, False):
             continue
-        argv += [option_flag(key)] + ([] if value is True else [str(value)])
+        if isinstance(value, str) and value.startswith("-"):  # --local-rank-arg=--local_rank
+            argv.append(f"{option_flag(key)}={value}")
+        else:
+            argv += [option_flag(key)] + ([] if value is True else [str(value)])
     extra = list(getattr(args, "script_args", ()))
     print(sbatch_script(argv + (["--", *extra] if extra else []), nnodes, nproc), end="")
     return 0

@@ -47,6 +47,9 @@ PRESTARTED_BY_ENV = "DDPTUI_PRESTARTED_BY"
 PHASES = ("data", "forward", "backward", "comm", "optimizer", "other", "eval")
 #: Set to 1 to run ranks without the zero-code instrumentation hooks (``--no-instrument``).
 NO_INSTRUMENT_ENV = "DDPTUI_NO_INSTRUMENT"
+#: The flag a rank passes its script with its local rank (``--local-rank-arg``), as
+#: ``python -m torch.distributed.launch`` did: ``--local_rank=N`` before the script's own.
+LOCAL_RANK_ARG_ENV = "DDPTUI_LOCAL_RANK_ARG"
 #: What ``--on-hang`` may do with a hung run: tear it down (exit code 3) or keep it running.
 ON_HANG = ("stop", "keep")
 #: Longest ``--hang-timeout``, in seconds.

@@ -580,3 +580,17 @@ def test_a_joining_node_finds_the_runs_module_itself(tmp_path, monkeypatch):
         config_from_node0({**sent, "script_module": "mypkg.gone"}, str(tmp_path / "n1"))
     with pytest.raises(ConfigError, match="malformed 'script_module'"):
         config_from_node0({**sent, "script_module": ["mypkg"]}, str(tmp_path / "n1"))
+
+
+def test_a_joining_node_passes_its_ranks_the_local_rank_flag_node_0_sent(tmp_path):
+    """``--local-rank-arg`` goes into every node's ranks' environment: what node 0 sent is
+    checked as the option is (a flag, a string), one line when it is not."""
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    node0 = two_node_config(script=str(script), local_rank_arg="--local_rank")
+    sent = json.loads(json.dumps(dataclasses.asdict(node0)))
+    cfg = config_from_node0(sent, str(tmp_path / "n1"))
+    assert cfg.rank_environment()["DDPTUI_LOCAL_RANK_ARG"] == "--local_rank"
+    for bad in (7, ["--local_rank"], "--local_rank=0; rm"):
+        with pytest.raises(ConfigError, match="--local-rank-arg must name an option"):
+            config_from_node0({**sent, "local_rank_arg": bad}, str(tmp_path / "n1"))

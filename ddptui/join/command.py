@@ -26,7 +26,13 @@ from ddptui.join.agent import NodeAgent
 from ddptui.join.channel import Channel
 from ddptui.run.check_target import check_module, check_script
 from ddptui.run.cluster.token import MAX_TOKEN_CHARS, TOKEN_PREFIX, JoinToken, TokenError
-from ddptui.run.options import ConfigError, RunConfig, parse_int, parse_path
+from ddptui.run.options import (
+    ConfigError,
+    RunConfig,
+    parse_int,
+    parse_local_rank_arg,
+    parse_path,
+)
 from ddptui.runfiles import RunDir
 
 DESCRIPTION = (
@@ -78,6 +84,8 @@ def config_from_node0(data: Any, run_dir: str) -> RunConfig:
     cfg = dataclasses.replace(defaults, **values)
     if not cfg.run_id or not cfg.rdzv_endpoint or cfg.nnodes < 1 or cfg.world_size < cfg.nnodes:
         raise ConfigError("config", "node 0 sent an incomplete multi-node configuration")
+    if cfg.local_rank_arg is not None:  # into each rank's environment: a str, and a flag
+        cfg = dataclasses.replace(cfg, local_rank_arg=parse_local_rank_arg(cfg.local_rank_arg))
     if cfg.script_module:  # found again here, as python -m on this node finds it
         if not isinstance(cfg.script_module, str):
             raise ConfigError("config", "node 0 sent a malformed 'script_module'")

@@ -31,12 +31,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from ddptui.argv import add_target_arguments, split_passthrough
 from ddptui.constants import (
     ATTEMPT_ENV,
     ENDPOINT_ENV,
+    LOCAL_RANK_ARG_ENV,
     PARENT_PID_ENV,
     RESTART_COUNT_ENV,
     RUN_DIR_ENV,
@@ -172,6 +174,16 @@ def _exit_code(code: object) -> int:
     return 1
 
 
+def local_rank_args(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """``[FLAG=LOCAL_RANK]`` where the run passes the local rank as an argument
+    (:data:`LOCAL_RANK_ARG_ENV`, ``--local-rank-arg``), as ``torch.distributed.launch`` did;
+    else (or without a ``LOCAL_RANK``) nothing."""
+    flag, local_rank = environ.get(LOCAL_RANK_ARG_ENV), environ.get("LOCAL_RANK", "").strip()
+    if not flag or not local_rank.isascii() or not local_rank.isdigit():
+        return []
+    return [f"{flag}={int(local_rank)}"]
+
+
 def run_target(
     module: str | None, script: str | None, args: list[str], run_module: str | None = None
 ) -> int:
@@ -179,7 +191,10 @@ def run_target(
     (``run_module``), or a script as ``__main__``; return its exit code.
 
     A non-zero exit and an uncaught exception are reported as this rank's failure (error and
-    traceback); the exception propagates."""
+    traceback); the exception propagates. A script or user module gets ``FLAG=LOCAL_RANK``
+    before its arguments where ``--local-rank-arg`` asked for it (:func:`local_rank_args`)."""
+    if not module:
+        args = [*local_rank_args(), *args]
     try:
         if module:
             code = _exit_code(importlib.import_module(module).main(args))

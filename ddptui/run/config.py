@@ -68,6 +68,7 @@ from ddptui.run.options import (
     parse_choice,
     parse_float,
     parse_int,
+    parse_local_rank_arg,
     parse_path,
     quoted,
 )
@@ -131,6 +132,17 @@ def _build(
         trainer = attempt(parse_trainer, DEFAULT_TRAINER if is_blank(name) else name, trainers)
         trainer = trainer or DEFAULT_TRAINER
         spec = trainers.specs.get(trainer)
+
+    local_rank_arg = None
+    if not is_blank(raw.get("local_rank_arg")):
+        if is_script:
+            local_rank_arg = attempt(parse_local_rank_arg, raw["local_rank_arg"])
+        else:  # the trainers read LOCAL_RANK; an argument they do not take would stop them
+            checks.fail(
+                "local_rank_arg",
+                "--local-rank-arg is for your script (--script or --module): the built-in "
+                "trainers read LOCAL_RANK",
+            )
 
     launcher_raw = raw.get("launcher")
     if is_blank(launcher_raw):
@@ -250,6 +262,7 @@ def _build(
         script=script,
         script_module=script_module,
         script_args=script_args,
+        local_rank_arg=local_rank_arg,
         launcher=launcher,
         device=resolved,
         backend=backend or "gloo",

@@ -968,6 +968,28 @@ def _cause_diagnosis(
     return Diagnosis(end.rank, "crash", f"rank {end.rank} {how}: {_error_line(end)}{tb}", t)
 
 
+#: argparse's word for a required option the script was not given, when it is a local rank.
+_LOCAL_RANK_REQUIRED = re.compile(
+    r"the following arguments are required:.*?(?<![\w-])(--?local[_-]rank)\b", re.I
+)
+
+
+def local_rank_hint(lines: Iterable[str]) -> str | None:
+    """What to add to a crash whose log (``lines``, its last ones) ends in argparse's refusal
+    of a missing local-rank option: the script takes its local rank as an argument, as
+    ``python -m torch.distributed.launch`` passed it (``--local-rank-arg``); None otherwise."""
+    for line in lines:
+        found = _LOCAL_RANK_REQUIRED.search(line)
+        if found:
+            flag = found.group(1)
+            given = "--local-rank-arg" + ("" if flag == "--local_rank" else f"={flag}")
+            return (
+                f"the script takes its local rank as an argument ({flag}), as python -m "
+                f"torch.distributed.launch passed it: add {given}"
+            )
+    return None
+
+
 # -- notes -------------------------------------------------------------------------------------
 _ORDINALS = {2: "a second", 3: "a third", 4: "a fourth"}
 

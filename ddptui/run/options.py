@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 from ddptui.constants import (
     DEFAULT_CPU_WORLD_SIZE,
     DEVICE_ENV,
+    LOCAL_RANK_ARG_ENV,
     NO_INSTRUMENT_ENV,
     THREADS_ENV,
 )
@@ -84,6 +86,10 @@ class RunConfig:
     #: ``-m``); :attr:`script` is then its file (every check of a script holds for it).
     script_module: str | None = None
     script_args: tuple[str, ...] = ()
+    #: ``--local-rank-arg``: each rank's script gets ``FLAG=LOCAL_RANK`` before its own
+    #: arguments, as ``python -m torch.distributed.launch`` gave it (``--local_rank``); None:
+    #: not passed (torchrun's way: ``LOCAL_RANK`` in the environment only).
+    local_rank_arg: str | None = None
     launcher: str = "spawn"
     device: str = "cpu"  # resolved: never "auto" once built
     backend: str = "gloo"  # resolved: never "auto" once built
@@ -188,6 +194,8 @@ class RunConfig:
             env["CUDA_VISIBLE_DEVICES"] = ""
         if not self.instrument:
             env[NO_INSTRUMENT_ENV] = "1"
+        if self.local_rank_arg:
+            env[LOCAL_RANK_ARG_ENV] = self.local_rank_arg
         if not self.flight_recorder:
             env[FR_BUFFER_ENV] = "0"
         elif FR_BUFFER_ENV not in os.environ:
@@ -268,6 +276,7 @@ def resume_command(cfg: RunConfig) -> str:
             argv += [flag, str(value)]
     argv += ["--sync-bn"] if cfg.sync_bn and not cfg.script else []
     argv += ["--oversubscribe"] if cfg.oversubscribe else []
+    argv += [f"--local-rank-arg={cfg.local_rank_arg}"] if cfg.local_rank_arg else []
     if cfg.script_args:
         argv += ["--", *cfg.script_args]
     return shlex.join(argv)
@@ -328,6 +337,24 @@ def parse_choice(name: str, text: Any, choices: tuple[str, ...] | list[str]) -> 
             f"unknown {name.replace('_', ' ')} {quoted(text)} (choose from {', '.join(choices)})",
         )
     return value
+
+
+#: An option's name as ``--local-rank-arg`` takes it: letters, digits, ``_`` and ``-``.
+_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+
+
+def parse_local_rank_arg(text: Any) -> str:
+    """The flag ``--local-rank-arg`` names, with its dashes: ``local_rank``, ``--local_rank``
+    or ``--local-rank`` (a word of letters, digits, ``_`` and ``-``, at most 64)."""
+    value = str(text).strip()
+    name = value.lstrip("-")
+    if value.startswith("---") or not _OPTION_NAME.fullmatch(name):
+        raise ConfigError(
+            "local_rank_arg",
+            "--local-rank-arg must name an option of your script, such as --local_rank "
+            f"(letters, digits, _ and -), got {quoted(text)}",
+        )
+    return "--" + name if not value.startswith("-") else value
 
 
 def parse_path(name: str, text: Any, label: str | None = None) -> Path:

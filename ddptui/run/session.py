@@ -43,6 +43,7 @@ from ddptui.run.diagnosis import (
     diagnose_crash,
     diagnoses_for_summary,
     growth_diagnosis,
+    local_rank_hint,
     rank_ends,
     waiting_marks,
 )
@@ -563,6 +564,16 @@ class RunSession:
             desync=(desync.rank, flight.collective_named(desync.detail)) if desync else None,
         )
         found = [*traced, *found] if desync else [*found, *traced]
+        hint = None
+        if failure is not None and not self.cfg.local_rank_arg and self.cfg.trainer_module is None:
+            hint = local_rank_hint(failure.stderr_tail)
+        if hint:  # on the crash of the rank whose log says so
+            found = [
+                dataclasses.replace(d, detail=f"{d.detail}; {hint}")
+                if d.cause == "crash" and d.rank == failure.rank
+                else d
+                for d in found
+            ]
         for diagnosis in found:
             self.diagnoser.record(diagnosis)
         self._news += found

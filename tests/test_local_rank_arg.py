@@ -1,0 +1,158 @@
+"""``--local-rank-arg``: the local rank passed to a script as an argument, as ``python -m
+torch.distributed.launch`` passed it (Swin Transformer's ``main.py`` and its kin take
+``--local_rank`` as a required argument): the option's values, the rank entry's argv, the
+hint on a crash that asks for it, the command lines that carry it, and one real run."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddptui.cli import continue_run_dir
+from ddptui.constants import LOCAL_RANK_ARG_ENV
+from ddptui.rank import entry
+from ddptui.run.config import build_config
+from ddptui.run.diagnosis import local_rank_hint
+from ddptui.run.machine import Machine
+from ddptui.run.options import ConfigError, parse_local_rank_arg, resume_command
+from ddptui.runfiles import RunDir
+from tests.helpers import processes_of_run
+
+CPU = Machine(cuda_devices=0, cuda_reason="no CUDA device visible", cpu_count=2)
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.mark.parametrize(
+    ("given", "flag"),
+    [
+        ("--local_rank", "--local_rank"),
+        ("local_rank", "--local_rank"),
+        ("--local-rank", "--local-rank"),
+        (" -local_rank ", "-local_rank"),
+        ("gpu", "--gpu"),
+    ],
+)
+def test_the_flag_is_an_option_name_with_its_dashes(given, flag):
+    assert parse_local_rank_arg(given) == flag
+
+
+@pytest.mark.parametrize(
+    "given", ["", "--", "---local_rank", "--1st", "--local rank", "--local_rank=0", "--rang_é",
+              "--" + "x" * 65, "--a\x00b", "$(id)"],
+)  # fmt: skip
+def test_anything_else_is_refused_in_one_line(given):
+    with pytest.raises(ConfigError) as info:
+        parse_local_rank_arg(given)
+    assert info.value.field == "local_rank_arg"
+    assert "\n" not in str(info.value) and "--local-rank-arg must name an option" in str(info.value)
+
+
+def test_a_script_run_carries_it_to_every_rank_and_a_trainer_refuses_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    cfg = build_config({"script": str(script), "local_rank_arg": "local_rank"}, CPU)
+    assert cfg.local_rank_arg == "--local_rank"
+    assert cfg.rank_environment()[LOCAL_RANK_ARG_ENV] == "--local_rank"
+    assert cfg.to_json_dict()["local_rank_arg"] == "--local_rank"
+    assert LOCAL_RANK_ARG_ENV not in build_config({"script": str(script)}, CPU).rank_environment()
+    with pytest.raises(ConfigError, match="--local-rank-arg is for your script"):
+        build_config({"trainer": "synthetic", "local_rank_arg": "--local_rank"}, CPU)
+
+
+def test_the_rank_entry_puts_it_before_the_scripts_own_arguments(tmp_path, monkeypatch):
+    """The script sees ``--local_rank=N`` first, as torch.distributed.launch gave it; without
+    the option, or without a LOCAL_RANK, its arguments are its own."""
+    out = tmp_path / "argv.txt"
+    script = tmp_path / "train.py"
+    script.write_text(f"import sys\nopen({str(out)!r}, 'w').write(repr(sys.argv[1:]))\n")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the entry sets the script's
+    monkeypatch.setattr(sys, "path", list(sys.path))  # and puts its folder first
+    monkeypatch.setenv(LOCAL_RANK_ARG_ENV, "--local-rank")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert entry.run_target(None, str(script), ["--epochs", "2"]) == 0
+    assert out.read_text() == repr(["--local-rank=3", "--epochs", "2"])
+    for environ in ({LOCAL_RANK_ARG_ENV: "--local_rank"}, {"LOCAL_RANK": "1"},
+                    {LOCAL_RANK_ARG_ENV: "--local_rank", "LOCAL_RANK": "x"}):  # fmt: skip
+        assert entry.local_rank_args(environ) == []
+    assert entry.local_rank_args({LOCAL_RANK_ARG_ENV: "--gpu", "LOCAL_RANK": " 7"}) == ["--gpu=7"]
+
+
+def test_a_crash_that_asks_for_it_says_how_to_give_it():
+    usage = [
+        "usage: main.py [-h] --cfg FILE --local_rank LOCAL_RANK",
+        "main.py: error: the following arguments are required: --cfg, --local_rank",
+    ]
+    assert local_rank_hint(usage).endswith("(--local_rank), as python -m "
+                                           "torch.distributed.launch passed it: add "
+                                           "--local-rank-arg")  # fmt: skip
+    hyphen = ["x.py: error: the following arguments are required: --local-rank/--local_rank"]
+    assert local_rank_hint(hyphen).endswith("add --local-rank-arg=--local-rank")
+    assert local_rank_hint(["error: the following arguments are required: --cfg"]) is None
+    assert (
+        local_rank_hint(["error: the following arguments are required: --global_local_rank"])
+        is None
+    )  # noqa: E501
+    assert local_rank_hint(["RuntimeError: --local_rank"]) is None
+
+
+def test_the_command_lines_that_repeat_a_run_keep_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    run_dir = tmp_path / "run"
+    cfg = build_config(
+        {"script": str(script), "local_rank_arg": "--local_rank", "run_dir": str(run_dir)}, CPU
+    )
+    assert "--local-rank-arg=--local_rank" in shlex.split(resume_command(cfg))
+    # --resume RUN_DIR takes the saved run's flag over
+    run_dir.mkdir()
+    files = RunDir(run_dir)
+    files.config.write_text(json.dumps(cfg.to_json_dict()))
+    files.checkpoint.write_bytes(b"x")
+    assert continue_run_dir({"resume": str(run_dir)})["local_rank_arg"] == "--local_rank"
+    # and --print-sbatch writes it so that its own parser reads it back
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddptui.cli", "--launcher", "slurm", "--print-sbatch",
+         "--script", str(script), "--local-rank-arg=--local-rank"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "--local-rank-arg=--local-rank" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_script_that_requires_its_local_rank_as_an_argument_runs_under_torchrun(tmp_path):
+    """Without the option the launch-era script stops at its argument parser (the crash says
+    what to add); with it every rank gets its own local rank and the run finishes."""
+    script = SCRIPTS / "launch_era.py"
+    base = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(script)]
+    base += ["--world-size", "2", "--launcher", "torchrun"]
+    runs = []
+    try:
+        for more in ([], ["--local-rank-arg"]):
+            run_dir = tmp_path / f"run{len(runs)}"
+            runs.append(run_dir)
+            proc = subprocess.run(
+                [*base, "--run-dir", str(run_dir), *more, "--", "--steps", "6"],
+                capture_output=True, text=True, timeout=180, cwd=tmp_path,
+            )  # fmt: skip
+            if not more:
+                assert proc.returncode == 1, proc.stdout + proc.stderr
+                assert "add --local-rank-arg" in proc.stdout, proc.stdout
+            else:
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+                logs = [RunDir(run_dir).rank_log(r).read_text() for r in (0, 1)]
+                assert "local rank 0 of LOCAL_RANK 0" in logs[0]
+                assert "local rank 1 of LOCAL_RANK 1" in logs[1]
+    finally:  # nothing of either run outlives the test, whatever happened
+        for run_dir in runs:
+            try:
+                run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]
+            except (OSError, ValueError, KeyError):
+                continue
+            for process in processes_of_run(run_id):
+                process.kill()
