@@ -59,6 +59,15 @@ def stacks_name(rank: int) -> str:
     return f"stacks-rank-{rank}.txt"
 
 
+#: Rank N's Flight Recorder trace in the run directory: ``fr-rank-N.json``.
+TRACE_PREFIX, TRACE_SUFFIX = "fr-rank-", ".json"
+
+
+def trace_name(rank: int) -> str:
+    """``fr-rank-N.json``: rank N's Flight Recorder trace in the run directory."""
+    return f"{TRACE_PREFIX}{rank}{TRACE_SUFFIX}"
+
+
 class RunDir:
     """Paths of one run directory (nothing is created until something is written)."""
 
@@ -101,6 +110,13 @@ class RunDir:
 
     def stacks(self, rank: int) -> Path:
         return self.path / stacks_name(rank)
+
+    def has_traces(self) -> bool:
+        """Whether a rank's Flight Recorder trace (``fr-rank-N.json``) is here."""
+        try:
+            return any(self.path.glob(f"{TRACE_PREFIX}*{TRACE_SUFFIX}"))
+        except OSError:
+            return False
 
     def holds_run(self) -> bool:
         """Whether a run was started here (its events file exists; any path that cannot hold

@@ -1,6 +1,8 @@
 """The rank table's collective column and the rank that falls behind, live, from the Flight
 Recorder progress in every rank's heartbeat (pure: RunState + the table model)."""
 
+import pytest
+
 from ddptui import protocol
 from ddptui.run.state import RunState
 from ddptui.tui.model import behind_ranks, collective_cell, run_frame, severity
@@ -136,7 +138,9 @@ def test_a_groups_backends_are_judged_apart():
 def test_the_analyzer_is_loaded_once_a_rank_stands_still_or_fails(tmp_path, monkeypatch):
     """A failed rank's run reads the traces with torch's analyzer once the launcher ends: its
     import starts when a rank fails, not then (begun then, the summary came 3.3 s after the
-    launcher's end on a slow machine, 1.7 s since)."""
+    launcher's end on a slow machine, 1.7 s since). A failed rank that left no trace (its
+    argument parser stopped it before its group formed) gives it nothing to read: torch was
+    loaded for it all the same (3.3 s of CPU on a slow machine), and is not now."""
     from ddptui.run import flight
     from ddptui.run.config import build_config
     from ddptui.run.machine import Machine
@@ -158,7 +162,23 @@ def test_the_analyzer_is_loaded_once_a_rank_stands_still_or_fails(tmp_path, monk
     failed = protocol.Status(run="r", rank=1, t=2, seq=1, state="failed", error="boom", pid=11)
     state.apply(failed, now=2.0)
     session._flight_warm()
-    assert warmed == [True]
+    assert warmed == []  # no trace in the run directory
+    session.files.path.mkdir(parents=True)
+    (session.files.path / "fr-rank-1.json").write_text("{}")
+    session._flight_warm()
+    session._flight_warm()
+    assert warmed == [True]  # once
+
+
+def test_traces_without_a_collective_are_refused_before_torch_loads(monkeypatch):
+    from ddptui.run import flight
+
+    def loaded():
+        raise AssertionError("torch's analyzer loaded for traces without a collective")
+
+    monkeypatch.setattr(flight, "_import_analyzer", loaded)
+    with pytest.raises(ValueError, match="no rank recorded a collective"):
+        flight.analyze({0: {"entries": [], "version": "2.10"}}, 2)
 
 
 # -- the session's live desync check -------------------------------------------------------

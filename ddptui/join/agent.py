@@ -13,7 +13,7 @@ from ddptui import protocol
 from ddptui.join.channel import LOST_AFTER_S, STATUS_EVERY_S, Channel
 from ddptui.monitor import SystemMonitor
 from ddptui.monitor.snapshot import is_na
-from ddptui.rank.flight_recorder import SOCKET_DIR_ENV, trace_name
+from ddptui.rank.flight_recorder import SOCKET_DIR_ENV
 from ddptui.run import flight
 from ddptui.run.cluster.addresses import route_address, split_endpoint
 from ddptui.run.collector import Collector
@@ -23,7 +23,7 @@ from ddptui.run.rundir import EXIT_CODES
 from ddptui.run.session import make_launcher
 from ddptui.run.signals import Interrupted, signals_deferred, signals_interrupt
 from ddptui.run.state import RankFailureInfo
-from ddptui.runfiles import write_json_atomic
+from ddptui.runfiles import trace_name, write_json_atomic
 
 #: After the ranks end, keep relaying this long for events still in flight.
 DRAIN_S = 0.5

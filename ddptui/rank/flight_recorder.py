@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ddptui.rank import stacks
+from ddptui.runfiles import trace_name
 
 #: torch's variable for the recorder's ring buffer (entries per backend; 0 turns it off).
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -55,11 +56,6 @@ BACKENDS = ("gloo", "nccl")
 TRACE_VERSION = 1
 
 _server: TraceServer | None = None
-
-
-def trace_name(rank: int) -> str:
-    """``fr-rank-N.json``: rank N's Flight Recorder trace in the run directory."""
-    return f"fr-rank-{rank}.json"
 
 
 def socket_path(directory: str | os.PathLike[str], rank: int) -> Path:

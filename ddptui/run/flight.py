@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path, trace_name
+from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path
 from ddptui.rank.frames import is_library
 from ddptui.run.collector import listening, stale_private_dirs
+from ddptui.runfiles import trace_name
 
 #: Largest trace file read (2,000 entries with stacks are ~2 MB).
 MAX_TRACE_BYTES = 64 * 1024 * 1024
@@ -314,10 +315,10 @@ def analyze(traces: Mapping[int, dict], world_size: int) -> Any:
     """torch's ``build_db`` over the ranks' traces (a ``Database`` of collectives, the first
     mismatch recorded with its missing ranks or mismatching ranks). Raises ``ValueError``
     with one line when torch's analyzer cannot read them."""
-    build_db = _import_analyzer()
     docs = {r: d for r, d in traces.items() if d["entries"]}
-    if not docs:
+    if not docs:  # said before torch loads: nothing to analyze
         raise ValueError("no rank recorded a collective")
+    build_db = _import_analyzer()
     versions = {d["version"] for d in docs.values()}
     if len(versions) != 1:
         raise ValueError(f"the ranks' recorders differ in version ({sorted(versions)})")

@@ -201,6 +201,7 @@ class RunSession:
         #: How fast events.jsonl grows (said once, when fast: see :meth:`_watch_growth`).
         self._growth: GrowthWatch | None = GrowthWatch()
         self._hung = False
+        self._warmed = False  # torch's analyzer is loading (see _flight_warm)
         self.state.max_restarts = cfg.max_restarts
         #: One line per restart (and per restart refused), for the front ends to show.
         self.restart_lines: list[str] = []
@@ -458,20 +459,26 @@ class RunSession:
         return found
 
     def _flight_warm(self) -> None:
-        """Once any live rank has stood still for :data:`FLIGHT_WARM_S`, or a rank has failed,
-        load torch's analyzer in the background: a hang verdict, or the crash diagnosis once
-        the launcher ends, then reads the traces without waiting for torch to load in this
-        process (a killed rank's run, alone on a slow machine: 3.3 s from the launcher's end
-        to the summary when the import began only then, 1.7 s since)."""
-        if self.fr_dir is None:
+        """Once any live rank has stood still for :data:`FLIGHT_WARM_S`, or a rank has failed
+        and left its trace, load torch's analyzer in the background: a hang verdict, or the
+        crash diagnosis once the launcher ends, then reads the traces without waiting for
+        torch to load in this process (a killed rank's run, alone on a slow machine: 3.3 s
+        from the launcher's end to the summary when the import began only then, 1.7 s since).
+        A failed rank that left no trace (it failed before its group formed: a script's
+        argument parser, an import) gives the analyzer nothing to read: torch is not loaded
+        for it (3.3 s of CPU on a slow machine)."""
+        if self.fr_dir is None or self._warmed:
             return
         with self._lock:
-            warm = any(
-                v.state == "failed"
-                or (v.state == "started" and (v.still_for or 0.0) >= FLIGHT_WARM_S)
-                for v in self.state.ranks.values()
-            )
-        if warm:
+            still = failed = False
+            for view in self.state.ranks.values():
+                if view.state == "failed":
+                    failed = True
+                elif view.state == "started" and (view.still_for or 0.0) >= FLIGHT_WARM_S:
+                    still = True
+                    break
+        if still or (failed and self.files.has_traces()):
+            self._warmed = True
             flight.warm_analyzer()
 
     def _flight_watch(self, now: float) -> None:

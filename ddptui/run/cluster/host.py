@@ -22,13 +22,12 @@ import msgspec
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from ddptui.rank.flight_recorder import trace_name
 from ddptui.run import flight
 from ddptui.run.cluster.addresses import join_endpoint
 from ddptui.run.cluster.token import JoinToken, RunKeys
 from ddptui.run.collector import Collector
 from ddptui.run.options import RunConfig
-from ddptui.runfiles import write_json_atomic
+from ddptui.runfiles import trace_name, write_json_atomic
 
 ZAP_DOMAIN = "ddptui"
 #: Largest join request read (bytes); libzmq drops a peer that sends more. A rank's Flight
