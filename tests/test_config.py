@@ -51,6 +51,8 @@ def test_script_defaults_to_torchrun_and_resolves_path(tmp_path):
         ({"lr": "0"}, CPU, "lr", "--lr must be greater than 0"),
         ({"lr": "fast"}, CPU, "lr", "--lr must be a number"),
         ({"script": "/nonexistent/train.py"}, CPU, "script", "script not found"),
+        ({"script": "/"}, CPU, "script", "--script names a directory, not a file: /"),
+        ({"script": "/dev/null"}, CPU, "script", "--script names no regular file: /dev/null"),
         ({"resume": "/nonexistent/ckpt.pt"}, CPU, "resume", "cannot read resume checkpoint"),
         ({"init_method": "udp://x"}, CPU, "init_method", "--init-method must be"),
         ({"model": "nonsense"}, CPU, "model", "unknown model 'nonsense' for the synthetic trainer"),
@@ -411,7 +413,7 @@ def test_python_scripts_pass(tmp_path):
     raw = {"run_dir": str(tmp_path / "r")}
     for name in ("empty.py", "latin1.py"):
         assert build_config({**raw, "script": str(tmp_path / name)}, CPU).script
-    with pytest.raises(ConfigError, match="script not found"):
+    with pytest.raises(ConfigError, match="--script names a directory, not a file"):
         build_config({**raw, "script": str(tmp_path / "dir.py")}, CPU)
 
 

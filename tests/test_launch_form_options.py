@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from textual.widgets import Button, Checkbox, Input, Select
 
+from ddptui.run.config import build_config
 from ddptui.run.machine import Machine
 from ddptui.tui.machine import HostInfo
 from ddptui.tui.screens.launch import OWN_SCRIPT, LaunchScreen
@@ -135,3 +136,37 @@ async def test_the_script_field_takes_a_module_as_python_does(tmp_path, monkeypa
         raw = screen.raw_options()
         assert (raw["script_module"], raw["script"]) == (None, str(package / "train.py"))
         assert _error(screen, "script") == "" and screen.validate() == []
+
+
+async def test_a_script_takes_its_local_rank_as_an_argument_from_the_form(tmp_path):
+    """The crash of a launch-era script says to add --local-rank-arg: the form has it, for a
+    script only (a trainer reads LOCAL_RANK), checked as on the command line, and prefilled
+    from it."""
+    script = tmp_path / "main.py"
+    script.write_text("print('hi')\n")
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        row = screen.query_one("#row-local_rank_arg")
+        assert not row.display and screen.raw_options()["local_rank_arg"] is None
+        screen.query_one("#f-trainer", Select).value = OWN_SCRIPT
+        screen.query_one("#f-script", Input).value = str(script)
+        await pilot.pause()
+        assert row.display and screen.raw_options()["local_rank_arg"] is None
+        field = screen.query_one("#f-local_rank_arg", Input)
+        field.value = "--local rank"
+        await pilot.pause()
+        assert "--local-rank-arg must name an option" in _error(screen, "local_rank_arg")
+        field.value = "local_rank"
+        await pilot.pause()
+        assert screen.validate() == []
+        # what Launch builds from the form
+        assert build_config(screen.raw_options(), NO_CUDA_HOST.machine).local_rank_arg == (
+            "--local_rank"
+        )
+    again = _app(tmp_path, script=str(script), local_rank_arg="--local-rank")
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert again.screen.query_one("#f-local_rank_arg", Input).value == "--local-rank"
+        assert again.screen.raw_options()["local_rank_arg"] == "--local-rank"

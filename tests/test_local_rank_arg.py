@@ -87,16 +87,15 @@ def test_a_crash_that_asks_for_it_says_how_to_give_it():
         "usage: main.py [-h] --cfg FILE --local_rank LOCAL_RANK",
         "main.py: error: the following arguments are required: --cfg, --local_rank",
     ]
-    assert local_rank_hint(usage).endswith("(--local_rank), as python -m "
-                                           "torch.distributed.launch passed it: add "
-                                           "--local-rank-arg")  # fmt: skip
+    assert local_rank_hint(usage).endswith(
+        "(--local_rank), as python -m torch.distributed.launch passed it: add "
+        "--local-rank-arg (the form's local rank arg: --local_rank)"
+    )
     hyphen = ["x.py: error: the following arguments are required: --local-rank/--local_rank"]
-    assert local_rank_hint(hyphen).endswith("add --local-rank-arg=--local-rank")
-    assert local_rank_hint(["error: the following arguments are required: --cfg"]) is None
-    assert (
-        local_rank_hint(["error: the following arguments are required: --global_local_rank"])
-        is None
-    )  # noqa: E501
+    assert "add --local-rank-arg=--local-rank (" in local_rank_hint(hyphen)
+    required = "error: the following arguments are required: "
+    assert local_rank_hint([required + "--cfg"]) is None
+    assert local_rank_hint([required + "--global_local_rank"]) is None
     assert local_rank_hint(["RuntimeError: --local_rank"]) is None
 
 

@@ -49,6 +49,10 @@ def check_script(text: Any) -> str:
     path = parse_path("script", text)
     try:
         if not path.is_file():
+            if path.is_dir():  # a folder (`--script .`): no file to run in it, named as such
+                raise ConfigError("script", f"--script names a directory, not a file: {shown}")
+            if path.exists():  # a device, a FIFO, a socket: never opened here
+                raise ConfigError("script", f"--script names no regular file: {shown}")
             raise ConfigError("script", f"script not found: {shown}")
         if path.suffix != ".py":
             raise ConfigError("script", f"script must be a Python file ending in .py: {shown}")

@@ -985,7 +985,8 @@ def local_rank_hint(lines: Iterable[str]) -> str | None:
             given = "--local-rank-arg" + ("" if flag == "--local_rank" else f"={flag}")
             return (
                 f"the script takes its local rank as an argument ({flag}), as python -m "
-                f"torch.distributed.launch passed it: add {given}"
+                f"torch.distributed.launch passed it: add {given} (the form's local rank "
+                f"arg: {flag})"
             )
     return None
 

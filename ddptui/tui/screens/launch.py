@@ -47,6 +47,7 @@ OWN_SCRIPT = "__script__"
 TEXT_FIELDS = {
     "script": ("script", "path/to/train.py, or -m package.train"),
     "script_args": ("arguments", "extra arguments, e.g. --steps 10"),
+    "local_rank_arg": ("local rank arg", "none: LOCAL_RANK only (or e.g. --local_rank)"),
     "world_size": ("world size", str(DEFAULT_CPU_WORLD_SIZE)),
     "workers": ("data workers", "auto"),
     "epochs": ("epochs", "trainer's default"),
@@ -60,6 +61,7 @@ FORM_ORDER = (
     "trainer",
     "script",
     "script_args",
+    "local_rank_arg",
     "launcher",
     "device",
     "backend",
@@ -149,6 +151,7 @@ class LaunchScreen(Screen):
                 )
                 yield from self._text_field("script")
                 yield from self._text_field("script_args")
+                yield from self._text_field("local_rank_arg")
                 yield from self._field(
                     "launcher",
                     Select(
@@ -381,6 +384,9 @@ class LaunchScreen(Screen):
         for name in NUMBER_FIELDS:
             raw[name] = self.query_one(f"#f-{name}", Input).value or None
         raw["oversubscribe"] = self.query_one("#f-oversubscribe", Checkbox).value
+        # a script's option (--local-rank-arg): a trainer reads LOCAL_RANK, and has no row
+        local = self.query_one("#f-local_rank_arg", Input).value
+        raw["local_rank_arg"] = (local or None) if trainer == OWN_SCRIPT else None
         if trainer == OWN_SCRIPT:
             for name in SCRIPT_HIDDEN:  # the trainers' options: a script reads its own
                 raw[name] = None
@@ -487,6 +493,7 @@ class LaunchScreen(Screen):
     def _show_script_fields(self) -> None:
         script = self.query_one("#f-trainer", Select).value == OWN_SCRIPT
         self.query_one("#row-script").display = script
+        self.query_one("#row-local_rank_arg").display = script
         for name in SCRIPT_HIDDEN:  # the trainers' options
             self.query_one(f"#row-{name}").display = not script
         # A script's epochs go to the dashboard only (its progress and ETA)
