@@ -79,6 +79,10 @@ def test_a_rank_that_failed_inside_its_last_collective_shows_it_failed_not_compl
     assert collective_cell([("default_pg", "all_reduce", 9, 8, "nccl")], True) == (
         "all_reduce #9 ✗"
     )
+    # an error raised elsewhere in torch.distributed (a checkpoint's writer) is no collective's
+    view = state.ranks[0]
+    view.traceback = LOST_PEER.replace("distributed_c10d.py", "checkpoint/filesystem.py")
+    assert run_frame(state, now=1.0).rows[0].collective == "all_reduce #25 ✓"
     # two groups: which one raised is not known, and neither is marked
     two = [("default_pg", None, 5, 5, "gloo"), ("tp", "all_gather", 9, 9, "gloo")]
     assert collective_cell(two, True) == "default_pg: #5 ✓; tp: all_gather #9 ✓"

@@ -280,19 +280,19 @@ def collective_cell(marks: Sequence[tuple], failed: bool = False) -> str:
     return "; ".join(parts)
 
 
-#: A traceback's frame line, and a file of torch's distributed package.
+#: A traceback's frame line, and the file of torch's collectives (every one's ``wait()``).
 _FRAME = re.compile(r'^\s*File "([^"]*)"', re.M)
-_TORCH_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+_COLLECTIVES = re.compile(r"[/\\]torch[/\\]distributed[/\\]distributed_c10d\.py$")
 
 
 def failed_in_collective(view: RankView) -> bool:
-    """Whether ``view``'s rank failed with an exception raised in torch's distributed code
-    (its traceback's innermost frame is there: a collective's ``work.wait()`` on a lost
-    peer), so that its last collective is the one that failed."""
+    """Whether ``view``'s rank failed with an exception raised in torch's collectives (its
+    traceback's innermost frame in ``distributed_c10d.py``: a collective's ``work.wait()``
+    on a lost peer), so that its last collective is the one that failed."""
     if view.state != "failed" or not view.traceback:
         return False
     frames = _FRAME.findall(view.traceback[-4000:])
-    return bool(frames) and _TORCH_DISTRIBUTED.search(frames[-1]) is not None
+    return bool(frames) and _COLLECTIVES.search(frames[-1]) is not None
 
 
 def behind_ranks(state: RunState) -> dict[int, str]:
