@@ -211,6 +211,40 @@ def test_a_spawned_worker_rendezvous_as_under_python_not_as_torchruns_worker(mon
     assert os.environ[spawned.AGENT_ENDPOINT_ENV] == "127.0.0.1:29400"
 
 
+def test_a_spawned_worker_knows_torchruns_store_though_the_script_set_its_own(monkeypatch):
+    """yangkky/distributed_tutorial's ``mnist-distributed.py`` sets ``MASTER_ADDR`` and
+    ``MASTER_PORT`` (8888) itself before ``mp.spawn``: its workers inherited the script's
+    endpoint, took it for torchrun's, went back to the agent-store flag and waited as clients
+    of a store nobody served. The rank notes torchrun's store before its script runs."""
+    from ddptui.rank import spawned
+
+    monkeypatch.setattr("ddptui.rank.reporter._reporter", None)
+    monkeypatch.delenv(spawned.TORCHRUN_STORE_ENV, raising=False)
+    monkeypatch.delenv(spawned.AGENT_ENDPOINT_ENV, raising=False)
+    monkeypatch.setenv(spawned.AGENT_STORE_ENV, "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29400")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv(spawned.SPAWNED_ENV, "")  # the worker sets it: put back after
+    spawned.note_agent_store()  # the rank entry, before the script
+    monkeypatch.setenv("MASTER_PORT", "8888")  # the script, before it spawns
+    spawned.note_agent_store()  # noted once: a second call keeps torchrun's
+    assert os.environ[spawned.TORCHRUN_STORE_ENV] == "127.0.0.1:29400"
+    seen = {}
+    spawned.spawned_worker(
+        lambda index: (spawned.before_rendezvous(), seen.update(flag=os.environ.get(
+            spawned.AGENT_STORE_ENV))),
+        lambda: None,
+        0,
+    )  # fmt: skip
+    assert os.environ[spawned.AGENT_ENDPOINT_ENV] == "127.0.0.1:29400"
+    assert seen == {"flag": None}  # the script's own endpoint: rank 0 serves its store
+    monkeypatch.delenv(spawned.TORCHRUN_STORE_ENV)
+    monkeypatch.delenv(spawned.AGENT_STORE_ENV, raising=False)  # no torchrun rank: nothing
+    spawned.note_agent_store()
+    assert spawned.TORCHRUN_STORE_ENV not in os.environ
+
+
 @pytest.mark.parametrize(
     ("port", "flag"),
     [
@@ -268,6 +302,26 @@ def test_workers_that_meet_at_torchruns_endpoint_train_under_ddptuis_torchrun(tm
     run_dir = tmp_path / "run"
     script = ROOT / "tests/scripts/spawn_at_agent.py"
     proc = run_headless(["--launcher", "torchrun", "--script", str(script)], run_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (run_dir / "rank-0.log").read_text()
+    assert "worker 0 done" in log and "worker 1 done" in log
+    assert len(step_numbers(read_events(run_dir))) == 6  # 3 steps x 2 workers
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_workers_that_meet_at_the_scripts_own_endpoint_train_under_ddptuis_torchrun(tmp_path):
+    """The script sets MASTER_ADDR/PORT itself before it spawns (yangkky's
+    ``mnist-distributed.py``): its workers meet there as under ``python script.py``. They
+    waited as clients of a store nobody served, 'spawned 2 workers, waiting for their
+    process group', until stopped; the hang timeout (60 s) judges no spawner."""
+    from ddptui.rank.net import free_port
+    from tests.helpers import ROOT
+
+    run_dir = tmp_path / "run"
+    script = ROOT / "tests/scripts/spawn_at_agent.py"
+    args = ["--launcher", "torchrun", "--script", str(script), "--", "--own-port", str(free_port())]
+    proc = run_headless(args, run_dir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (run_dir / "rank-0.log").read_text()
     assert "worker 0 done" in log and "worker 1 done" in log

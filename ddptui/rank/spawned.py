@@ -35,8 +35,11 @@ SPAWNED_ENV = "DDPTUI_SPAWNED"
 #: torchrun's "use the agent's TCPStore" flag for its own workers (torch.distributed.run).
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 #: In a spawned worker whose parent torchrun told to use the agent's store: where that store
-#: is (``MASTER_ADDR:MASTER_PORT`` as the worker inherited them).
+#: is (``MASTER_ADDR:MASTER_PORT`` as torchrun gave them to its rank, :data:`TORCHRUN_STORE_ENV`).
 AGENT_ENDPOINT_ENV = "DDPTUI_AGENT_STORE"
+#: In a torchrun rank (and the workers it starts): torchrun's ``MASTER_ADDR:MASTER_PORT``, as
+#: the rank got them before its script ran (see :func:`note_agent_store`).
+TORCHRUN_STORE_ENV = "DDPTUI_TORCHRUN_STORE"
 
 #: Whether this process has seen its process group (and announced its rank when spawned).
 _group_seen = False
@@ -87,7 +90,19 @@ def _become_worker() -> None:
 
     reporter.unheard_at_exit(unranked)
     if os.environ.pop(AGENT_STORE_ENV, None) == "True":
-        os.environ[AGENT_ENDPOINT_ENV] = _endpoint()
+        os.environ[AGENT_ENDPOINT_ENV] = os.environ.get(TORCHRUN_STORE_ENV) or _endpoint()
+
+
+def note_agent_store() -> None:
+    """In a torchrun rank, before its script runs: where torchrun's agent store is, for the
+    workers the script may start (:func:`_become_worker`). Their inherited ``MASTER_ADDR`` and
+    ``MASTER_PORT`` are the script's once it sets its own before it spawns them
+    (yangkky/distributed_tutorial's ``mnist-distributed.py``: ``127.0.0.1:8888``, then
+    ``mp.spawn``): read there, the script's endpoint passed for the agent's, the workers
+    went back to the agent-store flag, and waited as clients of a store nobody served at
+    8888 (``spawned 2 workers, waiting for their process group``, 6 min, until stopped)."""
+    if os.environ.get(AGENT_STORE_ENV) == "True" and TORCHRUN_STORE_ENV not in os.environ:
+        os.environ[TORCHRUN_STORE_ENV] = _endpoint()
 
 
 def _take_thread_share() -> None:
