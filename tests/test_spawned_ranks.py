@@ -13,6 +13,7 @@ import pytest
 from ddptui import protocol
 from ddptui.rank.reporter import Reporter
 from ddptui.run.collector import Collector
+from ddptui.run.diagnosis import CAUSES, Diagnoser
 from ddptui.run.state import RunState
 from tests.helpers import drain, processes_of_run, read_events, step_numbers
 
@@ -517,3 +518,37 @@ def test_a_hang_among_a_scripts_workers_is_named_from_their_own_traces(tmp_path,
         assert (run_dir / f"fr-rank-{rank}.json").is_file()
         stacks = (run_dir / f"stacks-rank-{rank}.txt").read_text()
         assert "in work" in stacks and "start_processes" not in stacks, stacks[-2000:]
+
+
+def _spawners(*launched):
+    """A run's state where each of ``launched`` ((node, rank, workers)) said it spawned."""
+    state = RunState("r", 4)
+    for seq, (node, rank, workers) in enumerate(launched):
+        started = protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started", node=node)
+        state.apply(started, now=1.0)
+        note = protocol.Note(
+            run="r", rank=rank, t=0.0, seq=1 + seq, code="spawned", workers=workers
+        )
+        state.apply(note, now=2.0)
+    return state
+
+
+def test_a_node_whose_launched_processes_each_spawned_workers_is_told_once():
+    """yangkky's ``mnist-distributed.py`` at ddptui's default of 2 ranks: both launched copies
+    started their 2 workers, the second's failed to listen on the script's port, and the run
+    failed naming rank 0's lost peer; nothing said why. Now a note says so (no verdict); one
+    spawner a node (a multi-node run of such a script) is the script's way, and says nothing."""
+    diagnoser = Diagnoser()
+    state = _spawners((None, 0, 2), (None, 1, 2))
+    found = diagnoser.notes(state)
+    assert [(d.rank, d.cause) for d in found] == [(0, "spawners")]
+    assert found[0].detail.startswith("ranks 0, 1 spawned workers of their own (2 each): ")
+    assert "launch it as one process a node (--world-size 1" in found[0].detail
+    assert diagnoser.notes(state) == []  # once
+    assert "spawners" in CAUSES
+    for apart in [((None, 0, 2),), ((0, 0, 2), (1, 1, 2))]:
+        assert Diagnoser().notes(_spawners(*apart)) == []
+    mixed = Diagnoser().notes(_spawners((1, 2, 2), (1, 3, 4), (0, 0, 2)))
+    assert [d.detail.split(":")[0] for d in mixed] == [
+        "ranks 2, 3 on node 1 spawned workers of their own (each)"
+    ]

@@ -54,6 +54,7 @@ CAUSES = (
     "oom",  # a rank killed (SIGKILL) while memory was nearly exhausted
     "sampler",  # a note: a shuffling DistributedSampler never told its epoch (no verdict)
     "no_comm",  # a note: every rank trained many steps without any collective (no verdict)
+    "spawners",  # a note: several launched processes of a node spawned workers (no verdict)
     "record_growth",  # a note: events.jsonl grows fast enough to fill a disk (no verdict)
 )
 
@@ -1050,6 +1051,35 @@ def no_comm_diagnosis(state: Any, t: float) -> Diagnosis | None:
     )
 
 
+def spawners_diagnosis(state: Any, t: float) -> Diagnosis | None:
+    """More than one process ddptui launched on a node spawned workers of its own
+    (``mp.spawn``, a ``Process`` per rank): the script starts its ranks itself, as under
+    ``python script.py``, once a node, and each launched copy started a whole set
+    (yangkky/distributed_tutorial's ``mnist-distributed.py`` at ddptui's default of 2 ranks:
+    the second copy's workers failed to listen on the script's port 8888, and the run failed
+    naming rank 0's lost peer). Evidence only: the ranks' own ``spawned`` notes."""
+    by_node: dict[int | None, dict[int, int]] = {}
+    for (node, rank), workers in getattr(state, "spawners", {}).items():
+        by_node.setdefault(node, {})[rank] = workers
+    for node in sorted(by_node, key=lambda n: -1 if n is None else n):
+        ranks = by_node[node]
+        if len(ranks) < 2:
+            continue
+        counts = sorted(set(ranks.values()))
+        each = f"{counts[0]} each" if len(counts) == 1 else "each"
+        on = "" if node is None else f" on node {node}"
+        return Diagnosis(
+            min(ranks),
+            "spawners",
+            f"{_ranks_text(ranks)}{on} spawned workers of their own ({each}): the script starts "
+            "its ranks itself (mp.spawn, a Process per rank), as under python script.py; "
+            "launch it as one process a node (--world-size 1; --nproc-per-node 1 on several "
+            "nodes)",
+            t,
+        )
+    return None
+
+
 # -- summary.json -------------------------------------------------------------------------------
 #: Longest stack text kept per rank in summary.json.
 MAX_STACK_TEXT = 20_000
@@ -1184,6 +1214,12 @@ class Diagnoser:
                 self._noted.add("no_comm")
                 self.record(apart)
                 found.append(apart)
+        if "spawners" not in self._noted and len(getattr(state, "spawners", ())) > 1:
+            twice = spawners_diagnosis(state, state.elapsed(state.last_event_at or 0.0))
+            if twice is not None:
+                self._noted.add("spawners")
+                self.record(twice)
+                found.append(twice)
         return found
 
     def check(

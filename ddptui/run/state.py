@@ -431,6 +431,11 @@ class StepLoss:
         return self.total / self.count
 
 
+#: Launched processes that spawned workers kept in :attr:`RunState.spawners` (one a node is
+#: the script's way; a few more say it is launched wrongly).
+MAX_SPAWNERS = 64
+
+
 class RunState:
     """Apply events in arrival order; read per-rank views, global numbers and health."""
 
@@ -514,6 +519,9 @@ class RunState:
         self.restart_refused: str | None = None
         #: Notes the ranks sent (``protocol.Note``), by code: the first of each.
         self.notes: dict[str, NoteSeen] = {}
+        #: The launched processes that spawned workers of their own (``spawned`` notes):
+        #: (node, rank) -> workers, as each first said it.
+        self.spawners: dict[tuple[int | None, int], int] = {}
 
     def grow(self, world_size: int) -> None:
         """The run has ``world_size`` ranks after all: the script spawned its own (one
@@ -803,6 +811,8 @@ class RunState:
             if ev.workers:
                 view.spawned = ev.workers
                 view.frame = view.waiting = None  # where it stood before it spawned
+                if len(self.spawners) < MAX_SPAWNERS:
+                    self.spawners.setdefault((view.node, view.rank), ev.workers)
             return
         if ev.code == "loader_steps":  # the run's plan as a loader says it, not a finding
             if ev.steps is None:  # the rank's steps are the script's own (ddptui.log) now
