@@ -123,35 +123,55 @@ def test_the_command_lines_that_repeat_a_run_keep_it(tmp_path):
     assert "--local-rank-arg=--local-rank" in proc.stdout
 
 
+def test_the_crash_of_a_script_that_asks_for_it_carries_the_hint(tmp_path):
+    """The session puts the hint on the crash of the rank whose log ends in argparse's
+    refusal, only where the option was not given (a real run of it: the test below)."""
+    from ddptui import protocol
+    from ddptui.run.session import RunSession
+    from ddptui.run.state import RankFailureInfo
+
+    script = SCRIPTS / "launch_era.py"
+    tail = ("usage: launch_era.py [-h] --local_rank LOCAL_RANK [--steps STEPS]",
+            "launch_era.py: error: the following arguments are required: --local_rank")  # fmt: skip
+    for given, hinted in ((None, True), ("--local_rank", False)):
+        raw = {"script": str(script), "run_dir": str(tmp_path / f"r{hinted}")}
+        session = RunSession(build_config({**raw, "local_rank_arg": given}, CPU))
+        run = session.cfg.run_id
+        for seq, state in enumerate(("started", "failed")):
+            session.state.apply(
+                protocol.Status(run=run, rank=0, t=1.0, seq=seq, state=state,
+                                error="SystemExit: 2" if state == "failed" else None)
+            )  # fmt: skip
+        failure = RankFailureInfo(rank=0, exit_code=2, error="SystemExit: 2", stderr_tail=tail)
+        session.state.set_outcome("failed", failure)
+        session._diagnose_crash()
+        crash = [d.detail for d in session.diagnoser.diagnoses if d.cause == "crash"]
+        assert len(crash) == 1
+        assert crash[0].endswith("add --local-rank-arg (the form's local rank arg: "
+                                 "--local_rank)") is hinted  # fmt: skip
+
+
 @pytest.mark.slow
 def test_a_script_that_requires_its_local_rank_as_an_argument_runs_under_torchrun(tmp_path):
-    """Without the option the launch-era script stops at its argument parser (the crash says
-    what to add); with it every rank gets its own local rank and the run finishes."""
+    """With the option every rank of the launch-era script gets its own local rank and the
+    run finishes (without it, the script stops at its argument parser: the hint, above)."""
     script = SCRIPTS / "launch_era.py"
-    base = [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(script)]
-    base += ["--world-size", "2", "--launcher", "torchrun"]
-    runs = []
+    run_dir = tmp_path / "run"
     try:
-        for more in ([], ["--local-rank-arg"]):
-            run_dir = tmp_path / f"run{len(runs)}"
-            runs.append(run_dir)
-            proc = subprocess.run(
-                [*base, "--run-dir", str(run_dir), *more, "--", "--steps", "6"],
-                capture_output=True, text=True, timeout=180, cwd=tmp_path,
-            )  # fmt: skip
-            if not more:
-                assert proc.returncode == 1, proc.stdout + proc.stderr
-                assert "add --local-rank-arg" in proc.stdout, proc.stdout
-            else:
-                assert proc.returncode == 0, proc.stdout + proc.stderr
-                logs = [RunDir(run_dir).rank_log(r).read_text() for r in (0, 1)]
-                assert "local rank 0 of LOCAL_RANK 0" in logs[0]
-                assert "local rank 1 of LOCAL_RANK 1" in logs[1]
-    finally:  # nothing of either run outlives the test, whatever happened
-        for run_dir in runs:
-            try:
-                run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]
-            except (OSError, ValueError, KeyError):
-                continue
-            for process in processes_of_run(run_id):
-                process.kill()
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(script),
+             "--world-size", "2", "--launcher", "torchrun", "--run-dir", str(run_dir),
+             "--local-rank-arg", "--", "--steps", "6"],
+            capture_output=True, text=True, timeout=180, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        logs = [RunDir(run_dir).rank_log(r).read_text() for r in (0, 1)]
+        assert "local rank 0 of LOCAL_RANK 0" in logs[0]
+        assert "local rank 1 of LOCAL_RANK 1" in logs[1]
+    finally:  # nothing of the run outlives the test, whatever happened
+        try:
+            run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]
+        except (OSError, ValueError, KeyError):
+            run_id = None
+        for process in processes_of_run(run_id) if run_id else []:
+            process.kill()

@@ -220,7 +220,7 @@ def test_a_spawned_worker_knows_torchruns_store_though_the_script_set_its_own(mo
     from ddptui.rank import spawned
 
     monkeypatch.setattr("ddptui.rank.reporter._reporter", None)
-    monkeypatch.delenv(spawned.TORCHRUN_STORE_ENV, raising=False)
+    monkeypatch.setenv(spawned.TORCHRUN_STORE_ENV, "10.0.0.9:1")  # inherited: not this run's
     monkeypatch.delenv(spawned.AGENT_ENDPOINT_ENV, raising=False)
     monkeypatch.setenv(spawned.AGENT_STORE_ENV, "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
@@ -229,7 +229,6 @@ def test_a_spawned_worker_knows_torchruns_store_though_the_script_set_its_own(mo
     monkeypatch.setenv(spawned.SPAWNED_ENV, "")  # the worker sets it: put back after
     spawned.note_agent_store()  # the rank entry, before the script
     monkeypatch.setenv("MASTER_PORT", "8888")  # the script, before it spawns
-    spawned.note_agent_store()  # noted once: a second call keeps torchrun's
     assert os.environ[spawned.TORCHRUN_STORE_ENV] == "127.0.0.1:29400"
     seen = {}
     spawned.spawned_worker(

@@ -101,7 +101,7 @@ def note_agent_store() -> None:
     ``mp.spawn``): read there, the script's endpoint passed for the agent's, the workers
     went back to the agent-store flag, and waited as clients of a store nobody served at
     8888 (``spawned 2 workers, waiting for their process group``, 6 min, until stopped)."""
-    if os.environ.get(AGENT_STORE_ENV) == "True" and TORCHRUN_STORE_ENV not in os.environ:
+    if os.environ.get(AGENT_STORE_ENV) == "True":  # whatever the environment said before
         os.environ[TORCHRUN_STORE_ENV] = _endpoint()
 
 
