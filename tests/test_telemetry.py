@@ -135,6 +135,25 @@ def test_each_epoch_ends_exactly_once(collector):
     assert ends == [(1, 8), (2, 8)]
 
 
+def test_the_first_epoch_is_timed_from_its_first_steps_start_where_that_is_known(collector):
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep.log(epoch=0, loss=1.0, samples=4, step_time=30.0)  # the run's first step
+        time.sleep(0.01)
+        rep.log(epoch=0, loss=1.0, samples=4)
+        time.sleep(0.01)
+        rep.log(epoch=1, loss=1.0, samples=4, step_time=0.5)  # timed from the last step's end
+        rep.log_eval(epoch=1, accuracy=0.5)
+        rep.finished()
+        events = drain(collector, 7)
+    finally:
+        rep.close()
+    ends = [e for e in events if type(e).__name__ == "EpochEnd"]
+    assert [(e.epoch, e.samples) for e in ends] == [(0, 8), (1, 4)]
+    assert 30.01 <= ends[0].time < 31.0
+    assert 0.01 <= ends[1].time < 0.5
+
+
 def test_started_is_sent_again_only_when_it_tells_something_new(collector):
     rep = Reporter(collector.endpoint, "run-1", rank=0)
     try:

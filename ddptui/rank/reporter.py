@@ -535,11 +535,18 @@ class Reporter:
             self.started()
         if epoch is not None and (type(epoch) is not int or not 0 <= epoch <= _INT_MAX):
             epoch = _whole("epoch", epoch)
+        if step_time is not None and not (
+            type(step_time) is float and 0.0 <= step_time <= protocol.MAX_SECONDS
+        ):
+            step_time = _within("step_time", step_time, protocol.MAX_SECONDS)
         if epoch is not None and epoch != self._epoch:
             if self._epoch_open:
                 self._end_epoch()
             self._epoch = epoch
-            self._epoch_started = self._last_step_at or now
+            # From the last step's end; the run's first step from its own start, where known
+            # (an epoch 0 timed from its first step's end counted that step's samples in a
+            # time without it: facebookresearch/moco's 12 steps of 4.2 s read 46 s, not 51).
+            self._epoch_started = self._last_step_at or now - (step_time or 0.0)
             self._epoch_samples = 0
         if type(samples) is not int or not 0 <= samples <= _INT_MAX:
             samples = 0 if samples is None else (_whole("samples", samples) or 0)
@@ -547,10 +554,6 @@ class Reporter:
             step = _whole("step", step)
         self.steps_logged += count
         self._step = step if step is not None else self._step + count
-        if step_time is not None and not (
-            type(step_time) is float and 0.0 <= step_time <= protocol.MAX_SECONDS
-        ):
-            step_time = _within("step_time", step_time, protocol.MAX_SECONDS)
         if samples_per_s is not None and not (
             type(samples_per_s) is float and 0.0 <= samples_per_s <= protocol.MAX_RATE
         ):
