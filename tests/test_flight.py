@@ -365,6 +365,53 @@ def test_a_trace_of_an_earlier_process_is_not_evidence(tmp_path):
     assert flight.at_crash(tmp_path, {0: 1, 1: 2}, 2, 1.0, [1]) == []
 
 
+def test_a_trace_asked_for_while_the_run_went_on_is_not_what_a_rank_left_at_its_crash(
+    tmp_path,
+):
+    """The desync watch asks every rank for its trace when all of them stand in collectives
+    (facebookresearch/moco's ranks, in DDP's first broadcast on a slow machine): those files
+    stay. A rank killed outright later writes none: its file is still the watch's."""
+    pids = crash_dir(tmp_path, "hang", [0, 1])
+    stamps: dict = {}
+    flight.load_traces(tmp_path, [0, 1], stamps)
+    assert sorted(stamps) == [0, 1]
+    # rank 0 failed and wrote its trace again (a temp file renamed over the old one)
+    again = tmp_path / "again.json"
+    again.write_text((tmp_path / "fr-rank-0.json").read_text())
+    os.replace(again, tmp_path / "fr-rank-0.json")
+    found = flight.at_crash(tmp_path, pids, 2, 9.0, failed=[1], asked={1: stamps[1]})
+    assert [(d.rank, d.cause) for d in found] == [(0, "context")]
+    assert found[0].detail.endswith("when rank 1 failed; rank 1 left no trace")
+    # without the stamps, rank 1's old file was taken for its last word
+    old = flight.at_crash(tmp_path, pids, 2, 9.0, failed=[1])
+    assert old[0].detail.startswith("rank 1 never entered all_reduce #8"), old
+    # rank 0's file written since its stamp: read; once both are as asked: nothing
+    assert flight.at_crash(tmp_path, pids, 2, 9.0, [1], asked=dict(stamps)) == found
+    flight.load_traces(tmp_path, [0], stamps)
+    assert flight.at_crash(tmp_path, pids, 2, 9.0, [1], asked=dict(stamps)) == []
+
+
+def test_a_fifo_in_a_traces_place_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "fr-rank-0.json")
+    assert flight.load_traces(tmp_path, [0]) == ({}, {0: "fr-rank-0.json: not a regular file"})
+
+
+def test_the_flight_line_claims_no_match_across_ranks_it_could_not_read(tmp_path, monkeypatch):
+    crash_dir(tmp_path, "healthy", [0, 1])
+    answers = {0: "ok", 1: "ok"}
+    monkeypatch.setattr(flight, "request_traces", lambda *a, **k: dict(answers))
+    stamps: dict = {}
+    found, note = flight.collect(tmp_path, tmp_path, [0, 1], 2, 5.0, stamps=stamps)
+    assert found == [] and note.endswith("; every collective matches across the ranks")
+    assert sorted(stamps) == [0, 1]
+    answers[1] = "no answer in 10 s"
+    found, note = flight.collect(tmp_path, tmp_path, [0, 1], 2, 5.0)
+    assert found == [] and "matches" not in note and "match" in note
+    assert note.endswith(
+        "none from rank 1 (no answer in 10 s); one trace, nothing to match it against"
+    )
+
+
 def test_socket_dirs_a_killed_ddptui_left_are_removed_a_day_later(tmp_path):
     old = tmp_path / "ddptui-fr-old"
     old.mkdir(mode=0o700)

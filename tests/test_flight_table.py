@@ -185,6 +185,48 @@ def test_traces_without_a_collective_are_refused_before_torch_loads(monkeypatch)
         flight.analyze({0: {"entries": [], "version": "2.10"}}, 2)
 
 
+def test_the_traces_the_session_asked_for_are_not_read_as_what_ranks_left_at_a_crash(
+    tmp_path, monkeypatch
+):
+    """facebookresearch/moco's ranks stood in DDP's first broadcast long enough for the
+    desync watch to ask for their traces; those files stay in the run directory. A rank killed
+    outright later leaves none: its old file was read as its last word ("rank 1 never
+    entered all_reduce #8 … last entered #7")."""
+    import json
+    import os
+    import shutil
+
+    from ddptui.run import flight
+    from ddptui.run.config import build_config
+    from ddptui.run.machine import Machine
+    from ddptui.run.session import RunSession
+    from tests.helpers import ROOT
+
+    cfg = build_config({"run_dir": str(tmp_path / "run")}, Machine(0, "no GPU", 2))
+    session = RunSession(cfg)
+    session.fr_dir = tmp_path  # as if the ranks listened there
+    run_dir = session.files.path
+    run_dir.mkdir(parents=True)
+    pids = {}
+    for rank in (0, 1):
+        path = run_dir / f"fr-rank-{rank}.json"
+        shutil.copy(ROOT / "tests" / "data" / "fr" / "hang" / path.name, path)
+        pids[rank] = json.loads(path.read_text())["pid"]
+        status = protocol.Status(run="r", rank=rank, t=0, seq=0, state="started", pid=pids[rank])
+        session.state.apply(status, now=0.0)
+    monkeypatch.setattr(flight, "request_traces", lambda *a, **k: {0: "ok", 1: "ok"})
+    session.flight_check(1.0, record=False)
+    fresh = run_dir / "fresh.json"  # rank 0 fails and writes its trace again
+    fresh.write_text((run_dir / "fr-rank-0.json").read_text())
+    os.replace(fresh, run_dir / "fr-rank-0.json")
+    killed = protocol.Status(run="r", rank=1, t=2, seq=1, state="failed", pid=pids[1])
+    session.state.apply(killed, now=2.0)
+    session._diagnose_crash()
+    lines = [d.detail for d in session.diagnoser.diagnoses]
+    assert not any("never entered" in line for line in lines), lines
+    assert any(line.endswith("rank 1 left no trace") for line in lines), lines
+
+
 # -- the session's live desync check -------------------------------------------------------
 def test_every_rank_still_in_a_collective_asks_for_traces_once_and_a_desync_is_a_verdict(
     tmp_path, monkeypatch

@@ -420,7 +420,8 @@ class Stuck:
     def describe(self) -> str:
         where = f" in {self.waiting}" if self.waiting else ""
         where += f" at {self.frame}" if self.frame else ""
-        if self.how == "silent":
+        if self.how == "silent":  # where its last beat saw it: it may have gone on since
+            where = f", last seen{where}" if where else ""
             return f"rank {self.rank}{where}: heartbeat silent for {self.seconds:.0f} s, CPU idle"
         cpu = "" if self.cpu is None else f", {self.cpu:.1f} CPU s"
         return f"rank {self.rank}{where}: stack unchanged for {self.seconds:.0f} s{cpu}"

@@ -25,6 +25,7 @@ import math
 import os
 import re
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -224,21 +225,46 @@ def parse_trace(text: str | bytes) -> dict:
     return doc
 
 
+#: What tells one writing of a trace file from another: (inode, mtime in ns, size). A rank
+#: writes its trace to a temporary file and renames it over the last one.
+Stamp = tuple[int, int, int]
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def load_traces(
-    run_dir: str | os.PathLike[str], ranks: Iterable[int]
+    run_dir: str | os.PathLike[str],
+    ranks: Iterable[int],
+    stamps: dict[int, Stamp] | None = None,
+    skip: Mapping[int, Stamp] | None = None,
 ) -> tuple[dict[int, dict], dict[int, str]]:
-    """Read ``fr-rank-N.json`` for every rank: (rank -> trace, rank -> why it is missing)."""
+    """Read ``fr-rank-N.json`` for every rank: (rank -> trace, rank -> why it is missing).
+    ``stamps`` gets each file read's :data:`Stamp`; a file still as ``skip`` has it (one
+    ddptui asked for while the run went on, not written since) is missing."""
     traces: dict[int, dict] = {}
     missing: dict[int, str] = {}
     for rank in sorted(set(ranks)):
         path = Path(run_dir) / trace_name(rank)
         try:
-            if path.stat().st_size > MAX_TRACE_BYTES:
-                raise TraceError(f"larger than {MAX_TRACE_BYTES} bytes")
-            doc = parse_trace(path.read_bytes())
+            # O_NONBLOCK: a FIFO put in a trace's place does not hold the read forever
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise TraceError("not a regular file")
+                stamp = _stamp(st)
+                if skip is not None and skip.get(rank) == stamp:
+                    missing[rank] = "only the trace asked for while the run went on"
+                    continue
+                if stamp[2] > MAX_TRACE_BYTES:
+                    raise TraceError(f"larger than {MAX_TRACE_BYTES} bytes")
+                doc = parse_trace(f.read(MAX_TRACE_BYTES + 1))
             if doc["rank"] != rank:
                 raise TraceError(f"written by rank {doc['rank']}")
             traces[rank] = doc
+            if stamps is not None:
+                stamps[rank] = stamp
         except FileNotFoundError:
             missing[rank] = "no trace file"
         except (OSError, TraceError) as exc:
@@ -575,6 +601,7 @@ def collect(
     remote: Iterable[int] = (),
     fetch: Callable[[list[int], float], dict[int, str]] | None = None,
     frames: Mapping[int, str] | None = None,
+    stamps: dict[int, Stamp] | None = None,
 ) -> tuple[list[Any], str]:
     """Ask ``ranks`` for their traces, run torch's analyzer, and return the findings as
     :class:`ddptui.run.diagnosis.Diagnosis` (cause ``hang`` or ``desync``, at ``t`` seconds)
@@ -582,7 +609,8 @@ def collect(
     ``stacks`` (rank -> faulthandler dump) says where a rank that never entered is instead;
     ``frames`` (rank -> its heartbeat's frame) where it has no stack. The ranks in ``remote``
     run on other nodes: ``fetch(ranks, timeout)`` brings their traces into ``run_dir`` (their
-    node's agent asks them), at the same time as the local ranks are asked."""
+    node's agent asks them), at the same time as the local ranks are asked. ``stamps`` gets
+    the :data:`Stamp` of each trace read (see :func:`at_crash`'s ``asked``)."""
     from ddptui.rank.stacks import whole_dump
     from ddptui.run.diagnosis import Diagnosis, classify_stack
 
@@ -604,7 +632,7 @@ def collect(
         fetcher.join(timeout + 1.0)
         answers.update({r: "no answer from its node" for r in far if r not in answers})
     fresh = sorted(r for r, a in answers.items() if a == "ok")
-    traces, unreadable = load_traces(run_dir, fresh)
+    traces, unreadable = load_traces(run_dir, fresh, stamps)
     where = dict(frames or {})
     where.update(  # a dump cut before its main thread (see whole_dump): the frame instead
         {
@@ -624,6 +652,10 @@ def collect(
         note += "; none from " + "; ".join(f"rank {r} ({a})" for r, a in sorted(absent.items()))
     if why:
         note += f"; {why}"
+    elif not found and len(traces) < 2:  # nothing to match against: no claim of a match
+        note += "; one trace, nothing to match it against"
+    elif not found and absent:
+        note += f"; the collectives of {_ranks_text(traces)} match"
     elif not found:
         note += "; every collective matches across the ranks"
     return [Diagnosis(f.rank, f.cause, f.detail, t) for f in found], note
@@ -650,6 +682,7 @@ def at_crash(
     failed: Iterable[int] = (),
     errors: Mapping[int, str] | None = None,
     first: tuple[int | None, Iterable[str]] | None = None,
+    asked: Mapping[int, Stamp] | None = None,
 ) -> list[Any]:
     """After a crash: what the traces the ranks left (a rank writes its own when it fails
     with an exception; one killed outright leaves none) say. torch's analyzer's findings when
@@ -660,10 +693,13 @@ def at_crash(
     collective. Only traces of this attempt's processes (their pid). ``first`` (the rank that
     failed first, its last stderr lines): when gloo aborted it for receiving more bytes than
     its collective expected, a ``desync`` line for the run says so with what the others
-    were in (which side erred, gloo does not say)."""
+    were in (which side erred, gloo does not say). ``asked``: the traces ddptui asked for
+    while the run went on (:func:`collect`'s ``stamps``); one not written since is no
+    evidence of the crash: a rank killed outright leaves none, and the desync watch's
+    trace of its startup read as its last ("rank 1 never joined all_gather #5")."""
     from ddptui.run.diagnosis import CONSEQUENCE, Diagnosis
 
-    found, _ = load_traces(run_dir, pids)
+    found, _ = load_traces(run_dir, pids, skip=asked)
     traces = {r: d for r, d in found.items() if pids.get(r) and d.get("pid") == pids[r]}
     aborted = _gloo_mismatch(first)
     if not traces:

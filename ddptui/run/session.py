@@ -202,6 +202,9 @@ class RunSession:
         self._growth: GrowthWatch | None = GrowthWatch()
         self._hung = False
         self._warmed = False  # torch's analyzer is loading (see _flight_warm)
+        #: The traces ddptui asked for while the run went on (rank -> flight.Stamp): not
+        #: what a rank left when the run crashed later (see flight.at_crash).
+        self._asked_traces: dict[int, flight.Stamp] = {}
         self.state.max_restarts = cfg.max_restarts
         #: One line per restart (and per restart refused), for the front ends to show.
         self.restart_lines: list[str] = []
@@ -439,6 +442,7 @@ class RunSession:
             with self.host.book.lock:
                 joined = set(self.host.book.joined)
             remote = [r for r, v in live.items() if v.node is not None and v.node in joined]
+        stamps: dict[int, flight.Stamp] = {}
         found, note = flight.collect(
             self.fr_dir,
             self.run_dir,
@@ -449,8 +453,10 @@ class RunSession:
             remote=remote,
             fetch=self.host.fetch_traces if self.host is not None else None,
             frames=frames,
+            stamps=stamps,
         )
         with self._lock:
+            self._asked_traces.update(stamps)
             self.flight_note = note
             if record:
                 for diagnosis in found:
@@ -559,6 +565,7 @@ class RunSession:
                 failed,
                 errors,
                 (failure.rank, failure.stderr_tail) if failure is not None else None,
+                asked=dict(self._asked_traces),
             )
         # A desync torch's analyzer names is the cause; the failures it set off come after.
         desync = next((d for d in traced if d.cause == "desync" and d.rank is not None), None)
