@@ -8,7 +8,17 @@ from ddptui.run.state import RunState
 from ddptui.tui.model import behind_ranks, collective_cell, run_frame, severity
 
 
-def beat(rank, seq, started, completed, op=None, digest="d0", group="default_pg", backend="gloo"):
+def beat(
+    rank,
+    seq,
+    started,
+    completed,
+    op=None,
+    digest="d0",
+    group="default_pg",
+    backend="gloo",
+    waiting=None,
+):
     return protocol.Beat(
         run="r",
         rank=rank,
@@ -17,6 +27,7 @@ def beat(rank, seq, started, completed, op=None, digest="d0", group="default_pg"
         digest=digest,
         cpu=1.0,
         frame="main (train.py:9)",
+        waiting=waiting,
         collectives=[
             protocol.CollectiveMark(
                 pg=group, op=op, started=started, completed=completed, backend=backend
@@ -257,9 +268,14 @@ def test_every_rank_still_in_a_collective_asks_for_traces_once_and_a_desync_is_a
     state.apply(beat(1, 1, 17, 16, "broadcast"), now=1.0)
     session._flight_watch(1.0)
     assert asked == []  # not still for a beat yet
-    for t in (3.0, 5.0):
+    for t in (3.0, 5.0):  # gloo's marks open, but neither stack in a collective: marks lag
         state.apply(beat(0, int(t), 17, 16, "all_reduce"), now=t)
         state.apply(beat(1, int(t), 17, 16, "broadcast"), now=t)
+        session._flight_watch(t)
+    assert asked == []
+    for t in (7.0, 9.0):
+        state.apply(beat(0, int(t), 17, 16, "all_reduce", waiting="all_reduce"), now=t)
+        state.apply(beat(1, int(t), 17, 16, "broadcast", waiting="broadcast"), now=t)
         session._flight_watch(t)
     assert asked == [[0, 1]]  # once for these waits
     assert [(d.rank, d.cause) for d in session.diagnoser.diagnoses] == [(1, "desync")]

@@ -499,7 +499,10 @@ class RunSession:
             done = completed_anywhere(self.state)  # a mark another rank completed is stale
             waits = []
             for rank, view in sorted(live.items()):
-                inside = waiting_marks(view.collectives, done)
+                # a gloo wait shows on the rank's stack; its marks may lag the rank (gloo's
+                # last broadcast of DDP's setup still open while moco's ranks started their
+                # loader's workers: both asked for a trace, on a healthy run)
+                inside = waiting_marks(view.collectives, done, spinning=not view.waiting)
                 if not inside or (view.still_for or 0.0) < FLIGHT_WATCH_S:
                     return
                 waits.append((rank, inside))
