@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddptui.constants import PHASES
+from ddptui.formatting import ranks_text
 from ddptui.rank.frames import Frame, StackInfo, classify
 from ddptui.rank.heartbeat import BEAT_S
 from ddptui.rank.stacks import STEPS_THREAD_MARK, whole_dump
@@ -653,11 +654,6 @@ def classify_stack(text: str, ddp: bool = True) -> StackInfo:
     return classify(training_thread(text), ddp=ddp)
 
 
-def _ranks_text(ranks: Iterable[int]) -> str:
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
 def diagnose_hang(
     hung: Mapping[int, float],
     stacks: Mapping[int, str],
@@ -673,13 +669,13 @@ def diagnose_hang(
     (pytorch/examples' ImageNet script on the CPU wraps no DDP; its ranks in ``backward()``
     were read as waiting in "DDP gradient all-reduce")."""
     quiet = max(hung.values()) if hung else 0.0
-    head = f"{_ranks_text(hung)} stood still for {quiet:.0f} s, CPU idle (limit {limit:g} s)"
+    head = f"{ranks_text(hung)} stood still for {quiet:.0f} s, CPU idle (limit {limit:g} s)"
     # A dump cut before its main thread's end (see whole_dump) says nothing of where the
     # rank is: read as another thread's, a rank waiting in the gradient all-reduce was once
     # named hung outside any collective.
     cut = sorted(rank for rank, text in stacks.items() if not whole_dump(text))
     if cut:
-        head += f"; the stack of {_ranks_text(cut)} was cut off"
+        head += f"; the stack of {ranks_text(cut)} was cut off"
     infos = {
         rank: classify_stack(text, ddp=rank not in no_ddp)
         for rank, text in sorted(stacks.items())
@@ -691,7 +687,7 @@ def diagnose_hang(
     if waiting:
         names = sorted({i.collective or "?" for i in waiting.values()})
         verb = "waits" if len(waiting) == 1 else "wait"
-        waits = f"{_ranks_text(waiting)} {verb} in a collective ({'; '.join(names)})"
+        waits = f"{ranks_text(waiting)} {verb} in a collective ({'; '.join(names)})"
     elif cut:
         waits = "no rank with a whole stack waits in a collective"
     else:
@@ -717,7 +713,7 @@ def diagnose_hang(
     if not culprits:
         unseen = sorted(set(hung) - set(infos))
         if waiting and unseen:  # (a rank on another node: its stack stays there)
-            why = f"{waits}; no stack from {_ranks_text(unseen)}"
+            why = f"{waits}; no stack from {ranks_text(unseen)}"
         elif waiting:
             why = f"every rank with a stack waits in a collective ({waits}): mismatched "
             why += "collectives, or a peer that is gone"
@@ -1072,7 +1068,7 @@ def spawners_diagnosis(state: Any, t: float) -> Diagnosis | None:
         return Diagnosis(
             min(ranks),
             "spawners",
-            f"{_ranks_text(ranks)}{on} spawned workers of their own ({each}): the script starts "
+            f"{ranks_text(ranks)}{on} spawned workers of their own ({each}): the script starts "
             "its ranks itself (mp.spawn, a Process per rank), as under python script.py; "
             "launch it as one process a node (--world-size 1; --nproc-per-node 1 on several "
             "nodes)",

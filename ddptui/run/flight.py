@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddptui.formatting import ranks_text
 from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path
 from ddptui.rank.frames import is_library
 from ddptui.run.collector import listening, stale_private_dirs
@@ -444,11 +445,6 @@ def _origin(frames: list[dict]) -> str:
     return ", ".join(parts)
 
 
-def _ranks_text(ranks: Iterable[int]) -> str:
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
 def _group(pg_desc: str) -> str:
     """``default_pg`` from torch's ``0:default_pg`` (``group 1`` from ``1:undefined``)."""
     name, _, desc = pg_desc.partition(":")
@@ -505,7 +501,7 @@ def findings(
         for rank in missing:
             waits, _past = _waiting(traces, entered, seq)
             verb = "waits" if len(waits) == 1 else "wait"
-            who = _ranks_text(waits or entered)
+            who = ranks_text(waits or entered)
             line = f"rank {rank} never entered {what} ({group}, {base_values}"
             line += (
                 f"{', ' + origin if origin else ''}) that {who} {verb if waits else 'entered'} in"
@@ -523,7 +519,7 @@ def findings(
             their = f"{op} #{seq}"
             mine_values = _values(other.input_sizes, _entry_dtypes(traces, rank, other))
             mine_origin = _origin(other.collective_frames)
-            others = _ranks_text(entered) if entered else "the others"
+            others = ranks_text(entered) if entered else "the others"
             if mine_op != op:
                 line = f"rank {rank} called {mine_op} #{other.collective_seq_id} ({mine_values}"
                 line += f"{', ' + mine_origin if mine_origin else ''}) where {others} called "
@@ -645,7 +641,7 @@ def collect(
     found, why = explain(traces, world_size, where) if traces else ([], "no trace")
     note = "Flight Recorder"
     if traces:
-        note += f": traces of {_ranks_text(traces)} (read in {read:.1f} s, "
+        note += f": traces of {ranks_text(traces)} (read in {read:.1f} s, "
         note += f"analyzed in {time.monotonic() - began - read:.1f} s)"
     absent = {r: a for r, a in answers.items() if a != "ok"} | unreadable
     if absent:
@@ -655,7 +651,7 @@ def collect(
     elif not found and len(traces) < 2:  # nothing to match against: no claim of a match
         note += "; one trace, nothing to match it against"
     elif not found and absent:
-        note += f"; the collectives of {_ranks_text(traces)} match"
+        note += f"; the collectives of {ranks_text(traces)} match"
     elif not found:
         note += "; every collective matches across the ranks"
     return [Diagnosis(f.rank, f.cause, f.detail, t) for f in found], note
@@ -727,9 +723,9 @@ def at_crash(
         line += f"{', ' + origin if origin else ''})"
         others = [r for r in failed if r != rank]
         if others:
-            line += f" when {_ranks_text(others)} failed"
+            line += f" when {ranks_text(others)} failed"
         if silent:
-            line += f"; {_ranks_text(silent)} left no trace"
+            line += f"; {ranks_text(silent)} left no trace"
         out.append(Diagnosis(rank, "context", line, t))
     if aborted:
         seen = "; ".join(d.detail.split(" when ")[0] for d in out)

@@ -27,6 +27,7 @@ from ddptui.formatting import (
     fmt_num,
     fmt_rate,
     fmt_samples,
+    ranks_text,
 )
 from ddptui.run.state import RankFailureInfo, RankView, RunState
 
@@ -313,7 +314,7 @@ def behind_ranks(state: RunState) -> dict[int, str]:
         holders = sorted(r for r, (seq, _) in waiting.items() if seq == top)
         op = next((o for r, (s_, o) in waiting.items() if s_ == top and o), None)
         what = f"{op} #{top}" if op else f"#{top}"
-        who = ("rank " if len(holders) == 1 else "ranks ") + ", ".join(map(str, holders))
+        who = ranks_text(holders)
         for rank, view in live.items():
             mine = [
                 m
