@@ -35,7 +35,7 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 def fmt_eta(state: Any, now: float) -> str:
     """A run's ETA (``RunState.eta``) as :func:`fmt_duration` writes it; once the run steps
     with no number of epochs known (a script that does not say it, started without
-    ``--epochs``), why there is none and how to have one: ``-- (epochs unknown: --epochs
+    ``--epochs``), why there is none and how to have one: ``-- (epochs unknown: ddptui --epochs
     N)`` (timm's ``train.py``, Lightning's examples: none says it, and ddptui's ``--epochs``,
     which only tells the dashboard, was found in the README alone). Not for steps that come
     in no epoch at all (nanoGPT draws its batches from a memmap, neither a DataLoader nor a
@@ -48,7 +48,7 @@ def fmt_eta(state: Any, now: float) -> str:
         and not state.outcome
         and any(view.epoch is not None for view in state.ranks.values())
     ):
-        return "-- (epochs unknown: --epochs N)"
+        return "-- (epochs unknown: ddptui --epochs N)"
     return fmt_duration(eta)
 
 

@@ -564,7 +564,7 @@ def test_an_eta_that_needs_the_epochs_says_so():
     steps, the header and the console say why; not before its first step, not with the
     epochs known (the first epoch's length is what is missing then), not once it ended, not
     for steps in no epoch at all."""
-    for epochs, expected in ((None, "-- (epochs unknown: --epochs N)"), (2, "--")):
+    for epochs, expected in ((None, "-- (epochs unknown: ddptui --epochs N)"), (2, "--")):
         s = RunState("r", 1, epochs=epochs)
         assert fmt_eta(s, 0.0) == "--"
         for i in range(1, 4):
