@@ -955,6 +955,96 @@ def test_the_time_between_two_epochs_is_no_steps(inst, ddp, cut_short, gpu):
     assert times[2 * per_epoch :] == pytest.approx([0.037, 0.037 + 0.050])
 
 
+def _slow_loader(clock, sizes, first_s, each_s=0.004):
+    """A loader whose first batch waits ``first_s`` (its workers starting), each ``each_s``."""
+    waits = [first_s] + [each_s] * (len(sizes) - 1)
+
+    def collate(x):
+        clock.advance(waits.pop(0) if waits else each_s)
+        return x, x[:, 0]
+
+    data = [torch.randn(n, 4) for n in sizes]
+    return torch.utils.data.DataLoader(data, batch_size=None, collate_fn=collate)
+
+
+def test_a_ddp_module_that_trains_in_eval_mode_is_read_as_training(inst):
+    """facebookresearch/moco's ``main_lincls.py`` trains a linear probe on a frozen
+    backbone: ``model.eval()`` before its loop (BatchNorm must keep its statistics), grad on,
+    and validates under ``no_grad``. Every forward read as an evaluation: `samples not
+    counted`, no phases, no epoch length, and each epoch's first step held the validation and
+    rank 0's checkpoint (8.7 s where the script timed 6.4). A backward through a DDP module's
+    eval-mode forward says it trains: its forwards train from then on, the first one's batch
+    included."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    model.eval()
+    for _ in range(2):
+        for x, _ in _slow_loader(clock, [6, 6, 6], first_s=0.500):  # its workers start
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():  # the validation: its loader's start and two forwards
+            for x, _ in _slow_loader(clock, [8, 8], first_s=0.300):
+                model(x)
+        clock.advance(0.200)  # rank 0's checkpoint
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [6] * 6
+    assert [log["epoch"] for log in logs] == [0, 0, 0, 1, 1, 1]
+    assert inst.fake.notes == [("loader_steps", {"steps": 3})]  # from its first pass
+    times = [log["step_time"] for log in logs]
+    # batch 4 ms, forward 10, backward 20, the optimizer 3: 37 ms; the epoch's first step
+    # its batch's 500 ms wait and no more (not the validation, not the checkpoint)
+    assert times[1:3] == pytest.approx([0.037, 0.037])
+    assert times[3] == pytest.approx(0.533)
+    assert logs[4]["phases"]["forward"] == pytest.approx(0.010)
+    assert logs[4]["phases"]["eval"] == 0.0
+
+
+def test_an_evaluation_in_eval_mode_with_grad_on_stays_one(inst):
+    """The reverse: a script that evaluates after ``model.eval()`` without ``no_grad`` and
+    trains in ``train()`` mode; its model does not train in eval mode, however many
+    backward passes come after its evaluations."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    for _ in range(3):
+        train_step(model, opt, clock)
+        model.eval()
+        for x, _ in _slow_loader(clock, [50], first_s=0.100):
+            model(x)  # 10 ms
+        model.train()
+    inst.flush()
+    logs = inst.fake.logs
+    assert inst._eval_trainers == set()
+    assert [log["samples"] for log in logs] == [6, 6, 6]
+    for log in logs[1:]:  # the evaluation's loader (100 ms) and forward (10 ms): its own
+        assert log["phases"]["eval"] == pytest.approx(0.110)
+        assert log["phases"]["data"] == pytest.approx(0.005)
+
+
+def test_an_evaluation_begins_with_the_wait_for_its_first_batch(inst):
+    """A validation loader's workers take seconds to start (5.9 s of moco's): that wait was
+    the next training step's, as ``other``."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    train_step(model, opt, clock)
+    model.eval()
+    with torch.no_grad():
+        for x, _ in _slow_loader(clock, [8, 8], first_s=0.400):
+            model(x)
+    model.train()
+    train_step(model, opt, clock)
+    inst.flush()
+    second = inst.fake.logs[1]["phases"]
+    assert second["eval"] == pytest.approx(0.400 + 0.010 + 0.004 + 0.010)
+    assert second["other"] == pytest.approx(0.001)  # its clipping, no more
+    assert second["data"] == pytest.approx(0.005)
+
+
 def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
     """FSDP, a plain model (pytorch/examples' imagenet script on CPU wraps nothing): no DDP
     forward counts the samples, the DataLoader's batches do; gradient accumulation sums

@@ -678,6 +678,19 @@ class Instrument:
         self._grad_event: Any = None
         self._active: set[int] = set()  # grad watches used in this step
         self._training_fwd = False  # inside a training forward (of DDP, or its inner module)
+        #: DDP modules (their ids) that train in eval mode: a backward followed a forward of
+        #: theirs made in eval mode with grad on (a linear probe on a frozen backbone, whose
+        #: BatchNorm must keep its statistics: facebookresearch/moco's ``main_lincls.py``
+        #: calls ``model.eval()`` before its training loop).
+        self._eval_trainers: set[int] = set()
+        #: The last forward of a DDP module in eval mode with grad on, until a backward says
+        #: whether it trained: (its id, its watch, the watch's firings before, its batch's
+        #: samples, whether it began the evaluation span).
+        self._eval_grad: tuple[int, Any, int, int, bool] | None = None
+        #: The last batch drawn while grad was on but every DDP module in eval mode:
+        #: (iterator, samples, wait began, ended): a training batch if a backward shows that
+        #: module trains in eval mode.
+        self._mode_draw: tuple[weakref.ref, int, float, float] | None = None
         # (id of the scaled loss, unscaled loss, the number it was divided by, if any)
         self._scaled: tuple[int, Any, float | str | None] | None = None
         # The step's losses: how many backward() calls had one (the list keeps MAX_LOSSES),
@@ -1149,36 +1162,46 @@ class Instrument:
                     inst._pass_ended = True
                 raise
             if inst._eval_draw():  # an evaluation's batch
+                if inst._eval_start is None and inst._mark is not None:
+                    # the evaluation began with the wait for its first batch (its loader's
+                    # workers starting: 5.9 s of moco's validation was the next step's)
+                    inst._eval_start = began
+                if not inst.disabled and inst._grad_enabled():
+                    # eval mode alone says so: a module that trains in eval mode may draw it
+                    # (see _trained_in_eval), which only its backward will tell
+                    size, ended = _draw_size(tensor, batch), inst.clock()
+                    inst._mode_draw = (weakref.ref(it), size, began, ended)
                 return batch
-            key = id(it)
-            if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
-                if inst._passes >= 0 and (inst._pass_ended or inst._pass_batches > 1):
-                    inst._between_passes()  # another epoch: the time between them is none's
-                inst._loader_pass(key)
-                if inst._pass_length is None:
-                    length, limit = _pass_length(it), inst._pass_limit
-                    if limit:  # an IterableDataset's too, which has no length
-                        length = min(length or limit, limit)
-                    inst._pass_length = length
-                    inst._length_it = key
-            if inst._mark is None and inst._first_draw is None:  # before the first step
-                inst._first_draw = inst.clock()
-            inst._pass_batches += 1
-            inst._draws += 1
-            if key == inst._length_it:
-                inst._length_draws += 1
-            try:
-                size = _batch_size(tensor, (batch,), {})
-            except Exception:  # a batch of the script's own kind: not ours to judge
-                size = 0
-            if key != inst._loader_it:
-                inst._loader_it, inst._loader_samples, inst._drawn_ahead = key, 0, 0
-            inst._loader_samples += size
-            wait = inst._step_wait
-            inst._step_wait = (wait or 0.0) + (inst.clock() - began)
+            inst._training_draw(it, _draw_size(tensor, batch), began, inst.clock())
             return batch
 
         self._patch(iterator, "__next__", __next__)
+
+    def _training_draw(self, it: Any, size: int, began: float, ended: float) -> None:
+        """A training batch of ``size`` samples came from DataLoader iterator ``it``, waited
+        for from ``began`` to ``ended``: the pass (the epoch) and the step's draws."""
+        key = id(it)
+        if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
+            if self._passes >= 0 and (self._pass_ended or self._pass_batches > 1):
+                self._between_passes()  # another epoch: the time between them is none's
+            self._loader_pass(key)
+            if self._pass_length is None:
+                length, limit = _pass_length(it), self._pass_limit
+                if limit:  # an IterableDataset's too, which has no length
+                    length = min(length or limit, limit)
+                self._pass_length = length
+                self._length_it = key
+        if self._mark is None and self._first_draw is None:  # before the first step
+            self._first_draw = ended
+        self._pass_batches += 1
+        self._draws += 1
+        if key == self._length_it:
+            self._length_draws += 1
+        if key != self._loader_it:
+            self._loader_it, self._loader_samples, self._drawn_ahead = key, 0, 0
+        self._loader_samples += size
+        wait = self._step_wait
+        self._step_wait = (wait or 0.0) + (ended - began)
 
     def _loader_pass(self, it: int) -> None:
         """A training pass over a DataLoader began (its iterator's first batch, ``it`` its id,
@@ -2127,6 +2150,9 @@ class Instrument:
                 self._eval_end = now
 
     def _forward_start(self, args: tuple, kwargs: dict, new_seg: str) -> None:
+        self._eval_grad = self._mode_draw = None  # a training forward came first
+        if self._eval_end is None:
+            self._eval_start = None  # batches drawn for an evaluation no forward made
         if self._closure_now:
             # The closure evaluated again inside the same optimizer step (LBFGS's line
             # search, up to max_iter times a step): the same batch, not another one, and the
@@ -2166,7 +2192,11 @@ class Instrument:
         for ref in self._models:  # training: the first module says so (no list, no generator)
             model = ref()
             if model is not None:
-                if model.training or getattr(model.module, "training", False):
+                if (
+                    model.training
+                    or getattr(model.module, "training", False)
+                    or id(model) in self._eval_trainers
+                ):
                     return False
                 alive = True
         return alive
@@ -2178,7 +2208,9 @@ class Instrument:
         """A DDP module's forward trains when grad is on and it or the module it wraps is in
         training mode: PyTorch Lightning leaves its DDP wrapper in eval mode after the
         sanity check and switches only the LightningModule inside back to ``train()``."""
-        return (ddp.training or getattr(ddp.module, "training", False)) and self._grad_enabled()
+        return (
+            ddp.training or getattr(ddp.module, "training", False) or id(ddp) in self._eval_trainers
+        ) and self._grad_enabled()
 
     # -- hooks ---------------------------------------------------------------------------------
     def _outer_pre(self, ddp: Any, args: tuple, kwargs: dict) -> None:
@@ -2187,6 +2219,8 @@ class Instrument:
             return None
         try:
             if not self._training_ddp(ddp):
+                if self._grad_enabled():  # eval mode, grad on: a backward may follow
+                    self._note_eval_grad(ddp, args, kwargs)
                 self._eval_forward(start=True)
                 return None
             self._training_fwd = True
@@ -2326,7 +2360,46 @@ class Instrument:
         if len(divisors) <= MAX_LOSSES and divisor not in divisors:
             divisors.append(divisor)
 
+    def _note_eval_grad(self, ddp: Any, args: tuple, kwargs: dict) -> None:
+        key = id(ddp)
+        watch = self._watches.get(key)
+        if watch is None:
+            watch = self._watches[key] = _GradWatch(self, list(ddp.module.parameters()))
+        draw = self._mode_draw
+        began = self._mark is not None and (
+            self._eval_start is None or (draw is not None and self._eval_start == draw[2])
+        )
+        samples = _batch_size(self.torch.Tensor, args, kwargs)
+        self._eval_grad = (key, watch, watch.fired, samples, began)
+
+    def _trained_in_eval(self) -> None:
+        """After a backward: the DDP module last run in eval mode with grad on got gradients
+        from it. It trains in eval mode: its forwards are training forwards from now on, and
+        this one's batch is the step's (its phases, seen as an evaluation's, are not)."""
+        key, watch, fired, samples, began = self._eval_grad  # type: ignore[misc]
+        self._eval_grad = None
+        if watch.fired <= fired:
+            return
+        self._eval_trainers.add(key)
+        if began:  # the evaluation span it (or its batch's draw) opened was this step's
+            self._eval_start = self._eval_end = None
+        draw, self._mode_draw = self._mode_draw, None
+        it = draw[0]() if draw is not None else None
+        if it is None:
+            draw = None
+        else:  # its batch: a training pass's (the epoch's, its length)
+            self._training_draw(it, *draw[1:])
+        if self._ddp_seen:
+            self._samples += samples
+        elif draw is None:  # no training forward seen yet: the samples are the draws'
+            self._loader_samples += samples
+
     def _backward_return(self) -> None:
+        if self._eval_grad is not None and not self.disabled:
+            try:
+                self._trained_in_eval()
+            except Exception as exc:
+                self._fail(exc)
         if self.disabled or self._seg not in _BWD:
             return
         try:
@@ -3085,6 +3158,14 @@ def _divisor(loss: Any) -> float | str | None:
 def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
     for name, seconds in phases.items():
         total[name] = total.get(name, 0.0) + seconds
+
+
+def _draw_size(tensor: type, batch: Any) -> int:
+    """The samples of a batch a DataLoader gave (0 for a batch of the script's own kind)."""
+    try:
+        return _batch_size(tensor, (batch,), {})
+    except Exception:  # a batch of the script's own kind: not ours to judge
+        return 0
 
 
 def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
