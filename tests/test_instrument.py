@@ -972,7 +972,7 @@ def test_a_ddp_module_that_trains_in_eval_mode_is_read_as_training(inst):
     backbone: ``model.eval()`` before its loop (BatchNorm must keep its statistics), grad on,
     and validates under ``no_grad``. Every forward read as an evaluation: `samples not
     counted`, no phases, no epoch length, and each epoch's first step held the validation and
-    rank 0's checkpoint (8.7 s where the script timed 6.4). A backward through a DDP module's
+    rank 0's checkpoint (20.97 s where the script timed 6.64). A backward through a DDP module's
     eval-mode forward says it trains: its forwards train from then on, the first one's batch
     included."""
     clock = inst.fake_clock
