@@ -281,3 +281,15 @@ def test_every_rank_still_in_a_collective_asks_for_traces_once_and_a_desync_is_a
     assert [(d.rank, d.cause) for d in session.diagnoser.diagnoses] == [(1, "desync")]
     assert session.take_diagnoses()[0].detail == line
     assert session.flight_note == "Flight Recorder: traces of ranks 0, 1"
+
+
+def test_a_rank_that_finished_is_in_no_collective_whatever_its_last_marks_said():
+    """gloo marks a collective completed after it returns: moco's linear probe, finished,
+    read ``broadcast #80 …`` on both ranks (DDP's buffer broadcast of its last forward)."""
+    state = announced(2)
+    for rank in (0, 1):
+        view = state.ranks[rank]
+        view.collectives = (("default_pg", "broadcast", 80, 79, "gloo"),)
+    state.ranks[1].state = "finished"
+    cells = {row.rank: row.collective for row in run_frame(state, now=1.0).rows}
+    assert cells == {0: "broadcast #80 …", 1: "broadcast #80 ✓"}

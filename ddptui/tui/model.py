@@ -214,7 +214,9 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 state=shown_state,
                 problem=problem,
                 where=where_cell(view, state.outcome is not None),
-                collective=collective_cell(view.collectives, failed_in_collective(view)),
+                collective=collective_cell(
+                    view.collectives, failed_in_collective(view), view.state == "finished"
+                ),
             )
         )
         devices[rank] = (view.pid, view.device_uuid)
@@ -259,12 +261,15 @@ def run_frame(state: RunState, now: float) -> RunFrame:
 BEHIND_AFTER_S = 2.0
 
 
-def collective_cell(marks: Sequence[tuple], failed: bool = False) -> str:
+def collective_cell(marks: Sequence[tuple], failed: bool = False, finished: bool = False) -> str:
     """``all_reduce #812 …`` (started, not completed) or ``#811 ✓`` (completed), per process
     group (named when there are several, with its backend when a group has two); marks are
     ``(group, op, started, completed, backend)``. ``failed``: the rank failed inside its last
     collective (:func:`failed_in_collective`): with one group's, that one is ``#812 ✗``
-    (gloo counts a collective that raised on a lost peer as completed)."""
+    (gloo counts a collective that raised on a lost peer as completed). ``finished``: the
+    rank ended well, so every collective it started had returned: ``#80 ✓`` where its last
+    beat's marks still said started (gloo marks a collective completed after it returns:
+    moco's finished ranks read ``broadcast #80 …``)."""
     if not marks:
         return ""
     parts = []
@@ -273,7 +278,7 @@ def collective_cell(marks: Sequence[tuple], failed: bool = False) -> str:
     for group, op, started, completed, backend in marks:
         if started is None:
             continue
-        done = completed is not None and completed >= started
+        done = finished or (completed is not None and completed >= started)
         name = f"{op} #{started}" if op else f"#{started}"
         label = f"{group} {backend}" if backend and groups.count(group) > 1 else group
         prefix = f"{label}: " if len(marks) > 1 else ""
