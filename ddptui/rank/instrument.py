@@ -2192,11 +2192,7 @@ class Instrument:
         for ref in self._models:  # training: the first module says so (no list, no generator)
             model = ref()
             if model is not None:
-                if (
-                    model.training
-                    or getattr(model.module, "training", False)
-                    or id(model) in self._eval_trainers
-                ):
+                if self._trains_in_mode(model):
                     return False
                 alive = True
         return alive
@@ -2204,13 +2200,18 @@ class Instrument:
     def _training(self, module: Any) -> bool:
         return module.training and self._grad_enabled()
 
-    def _training_ddp(self, ddp: Any) -> bool:
-        """A DDP module's forward trains when grad is on and it or the module it wraps is in
-        training mode: PyTorch Lightning leaves its DDP wrapper in eval mode after the
-        sanity check and switches only the LightningModule inside back to ``train()``."""
+    def _trains_in_mode(self, ddp: Any) -> bool:
+        """Whether a DDP module's mode says it trains: it or the module it wraps is in
+        training mode (PyTorch Lightning leaves its DDP wrapper in eval mode after the sanity
+        check and switches only the LightningModule inside back to ``train()``), or it trains
+        in eval mode (:meth:`_trained_in_eval`)."""
         return (
             ddp.training or getattr(ddp.module, "training", False) or id(ddp) in self._eval_trainers
-        ) and self._grad_enabled()
+        )
+
+    def _training_ddp(self, ddp: Any) -> bool:
+        """A DDP module's forward trains when grad is on and its mode says it trains."""
+        return self._trains_in_mode(ddp) and self._grad_enabled()
 
     # -- hooks ---------------------------------------------------------------------------------
     def _outer_pre(self, ddp: Any, args: tuple, kwargs: dict) -> None:

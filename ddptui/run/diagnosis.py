@@ -522,7 +522,7 @@ def working_ranks(
         if rank in stuck or view.state != "started" or view.beat_at is None:
             continue
         if (view.still_for or 0.0) >= WAIT_STILL_BEATS * beat_s and (
-            view.waiting or waiting_marks(view.collectives, done, spinning=True)
+            view.waiting or rank_wait_marks(view, done)
         ):
             continue
         if now - view.beat_at > BEAT_LATE * beat_s:
@@ -569,6 +569,14 @@ def waiting_marks(
         and started > done.get((group, backend), -1)
         and not (spinning and backend in QUIET_WAIT_BACKENDS)
     )
+
+
+def rank_wait_marks(view: Any, done: Mapping[tuple[str, str | None], int]) -> tuple:
+    """The collectives a live rank may wait in for a peer (:func:`waiting_marks`): gloo's
+    only while its stack is in a collective (a gloo wait blocks the calling thread, and its
+    marks may lag a rank that went on: moco's ranks starting their loaders' workers still had
+    DDP's last setup broadcast open), NCCL's whatever the stack says."""
+    return waiting_marks(view.collectives, done, spinning=not view.waiting)
 
 
 def _waiting_detail(

@@ -45,7 +45,7 @@ from ddptui.run.diagnosis import (
     growth_diagnosis,
     local_rank_hint,
     rank_ends,
-    waiting_marks,
+    rank_wait_marks,
 )
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
 from ddptui.run.options import RunConfig
@@ -499,10 +499,7 @@ class RunSession:
             done = completed_anywhere(self.state)  # a mark another rank completed is stale
             waits = []
             for rank, view in sorted(live.items()):
-                # a gloo wait shows on the rank's stack; its marks may lag the rank (gloo's
-                # last broadcast of DDP's setup still open while moco's ranks started their
-                # loader's workers: both asked for a trace, on a healthy run)
-                inside = waiting_marks(view.collectives, done, spinning=not view.waiting)
+                inside = rank_wait_marks(view, done)  # gloo's marks lag: moco's were asked
                 if not inside or (view.still_for or 0.0) < FLIGHT_WATCH_S:
                     return
                 waits.append((rank, inside))
