@@ -327,6 +327,10 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         f"ddptui run {cfg.run_id}: {cfg.target_label} x{cfg.world_size} "
         f"({cfg.launcher}, {cfg.backend}, {amp_label(cfg.to_json_dict())}) -> {session.run_dir}"
     )
+    flag, epochs = session.state.epochs_flag, session.state.epochs
+    if flag:  # where "epoch 1/3" and its ETA come from
+        said = f"{flag}{epochs}" if flag.endswith("=") else f"{flag} {epochs}"
+        console.line(f"epochs: {epochs}, as the script's {said} says (ddptui --epochs N to differ)")
     for warning in gpu_preflight(cfg):
         console.line(f"warning: {warning}")
     with signals_interrupt() as guard:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ddptui import protocol, safeio
+from ddptui.argv import config_script_epochs
 from ddptui.run.state import AttemptRecord, RankFailureInfo, RunState
 from ddptui.runfiles import RunDir, write_json_atomic
 
@@ -430,7 +431,7 @@ def load_run(run_dir: str | os.PathLike[str]):
     for event in iter_events(run_dir, run_id):
         top = max(top, event.rank)
     world = min(int(config.get("world_size") or 1), max(top + 1, _SHOWN_WITHOUT_EVENTS))
-    state = RunState(run_id, world, epochs=config.get("epochs"))
+    state = RunState(run_id, world, config.get("epochs"), config_script_epochs(config))
     lines = EventLines(run_dir, run_id)
     for event in lines:
         state.apply(event)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddptui import protocol, safeio
+from ddptui.argv import config_script_epochs
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
 from ddptui.rank import flight_recorder
 from ddptui.rank.stacks import capture_stacks
@@ -175,7 +176,12 @@ class RunSession:
         self.clock = clock
         self.run_dir = Path(cfg.run_dir)
         self.files = RunDir(self.run_dir)
-        self.state = RunState(cfg.run_id, cfg.world_size, epochs=cfg.epochs)
+        self.state = RunState(
+            cfg.run_id,
+            cfg.world_size,
+            epochs=cfg.epochs,
+            script_epochs=config_script_epochs(cfg.to_json_dict()),
+        )
         self.collector: Collector | None = None
         self.launcher: Launcher | None = None
         self.result: LaunchResult | None = None

@@ -439,10 +439,22 @@ MAX_SPAWNERS = 64
 class RunState:
     """Apply events in arrival order; read per-rank views, global numbers and health."""
 
-    def __init__(self, run_id: str, world_size: int, epochs: int | None = None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        world_size: int,
+        epochs: int | None = None,
+        script_epochs: tuple[int, str] | None = None,
+    ) -> None:
         self.run_id = run_id
         self.world_size = world_size
         self.epochs = epochs
+        #: The script argument the number of epochs was read from (``--epochs``, ``argv.
+        #: epochs_in_args``) when neither ddptui's ``--epochs`` nor a rank said it: a reading
+        #: that a rank's word replaces and a rank stepping past it takes back.
+        self.epochs_flag: str | None = None
+        if not epochs and script_epochs:
+            self.epochs, self.epochs_flag = script_epochs
         self.ranks: dict[int, RankView] = {r: RankView(r) for r in range(world_size)}
         #: Evaluations by (epoch, index within the epoch): see :meth:`_on_eval`.
         self.evals: dict[tuple[int | None, int], EvalPoint] = {}
@@ -630,8 +642,8 @@ class RunState:
             view.node = node
         if ev.dropped is not None:
             view.reporter_dropped = ev.dropped
-        if ev.epochs and not self.epochs:
-            self.epochs = ev.epochs
+        if ev.epochs and (not self.epochs or self.epochs_flag):
+            self.epochs, self.epochs_flag = ev.epochs, None
         if ev.steps_per_epoch and self._epoch_steps_from != "plan":
             self.steps_per_epoch, self._epoch_steps_from = ev.steps_per_epoch, "plan"
 
@@ -649,6 +661,8 @@ class RunState:
             view.steps_in_epoch = 0
             if ev.epoch == 0:
                 self.epoch_base = 0
+            if self.epochs_flag and self.epochs and ev.epoch - self.epoch_base >= self.epochs:
+                self.epochs = self.epochs_flag = None  # the script's flag meant something else
         elif ev.epoch is not None and ev.epoch == view.ended_epoch:
             self._epoch_reopened(view)
         count = ev.steps  # more than 1: a fast script's steps in one event (its last's number)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddptui import safeio
+from ddptui.argv import config_script_epochs
 from ddptui.run.quiet_gc import quiet_collector
 from ddptui.run.rundir import events_in, load_run, read_config
 from ddptui.run.state import RunState
@@ -52,7 +53,12 @@ class FollowSource(RunSource):
         run_dir = Path(run_dir)
         config = read_config(run_dir)  # RunDirError (one line) when it is not a run
         run_id = str(config.get("run_id") or run_dir.name)
-        state = RunState(run_id, int(config.get("world_size") or 1), epochs=config.get("epochs"))
+        state = RunState(
+            run_id,
+            int(config.get("world_size") or 1),
+            config.get("epochs"),
+            config_script_epochs(config),
+        )
         super().__init__(config, state, run_dir)
         self.files = RunDir(run_dir)
         self._alive = alive
