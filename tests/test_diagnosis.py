@@ -1242,6 +1242,23 @@ def test_the_same_error_raised_by_two_ranks_is_two_failures_not_a_consequence():
     assert "not a consequence" in second.detail and "consequence of" not in second.detail
 
 
+def test_an_error_is_named_by_its_first_line_not_the_advice_after_it():
+    """torch's messages go on after what went wrong (``torch.load``'s ends "Check the
+    documentation of torch.load…"): two different errors with the same advice are two, and
+    the one line names the type and the fault (facebookresearch/vicreg's ranks read "failed
+    with the same error: Check the documentation …")."""
+    advice = "\n\tWhat to try.\n\nCheck the documentation of torch.load to learn more."
+    load = "UnpicklingError: Weights only load failed." + advice
+    other = "RuntimeError: something else failed." + advice
+    first, second = diagnose_crash([RankEnd(0, t=1.0, error=load), RankEnd(1, t=1.2, error=other)])
+    assert first.detail == "rank 0 failed first: UnpicklingError: Weights only load failed."
+    assert second.detail.endswith("(not a consequence): RuntimeError: something else failed.")
+    first, _ = diagnose_crash([RankEnd(0, t=1.0, error=load), RankEnd(1, t=1.2, error=load)])
+    assert first.detail.endswith("the same error: UnpicklingError: Weights only load failed.")
+    traced = RankEnd(0, t=1.0, traceback="Traceback (most recent call last):\nKeyError: 'x'\n")
+    assert diagnose_crash([traced])[0].detail.startswith("rank 0 failed first: KeyError: 'x'")
+
+
 def test_only_a_lost_peer_error_is_a_consequence_and_another_own_error_is_its_own():
     ends = [
         RankEnd(0, t=1.0, error="ValueError: bad batch"),

@@ -360,6 +360,35 @@ def test_a_rank_that_failed_in_a_collective_is_named_in_its_last_one(tmp_path):
     assert flight.at_crash(tmp_path, {0: pids[0], 1: 4242}, 2, 1.0, [1]) == []  # not in one
 
 
+def test_a_rank_that_failed_in_its_own_code_was_in_no_collective(tmp_path):
+    """gloo's mark lags: facebookresearch/vicreg's rank 1 had left DDP's last setup broadcast
+    and failed in ``torch.load``, its trace still marked the broadcast not completed, and the
+    crash read "rank 1 was in broadcast #5 … when rank 0 failed". Its traceback says where it
+    was: its own code. One through ``torch.distributed`` (a collective's own check), or an
+    error a collective raises (a lost peer, in ``backward()``), still names the collective."""
+    pids = crash_dir(tmp_path, "hang", [0])
+    ranks = {0: pids[0], 1: 4242}
+    error = {0: "UnpicklingError: Weights only load failed."}
+    own = (
+        "Traceback (most recent call last):\n"
+        '  File "/tmp/vicreg/main_vicreg.py", line 121, in main\n'
+        "    ckpt = torch.load(path)\n"
+        '  File "/venv/lib/python3.11/site-packages/torch/serialization.py", line 1615, in load\n'
+        "_pickle.UnpicklingError: Weights only load failed.\n"
+    )
+    assert flight.at_crash(tmp_path, ranks, 2, 1.0, [0, 1], error, tracebacks={0: own}) == []
+    through = own.replace("torch/serialization.py", "torch/distributed/distributed_c10d.py")
+    found = flight.at_crash(tmp_path, ranks, 2, 1.0, [0, 1], error, tracebacks={0: through})
+    assert found[0].detail.startswith("rank 0 was in all_reduce #8 ")
+    lost = {0: "RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:9141"}
+    found = flight.at_crash(tmp_path, ranks, 2, 1.0, [0, 1], lost, tracebacks={0: own})
+    assert found[0].detail.startswith("rank 0 was in all_reduce #8 ")
+    # a rank that did not fail (torn down, or still running) is judged by its trace alone
+    found = flight.at_crash(tmp_path, ranks, 2, 1.0, [1], error, tracebacks={0: own})
+    assert found[0].detail.startswith("rank 0 was in all_reduce #8 ")
+    assert flight.at_crash(tmp_path, ranks, 2, 1.0, [0, 1], error)[0].rank == 0  # none: as ever
+
+
 def test_a_trace_of_an_earlier_process_is_not_evidence(tmp_path):
     crash_dir(tmp_path, "hang", [0])
     assert flight.at_crash(tmp_path, {0: 1, 1: 2}, 2, 1.0, [1]) == []

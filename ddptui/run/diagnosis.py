@@ -806,8 +806,14 @@ def _bytes(value: int) -> str:
 
 
 def _error_line(end: RankEnd) -> str:
+    """A failed rank's error in one line: the first of its error (``UnpicklingError: Weights
+    only load failed…``: the type and what went wrong; torch's messages go on with advice, and
+    their last line, ``Check the documentation of torch.load…``, had said the two ranks of
+    facebookresearch/vicreg "failed with the same error"), else its traceback's last line (the
+    exception), else how it ended."""
     if end.error:
-        return end.error.strip().splitlines()[-1][:300] if end.error.strip() else end.error
+        lines = [ln for ln in end.error.splitlines() if ln.strip()]
+        return lines[0].strip()[:300] if lines else end.error
     if end.traceback and end.traceback.strip():
         return end.traceback.strip().splitlines()[-1][:300]
     if end.signal:

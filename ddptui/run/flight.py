@@ -679,6 +679,7 @@ def at_crash(
     errors: Mapping[int, str] | None = None,
     first: tuple[int | None, Iterable[str]] | None = None,
     asked: Mapping[int, Stamp] | None = None,
+    tracebacks: Mapping[int, str] | None = None,
 ) -> list[Any]:
     """After a crash: what the traces the ranks left (a rank writes its own when it fails
     with an exception; one killed outright leaves none) say. torch's analyzer's findings when
@@ -692,7 +693,12 @@ def at_crash(
     were in (which side erred, gloo does not say). ``asked``: the traces ddptui asked for
     while the run went on (:func:`collect`'s ``stamps``); one not written since is no
     evidence of the crash: a rank killed outright leaves none, and the desync watch's
-    trace of its startup read as its last ("rank 1 never joined all_gather #5")."""
+    trace of its startup read as its last ("rank 1 never joined all_gather #5").
+    ``tracebacks``: rank -> its traceback; a rank that failed with an error of its own (not
+    a collective's) raised in no ``torch.distributed`` code failed out of any collective,
+    whatever gloo's lagging mark still says (facebookresearch/vicreg's rank 1, failed in
+    ``torch.load`` after DDP's setup, read "rank 1 was in broadcast #5 … when rank 0
+    failed")."""
     from ddptui.run.diagnosis import CONSEQUENCE, Diagnosis
 
     found, _ = load_traces(run_dir, pids, skip=asked)
@@ -710,9 +716,13 @@ def at_crash(
     silent = sorted(set(pids) - set(traces))
     out = []
     errors = errors or {}
+    tracebacks = tracebacks or {}
     for rank, doc in sorted(traces.items()):
+        own_error = not CONSEQUENCE.search(errors.get(rank) or "")
+        if rank in failed and own_error and _outside_collectives(tracebacks.get(rank)):
+            continue
         entry, verb = _inside(doc), "was in"
-        if entry is None and doc["entries"] and CONSEQUENCE.search(errors.get(rank) or ""):
+        if entry is None and doc["entries"] and not own_error:
             entry, verb = doc["entries"][-1], "failed in"
         if entry is None:
             continue
@@ -731,6 +741,18 @@ def at_crash(
         seen = "; ".join(d.detail.split(" when ")[0] for d in out)
         out.insert(0, Diagnosis(None, "desync", aborted + (f"; {seen}" if seen else ""), t))
     return out
+
+
+def _outside_collectives(traceback: str | None) -> bool:
+    """Whether a traceback shows frames, none of them in ``torch.distributed``'s code (a
+    collective called from Python, DDP's setup checks): the error was raised outside any
+    collective."""
+    if not traceback:
+        return False
+    files = re.findall(r'^\s*File "([^"]*)"', traceback, re.MULTILINE)
+    return bool(files) and not any(
+        "torch/distributed/" in name.replace("\\", "/") for name in files
+    )
 
 
 _GLOO_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")

@@ -563,6 +563,7 @@ class RunSession:
             if failure is not None and failure.rank is not None and not failure.spawner:
                 failed.append(failure.rank)
             errors = {r: v.error for r, v in state.ranks.items() if v.error}
+            tracebacks = {r: v.traceback for r, v in state.ranks.items() if v.traceback}
             traced = flight.at_crash(
                 self.run_dir,
                 pids,
@@ -572,6 +573,7 @@ class RunSession:
                 errors,
                 (failure.rank, failure.stderr_tail) if failure is not None else None,
                 asked=dict(self._asked_traces),
+                tracebacks=tracebacks,
             )
         # A desync torch's analyzer names is the cause; the failures it set off come after.
         desync = next((d for d in traced if d.cause == "desync" and d.rank is not None), None)
