@@ -487,6 +487,52 @@ def test_gradient_hooks_shrink_to_the_last_parameter(inst):
     assert inst.fake.logs[-1]["phases"]["backward"] == pytest.approx(0.020)
 
 
+def test_a_ddp_forward_the_script_calls_itself_is_timed_as_ddps(inst):
+    """facebookresearch/vicreg calls ``loss = model.forward(x, y)`` on its DDP module: no
+    module hook of DDP's runs. DDP's pre-forward work (its buffers' broadcast, where a rank
+    waits for a slower peer) read as ``other``; with rank 1 asleep 3 s before each forward,
+    both ranks read 33 % ``other`` and no straggler was named, where ``model(x, y)`` read
+    rank 0's wait as ``comm`` and rank 1 a straggler. From its second forward on (the first
+    finds it out) such a module is timed as DDP's call is, whichever way it is called; the
+    hook calls a step stay as many."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    pre_forward = model._pre_forward
+
+    def waiting(*args, **kwargs):  # DDP's buffer broadcast, waiting for the slower rank
+        clock.advance(0.050)
+        return pre_forward(*args, **kwargs)
+
+    model._pre_forward = waiting
+    calls = []
+    for _ in range(4):
+        clock.advance(0.005)
+        before = inst.hook_calls
+        loss = model.forward(torch.randn(6, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        calls.append(inst.hook_calls - before)
+    clock.advance(0.005)
+    train_step(model, opt, clock, data_s=0.0)  # called as a module: the same, once each
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [6] * 5
+    first, *rest, called = [log["phases"] for log in logs]
+    assert first.get("comm", 0.0) == 0  # the first forward: found out there
+    for phases in [*rest, called]:
+        assert phases["comm"] == pytest.approx(0.050)
+        assert phases["forward"] == pytest.approx(0.010)
+    assert [phases.get("other", 0.0) for phases in rest] == pytest.approx([0.0] * 3)
+    # its forward's pre and post, the inner pre and post, a gradient hook, backward, the
+    # optimizer's pre and post (a DDP module called as one: 7, its post hook removed)
+    assert calls[-1] == 8
+    model._pre_forward = pre_forward
+    inst.detach()
+    assert DistributedDataParallel.forward.__module__ == "torch.nn.parallel.distributed"
+
+
 def test_custom_phases_ride_with_the_step(inst):
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))

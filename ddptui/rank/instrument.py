@@ -641,6 +641,14 @@ class Instrument:
         # DDP's forward post hooks while still needed (by id of the DDP module): once its
         # inner module's post hook has closed a training forward, the DDP one goes
         self._outer_posts: dict[int, Any] = {}
+        self._outer_pres: dict[int, Any] = {}  # and their pre hooks
+        #: id of a watched DDP module's inner module -> (a weak reference to) the DDP module.
+        self._inner_owner: dict[int, Any] = {}
+        #: The DDP modules whose forward the script calls itself, ``model.forward(x, y)`` (see
+        #: :meth:`_check_direct`): timed by ddptui's ``DistributedDataParallel.forward``.
+        self._direct: Any = weakref.WeakSet()
+        self._direct_checked: set[int] = set()  # inner modules :meth:`_check_direct` saw
+        self._ddp_forward: Any = None  # DistributedDataParallel.forward, as torch has it
         self._fwd_ddp: int | None = None  # the DDP module whose training forward runs
         self._watches: dict[int, _GradWatch] = {}
         self._cuda: Any = None  # torch.device of the DDP module when it lives on CUDA
@@ -914,6 +922,9 @@ class Instrument:
             handle.remove()
         self._handles = []
         self._outer_posts = {}
+        self._outer_pres = {}
+        self._inner_owner = {}
+        self._direct = weakref.WeakSet()
         for watch in self._watches.values():
             watch.remove()
         self._watches = {}
@@ -981,6 +992,7 @@ class Instrument:
 
         original = DDP.__init__
         watch_ddp = self.watch
+        self._ddp_forward = DDP.forward
 
         # Every wrapper here takes the instance positionally only (``/``): a caller's keyword
         # may have any name the original takes. Lightning builds its DDP module with
@@ -2035,13 +2047,18 @@ class Instrument:
         try:
             inner = ddp.module
             outer_post = ddp.register_forward_hook(_ModuleHook(self._outer_post))
+            outer_pre = ddp.register_forward_pre_hook(
+                _ModuleHook(self._outer_pre), with_kwargs=True
+            )
             self._handles += [
-                ddp.register_forward_pre_hook(_ModuleHook(self._outer_pre), with_kwargs=True),
+                outer_pre,
                 outer_post,
                 inner.register_forward_pre_hook(_ModuleHook(self._inner_pre), with_kwargs=True),
                 inner.register_forward_hook(_ModuleHook(self._inner_post)),
             ]
             self._outer_posts[id(ddp)] = outer_post
+            self._outer_pres[id(ddp)] = outer_pre
+            self._inner_owner[id(inner)] = weakref.ref(ddp)
             self._models = [ref for ref in self._models if ref() is not None]
             self._models.append(weakref.ref(ddp))
             param = next(iter(inner.parameters()), None)
@@ -2247,6 +2264,8 @@ class Instrument:
             elif self._tracing():
                 pass  # torch.jit.trace(model.module, x): no forward of the run's
             elif self._training(module):
+                if id(module) not in self._direct_checked:
+                    self._check_direct(module)
                 self._training_fwd = True  # the inner module called without DDP
                 self._fwd_ddp = None
                 self._forward_start(args, kwargs, "forward")
@@ -2255,6 +2274,62 @@ class Instrument:
         except Exception as exc:
             self._fail(exc)
         return None
+
+    def _check_direct(self, inner: Any) -> None:
+        """The inner module of a watched DDP module trains with no DDP forward begun: once
+        per inner module, whether DDP's ``forward`` called it all the same, the script having
+        called ``model.forward(x, y)`` itself (facebookresearch/vicreg, barlowtwins), which
+        runs no module hook of DDP's. Then DDP's pre-forward work (its buffers' broadcast,
+        where a rank waits for a slower one) had no start: it read as ``other``, and a rank
+        asleep before its forward was no straggler. From here on that module's forwards are
+        timed by ddptui's ``DistributedDataParallel.forward`` in place of its hooks, whichever
+        way the script calls it; this first one stays as it was read."""
+        self._direct_checked.add(id(inner))
+        ref = self._inner_owner.get(id(inner))
+        ddp = ref() if ref is not None else None
+        original = self._ddp_forward
+        if ddp is None or original is None or getattr(ddp, "module", None) is not inner:
+            return
+        frame = sys._getframe(2)
+        for _ in range(12):  # the hook, torch's call of it, DDP's forward: a few frames up
+            if frame is None:
+                return
+            if frame.f_code is original.__code__:
+                break
+            frame = frame.f_back
+        else:
+            return
+        for hooks in (self._outer_pres, self._outer_posts):
+            handle = hooks.pop(id(ddp), None)
+            if handle is not None:
+                handle.remove()
+        if not self._direct_patched():
+            self._patch_ddp_forward()
+        self._direct.add(ddp)
+
+    def _direct_patched(self) -> bool:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP.__dict__.get("forward") is not self._ddp_forward
+
+    def _patch_ddp_forward(self) -> None:
+        """``DistributedDataParallel.forward`` runs ddptui's DDP hooks for the modules of
+        :attr:`_direct` (and only calls torch's for any other)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        original, direct = self._ddp_forward, self._direct
+        pre, post = self._outer_pre, self._outer_post
+
+        @functools.wraps(original)
+        def forward(ddp: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if ddp not in direct:
+                return original(ddp, *args, **kwargs)
+            pre(ddp, args, kwargs)
+            output = original(ddp, *args, **kwargs)
+            post(ddp, args, output)
+            return output
+
+        self._patch(DDP, "forward", forward)
 
     def _inner_post(self, module: Any, args: tuple, output: Any) -> None:
         self.hook_calls += 1
