@@ -493,3 +493,33 @@ def test_a_group_is_named_by_its_description_or_else_its_id():
     assert group_label("2", None) == "group 2"
     assert flight._group("1:undefined") == "group 1"
     assert flight._group("0:default_pg") == "default_pg"
+
+
+def _frames(*names, path="/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"):
+    return [{"name": name, "filename": path, "line": 1} for name in names] + [
+        {"name": "main", "filename": "/work/main_vicreg.py", "line": 142}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("frames", "origin"),
+    [
+        (
+            _frames("_distributed_broadcast_coalesced", "_sync_module_buffers", "_pre_forward"),
+            "DDP buffers, from main_vicreg.py:142",
+        ),
+        (
+            _frames("_sync_params_and_buffers", "_sync_module_states", "__init__"),
+            "DDP setup, from main_vicreg.py:142",
+        ),
+        (
+            _frames("_engine_run_backward", path="/venv/site-packages/torch/autograd/graph.py"),
+            "DDP bucket, from main_vicreg.py:142",
+        ),
+        (_frames(), "from main_vicreg.py:142"),
+    ],
+)
+def test_ddps_collectives_are_named_by_what_they_are_for(frames, origin):
+    """A rank waiting in the broadcast of DDP's buffers before its forward (BatchNorm's
+    statistics; ``broadcast_buffers=False`` turns it off) is not in a gradient bucket."""
+    assert flight._origin(frames) == origin

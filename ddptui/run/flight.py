@@ -423,22 +423,40 @@ def _user_frame(frames: list[dict]) -> str | None:
     return None
 
 
-def _ddp_bucket(frames: list[dict]) -> bool:
-    """Issued by DDP's reducer: from autograd's backward (a gradient hook) or DDP itself."""
+#: DDP's own functions that issue collectives outside its reducer, and what they are for.
+_DDP_PARTS = {
+    "_sync_buffers": "DDP buffers",  # each forward's broadcast of BatchNorm's statistics
+    "_sync_module_buffers": "DDP buffers",
+    "_sync_module_states": "DDP setup",  # the constructor's broadcast of the parameters
+    "_sync_params_and_buffers": "DDP setup",
+    "_verify_param_shape_across_processes": "DDP setup",
+}
+
+
+def _ddp_part(frames: list[dict]) -> str | None:
+    """Which of DDP's collectives a recorded stack issued: ``DDP buffers`` (the broadcast
+    before each forward, where a rank waits for a slower peer: facebookresearch/vicreg's
+    wait read "DDP bucket"), ``DDP setup`` (the constructor's), ``DDP bucket`` (its reducer:
+    from autograd's backward, a gradient hook, or DDP otherwise); None: not DDP's."""
+    ddp = False
     for f in frames:
         path = f["filename"].replace("\\", "/")
         if path.endswith("torch/nn/parallel/distributed.py"):
-            return True
-        if "/torch/autograd/" in path and f["name"] in ("_engine_run_backward", "backward"):
-            return True
-    return False
+            part = _DDP_PARTS.get(f["name"])
+            if part:
+                return part
+            ddp = True
+        elif "/torch/autograd/" in path and f["name"] in ("_engine_run_backward", "backward"):
+            ddp = True
+    return "DDP bucket" if ddp else None
 
 
 def _origin(frames: list[dict]) -> str:
     """What a side's stack says: ``DDP bucket, from train.py:88``."""
     parts = []
-    if _ddp_bucket(frames):
-        parts.append("DDP bucket")
+    part = _ddp_part(frames)
+    if part:
+        parts.append(part)
     where = _user_frame(frames)
     if where:
         parts.append(f"from {where}")
