@@ -778,7 +778,37 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
         (
             [(f"{TORCH}/nn/parallel/distributed.py", 1700, "_sync_buffers"), *BOTTOM],
             True,
-            "DDP _sync_buffers",
+            "DDP buffers broadcast",
+            "main (train.py:80)",
+        ),
+        (
+            # facebookresearch/vicreg's rank 0 waiting for rank 1 before its forward: the
+            # helper's name ("DDP _distributed_broadcast_coalesced") said nothing of it
+            [
+                (f"{TORCH}/nn/parallel/distributed.py", 2266, name)
+                for name in (
+                    "_distributed_broadcast_coalesced",
+                    "_default_broadcast_coalesced",
+                    "_sync_module_buffers",
+                    "_sync_buffers",
+                    "_pre_forward",
+                    "forward",
+                )
+            ]
+            + BOTTOM,
+            True,
+            "DDP buffers broadcast",
+            "main (train.py:80)",
+        ),
+        (
+            [
+                (f"{TORCH}/nn/parallel/distributed.py", 339, "_distributed_broadcast_coalesced"),
+                (f"{TORCH}/nn/parallel/distributed.py", 339, "_sync_params_and_buffers"),
+                (f"{TORCH}/nn/parallel/distributed.py", 1097, "__init__"),
+                *BOTTOM,
+            ],
+            True,
+            "DDP setup broadcast",
             "main (train.py:80)",
         ),
         ([(SCRIPT, 12, "stall_forever"), *BOTTOM], False, None, "stall_forever (train.py:12)"),

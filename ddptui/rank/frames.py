@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -78,6 +79,18 @@ _DDP_PLUMBING = frozenset(
         "gather",
     }
 )
+#: DDP's functions that issue collectives of their own outside its reducer, by what they are
+#: for (the broadcast helper beneath them, ``_distributed_broadcast_coalesced``, says nothing
+#: of it): the buffers' broadcast before each forward, where a rank waits for a slower peer,
+#: and the constructor's.
+DDP_PURPOSES = {
+    "_sync_buffers": "DDP buffers",
+    "_sync_module_buffers": "DDP buffers",
+    "_sync_module_states": "DDP setup",
+    "_sync_params_and_buffers": "DDP setup",
+    "_verify_param_shape_across_processes": "DDP setup",
+}
+_DDP_FILE = "torch/nn/parallel/distributed.py"
 #: Code a collective's call passes through between its Python function and the wait (the
 #: dispatcher of torch's functional collectives): skipped, as if not there.
 _PASS_THROUGH = ("/torch/_ops.py",)
@@ -93,13 +106,19 @@ def _collective(frame: Frame, path: str, ddp: bool = True) -> str | None:
         return None
     if "/torch/distributed/" in path:
         return frame.func
-    if path.endswith("torch/nn/parallel/distributed.py"):
+    if path.endswith(_DDP_FILE):
         return None if frame.func in _DDP_PLUMBING else f"DDP {frame.func}"
     if "/torch/autograd/" in path and frame.func in ("_engine_run_backward", "backward"):
         return "DDP gradient all-reduce, in backward" if ddp else None
     if _COLLECTIVE_FUNC.search(frame.func):
         return frame.func
     return None
+
+
+def ddp_purpose(funcs: Iterable[str]) -> str | None:
+    """What a collective issued by DDP itself is for (:data:`DDP_PURPOSES`), from the names
+    of the functions on its stack, innermost first; None: none of those."""
+    return next((DDP_PURPOSES[f] for f in funcs if f in DDP_PURPOSES), None)
 
 
 def classify(frames: list[Frame] | tuple[Frame, ...], ddp: bool = True) -> StackInfo:
@@ -128,10 +147,16 @@ def classify(frames: list[Frame] | tuple[Frame, ...], ddp: bool = True) -> Stack
     inner = frames[: frames.index(user)] if user is not None else frames
     if any(f.file.startswith(_IMPORTING) for f in inner):
         return StackInfo(False, None, where, tuple(frames))  # a module being imported
-    for frame in inner:
+    for i, frame in enumerate(inner):
         path = frame.file.replace("\\", "/")
         collective = _collective(frame, path, ddp)
         if collective is not None:
+            if path.endswith(_DDP_FILE):  # ``DDP buffers broadcast``, not its helper's name
+                ddp_funcs = (
+                    f.func for f in inner[i:] if f.file.replace("\\", "/").endswith(_DDP_FILE)
+                )
+                purpose = ddp_purpose(ddp_funcs)
+                collective = f"{purpose} broadcast" if purpose else collective
             return StackInfo(True, collective, where, tuple(frames))
         if not path.endswith(_PASS_THROUGH):
             break  # work the rank does, not a wait

@@ -36,7 +36,7 @@ from typing import Any
 
 from ddptui.formatting import ranks_text
 from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path
-from ddptui.rank.frames import is_library
+from ddptui.rank.frames import ddp_purpose, is_library
 from ddptui.run.collector import listening, stale_private_dirs
 from ddptui.runfiles import trace_name
 
@@ -423,16 +423,6 @@ def _user_frame(frames: list[dict]) -> str | None:
     return None
 
 
-#: DDP's own functions that issue collectives outside its reducer, and what they are for.
-_DDP_PARTS = {
-    "_sync_buffers": "DDP buffers",  # each forward's broadcast of BatchNorm's statistics
-    "_sync_module_buffers": "DDP buffers",
-    "_sync_module_states": "DDP setup",  # the constructor's broadcast of the parameters
-    "_sync_params_and_buffers": "DDP setup",
-    "_verify_param_shape_across_processes": "DDP setup",
-}
-
-
 def _ddp_part(frames: list[dict]) -> str | None:
     """Which of DDP's collectives a recorded stack issued: ``DDP buffers`` (the broadcast
     before each forward, where a rank waits for a slower peer: facebookresearch/vicreg's
@@ -442,7 +432,7 @@ def _ddp_part(frames: list[dict]) -> str | None:
     for f in frames:
         path = f["filename"].replace("\\", "/")
         if path.endswith("torch/nn/parallel/distributed.py"):
-            part = _DDP_PARTS.get(f["name"])
+            part = ddp_purpose([f["name"]])
             if part:
                 return part
             ddp = True
