@@ -99,10 +99,21 @@ def fmt_num(value: float | None, spec: str = ".4f") -> str:
     return "--" if value is None else format(value, spec)
 
 
+def fmt_per_s(rate: float | None) -> str:
+    """A rate of samples a second: ``1,234`` from 10 on, ``4.6`` from 1, ``0.43`` below (a
+    step of 4 samples in 9.2 s, facebookresearch/vicreg's on 2 CPU cores, read ``0 samples/s``
+    beside its rank's steps); ``--`` when unknown."""
+    if rate is None:
+        return "--"
+    if not math.isfinite(rate) or abs(rate) >= 9.95:
+        return f"{rate:,.0f}"
+    return f"{rate:.1f}" if abs(rate) >= 0.995 else f"{rate:.2f}"
+
+
 def fmt_rate(samples_per_s: float, counted: bool) -> str:
     """``1,234 samples/s``; ``-- samples/s`` when no rank has counted a sample (a script that
     logs steps without ``samples=``, a model fed without a DataLoader or DDP): not a rate of 0."""
-    return f"{samples_per_s:,.0f} samples/s" if counted else "-- samples/s"
+    return f"{fmt_per_s(samples_per_s)} samples/s" if counted else "-- samples/s"
 
 
 def fmt_first_step(mean: float, after: tuple[float, float] | None) -> str:
@@ -111,14 +122,14 @@ def fmt_first_step(mean: float, after: tuple[float, float] | None) -> str:
     beside its mean ``mean`` over every step, where the first step held the mean down by a
     tenth or more (a first step that holds torch.compile's compilation or CUDA's warm-up);
     else nothing (a first step no slower than the others explains nothing, and two rates
-    that read the same, as fastai's 4 samples/s over the run and after it, neither)."""
+    that read the same neither)."""
     if after is None or not math.isfinite(after[0]) or after[0] <= 0.0:
         return ""
     rate, first = after
-    if rate < 1.1 * mean or f"{rate:,.0f}" == f"{mean:,.0f}":  # the same as shown: no news
+    if rate < 1.1 * mean or fmt_per_s(rate) == fmt_per_s(mean):  # the same as shown: no news
         return ""
     took = f"{first:.1f} s" if first < 59.95 else fmt_duration(first)
-    return f" ({rate:,.0f} after its first step of {took})"
+    return f" ({fmt_per_s(rate)} after its first step of {took})"
 
 
 def fmt_samples(state: Any) -> str:

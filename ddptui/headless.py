@@ -25,6 +25,7 @@ from ddptui.formatting import (
     fmt_eval,
     fmt_first_step,
     fmt_num,
+    fmt_per_s,
     fmt_rate,
     fmt_samples,
     printable,
@@ -75,7 +76,7 @@ def over_run(state: RunState) -> str:
     rate = state.samples_per_s_over_run()
     if rate is None:
         return ""
-    return f" at {rate:,.0f} samples/s over the run" + fmt_first_step(
+    return f" at {fmt_per_s(rate)} samples/s over the run" + fmt_first_step(
         rate, state.rate_after_first_step()
     )
 

@@ -160,9 +160,9 @@ def test_a_pause_beyond_the_grace_decays_the_throughput_to_what_was_kept_up():
     paused = s.global_samples_per_s(last + 22.0)
     assert paused == pytest.approx(rate * 0.07 / 20.07) and paused < 4
     frame = run_frame(s, last + 22.0)
-    assert [r.samples_per_s for r in frame.rows] == ["2", "2"]
-    assert "3 samples/s" in frame.summary
-    assert "3 samples/s" in progress_line(s, last + 22.0)
+    assert [r.samples_per_s for r in frame.rows] == ["1.6", "1.6"]
+    assert "3.2 samples/s" in frame.summary
+    assert "3.2 samples/s" in progress_line(s, last + 22.0)
     # a step again: the rate is the step's
     for rank in (0, 1):
         event = step(rank, 41, 41, last + 22.0, samples=32, step_time=0.07)
@@ -418,7 +418,9 @@ def test_no_rate_after_the_first_step_of_a_run_that_took_one_or_a_steady_one():
     assert fmt_first_step(100.0, (200.0, 75.0)) == " (200 after its first step of 1m15s)"
     assert fmt_first_step(100.0, (109.0, 5.0)) == ""
     # fastai's distrib.py on CPU, 4 steps of 27-48 s: 3.64 over the run, 4.16 after its first
-    assert fmt_first_step(3.64, (4.16, 48.3)) == ""
+    # (read "4" and "4" while rates below 10 were whole numbers; "3.6" and "4.2" now)
+    assert fmt_first_step(3.64, (4.16, 48.3)) == " (4.2 after its first step of 48.3 s)"
+    assert fmt_first_step(3.64, (3.66, 48.3)) == ""
     assert fmt_first_step(100.0, (50.0, 0.01)) == ""  # a first step faster than the others
     assert fmt_first_step(100.0, (float("nan"), 5.0)) == ""
 
@@ -816,3 +818,25 @@ def test_a_loader_steps_note_out_of_bounds_is_refused(steps):
     raw.update(code="loader_steps", steps=steps)
     with pytest.raises(protocol.InvalidEvent):
         protocol.decode_batch(msgspec.msgpack.encode([raw]))
+
+
+@pytest.mark.parametrize(
+    ("rate", "shown"),
+    [
+        (None, "--"),
+        (0.0, "0.00"),
+        (0.434, "0.43"),
+        (0.996, "1.0"),
+        (4.16, "4.2"),
+        (9.96, "10"),
+        (1234.4, "1,234"),
+        (float("inf"), "inf"),
+        (float("nan"), "nan"),
+    ],
+)
+def test_a_slow_rate_keeps_its_digits(rate, shown):
+    """facebookresearch/vicreg on 2 CPU cores: 4 samples a step of 9.2 s, and its rank rows
+    read ``0`` samples/s, the header ``1``."""
+    from ddptui.formatting import fmt_per_s
+
+    assert fmt_per_s(rate) == shown

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ddptui.commands import UsageError, command_main, fail, no_terminal
-from ddptui.formatting import fmt_duration, fmt_num
+from ddptui.formatting import fmt_duration, fmt_num, fmt_per_s
 from ddptui.run.rundir import RunDirError, iter_events, load_run
 from ddptui.runs import benchmath
 
@@ -163,7 +163,7 @@ def comparison_rows(runs: list[RunFacts]) -> list[tuple[str, list[str]]]:
         ("time", [fmt_duration(r.duration_s) for r in runs]),
         # The bench's steady state (see benchmath), not the mean over the run that the run's
         # own summary and last line give: the two differ, and the row says which it is.
-        ("steady samples/s", [fmt_num(r.samples_per_s, ",.0f") for r in runs]),
+        ("steady samples/s", [fmt_per_s(r.samples_per_s) for r in runs]),
         ("failure", [r.failure or "--" for r in runs]),
         ("restarts", ["--" if r.restarts is None else str(r.restarts) for r in runs]),
     ]

@@ -25,6 +25,7 @@ from ddptui.formatting import (
     fmt_eval,
     fmt_first_step,
     fmt_num,
+    fmt_per_s,
     fmt_rate,
     fmt_samples,
     ranks_text,
@@ -208,7 +209,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 device=view.device or "--",
                 epoch_step=step,
                 loss=fmt_num(view.loss),
-                samples_per_s=fmt_num(rate, ",.0f"),
+                samples_per_s=fmt_per_s(rate),
                 step_time=_ms(recent_step),
                 last_seen=_ago(seen_at, view.last_seen),
                 state=shown_state,
@@ -566,7 +567,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
                     "",
                     "",
                     node.loss_range(),
-                    fmt_num(node.samples_per_s, ",.0f"),
+                    fmt_per_s(node.samples_per_s),
                     _ms(node.mean_step_time),
                     "",
                     node.worst,
@@ -591,7 +592,10 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
 
 
 def _ms(seconds: float | None) -> str:
-    return "--" if seconds is None else f"{seconds * 1000:,.1f} ms"
+    """A step's time: ``123.4 ms``; ``9.23 s`` from a second on (``9,230.4 ms`` was vicreg's)."""
+    if seconds is None:
+        return "--"
+    return f"{seconds:,.2f} s" if seconds >= 0.99995 else f"{seconds * 1000:,.1f} ms"
 
 
 def _ago(now: float, then: float | None) -> str:
