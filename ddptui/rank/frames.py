@@ -115,6 +115,15 @@ def _collective(frame: Frame, path: str, ddp: bool = True) -> str | None:
     return None
 
 
+#: A traceback's frame line (``  File "/path/x.py", line 3, in f``): its file.
+_TRACEBACK_FILE = re.compile(r'^\s*File "([^"]*)"', re.MULTILINE)
+
+
+def traceback_files(text: str) -> list[str]:
+    """The files of a formatted traceback's frames, outermost first, with ``/`` separators."""
+    return [name.replace("\\", "/") for name in _TRACEBACK_FILE.findall(text)]
+
+
 def ddp_purpose(funcs: Iterable[str]) -> str | None:
     """What a collective issued by DDP itself is for (:data:`DDP_PURPOSES`), from the names
     of the functions on its stack, innermost first; None: none of those."""

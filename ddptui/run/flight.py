@@ -36,7 +36,7 @@ from typing import Any
 
 from ddptui.formatting import ranks_text
 from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path
-from ddptui.rank.frames import ddp_purpose, is_library
+from ddptui.rank.frames import ddp_purpose, is_library, traceback_files
 from ddptui.run.collector import listening, stale_private_dirs
 from ddptui.runfiles import trace_name
 
@@ -755,12 +755,8 @@ def _outside_collectives(traceback: str | None) -> bool:
     """Whether a traceback shows frames, none of them in ``torch.distributed``'s code (a
     collective called from Python, DDP's setup checks): the error was raised outside any
     collective."""
-    if not traceback:
-        return False
-    files = re.findall(r'^\s*File "([^"]*)"', traceback, re.MULTILINE)
-    return bool(files) and not any(
-        "torch/distributed/" in name.replace("\\", "/") for name in files
-    )
+    files = traceback_files(traceback or "")
+    return bool(files) and not any("/torch/distributed/" in name for name in files)
 
 
 _GLOO_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")

@@ -8,7 +8,6 @@ after it is released. Pure functions, testable without Textual.
 from __future__ import annotations
 
 import bisect
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from ddptui.formatting import (
     fmt_samples,
     ranks_text,
 )
+from ddptui.rank.frames import traceback_files
 from ddptui.run.state import RankFailureInfo, RankView, RunState
 
 #: Most points drawn per chart line (more would not fit a terminal's width anyway).
@@ -287,9 +287,8 @@ def collective_cell(marks: Sequence[tuple], failed: bool = False, finished: bool
     return "; ".join(parts)
 
 
-#: A traceback's frame line, and the file of torch's collectives (every one's ``wait()``).
-_FRAME = re.compile(r'^\s*File "([^"]*)"', re.M)
-_COLLECTIVES = re.compile(r"[/\\]torch[/\\]distributed[/\\]distributed_c10d\.py$")
+#: The file of torch's collectives (every one's ``wait()``).
+_COLLECTIVES = "/torch/distributed/distributed_c10d.py"
 
 
 def failed_in_collective(view: RankView) -> bool:
@@ -298,8 +297,8 @@ def failed_in_collective(view: RankView) -> bool:
     on a lost peer), so that its last collective is the one that failed."""
     if view.state != "failed" or not view.traceback:
         return False
-    frames = _FRAME.findall(view.traceback[-4000:])
-    return bool(frames) and _COLLECTIVES.search(frames[-1]) is not None
+    frames = traceback_files(view.traceback[-4000:])
+    return bool(frames) and frames[-1].endswith(_COLLECTIVES)
 
 
 def behind_ranks(state: RunState) -> dict[int, str]:
