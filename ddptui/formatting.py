@@ -85,6 +85,14 @@ def target_label(config: dict) -> str:
     return str(config.get("trainer") or "?")
 
 
+def error_head(text: str) -> tuple[str, bool]:
+    """An error's first line that says something (``UnpicklingError: Weights only load
+    failed…``: its type and fault; torch's messages go on with advice) and whether more
+    lines follow."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[0], len(lines) > 1) if lines else (text.strip(), False)
+
+
 def amp_label(config: dict) -> str:
     """``amp bf16``; for a user script ``amp: script's`` (it does its own autocast, or not:
     ddptui's AMP option only configures the built-in trainers, so "amp off" would be wrong

@@ -307,3 +307,22 @@ def test_a_run_with_steps_or_ranks_without_output_shows_no_log_lines(tmp_path):
         HeadlessConsole(out, tty=False).summary(session, 100.0)
         assert ("without a step" in out.getvalue()) is not stepped
         assert "last lines of" not in out.getvalue()
+
+
+def test_a_failed_rank_is_one_line_as_it_fails():
+    """torch.load's error is six lines (its advice after the fault): each failed rank printed
+    it whole, and the run's end again, burying the run's own lines. The fault's line, marked
+    when more follows; the whole message stays for the run's end and summary.json."""
+    out = io.StringIO()
+    console = HeadlessConsole(out, tty=False)
+    state = RunState("r", 2)
+    long = "UnpicklingError: Weights only load failed.\n\t(1) Re-run with weights_only=False\n\nCheck the documentation."
+    events = [
+        protocol.Status(run="r", rank=1, seq=0, t=0.0, state="failed", error=long),
+        protocol.Status(run="r", rank=0, seq=0, t=0.0, state="failed", error="KeyError: 'x'"),
+    ]
+    console.on_events(state, events, now=1.0)
+    assert out.getvalue().splitlines() == [
+        "rank 1 failed: UnpicklingError: Weights only load failed. …",
+        "rank 0 failed: KeyError: 'x'",
+    ]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddptui.constants import PHASES
-from ddptui.formatting import ranks_text
+from ddptui.formatting import error_head, ranks_text
 from ddptui.rank.frames import Frame, StackInfo, classify
 from ddptui.rank.heartbeat import BEAT_S
 from ddptui.rank.stacks import STEPS_THREAD_MARK, whole_dump
@@ -812,8 +812,7 @@ def _error_line(end: RankEnd) -> str:
     facebookresearch/vicreg "failed with the same error"), else its traceback's last line (the
     exception), else how it ended."""
     if end.error:
-        lines = [ln for ln in end.error.splitlines() if ln.strip()]
-        return lines[0].strip()[:300] if lines else end.error
+        return error_head(end.error)[0][:300] or end.error
     if end.traceback and end.traceback.strip():
         return end.traceback.strip().splitlines()[-1][:300]
     if end.signal:
