@@ -60,6 +60,7 @@ EPOCH_NAMES = frozenset(
     }
 )
 _MAX_SCRIPT_EPOCHS = 1_000_000
+_MAX_FLAG = 80
 
 
 def epochs_in_args(args: object) -> tuple[int, str] | None:
@@ -82,6 +83,8 @@ def epochs_in_args(args: object) -> tuple[int, str] | None:
             if not dashed or i + 1 >= len(items):
                 continue
             value = items[i + 1]
+        if len(flag) > _MAX_FLAG:
+            continue  # a Hydra path of any length is no name the console should repeat
         name = flag.lstrip("-+").rsplit(".", 1)[-1]
         if name not in EPOCH_NAMES or (not dashed and "." not in flag and flag != name):
             continue

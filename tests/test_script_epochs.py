@@ -40,6 +40,8 @@ from ddptui.runfiles import RunDir
         (["--", "--epochs", "3"], None),  # after a bare --: the script's positionals
         (["--start-epoch", "3", "--epoch", "4", "--warmup-epochs", "5"], None),
         (["--lr", "0.1"], None),
+        (["a" * 100 + ".epochs=3"], None),  # a name too long to repeat on the console
+        (["\x1b[31m.epochs=3"], (3, "\x1b[31m.epochs=")),  # the console escapes it
         ([], None),
     ],
 )
