@@ -321,6 +321,16 @@ def _announce_nodes(console: HeadlessConsole, cfg: RunConfig, session: RunSessio
         console.line(f"or, where this run directory is shared: {session.join_shared_line}")
 
 
+def epochs_line(state: RunState) -> str | None:
+    """Where ``epoch 1/3`` and its ETA come from when the script's own arguments said it
+    (``epochs: 3, as the script's --epochs 3 says …``); None otherwise."""
+    flag, epochs = state.epochs_flag, state.epochs
+    if not flag:
+        return None
+    said = f"{flag}{epochs}" if flag.endswith("=") else f"{flag} {epochs}"
+    return f"epochs: {epochs}, as the script's {said} says (ddptui --epochs N to differ)"
+
+
 def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
     """Run ``cfg`` to the end; the exit code of its outcome: 0 finished, 1 failed, 3 hung, 130
     after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP (``summary.json`` in the run directory
@@ -332,10 +342,9 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         f"ddptui run {cfg.run_id}: {cfg.target_label} x{cfg.world_size} "
         f"({cfg.launcher}, {cfg.backend}, {amp_label(cfg.to_json_dict())}) -> {session.run_dir}"
     )
-    flag, epochs = session.state.epochs_flag, session.state.epochs
-    if flag:  # where "epoch 1/3" and its ETA come from
-        said = f"{flag}{epochs}" if flag.endswith("=") else f"{flag} {epochs}"
-        console.line(f"epochs: {epochs}, as the script's {said} says (ddptui --epochs N to differ)")
+    said = epochs_line(session.state)
+    if said:
+        console.line(said)
     for warning in gpu_preflight(cfg):
         console.line(f"warning: {warning}")
     with signals_interrupt() as guard:

@@ -145,3 +145,28 @@ def test_a_replayed_scripts_run_has_its_epochs(tmp_path):
     _, state, _ = load_run(tmp_path)
     assert (state.epochs, state.epochs_flag) == (2, "--epochs")
     assert fmt_epoch(state, 1) == "2/2"
+
+
+def test_a_session_of_a_script_reads_its_epochs_and_the_console_names_them(tmp_path):
+    from ddptui.headless import epochs_line
+    from ddptui.run.config import build_config
+    from ddptui.run.machine import Machine
+    from ddptui.run.session import RunSession
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    raw = {
+        "run_dir": str(tmp_path / "run"),
+        "script": str(script),
+        "script_args": ("--data", "d", "--epochs", "3"),
+        "device": "cpu",
+    }
+    session = RunSession(build_config(raw, Machine(0, "none", 2)))
+    assert (session.state.epochs, session.state.epochs_flag) == (3, "--epochs")
+    assert (
+        epochs_line(session.state)
+        == "epochs: 3, as the script's --epochs 3 says (ddptui --epochs N to differ)"
+    )
+    session = RunSession(build_config({**raw, "epochs": "5"}, Machine(0, "none", 2)))
+    assert (session.state.epochs, session.state.epochs_flag) == (5, None)
+    assert epochs_line(session.state) is None
