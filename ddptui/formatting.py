@@ -118,9 +118,10 @@ def fmt_per_s(rate: float | None) -> str:
     return f"{rate:.1f}" if abs(rate) >= 0.995 else f"{rate:.2f}"
 
 
-def fmt_rate(samples_per_s: float, counted: bool) -> str:
+def fmt_rate(samples_per_s: float | None, counted: bool) -> str:
     """``1,234 samples/s``; ``-- samples/s`` when no rank has counted a sample (a script that
-    logs steps without ``samples=``, a model fed without a DataLoader or DDP): not a rate of 0."""
+    logs steps without ``samples=``, a model fed without a DataLoader or DDP), or no rate is
+    known yet (None): not a rate of 0."""
     return f"{fmt_per_s(samples_per_s)} samples/s" if counted else "-- samples/s"
 
 

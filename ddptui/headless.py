@@ -95,7 +95,7 @@ def progress_line(state: RunState, now: float) -> str:
     parts = [
         f"[{fmt_duration(state.elapsed(now)):>6}]",
         f"epoch {fmt_epoch(state, state.current_epoch)}",
-        fmt_rate(state.global_samples_per_s(now), state.samples_counted),
+        fmt_rate(state.live_samples_per_s(now), state.samples_counted),
         f"loss {fmt_num(state.mean_loss)}",
         fmt_eval(last),
         f"ETA {fmt_eta(state, now)}",

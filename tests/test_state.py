@@ -840,3 +840,19 @@ def test_a_slow_rate_keeps_its_digits(rate, shown):
     from ddptui.formatting import fmt_per_s
 
     assert fmt_per_s(rate) == shown
+
+
+def test_no_rate_is_shown_before_a_rank_has_one():
+    """A rank's first step says no rate (one step, no interval): barlowtwins' 9 s steps read
+    "0.00 samples/s" until the second; a rate of 0 is a rank that keeps up nothing."""
+    s = RunState("r", 2)
+    for rank in (0, 1):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        s.apply(step(rank, 1, 1, 9.0, samples=4, step_time=9.0, sps=None), now=9.0)
+    assert s.live_samples_per_s(9.5) is None
+    assert "-- samples/s" in progress_line(s, 9.5)
+    assert "-- samples/s" in run_frame(s, 9.5).summary
+    s.apply(step(0, 2, 2, 18.0, samples=4, step_time=9.0, sps=0.44), now=18.0)
+    assert s.live_samples_per_s(18.5) == pytest.approx(0.44)
+    assert "0.44 samples/s" in progress_line(s, 18.5)
+    assert "0.44 samples/s" in run_frame(s, 18.5).summary

@@ -884,6 +884,16 @@ class RunState:
             return "running"
         return "starting"
 
+    def live_samples_per_s(self, now: float) -> float | None:
+        """:meth:`global_samples_per_s` at ``now``, or None while no live rank has a rate (a
+        rank's first step gives none: "0 samples/s" while each step of barlowtwins' took 9 s)."""
+        rates = [
+            rate
+            for v in self.ranks.values()
+            if v.state == "started" and (rate := v.rate_at(now)) is not None
+        ]
+        return sum(rates) if rates else None
+
     def global_samples_per_s(self, now: float | None = None) -> float:
         """Sum of each live rank's throughput at ``now`` (see :meth:`RankView.rate_at`; None:
         their latest rates)."""

@@ -181,7 +181,8 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     seen_at = state.finished_at if state.outcome and state.finished_at else now
     rows = []
     devices = {}
-    live_rate = 0.0  # the live ranks' rates summed: RunState.global_samples_per_s at ``now``
+    # the live ranks' rates summed: RunState.live_samples_per_s at ``now`` (None: none rated)
+    live_rate: float | None = None
     for rank, view in sorted(state.ranks.items()):
         problem = problems.get(rank)
         if view.state == "failed":
@@ -193,8 +194,8 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         shown_state = view.activity
         # Live: what the rank keeps up at present (a pause decays it); ended: its mean rate.
         rate = state.rank_rate_over_run(view) if state.outcome else view.rate_at(now)
-        if view.state == "started" and rate:
-            live_rate += rate
+        if view.state == "started" and rate is not None:
+            live_rate = (live_rate or 0.0) + rate
         recent_step = view.recent_step_time()
         rows.append(
             RankRow(
