@@ -316,7 +316,10 @@ def test_a_failed_rank_is_one_line_as_it_fails():
     out = io.StringIO()
     console = HeadlessConsole(out, tty=False)
     state = RunState("r", 2)
-    long = "UnpicklingError: Weights only load failed.\n\t(1) Re-run with weights_only=False\n\nCheck the documentation."
+    long = (
+        "UnpicklingError: Weights only load failed.\n"
+        "\t(1) Re-run with weights_only=False\n\nCheck the documentation."
+    )
     events = [
         protocol.Status(run="r", rank=1, seq=0, t=0.0, state="failed", error=long),
         protocol.Status(run="r", rank=0, seq=0, t=0.0, state="failed", error="KeyError: 'x'"),
