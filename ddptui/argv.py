@@ -86,7 +86,7 @@ def epochs_in_args(args: object) -> tuple[int, str] | None:
         if len(flag) > _MAX_FLAG:
             continue  # a Hydra path of any length is no name the console should repeat
         name = flag.lstrip("-+").rsplit(".", 1)[-1]
-        if name not in EPOCH_NAMES or (not dashed and "." not in flag and flag != name):
+        if name not in EPOCH_NAMES or (not dashed and "." not in flag and flag.lstrip("+") != name):
             continue
         text = value.strip()
         if not (0 < len(text) <= 8 and text.isascii() and text.isdigit()):

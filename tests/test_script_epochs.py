@@ -27,6 +27,9 @@ from ddptui.runfiles import RunDir
         (["--trainer.max_epochs", "8"], (8, "--trainer.max_epochs")),
         (["trainer.max_epochs=9"], (9, "trainer.max_epochs=")),
         (["epochs=10"], (10, "epochs=")),
+        (["+epochs=12", "++trainer.max_epochs=13"], (13, "++trainer.max_epochs=")),  # Hydra's
+        (["+epochs=12"], (12, "+epochs=")),
+        (["xepochs=3", "-=3", "=3"], None),
         (["--epochs", "3", "--epochs", "11"], (11, "--epochs")),  # argparse keeps the last
         (["--num_train_epochs", "2.5"], None),  # no whole number of epochs
         (["--epochs", "0"], None),
