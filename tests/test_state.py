@@ -856,3 +856,13 @@ def test_no_rate_is_shown_before_a_rank_has_one():
     assert s.live_samples_per_s(18.5) == pytest.approx(0.44)
     assert "0.44 samples/s" in progress_line(s, 18.5)
     assert "0.44 samples/s" in run_frame(s, 18.5).summary
+
+
+def test_a_long_step_reads_in_seconds():
+    """vicreg's 9.2 s steps on 2 CPU cores read ``9,230.4 ms`` in the rank rows."""
+    s = RunState("r", 2)
+    for rank, step_time in ((0, 9.2304), (1, 0.1234)):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        for i in (1, 2):
+            s.apply(step(rank, i, i, 10.0 * i, step_time=step_time), now=10.0 * i)
+    assert [r.step_time for r in run_frame(s, 21.0).rows] == ["9.23 s", "123.4 ms"]
