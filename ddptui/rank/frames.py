@@ -90,7 +90,8 @@ DDP_PURPOSES = {
     "_sync_params_and_buffers": "DDP setup",
     "_verify_param_shape_across_processes": "DDP setup",
 }
-_DDP_FILE = "torch/nn/parallel/distributed.py"
+#: The file of DDP's Python code (its frames, on a stack or in a trace).
+DDP_FILE = "torch/nn/parallel/distributed.py"
 #: Code a collective's call passes through between its Python function and the wait (the
 #: dispatcher of torch's functional collectives): skipped, as if not there.
 _PASS_THROUGH = ("/torch/_ops.py",)
@@ -106,7 +107,7 @@ def _collective(frame: Frame, path: str, ddp: bool = True) -> str | None:
         return None
     if "/torch/distributed/" in path:
         return frame.func
-    if path.endswith(_DDP_FILE):
+    if path.endswith(DDP_FILE):
         return None if frame.func in _DDP_PLUMBING else f"DDP {frame.func}"
     if "/torch/autograd/" in path and frame.func in ("_engine_run_backward", "backward"):
         return "DDP gradient all-reduce, in backward" if ddp else None
@@ -160,9 +161,9 @@ def classify(frames: list[Frame] | tuple[Frame, ...], ddp: bool = True) -> Stack
         path = frame.file.replace("\\", "/")
         collective = _collective(frame, path, ddp)
         if collective is not None:
-            if path.endswith(_DDP_FILE):  # ``DDP buffers broadcast``, not its helper's name
+            if path.endswith(DDP_FILE):  # ``DDP buffers broadcast``, not its helper's name
                 ddp_funcs = (
-                    f.func for f in inner[i:] if f.file.replace("\\", "/").endswith(_DDP_FILE)
+                    f.func for f in inner[i:] if f.file.replace("\\", "/").endswith(DDP_FILE)
                 )
                 purpose = ddp_purpose(ddp_funcs)
                 collective = f"{purpose} broadcast" if purpose else collective

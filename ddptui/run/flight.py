@@ -36,7 +36,7 @@ from typing import Any
 
 from ddptui.formatting import ranks_text
 from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path
-from ddptui.rank.frames import ddp_purpose, is_library, traceback_files
+from ddptui.rank.frames import DDP_FILE, ddp_purpose, is_library, traceback_files
 from ddptui.run.collector import listening, stale_private_dirs
 from ddptui.runfiles import trace_name
 
@@ -431,7 +431,7 @@ def _ddp_part(frames: list[dict]) -> str | None:
     ddp = False
     for f in frames:
         path = f["filename"].replace("\\", "/")
-        if path.endswith("torch/nn/parallel/distributed.py"):
+        if path.endswith(DDP_FILE):
             part = ddp_purpose([f["name"]])
             if part:
                 return part
