@@ -895,7 +895,7 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
             ],
             False,
             None,
-            "main (train.py:80)",
+            "import torch (train.py:80)",
         ),
         (
             # a helper torch.distributed runs while one of its modules is imported (seen in a
@@ -909,7 +909,7 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
             ],
             False,
             None,
-            "main (train.py:80)",
+            "import torch (train.py:80)",
         ),
         (
             # a checkpoint written by torch.distributed.checkpoint: the writing is innermost
@@ -928,6 +928,57 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
 def test_classify_stack(frames, in_collective, collective, where):
     info = classify_stack(dump(frames))
     assert (info.in_collective, info.collective, info.where) == (in_collective, collective, where)
+
+
+_IMPORT = ("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed")
+
+
+@pytest.mark.parametrize(
+    "module_file, user, where",
+    [
+        # swav's logger.py importing pandas: read at a rank's start for five seconds as
+        # ``<module> (__init__.py:15)``
+        ("/venv/lib/python3.11/site-packages/pandas/__init__.py", True, "import pandas"),
+        # the same, seen deeper: pandas importing its own modules (the outermost is named)
+        ("/venv/lib/python3.11/site-packages/pandas/core/frame.py", True, "import pandas"),
+        ("/usr/lib/python3/dist-packages/yaml/__init__.py", True, "import yaml"),
+        ("/usr/lib/python3.11/json/decoder.py", True, "import json"),
+        ("C:\\Python311\\Lib\\site-packages\\numpy\\__init__.py", True, "import numpy"),
+        ("/venv/lib/python3.11/site-packages/six.py", True, "import six"),
+        # before the script's first line (ddptui's entry importing torch): no place
+        (f"{TORCH}/__init__.py", False, "import torch"),
+        # torch from a source checkout, outside any packages folder
+        ("/home/me/pytorch/torch/__init__.py", False, "import torch"),
+    ],
+)
+def test_a_rank_importing_names_the_module(module_file, user, where):
+    from ddptui.rank.frames import Frame, classify, imported
+
+    below = [Frame(*f) for f in BOTTOM] if user else [Frame("/usr/lib/python3.11/runpy.py", 88, "_run_code")]
+    importing = [Frame(f"{TORCH}/_utils.py", 9, "helper"), Frame(module_file, 5, "<module>")]
+    if module_file.endswith("/core/frame.py"):  # beneath the package's own __init__.py
+        package = module_file.replace("core/frame.py", "__init__.py")
+        importing += [Frame(*_IMPORT), Frame(package, 3, "<module>")]
+    frames = [*importing, Frame(*_IMPORT), *below]
+    info = classify(frames)
+    assert not info.in_collective
+    assert info.where == (f"{where} (train.py:80)" if user else where)
+    assert imported(frames[: len(frames) - len(below)]) == where.removeprefix("import ")
+
+
+def test_an_import_not_yet_in_a_module_keeps_the_frame():
+    """Importlib searching the path (a slow filesystem), no module's code run yet: the
+    script's frame, as before."""
+    from ddptui.rank.frames import Frame, classify, imported
+
+    frames = [
+        Frame("<frozen importlib._bootstrap_external>", 1500, "find_spec"),
+        Frame(*_IMPORT),
+        *(Frame(*f) for f in BOTTOM),
+    ]
+    assert imported(frames[:2]) is None
+    assert classify(frames).where == "main (train.py:80)"
+    assert imported([Frame(*f) for f in BOTTOM]) is None
 
 
 def test_a_backward_waits_in_the_gradient_all_reduce_only_where_a_ddp_module_is():

@@ -17,8 +17,12 @@ class Frame(NamedTuple):
     func: str
 
     @property
+    def place(self) -> str:
+        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
+
+    @property
     def short(self) -> str:
-        return f"{self.func} ({self.file.rsplit('/', 1)[-1]}:{self.line})"
+        return f"{self.func} ({self.place})"
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,44 @@ def traceback_files(text: str) -> list[str]:
     return [name.replace("\\", "/") for name in _TRACEBACK_FILE.findall(text)]
 
 
+#: Where an installed module's path begins: after the last of these parts (the standard
+#: library's ``lib/pythonX.Y/``, the packages' folders inside it or elsewhere).
+_INSTALLED = re.compile(r"/lib/python3[^/]*/")
+_PACKAGES = ("/site-packages/", "/dist-packages/")
+
+
+def imported(frames: list[Frame] | tuple[Frame, ...]) -> str | None:
+    """The top-level module a thread is importing (frames innermost first, up to the code
+    that imports), or None: not importing, or not yet in a module's code (a slow
+    filesystem searched). The outermost module run by the outermost import: a rank is seen
+    in ``__init__.py`` of some package of ``torch`` or ``pandas`` for seconds at its start,
+    and ``<module> (__init__.py:15)`` named neither."""
+    imports = [i for i, f in enumerate(frames) if f.file.startswith(_IMPORTING)]
+    if not imports:
+        return None
+    module = next(
+        (
+            f
+            for f in reversed(frames[: imports[-1]])
+            if f.func == "<module>" and not f.file.startswith("<")
+        ),
+        None,
+    )
+    if module is None:
+        return None
+    path = module.file.replace("\\", "/")
+    starts = [m.end() for m in _INSTALLED.finditer(path)] + [
+        path.rfind(part) + len(part) for part in _PACKAGES if part in path
+    ]
+    # elsewhere (a source checkout of torch): the module's own name, its package's for a
+    # package's ``__init__.py``
+    rest = path[max(starts) :] if starts else "/".join(path.rsplit("/", 2)[-2:])
+    if not starts and not rest.endswith("/__init__.py"):
+        rest = rest.rsplit("/", 1)[-1]
+    top = rest.split("/", 1)[0]
+    return top[: -len(".py")] if top.endswith(".py") else top
+
+
 def ddp_purpose(funcs: Iterable[str]) -> str | None:
     """What a collective issued by DDP itself is for (:data:`DDP_PURPOSES`), from the names
     of the functions on its stack, innermost first; None: none of those."""
@@ -155,8 +197,11 @@ def classify(frames: list[Frame] | tuple[Frame, ...], ddp: bool = True) -> Stack
     shown = user or next((f for f in frames if not f.file.startswith("<")), frames[0])
     where = shown.short
     inner = frames[: frames.index(user)] if user is not None else frames
-    if any(f.file.startswith(_IMPORTING) for f in inner):
-        return StackInfo(False, None, where, tuple(frames))  # a module being imported
+    if any(f.file.startswith(_IMPORTING) for f in inner):  # a module being imported
+        module = imported(inner)
+        if module is not None:
+            where = f"import {module}" + (f" ({user.place})" if user else "")
+        return StackInfo(False, None, where, tuple(frames))
     for i, frame in enumerate(inner):
         path = frame.file.replace("\\", "/")
         collective = _collective(frame, path, ddp)
