@@ -954,7 +954,11 @@ _IMPORT = ("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed")
 def test_a_rank_importing_names_the_module(module_file, user, where):
     from ddptui.rank.frames import Frame, classify, imported
 
-    below = [Frame(*f) for f in BOTTOM] if user else [Frame("/usr/lib/python3.11/runpy.py", 88, "_run_code")]
+    below = (
+        [Frame(*f) for f in BOTTOM]
+        if user
+        else [Frame("/usr/lib/python3.11/runpy.py", 88, "_run_code")]
+    )
     importing = [Frame(f"{TORCH}/_utils.py", 9, "helper"), Frame(module_file, 5, "<module>")]
     if module_file.endswith("/core/frame.py"):  # beneath the package's own __init__.py
         package = module_file.replace("core/frame.py", "__init__.py")

@@ -4,7 +4,7 @@ import msgspec
 import pytest
 
 from ddptui import protocol
-from ddptui.formatting import fmt_eta
+from ddptui.formatting import fmt_eta, fmt_per_s
 from ddptui.headless import progress_line
 from ddptui.run.state import _RATE_RESUM, RankFailureInfo, RunState
 from ddptui.tui.model import run_frame
@@ -837,9 +837,33 @@ def test_a_loader_steps_note_out_of_bounds_is_refused(steps):
 def test_a_slow_rate_keeps_its_digits(rate, shown):
     """facebookresearch/vicreg on 2 CPU cores: 4 samples a step of 9.2 s, and its rank rows
     read ``0`` samples/s, the header ``1``."""
-    from ddptui.formatting import fmt_per_s
 
     assert fmt_per_s(rate) == shown
+
+
+def test_ranks_that_said_they_finished_read_the_runs_rate_until_the_run_ends():
+    """swav, 2 ranks: the console's last line, after both ranks said "finished" and before
+    the launcher's word, read ``-- samples/s``; the run's rate over its steps is what the
+    summary line then prints."""
+    s = RunState("r", 2)
+    for rank in (0, 1):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        for i in (1, 2, 3):
+            s.apply(step(rank, i, i, 2.0 * i, samples=4, step_time=2.0, sps=2.0), now=2.0 * i)
+    assert s.live_samples_per_s(6.5) == pytest.approx(4.0)
+    s.apply(ev(protocol.Status, 0, 9, 6.6, state="finished"), now=6.6)
+    assert s.live_samples_per_s(6.7) == pytest.approx(2.0)  # rank 1 still steps
+    s.apply(ev(protocol.Status, 1, 9, 6.8, state="finished"), now=6.8)
+    over_run = s.final_samples_per_s()
+    assert over_run > 0
+    assert s.live_samples_per_s(7.0) == pytest.approx(over_run)
+    assert f"{fmt_per_s(over_run)} samples/s" in progress_line(s, 7.0)
+    assert f"{fmt_per_s(over_run)} samples/s" in run_frame(s, 7.0).summary
+    # a run whose ranks finished without counting a sample says no rate
+    quiet = RunState("q", 1)
+    quiet.apply(ev(protocol.Status, 0, 0, 0.0, state="started"), now=0.0)
+    quiet.apply(ev(protocol.Status, 0, 1, 1.0, state="finished"), now=1.0)
+    assert quiet.live_samples_per_s(1.5) is None
 
 
 def test_no_rate_is_shown_before_a_rank_has_one():

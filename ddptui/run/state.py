@@ -886,13 +886,21 @@ class RunState:
 
     def live_samples_per_s(self, now: float) -> float | None:
         """:meth:`global_samples_per_s` at ``now``, or None while no live rank has a rate (a
-        rank's first step gives none: "0 samples/s" while each step of barlowtwins' took 9 s)."""
+        rank's first step gives none: "0 samples/s" while each step of barlowtwins' took 9 s).
+        Once every rank has said it finished, before the launcher says the run ended: the
+        run's rate over its steps (:meth:`final_samples_per_s`), which the summary line then
+        prints; swav's last console line read ``-- samples/s`` there, in every run."""
         rates = [
             rate
             for v in self.ranks.values()
             if v.state == "started" and (rate := v.rate_at(now)) is not None
         ]
-        return sum(rates) if rates else None
+        if rates:
+            return sum(rates)
+        views = self.ranks.values()
+        if views and self.samples_counted and all(v.state == "finished" for v in views):
+            return self.final_samples_per_s() or None
+        return None
 
     def global_samples_per_s(self, now: float | None = None) -> float:
         """Sum of each live rank's throughput at ``now`` (see :meth:`RankView.rate_at`; None:

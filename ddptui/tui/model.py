@@ -181,8 +181,6 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     seen_at = state.finished_at if state.outcome and state.finished_at else now
     rows = []
     devices = {}
-    # the live ranks' rates summed: RunState.live_samples_per_s at ``now`` (None: none rated)
-    live_rate: float | None = None
     for rank, view in sorted(state.ranks.items()):
         problem = problems.get(rank)
         if view.state == "failed":
@@ -194,8 +192,6 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         shown_state = view.activity
         # Live: what the rank keeps up at present (a pause decays it); ended: its mean rate.
         rate = state.rank_rate_over_run(view) if state.outcome else view.rate_at(now)
-        if view.state == "started" and rate is not None:
-            live_rate = (live_rate or 0.0) + rate
         recent_step = view.recent_step_time()
         rows.append(
             RankRow(
@@ -228,7 +224,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
     counted = state.samples_counted
     mean = state.final_samples_per_s() if state.outcome is not None else 0.0
     rate = (
-        fmt_rate(live_rate, counted)
+        fmt_rate(state.live_samples_per_s(now), counted)
         if state.outcome is None
         else f"{fmt_rate(mean, counted)} over the run"
         + (fmt_first_step(mean, state.rate_after_first_step()) if counted else "")
