@@ -895,7 +895,7 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
             ],
             False,
             None,
-            "import torch (train.py:80)",
+            "import torch.distributed.fsdp (train.py:80)",
         ),
         (
             # a helper torch.distributed runs while one of its modules is imported (seen in a
@@ -909,7 +909,7 @@ BOTTOM = [(SCRIPT, 80, "main"), (SCRIPT, 90, "<module>")]
             ],
             False,
             None,
-            "import torch (train.py:80)",
+            "import torch.distributed.tensor._ops._pointwise_ops (train.py:80)",
         ),
         (
             # a checkpoint written by torch.distributed.checkpoint: the writing is innermost
@@ -942,13 +942,16 @@ _IMPORT = ("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed")
         # the same, seen deeper: pandas importing its own modules (the outermost is named)
         ("/venv/lib/python3.11/site-packages/pandas/core/frame.py", True, "import pandas"),
         ("/usr/lib/python3/dist-packages/yaml/__init__.py", True, "import yaml"),
-        ("/usr/lib/python3.11/json/decoder.py", True, "import json"),
+        ("/usr/lib/python3.11/json/decoder.py", True, "import json.decoder"),
+        # a module of a package loaded long before (accelerate's init_trackers): its name
+        (f"{TORCH}/utils/tensorboard/__init__.py", True, "import torch.utils.tensorboard"),
         ("C:\\Python311\\Lib\\site-packages\\numpy\\__init__.py", True, "import numpy"),
         ("/venv/lib/python3.11/site-packages/six.py", True, "import six"),
         # before the script's first line (ddptui's entry importing torch): no place
         (f"{TORCH}/__init__.py", False, "import torch"),
         # torch from a source checkout, outside any packages folder
         ("/home/me/pytorch/torch/__init__.py", False, "import torch"),
+        ("/home/me/pytorch/torch/hub.py", False, "import hub"),
     ],
 )
 def test_a_rank_importing_names_the_module(module_file, user, where):

@@ -30,6 +30,35 @@ def test_the_main_frame_and_digest_follow_the_main_thread():
     assert heartbeat.digest(frames) != heartbeat.digest(frames[1:])
 
 
+def test_a_deep_stack_keeps_its_outermost_frames():
+    """Importing timm goes 274 frames deep: a beat that kept the innermost 200 had lost the
+    script's line, and a rank read ``import torchvision`` where its script imported timm."""
+    ready, done = threading.Event(), threading.Event()
+
+    def nested(depth):
+        if depth:
+            return nested(depth - 1)
+        ready.set()
+        done.wait(10)
+
+    def script_line():
+        nested(300)
+
+    thread = threading.Thread(target=script_line)
+    thread.start()
+    try:
+        assert ready.wait(10)
+        frames = heartbeat.main_frames(thread.ident)
+    finally:
+        done.set()
+        thread.join(10)
+    funcs = [f.func for f in frames]
+    assert len(frames) == heartbeat.MAX_FRAMES
+    assert funcs[0] == "wait"  # the innermost...
+    assert funcs[-1] == "_bootstrap" and "script_line" in funcs[-heartbeat.OUTER_FRAMES :]
+    assert 0 < funcs.count("nested") < 301  # the middle of the recursion left out
+
+
 def test_a_beat_samples_the_thread_that_trains(monkeypatch):
     """Steps that come from another thread than the main one (a loop in a thread the main
     thread joins, an RPC thread): the beat's frame is that thread's, while it lives; the

@@ -3044,3 +3044,66 @@ def test_a_failure_in_the_drainer_thread_turns_the_hooks_off_and_says_so(inst, c
     assert "instrumentation off after an internal error: RuntimeError: reporter broke" in (
         capsys.readouterr().err
     )
+
+
+class Accelerator:
+    """HF accelerate's Accelerator, as far as its logging goes: ``log`` hands the values to
+    the trackers on the main process only (``on_main_process``: a no-op elsewhere), but the
+    script calls it on every rank."""
+
+    def __init__(self):
+        self.logged = []
+
+    def log(self, values, step=None, log_kwargs=None):
+        self.logged.append(values)
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_accelerates_logged_accuracy_after_an_evaluation_is_the_evaluation(
+    inst, monkeypatch, explicit
+):
+    """accelerate's complete_cv_example logs ``{"accuracy", "train_loss", "epoch"}`` after
+    each evaluation pass: the run said the script reports no evaluation. A plain ``loss``
+    logged each step (accelerate's nd_parallel example) is the training's, not an
+    evaluation; a ``train_loss`` is never the evaluation's loss nor one of its extras."""
+    fake_module(monkeypatch, "accelerate.data_loader", DataLoaderShard=DataLoaderShard)
+    fake_module(monkeypatch, "accelerate.accelerator", Accelerator=Accelerator)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))  # made by prepare: the frameworks attach
+    opt = timed_sgd(model.parameters(), clock)
+    accelerator = Accelerator()
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler.set_epoch(1)
+    if explicit:
+        ddptui.log_eval(accuracy=0.5)
+    for epoch_end in range(2):
+        train_step(model, opt, clock)
+        accelerator.log({"loss": 0.9, "lr": 0.1})  # a training step's: no evaluation
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(3, 4))
+        model.train()
+        accelerator.log({"train_loss": 0.8}, step=3)  # after it, but the training's
+        accelerator.log(
+            {"accuracy": 58.33 + epoch_end, "train_loss": torch.tensor(0.7), "f1": 0.4, "epoch": 1}
+        )
+        accelerator.log({"accuracy": 1.0})  # again: once per pass
+    # an evaluation's loss, by its name, without an accuracy
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(3, 4))
+    model.train()
+    accelerator.log({"val_loss": 2.5, "valid_loss_aux": 3.0, "loss": 0.1})
+    inst.flush()
+    assert len(accelerator.logged) == 9  # every call reached accelerate
+    if explicit:
+        assert inst.fake.evals == [{"accuracy": 0.5}]
+        return
+    assert inst.fake.evals == [
+        {"epoch": 1, "loss": None, "accuracy": 58.33, "f1": 0.4},
+        {"epoch": 1, "loss": None, "accuracy": 59.33, "f1": 0.4},
+        # its plain ``loss`` (training's) is no extra: a name of log_eval's own
+        {"epoch": 1, "loss": 2.5, "accuracy": None, "valid_loss_aux": 3.0},
+    ]
+    instrument.uninstall()
+    assert "__wrapped__" not in Accelerator.log.__dict__  # put back

@@ -136,11 +136,12 @@ _PACKAGES = ("/site-packages/", "/dist-packages/")
 
 
 def imported(frames: list[Frame] | tuple[Frame, ...]) -> str | None:
-    """The top-level module a thread is importing (frames innermost first, up to the code
-    that imports), or None: not importing, or not yet in a module's code (a slow
-    filesystem searched). The outermost module run by the outermost import: a rank is seen
-    in ``__init__.py`` of some package of ``torch`` or ``pandas`` for seconds at its start,
-    and ``<module> (__init__.py:15)`` named neither."""
+    """The module a thread is importing (frames innermost first, up to the code that
+    imports), or None: not importing, or not yet in a module's code (a slow filesystem
+    searched). The outermost module run by the outermost import, by its dotted name
+    (``pandas``; ``torch.utils.tensorboard`` imported late, once torch is loaded): a rank is
+    seen in ``__init__.py`` of some package of ``torch`` or ``pandas`` for seconds at its
+    start, and ``<module> (__init__.py:15)`` named neither."""
     imports = [i for i, f in enumerate(frames) if f.file.startswith(_IMPORTING)]
     if not imports:
         return None
@@ -163,8 +164,8 @@ def imported(frames: list[Frame] | tuple[Frame, ...]) -> str | None:
     rest = path[max(starts) :] if starts else "/".join(path.rsplit("/", 2)[-2:])
     if not starts and not rest.endswith("/__init__.py"):
         rest = rest.rsplit("/", 1)[-1]
-    top = rest.split("/", 1)[0]
-    return top[: -len(".py")] if top.endswith(".py") else top
+    rest = rest.removesuffix(".py").removesuffix("/__init__")
+    return rest.replace("/", ".") or None
 
 
 def ddp_purpose(funcs: Iterable[str]) -> str | None:

@@ -29,8 +29,13 @@ from ddptui.rank.frames import Frame, classify
 BEAT_S = 1.0
 #: The first beat comes this soon after the start (the rank's frame shows at once).
 FIRST_BEAT_S = 0.5
-#: Most frames of the main thread looked at (innermost first).
+#: Most frames of the main thread kept: the innermost, and the outermost :data:`OUTER_FRAMES`
+#: of a deeper stack (the script's own frames are there: importing timm goes 274 frames deep,
+#: and a beat that kept the innermost 200 read ``import torchvision``, not the script's line).
 MAX_FRAMES = 200
+OUTER_FRAMES = 24
+#: Most frames walked (Python's own recursion limit is 1,000 by default).
+WALK_FRAMES = 100_000
 
 _collectives: Callable[[], list[dict[str, Any]]] | None = None
 #: See :func:`quiet_when`.
@@ -78,12 +83,13 @@ def main_frames(main_ident: int | None = None) -> list[Frame]:
     """The main thread's frames, innermost first (empty when it has none)."""
     ident = threading.main_thread().ident if main_ident is None else main_ident
     frame = sys._current_frames().get(ident)  # noqa: SLF001 - the documented way to sample
-    frames: list[Frame] = []
-    while frame is not None and len(frames) < MAX_FRAMES:
-        code = frame.f_code
-        frames.append(Frame(code.co_filename, frame.f_lineno or 0, code.co_name))
+    chain = []
+    while frame is not None and len(chain) < WALK_FRAMES:
+        chain.append(frame)
         frame = frame.f_back
-    return frames
+    if len(chain) > MAX_FRAMES:
+        chain = chain[: MAX_FRAMES - OUTER_FRAMES] + chain[-OUTER_FRAMES:]
+    return [Frame(f.f_code.co_filename, f.f_lineno or 0, f.f_code.co_name) for f in chain]
 
 
 #: Bytes this process has read from ``/proc`` to take its own CPU and I/O counts: taken off

@@ -1281,6 +1281,53 @@ class Instrument:
                     cls,
                     __iter__=self._passes_noted(cls.__dict__["__iter__"]),
                 )
+        # ``Accelerator.log(values)``: what the script hands its trackers (accelerate's
+        # complete_cv_example: ``{"accuracy": …, "train_loss": …, "epoch": …}`` after each
+        # evaluation). Called on every rank (only the main one's body runs: on_main_process).
+        found = _own_methods(sys.modules.get("accelerate.accelerator"), "Accelerator", "log")
+        if found is None:
+            return
+        cls, (original,) = found
+        inst = self
+
+        @functools.wraps(original)
+        def log(accelerator: Any, /, *args: Any, **kwargs: Any) -> Any:
+            inst._accelerate_logged(args[0] if args else kwargs.get("values"))
+            return original(accelerator, *args, **kwargs)
+
+        self._follow("accelerate's logged evaluations", cls, log=log)
+
+    def _accelerate_logged(self, values: Any) -> None:
+        """The script gave ``Accelerator.log`` these ``values``. After an evaluation pass (a
+        DDP module's forwards not training) and before the next training forward, an
+        accuracy among them (:data:`ACCURACY_WORDS`) or a loss named as an evaluation's
+        (``val_loss``, ``eval_loss``: a plain ``loss`` is the training's, logged each step
+        by accelerate's examples) is that evaluation, of the epoch training is in, with the
+        other numbers as its extras; numbers named for training (``train_loss``) are left
+        out. Once per pass; never once the script reports its own evaluations."""
+        if self.disabled or self.explicit_eval or not self._evaluated:
+            return
+        if not isinstance(values, dict):
+            return
+        try:
+            tensor = self.torch.Tensor
+            numbers = {
+                str(k): v
+                for k, v in values.items()
+                if _logged_scalar(v, tensor) and not _words(k) & TRAINING_WORDS
+            }
+            accuracy_name = _metric_named(numbers, ACCURACY_WORDS)
+            loss_name = _metric_named(
+                (k for k in numbers if _words(k) & EVALUATION_WORDS), LOSS_WORDS
+            )
+            if loss_name is None and accuracy_name is None:
+                return
+            self._evaluated = False
+            loss = numbers.pop(loss_name) if loss_name is not None else None
+            accuracy = numbers.pop(accuracy_name) if accuracy_name is not None else None
+            self._framework_eval(loss, accuracy, numbers)
+        except Exception as exc:
+            self._fail(exc)
 
     def _attach_transformers(self) -> None:
         """The HF Trainer's evaluations: ``Trainer.evaluate`` returns what it logs, gathered
@@ -3172,6 +3219,21 @@ LOSS_WORDS = frozenset({"loss"})
 ACCURACY_WORDS = frozenset({"acc", "accuracy", "acc1", "top1"})
 
 
+#: Words that name a logged number as training's (``train_loss``), and as an evaluation's.
+TRAINING_WORDS = frozenset({"train", "training"})
+EVALUATION_WORDS = frozenset({"eval", "evaluation", "val", "valid", "validation", "test"})
+
+
+def _words(name: Any) -> set[str]:
+    """A logged number's name in words: split at whatever is not a letter or a digit."""
+    return set(_name_parts(name))
+
+
+def _name_parts(name: Any) -> list[str]:
+    """A logged number's name in words, in order (see :func:`_words`)."""
+    return [p for p in re.split(r"[^0-9a-z]+", str(name).lower()) if p]
+
+
 def _metric_named(names: Iterable[Any], words: frozenset[str]) -> Any:
     """The name among ``names`` that says it is a loss (or an accuracy): one of its words
     (split at whatever is not a letter or a digit, a trailing ``epoch`` left out:
@@ -3179,7 +3241,7 @@ def _metric_named(names: Iterable[Any], words: frozenset[str]) -> Any:
     (``val_loss`` before ``val_recon_loss``), then the first; None when none is."""
     best: tuple[int, Any] | None = None
     for name in names:
-        parts = [p for p in re.split(r"[^0-9a-z]+", str(name).lower()) if p]
+        parts = _name_parts(name)
         if parts and parts[-1] == "epoch":
             parts.pop()
         if words.intersection(parts) and (best is None or len(parts) < best[0]):
