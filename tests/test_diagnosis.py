@@ -1328,6 +1328,7 @@ def test_the_same_error_raised_by_two_ranks_is_two_failures_not_a_consequence():
     assert first.detail == f"ranks 0 and 1 failed with the same error: {boom}"
     assert (second.rank, second.cause) == (1, "crash")
     assert "not a consequence" in second.detail and "consequence of" not in second.detail
+    assert boom not in second.detail  # named once, in the first line
 
 
 def test_an_error_is_named_by_its_first_line_not_the_advice_after_it():

@@ -926,9 +926,11 @@ def diagnose_crash(
         )
     out = [first]
     for end in own:
+        # the same error: named once, in the line above (DeiT's ImportError, two ranks, had
+        # its 150 characters printed twice)
         detail = (
             f"rank {end.rank} failed in its own code with the same error as rank {cause.rank} "
-            f"(not a consequence): {line}"
+            "(not a consequence)"
             if end in same
             else f"rank {end.rank} also failed on its own (not a consequence): {_error_line(end)}"
         )
