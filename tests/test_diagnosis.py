@@ -1331,6 +1331,32 @@ def test_the_same_error_raised_by_two_ranks_is_two_failures_not_a_consequence():
     assert boom not in second.detail  # named once, in the first line
 
 
+@pytest.mark.parametrize(
+    "error, consequence",
+    [
+        # DeiT under timm 1.0, both ranks: read as a lost peer's ("TypePeer"), so that
+        # rank 1's was "a consequence of rank 0's failure" and rank 0's "no other cause seen"
+        ("TypeError: VisionTransformer.__init__() got an unexpected keyword argument 'x'", False),
+        ("RuntimeError: runtime output had no rows", False),
+        ("RuntimeError: Connection closed by peer [127.0.0.1]:29500", True),
+        ("DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970", True),
+        ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error", True),
+        ("RuntimeError: the peers of this rank went away", True),
+        ("RuntimeError: Socket Timeout", True),
+        ("torch.distributed.DistStoreError: wait timed out after 30000ms", True),
+    ],
+)
+def test_what_a_lost_peer_causes_is_read_by_whole_words(error, consequence):
+    assert RankEnd(1, t=1.0, error=error).consequence_like is consequence
+
+
+def test_two_ranks_failing_on_the_same_type_error_are_two_failures():
+    error = "TypeError: VisionTransformer.__init__() got an unexpected keyword argument 'x'"
+    first, second = diagnose_crash([RankEnd(0, t=1.0, error=error), RankEnd(1, t=1.1, error=error)])
+    assert first.detail == f"ranks 0 and 1 failed with the same error: {error}"
+    assert second.cause == "crash" and "consequence of" not in second.detail
+
+
 def test_an_error_is_named_by_its_first_line_not_the_advice_after_it():
     """torch's messages go on after what went wrong (``torch.load``'s ends "Check the
     documentation of torch.load…"): two different errors with the same advice are two, and

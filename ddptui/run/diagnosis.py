@@ -732,10 +732,12 @@ def diagnose_hang(
 
 
 # -- crashes -----------------------------------------------------------------------------------
-#: Errors a rank gets when a peer died or stalled (the collective breaks under it).
+#: Errors a rank gets when a peer died or stalled (the collective breaks under it). Whole
+#: words where a word is part of others: every ``TypeError`` ("peEr") read as a lost peer's,
+#: and DeiT's two ranks failing on the same TypeError were "a consequence of rank 0's".
 CONSEQUENCE = re.compile(
-    r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|peer|gloo|nccl"
-    r"|ProcessGroup|DistBackendError|DistNetworkError|socket|recvBytes|sendBytes|timed? ?out"
+    r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|\bpeers?\b|gloo|nccl"
+    r"|ProcessGroup|DistBackendError|DistNetworkError|socket|recvBytes|sendBytes|\btimed? ?out"
     r"|timeout|watchdog|heartbeat|abort",
     re.I,
 )
