@@ -85,10 +85,28 @@ def target_label(config: dict) -> str:
     return str(config.get("trainer") or "?")
 
 
+#: torch's re-raise of an error from another thread or process (``ExceptionWrapper``): a
+#: DataLoader worker's, a pin-memory thread's, a DataParallel replica's.
+_WRAPPED = re.compile(
+    r"(?:[\w.]+: )?Caught [\w.]+ in (.{1,120}?)\.[ \t]*\r?\n"
+    r"Original Traceback \(most recent call last\):\r?\n"
+)
+
+
 def error_head(text: str) -> tuple[str, bool]:
     """An error's first line that says something (``UnpicklingError: Weights only load
     failed…``: its type and fault; torch's messages go on with advice) and whether more
-    lines follow."""
+    lines follow. An error torch re-raised from a DataLoader worker: the worker's own error,
+    and where (``ValueError: bits must be between or equal to 1 and 8 (in DataLoader worker
+    process 0)``; DeiT's RandAugment under a newer Pillow read ``ValueError: Caught
+    ValueError in DataLoader worker process 0.``)."""
+    stripped = text.lstrip()
+    wrapped = _WRAPPED.match(stripped)
+    if wrapped:
+        after = stripped[wrapped.end() :].splitlines()
+        inner = next((line.strip() for line in after if line[:1].strip()), None)
+        if inner:
+            return f"{inner} (in {wrapped.group(1)})", True
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (lines[0], len(lines) > 1) if lines else (text.strip(), False)
 

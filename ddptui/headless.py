@@ -256,7 +256,10 @@ class HeadlessConsole:
                 if desync is not None and desync.rank != failure.rank
                 else ""
             )
-            self.line(f"FAILED: {failure.describe()}{set_off}")
+            # whole where no log tail follows (torch.load's advice); else its head: the tail ends
+            # with the error (a DataLoader worker's traceback was printed twice)
+            described = failure.describe(short=bool(failure.stderr_tail))
+            self.line(f"FAILED: {described}{set_off}")
             if session.restart_refused:
                 self.line(f"not restarted: {session.restart_refused}")
             if failure.stderr_tail:

@@ -1357,6 +1357,44 @@ def test_two_ranks_failing_on_the_same_type_error_are_two_failures():
     assert second.cause == "crash" and "consequence of" not in second.detail
 
 
+def _reraised(error, where):
+    """The error a rank reports for ``error`` raised in a DataLoader worker: torch's own
+    re-raise of it in the main process (``ExceptionWrapper``)."""
+    from torch._utils import ExceptionWrapper
+
+    try:
+        raise error
+    except Exception:
+        wrapper = ExceptionWrapper(where=where)
+    try:
+        wrapper.reraise()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    raise AssertionError("not re-raised")
+
+
+def test_an_error_from_a_dataloader_worker_is_named_by_the_workers_own():
+    """DeiT's RandAugment under a newer Pillow: the diagnosis read "rank 0 failed first:
+    ValueError: Caught ValueError in DataLoader worker process 0." and no more."""
+    from ddptui.formatting import error_head
+
+    text = _reraised(ValueError("bits must be between 1 and 8"), "in DataLoader worker process 0")
+    assert text.startswith("ValueError: Caught ValueError in DataLoader worker process 0.")
+    head = "ValueError: bits must be between 1 and 8 (in DataLoader worker process 0)"
+    assert error_head(text) == (head, True)
+    (first,) = diagnose_crash([RankEnd(0, t=1.0, error=text)])
+    assert first.detail == f"rank 0 failed first: {head}"
+    # a KeyError's message is its repr; an error of several lines: its first
+    text = _reraised(KeyError("label"), "in pin memory thread for device 0")
+    assert error_head(text)[0] == "KeyError: 'label' (in pin memory thread for device 0)"
+    text = _reraised(RuntimeError("bad\nadvice"), "in DataLoader worker process 3")
+    assert error_head(text)[0] == "RuntimeError: bad (in DataLoader worker process 3)"
+    # not torch's wrapper: as it is
+    assert error_head("ValueError: Caught ValueError in my code.\nmore")[0] == (
+        "ValueError: Caught ValueError in my code."
+    )
+
+
 def test_an_error_is_named_by_its_first_line_not_the_advice_after_it():
     """torch's messages go on after what went wrong (``torch.load``'s ends "Check the
     documentation of torch.load…"): two different errors with the same advice are two, and

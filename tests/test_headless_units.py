@@ -309,6 +309,36 @@ def test_a_run_with_steps_or_ranks_without_output_shows_no_log_lines(tmp_path):
         assert "last lines of" not in out.getvalue()
 
 
+def test_the_failed_line_is_the_errors_head_where_the_log_tail_follows(tmp_path):
+    """DeiT's RandAugment failing in a DataLoader worker: ``FAILED:`` printed torch's whole
+    re-raised traceback, and the log's tail the same lines again. Without a tail, the whole
+    error (torch.load's advice is in it)."""
+    from ddptui.run.state import RankFailureInfo
+
+    wrapped = (
+        "ValueError: Caught ValueError in DataLoader worker process 0.\n"
+        "Original Traceback (most recent call last):\n"
+        '  File "/venv/lib/python3.11/site-packages/PIL/ImageOps.py", line 712, in posterize\n'
+        "    raise ValueError(msg)\n"
+        "ValueError: bits must be between or equal to 1 and 8"
+    )
+    for tail in ((), tuple(wrapped.splitlines()[-3:])):
+        session = _ended_session(tmp_path / str(len(tail)), stepped=True)
+        failure = RankFailureInfo(rank=0, exit_code=1, error=wrapped, stderr_tail=tail)
+        session.state.set_outcome("failed", failure, now=3.0)
+        out = io.StringIO()
+        HeadlessConsole(out, tty=False).summary(session, 100.0)
+        text = out.getvalue()
+        if tail:
+            assert (
+                "FAILED: rank 0 exited with code 1: ValueError: bits must be between or "
+                "equal to 1 and 8 (in DataLoader worker process 0) …\n" in text
+            )
+            assert text.count("raise ValueError(msg)") == 1  # the tail's
+        else:
+            assert f"FAILED: rank 0 exited with code 1: {wrapped}\n" in text
+
+
 def test_a_failed_rank_is_one_line_as_it_fails():
     """torch.load's error is six lines (its advice after the fault): each failed rank printed
     it whole, and the run's end again, burying the run's own lines. The fault's line, marked

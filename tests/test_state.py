@@ -789,6 +789,25 @@ def test_a_rank_failure_keeps_the_error_and_traceback_the_rank_reported():
     s.set_outcome("failed", RankFailureInfo(rank=1, exit_code=1), now=2.0)
     assert (s.failure.error, s.failure.traceback) == ("ValueError: x", "Tb")
     assert s.failure.describe() == "rank 1 exited with code 1: ValueError: x"
+    assert s.failure.describe(short=True) == s.failure.describe()
+
+
+def test_a_failure_in_short_is_its_errors_head():
+    """DeiT's RandAugment failing in a DataLoader worker: the console's ``FAILED:`` line
+    printed torch's whole re-raised traceback, then the log's tail printed it again."""
+    wrapped = (
+        "ValueError: Caught ValueError in DataLoader worker process 0.\n"
+        "Original Traceback (most recent call last):\n"
+        '  File "/venv/lib/python3.11/site-packages/PIL/ImageOps.py", line 712, in posterize\n'
+        "    raise ValueError(msg)\n"
+        "ValueError: bits must be between or equal to 1 and 8\n"
+    )
+    failure = RankFailureInfo(rank=0, exit_code=1, error=wrapped)
+    assert failure.describe() == f"rank 0 exited with code 1: {wrapped}"  # whole, for files
+    assert failure.describe(short=True) == (
+        "rank 0 exited with code 1: ValueError: bits must be between or equal to 1 and 8 "
+        "(in DataLoader worker process 0) …"
+    )
 
 
 def test_typical_step_time_follows_the_window():

@@ -773,8 +773,8 @@ class RunSession:
                 first = self.state.attempts[number].failure
                 self._refuse(
                     f"the same failure twice from the same checkpoint: attempt {number + 1}: "
-                    f"{first.describe() if first else '?'}; attempt {self.attempt + 1}: "
-                    f"{failure.describe()}"
+                    f"{first.describe(short=True) if first else '?'}; attempt {self.attempt + 1}: "
+                    f"{failure.describe(short=True)}"
                 )
                 return False
         self._attempt_failures.append((started_from, key))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddptui import protocol
+from ddptui.formatting import error_head
 from ddptui.run.diagnosis import IDLE_IO_BYTES_PER_S, PhaseHistory
 
 #: Points kept per series (loss, throughput, step time) per rank.
@@ -124,7 +125,11 @@ class RankFailureInfo:
     #: rank over. Its end is the script's, not that rank's.
     spawner: bool = False
 
-    def describe(self) -> str:
+    def describe(self, short: bool = False) -> str:
+        """``rank 1 exited with code 1: ValueError: x``; ``short``: the error's first line
+        that says something (:func:`ddptui.formatting.error_head`, `` …`` after it where more
+        follows), for a console or a panel whose log tail follows: a DataLoader worker's
+        error printed its whole traceback there, then the same again as the log's tail."""
         if self.spawner:
             who = f"the script's process (launched as rank {self.rank}; its workers were the ranks)"
         else:
@@ -135,7 +140,11 @@ class RankFailureInfo:
             how = f"exited with code {self.exit_code}"
         else:
             how = "failed"
-        return f"{who} {how}" + (f": {self.error}" if self.error else "")
+        error = self.error
+        if error and short:
+            head, more = error_head(error)
+            error = head + (" …" if more else "")
+        return f"{who} {how}" + (f": {error}" if error else "")
 
 
 @dataclass

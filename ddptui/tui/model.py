@@ -353,7 +353,7 @@ def attempt_label(state: RunState) -> str:
         return refused
     total = max(state.max_restarts, len(state.attempts) - 1) + 1
     causes = "; ".join(
-        f"{record.attempt + 1}: {record.failure.describe()}"
+        f"{record.attempt + 1}: {record.failure.describe(short=True)}"
         for record in state.attempts
         if record.failure is not None
     )

@@ -67,7 +67,7 @@ class FailurePanel(QuietStatic):
         if not self.display:
             self.display = True
         if failure is not None:
-            headline = failure.describe()
+            headline = failure.describe(short=bool(failure.stderr_tail))  # the tail follows
             tail = failure.stderr_tail
             rank = failure.rank
             row = next((r for r in rows if r.rank == rank), None)
