@@ -1355,6 +1355,12 @@ def test_two_ranks_failing_on_the_same_type_error_are_two_failures():
     first, second = diagnose_crash([RankEnd(0, t=1.0, error=error), RankEnd(1, t=1.1, error=error)])
     assert first.detail == f"ranks 0 and 1 failed with the same error: {error}"
     assert second.cause == "crash" and "consequence of" not in second.detail
+    # rank 1 first (ConvNeXt's ImportError read "ranks 1 and 0"): in order all the same
+    first, second = diagnose_crash([RankEnd(0, t=1.2, error=error), RankEnd(1, t=1.1, error=error)])
+    assert first.rank == 1 and first.detail == f"ranks 0 and 1 failed with the same error: {error}"
+    assert second.detail == (
+        "rank 0 failed in its own code with the same error as rank 1 (not a consequence)"
+    )
 
 
 def _reraised(error, where):

@@ -921,7 +921,7 @@ def diagnose_crash(
     own = [e for e in primaries if e is not cause]
     same = [e for e in own if not e.killed and not cause.killed and _error_line(e) == line]
     if same:
-        ranks = [cause.rank, *(e.rank for e in same)]
+        ranks = sorted([cause.rank, *(e.rank for e in same)])  # "ranks 1 and 0" read oddly
         names = ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
         first = Diagnosis(
             cause.rank, "crash", f"ranks {names} failed with the same error: {line}", t
