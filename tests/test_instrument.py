@@ -2012,6 +2012,10 @@ def test_the_hf_trainers_evaluations_are_reported(inst, monkeypatch, explicit, d
         (3, "window", "on", "summed"),
         (1, "window", None, "summed"),
         (2, "window / 1", None, "summed"),  # and the accumulation's own division, by 1 there
+        # ConvNeXt's ``loss /= update_freq`` (in place, after ``loss.item()``): its log's
+        # epoch means to the digit (4.0414, 2.0398) under ddptui, 2 ranks, update_freq 2
+        (2, "in place", None, "undivided"),
+        (4, "in place", "on", "undivided"),
     ],
 )
 def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
@@ -2035,6 +2039,8 @@ def test_a_loss_divided_by_its_micro_batches_is_reported_undivided(
                 loss *= 2  # its world size
                 if divide_by == "window / 1":
                     loss = loss / 1
+            elif divide_by == "in place":
+                loss /= micro
             elif divide_by is not None:
                 loss = loss / divide_by
             (amp.scale(loss) if amp else loss).backward()
