@@ -227,7 +227,7 @@ class NodeSample(Event, tag="node"):
 #: Largest world a run may grow to when a script spawns its own ranks (ddptui.rank.spawned).
 MAX_GROWN_WORLD = 1024
 #: What a note may be about (``Note.code``).
-NoteCode = Literal["sampler_epoch", "spawned", "loader_steps", "p2p"]
+NoteCode = Literal["sampler_epoch", "spawned", "loader_steps", "p2p", "own_group"]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
 NoteNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)]
@@ -251,13 +251,22 @@ class Note(Event, tag="note"):
 
     ``p2p``: this rank called a point-to-point op (``send``, ``recv``, ``isend``, ``irecv``,
     ``batch_isend_irecv``): it communicates beyond what its Flight Recorder's collective
-    progress shows (gloo's records no point-to-point op), so no rank is said to train apart."""
+    progress shows (gloo's records no point-to-point op), so no rank is said to train apart.
+
+    ``own_group``: this rank, launched as a rank of the run's world, formed its process group
+    as rank ``group_rank`` of ``group_size`` ranks, another world than the launcher's: the
+    script took its rank and world size from elsewhere (``slurm``: a Slurm job's variables
+    are in its environment, which scripts made for ``srun`` read before torchrun's). It
+    keeps its launched rank on the dashboard."""
 
     code: NoteCode
     epoch: NoteNumber | None = None
     passes: Annotated[int, msgspec.Meta(ge=2, le=MAX_NOTE_NUMBER)] | None = None
     workers: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROWN_WORLD)] | None = None
     steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_NOTE_NUMBER)] | None = None
+    group_rank: Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)] | None = None
+    group_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_NOTE_NUMBER)] | None = None
+    slurm: bool | None = None
 
 
 AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat | Note

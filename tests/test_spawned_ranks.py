@@ -551,3 +551,109 @@ def test_a_node_whose_launched_processes_each_spawned_workers_is_told_once():
     assert [d.detail.split(":")[0] for d in mixed] == [
         "ranks 2, 3 on node 1 spawned workers of their own (each)"
     ]
+
+
+class _Notes:
+    def __init__(self):
+        self.rank, self.notes = 1, []
+
+    def note(self, code, **numbers):
+        self.notes.append((code, numbers))
+
+
+@pytest.mark.parametrize(
+    ("env", "group", "said"),
+    [
+        # swav inside a Slurm job: rank 0 of a world of its own, rank 1 too
+        ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_JOB_ID": "7"}, (0, 1), (0, 1, True)),
+        ({"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "0"}, (0, 1), (0, 1, True)),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, (1, 4), (1, 4, False)),  # its own flags
+        ({"RANK": "1", "WORLD_SIZE": "2"}, (1, 2), None),  # the launcher's world
+    ],
+)
+def test_a_launched_rank_that_forms_another_world_says_so_and_keeps_its_rank(
+    monkeypatch, env, group, said
+):
+    """swav's ``init_distributed_mode`` reads Slurm's variables before torchrun's: inside an
+    allocation both ranks formed a world of their own, as rank 0 of 1; rank 1's events were
+    taken as rank 0's (1 dropped, 1 rejected) and the run read "finished" with rank 1
+    "preparing" throughout."""
+    from ddptui.rank import reporter, spawned
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_JOB_ID", "SLURM_PROCID", spawned.SPAWNED_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(spawned.ENDPOINT_ENV, "ipc:///nonexistent")
+    monkeypatch.setattr(spawned, "_group_seen", False)
+    fake = _Notes()
+    monkeypatch.setattr(reporter, "get_reporter", lambda: fake)
+    spawned.on_process_group(*group)
+    if said is None:
+        assert fake.notes == []
+        return
+    group_rank, group_size, slurm = said
+    assert fake.notes == [
+        ("own_group", {"group_rank": group_rank, "group_size": group_size, "slurm": slurm})
+    ]
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (env["RANK"], "2")  # as launched
+    assert fake.rank == 1  # untouched
+
+
+def test_a_rank_in_a_world_of_its_own_is_told_once():
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(started(rank, 2), now=1.0)
+        note = protocol.Note(
+            run="r",
+            rank=rank,
+            t=0.0,
+            seq=1,
+            code="own_group",
+            group_rank=0,
+            group_size=1,
+            slurm=rank == 0,
+        )
+        state.apply(note, now=2.0)
+    diagnoser = Diagnoser()
+    (found,) = diagnoser.notes(state)
+    assert (found.rank, found.cause) == (0, "own_group")
+    assert found.detail.startswith(
+        "rank 0 formed its process group as rank 0 of 1, not in the world of the ranks ddptui "
+        "launched: the ranks do not train together (a Slurm job's SLURM_PROCID"
+    )
+    assert diagnoser.notes(state) == []
+    assert "own_group" in CAUSES
+
+
+@pytest.mark.parametrize(
+    "bad", [{"group_size": 0}, {"group_rank": -1}, {"slurm": "yes"}, {"group_size": 10**12}]
+)
+def test_an_own_group_note_out_of_bounds_is_refused(bad):
+    raw = {"kind": "note", "v": 1, "run": "r", "rank": 0, "t": 0.0, "seq": 1}
+    raw.update(code="own_group", group_rank=0, group_size=1, slurm=False)
+    protocol.decode_batch(msgspec.msgpack.encode([raw]))  # in bounds
+    raw.update(bad)
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(msgspec.msgpack.encode([raw]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ranks_that_each_form_a_world_of_their_own_are_both_seen(tmp_path):
+    """tests/scripts/srun_ranks.py inside a Slurm job's variables (swav's shape), 2 ranks:
+    both ranks' steps under their own ranks, and the note said."""
+    from tests.helpers import ROOT
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "SLURM_JOB_ID": "42", "SLURM_PROCID": "0", "SLURM_NNODES": "1"}
+    env["SLURM_TASKS_PER_NODE"] = "1"
+    proc = run_headless(
+        ["--world-size", "2", "--script", str(ROOT / "tests/scripts/srun_ranks.py")], run_dir, env
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "formed its process group as rank 0 of 1" in proc.stdout
+    events = read_events(run_dir)
+    steps = {(e["rank"], e["step"]) for e in events if e["kind"] == "step"}
+    assert steps == {(rank, step) for rank in (0, 1) for step in (1, 2, 3)}
+    assert "0 dropped" in proc.stdout

@@ -329,6 +329,10 @@ def on_process_group(rank: int, world_size: int) -> None:
     _group_seen = True
     env_rank = os.environ.get("RANK")
     spawned = bool(os.environ.get(SPAWNED_ENV))
+    launched_world = os.environ.get("WORLD_SIZE")
+    if not spawned and launched_world is not None and launched_world != str(world_size):
+        _own_group(rank, world_size)  # not the launcher's world: keeps its launched rank
+        return
     if not spawned and env_rank == str(rank):
         return
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -349,6 +353,28 @@ def on_process_group(rank: int, world_size: int) -> None:
                 _formed_event.set()
             except Exception:  # telemetry never changes how a rank runs
                 pass
+
+
+def _own_group(rank: int, world_size: int) -> None:
+    """This rank, launched as one of the run's world, formed a process group of another
+    world (facebookresearch/swav's ``init_distributed_mode`` reads ``SLURM_PROCID`` and
+    ``SLURM_NNODES`` before torchrun's ``RANK``: run inside a Slurm allocation, each of 2
+    ranks made a world of its own as rank 0 of 1, both trained alone, and the run read
+    "finished", rank 1's events taken as rank 0's). Said once, as a note; the rank keeps its
+    launched rank, so that every process stays in view."""
+    if not os.environ.get(ENDPOINT_ENV):
+        return
+    from ddptui.rank.reporter import get_reporter
+
+    try:
+        get_reporter().note(
+            "own_group",
+            group_rank=rank,
+            group_size=world_size,
+            slurm="SLURM_JOB_ID" in os.environ or "SLURM_PROCID" in os.environ,
+        )
+    except Exception:  # telemetry never changes how a rank runs
+        pass
 
 
 def _serve_as(rank: int) -> None:

@@ -56,6 +56,7 @@ CAUSES = (
     "sampler",  # a note: a shuffling DistributedSampler never told its epoch (no verdict)
     "no_comm",  # a note: every rank trained many steps without any collective (no verdict)
     "spawners",  # a note: several launched processes of a node spawned workers (no verdict)
+    "own_group",  # a note: a launched rank formed a process group of another world (no verdict)
     "record_growth",  # a note: events.jsonl grows fast enough to fill a disk (no verdict)
 )
 
@@ -1026,6 +1027,28 @@ def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
             f"rank {note.rank}: DistributedSampler started {which}{at} without "
             "set_epoch(): every epoch shuffles in the same order; call "
             "sampler.set_epoch(epoch) before each epoch",
+            t,
+        )
+    if note.code == "own_group":
+        group_rank, group_size = getattr(note, "group", (None, None))
+        formed = (
+            f"as rank {group_rank} of {group_size}"
+            if group_rank is not None and group_size is not None
+            else "of another size"
+        )
+        where = (
+            "a Slurm job's SLURM_PROCID and SLURM_NNODES are in its environment, which "
+            "scripts made for srun read before torchrun's RANK and WORLD_SIZE; run it "
+            "without them (env -u SLURM_JOB_ID -u SLURM_PROCID …) or as the script expects"
+            if getattr(note, "slurm", False)
+            else "the script takes its rank and world size from elsewhere than torchrun's "
+            "RANK and WORLD_SIZE: its own flags or defaults?"
+        )
+        return Diagnosis(
+            note.rank,
+            "own_group",
+            f"rank {note.rank} formed its process group {formed}, not in the world of the "
+            f"ranks ddptui launched: the ranks do not train together ({where})",
             t,
         )
     return None

@@ -156,6 +156,10 @@ class NoteSeen:
     epoch: int | None
     passes: int | None
     t: float  # when it arrived (the caller's clock, like ``RunState.started_at``)
+    #: ``own_group``: the group the rank formed (its rank in it, its size), and whether a
+    #: Slurm job's variables were in its environment.
+    group: tuple[int | None, int | None] = (None, None)
+    slurm: bool = False
 
 
 @dataclass
@@ -848,7 +852,15 @@ class RunState:
                     self.steps_per_epoch, self._epoch_steps_from = ev.steps, "loader"
             return
         if ev.code not in self.notes:  # codes are a closed set (the schema): the dict stays tiny
-            self.notes[ev.code] = NoteSeen(ev.code, view.rank, ev.epoch, ev.passes, now)
+            self.notes[ev.code] = NoteSeen(
+                ev.code,
+                view.rank,
+                ev.epoch,
+                ev.passes,
+                now,
+                group=(ev.group_rank, ev.group_size),
+                slurm=bool(ev.slurm),
+            )
 
     def set_outcome(
         self, outcome: str, failure: RankFailureInfo | None = None, now: float | None = None
