@@ -155,8 +155,19 @@ def fmt_first_step(mean: float, after: tuple[float, float] | None) -> str:
     rate, first = after
     if rate < 1.1 * mean or fmt_per_s(rate) == fmt_per_s(mean):  # the same as shown: no news
         return ""
-    took = f"{first:.1f} s" if first < 59.95 else fmt_duration(first)
+    if first < 0.99995:  # a step of 2 ms read "first step of 0.0 s"
+        took = fmt_step_time(first)
+    else:
+        took = f"{first:.1f} s" if first < 59.95 else fmt_duration(first)
     return f" ({fmt_per_s(rate)} after its first step of {took})"
+
+
+def fmt_step_time(seconds: float | None) -> str:
+    """A step's time: ``123.4 ms``; ``9.23 s`` from a second on (``9,230.4 ms`` was
+    vicreg's); ``--`` when unknown."""
+    if seconds is None:
+        return "--"
+    return f"{seconds:,.2f} s" if seconds >= 0.99995 else f"{seconds * 1000:,.1f} ms"
 
 
 def fmt_samples(state: Any) -> str:

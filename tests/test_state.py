@@ -422,6 +422,10 @@ def test_no_rate_after_the_first_step_of_a_run_that_took_one_or_a_steady_one():
     assert fmt_first_step(3.64, (4.16, 48.3)) == " (4.2 after its first step of 48.3 s)"
     assert fmt_first_step(3.64, (3.66, 48.3)) == ""
     assert fmt_first_step(100.0, (50.0, 0.01)) == ""  # a first step faster than the others
+    # tests/scripts/srun_ranks.py: 3 steps of 2 ms read "after its first step of 0.0 s"
+    assert fmt_first_step(7385.0, (8564.0, 0.0021)) == " (8,564 after its first step of 2.1 ms)"
+    assert fmt_first_step(100.0, (200.0, 0.99)) == " (200 after its first step of 990.0 ms)"
+    assert fmt_first_step(100.0, (200.0, 1.0)) == " (200 after its first step of 1.0 s)"
     assert fmt_first_step(100.0, (float("nan"), 5.0)) == ""
 
 

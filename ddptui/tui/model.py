@@ -27,6 +27,7 @@ from ddptui.formatting import (
     fmt_per_s,
     fmt_rate,
     fmt_samples,
+    fmt_step_time,
     ranks_text,
 )
 from ddptui.rank.frames import traceback_files
@@ -207,7 +208,7 @@ def run_frame(state: RunState, now: float) -> RunFrame:
                 epoch_step=step,
                 loss=fmt_num(view.loss),
                 samples_per_s=fmt_per_s(rate),
-                step_time=_ms(recent_step),
+                step_time=fmt_step_time(recent_step),
                 last_seen=_ago(seen_at, view.last_seen),
                 state=shown_state,
                 problem=problem,
@@ -564,7 +565,7 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
                     "",
                     node.loss_range(),
                     fmt_per_s(node.samples_per_s),
-                    _ms(node.mean_step_time),
+                    fmt_step_time(node.mean_step_time),
                     "",
                     node.worst,
                     "",
@@ -585,13 +586,6 @@ def table_lines(frame: RunFrame) -> tuple[TableLine, ...]:
             for r in members
         )
     return tuple(lines)
-
-
-def _ms(seconds: float | None) -> str:
-    """A step's time: ``123.4 ms``; ``9.23 s`` from a second on (``9,230.4 ms`` was vicreg's)."""
-    if seconds is None:
-        return "--"
-    return f"{seconds:,.2f} s" if seconds >= 0.99995 else f"{seconds * 1000:,.1f} ms"
 
 
 def _ago(now: float, then: float | None) -> str:
