@@ -102,8 +102,11 @@ def progress_line(state: RunState, now: float) -> str:
     ]
     preparing = [v for v in state.ranks.values() if v.activity == "preparing"]
     if preparing and not state.outcome:
-        first = preparing[0]
+        # the rank the others wait for: one at work (not in a collective), seen where it is
+        first = min(preparing, key=lambda v: (bool(v.waiting), not v.frame, v.rank))
         where = f" at {first.frame}" if first.frame else ""
+        if first.waiting:
+            where = f" waiting in {first.waiting}{where}"
         if first.spawned:
             where = f": spawned {counted(first.spawned, 'worker')}, waiting for their process group"
         who = (

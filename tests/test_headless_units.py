@@ -196,11 +196,41 @@ def test_a_preparing_rank_is_shown_with_its_frame():
         state.apply(
             protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started", pid=9), now=0.0
         )
+    assert "preparing (2 ranks, rank 0)" in progress_line(state, 0.5)  # no beat yet
     beat = protocol.Beat(run="r", rank=1, t=0.0, seq=1, frame="tokenize (prep.py:12)", cpu=1.0)
     state.apply(beat, now=1.0)
-    assert "preparing (2 ranks, rank 0)" in progress_line(state, 2.0)
+    # the rank seen at work before one not seen yet
+    assert "preparing (2 ranks, rank 1 at tokenize (prep.py:12))" in progress_line(state, 2.0)
     state.apply(step(0, 2, 1), now=3.0)
     assert "preparing (rank 1 at tokenize (prep.py:12))" in progress_line(state, 4.0)
+
+
+def test_a_preparing_line_names_the_rank_the_others_wait_for():
+    """ConvNeXt's rank 0, at its process group's rendezvous, read ``preparing (2 ranks, rank 0
+    at init_distributed_mode (utils.py:328))``: the rank at work is the one to name, and a
+    rank that waits says in what."""
+    state = RunState("r", 3)
+    for rank in (0, 1, 2):
+        state.apply(
+            protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started", pid=9), now=0.0
+        )
+    for rank, frame, waiting in (
+        (0, "main (train.py:40)", "barrier"),
+        (1, "download (data.py:9)", None),
+        (2, "main (train.py:40)", "barrier"),
+    ):
+        beat = protocol.Beat(
+            run="r", rank=rank, t=0.0, seq=1, frame=frame, waiting=waiting, cpu=1.0
+        )
+        state.apply(beat, now=1.0)
+    assert "preparing (3 ranks, rank 1 at download (data.py:9))" in progress_line(state, 2.0)
+    beat = protocol.Beat(
+        run="r", rank=1, t=0.0, seq=2, frame="main (train.py:40)", waiting="barrier", cpu=1.0
+    )
+    state.apply(beat, now=3.0)
+    assert "preparing (3 ranks, rank 0 waiting in barrier at main (train.py:40))" in progress_line(
+        state, 4.0
+    )
 
 
 def test_no_evaluation_is_said_plainly_with_how_to_add_one():
