@@ -586,6 +586,7 @@ def test_a_launched_rank_that_forms_another_world_says_so_and_keeps_its_rank(
         monkeypatch.setenv(name, value)
     monkeypatch.setenv(spawned.ENDPOINT_ENV, "ipc:///nonexistent")
     monkeypatch.setattr(spawned, "_group_seen", False)
+    monkeypatch.setattr(spawned, "_launched_world", None)
     fake = _Notes()
     monkeypatch.setattr(reporter, "get_reporter", lambda: fake)
     spawned.on_process_group(*group)
@@ -598,6 +599,27 @@ def test_a_launched_rank_that_forms_another_world_says_so_and_keeps_its_rank(
     ]
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (env["RANK"], "2")  # as launched
     assert fake.rank == 1  # untouched
+
+
+def test_the_launchers_world_is_the_one_read_before_the_script_ran(monkeypatch):
+    """A script that writes the world it computed into WORLD_SIZE before it forms its group:
+    the launcher's world is the one the rank entry read."""
+    from ddptui.rank import reporter, spawned
+
+    monkeypatch.delenv(spawned.SPAWNED_ENV, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(spawned.ENDPOINT_ENV, "ipc:///nonexistent")
+    monkeypatch.setattr(spawned, "_group_seen", False)
+    monkeypatch.setattr(spawned, "_launched_world", None)
+    spawned.note_launch()
+    monkeypatch.setenv("RANK", "0")  # the script's own, as swav's shape might write them
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    fake = _Notes()
+    monkeypatch.setattr(reporter, "get_reporter", lambda: fake)
+    spawned.on_process_group(0, 1)
+    assert [code for code, _ in fake.notes] == ["own_group"]
+    assert fake.rank == 1
 
 
 def test_a_rank_in_a_world_of_its_own_is_told_once():

@@ -93,6 +93,19 @@ def _become_worker() -> None:
         os.environ[AGENT_ENDPOINT_ENV] = os.environ.get(TORCHRUN_STORE_ENV) or _endpoint()
 
 
+#: The world size the launcher gave this rank, read before its script ran (see
+#: :func:`note_launch`); None: not read (a worker the script started, a test).
+_launched_world: str | None = None
+
+
+def note_launch() -> None:
+    """In a launched rank, before its script runs: the world size the launcher gave it. A
+    script may write its own into the environment before it forms its group (the world it
+    computed from Slurm's variables): read then, the launcher's world was gone."""
+    global _launched_world
+    _launched_world = os.environ.get("WORLD_SIZE")
+
+
 def note_agent_store() -> None:
     """In a torchrun rank, before its script runs: where torchrun's agent store is, for the
     workers the script may start (:func:`_become_worker`). Their inherited ``MASTER_ADDR`` and
@@ -329,7 +342,9 @@ def on_process_group(rank: int, world_size: int) -> None:
     _group_seen = True
     env_rank = os.environ.get("RANK")
     spawned = bool(os.environ.get(SPAWNED_ENV))
-    launched_world = os.environ.get("WORLD_SIZE")
+    launched_world = (
+        _launched_world if _launched_world is not None else os.environ.get("WORLD_SIZE")
+    )
     if not spawned and launched_world is not None and launched_world != str(world_size):
         _own_group(rank, world_size)  # not the launcher's world: keeps its launched rank
         return
