@@ -676,6 +676,6 @@ def test_ranks_that_each_form_a_world_of_their_own_are_both_seen(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "formed its process group as rank 0 of 1" in proc.stdout
     events = read_events(run_dir)
-    steps = {(e["rank"], e["step"]) for e in events if e["kind"] == "step"}
-    assert steps == {(rank, step) for rank in (0, 1) for step in (1, 2, 3)}
+    # an event of very fast steps stands for several (``steps``)
+    assert [step_numbers(events, rank) for rank in (0, 1)] == [[1, 2, 3], [1, 2, 3]]
     assert "0 dropped" in proc.stdout
