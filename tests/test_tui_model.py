@@ -575,6 +575,42 @@ def test_the_evaluation_chart_draws_a_loss_when_no_accuracy_comes(evals, title, 
     assert drawn[0] == ([0.0, 0.5, 1.0] if title.startswith("eval loss") else [1.0, 2.0])
 
 
+@pytest.mark.parametrize(
+    ("values", "limits"),
+    [
+        ([0.5, 0.75], (0.4, 1.0)),  # fractions: zoomed to the tenth below
+        ([0.97, 0.99], (0.9, 1.0)),
+        ([0.0, 0.02], (0.0, 1.0)),
+        # accelerate's complete_cv_example: 100 * accuracy (drawn in 16.6 down to 1.0)
+        ([25.0, 16.6667, 58.3333], (10.0, 100.0)),
+        ([66.667, 100.0], (60.0, 100.0)),
+        ([1.5], (0.0, 100.0)),
+        ([-0.2, 0.5], (-0.3, 1.0)),  # below 0: in view
+        ([250.0, 3.0], None),  # no accuracy's range: plotext's own
+        ([float("nan")], None),
+        ([float("nan"), 0.8], (0.7, 1.0)),
+    ],
+)
+def test_the_accuracy_chart_fits_fractions_and_percentages(values, limits):
+    from ddptui.tui.widgets.charts import AccuracyChart, accuracy_limits
+
+    found = accuracy_limits(values)
+    assert found == (None if limits is None else pytest.approx(limits))
+    if found is not None:
+        assert all(found[0] <= v <= found[1] for v in values if v == v)
+    state = RunState("r", 1)
+    for seq, value in enumerate(values):
+        state.apply(protocol.Eval(run="r", rank=0, seq=seq, t=seq, epoch=seq, accuracy=value))
+    plot = _RecordingPlot()
+
+    class Chart(AccuracyChart):
+        plt = plot
+
+    assert Chart().draw(chart_data(state)) is True
+    ylim = [args for name, args in plot.calls if name == "ylim"]
+    assert ylim == ([] if limits is None else [pytest.approx(limits)])
+
+
 def test_replayed_diagnoses_with_odd_ranks_are_read(tmp_path):
     """A summary's diagnoses as a file may hold them: a rank that is no int is none."""
     import shutil

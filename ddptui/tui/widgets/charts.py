@@ -143,10 +143,26 @@ class AccuracyChart(_Chart):
         plt.xlim(first - 0.5, last + 0.5)
         plt.xticks(list(range(first, last + 1)))
         if what == "accuracy":
-            # Accuracy near 1 is where runs differ: zoom in, to the nearest tenth below.
-            plt.ylim(max(0.0, math.floor((min(values) - 0.05) * 10) / 10), 1.0)
+            limits = accuracy_limits(values)
+            if limits is not None:
+                plt.ylim(*limits)
         plt.title(f"eval {what} per epoch: {values[-1]:.4f}")
         return True
+
+
+def accuracy_limits(values: list[float]) -> tuple[float, float] | None:
+    """The y range of an accuracy chart: up to 1 for fractions, up to 100 for percentages
+    (accelerate's complete_cv_example logs ``100 * accuracy``: its 25.0, 16.7 and 58.3 were
+    drawn in a range of 16.6 down to 1.0, only one point in view), zoomed to the nearest tenth
+    of that below the lowest value, where runs differ; None (plotext's own range) for values
+    beyond 100 or none finite."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite or max(finite) > 100.0:
+        return None
+    top = 1.0 if max(finite) <= 1.0 else 100.0
+    tenth = top / 10
+    low = math.floor((min(finite) - top * 0.05) / tenth) * tenth
+    return (max(0.0, low) if min(finite) >= 0.0 else low), top
 
 
 class ThroughputChart(_Chart):
