@@ -111,6 +111,13 @@ def error_head(text: str) -> tuple[str, bool]:
     return (lines[0], len(lines) > 1) if lines else (text.strip(), False)
 
 
+def error_summary(text: str) -> str:
+    """An error in one line: :func:`error_head`, `` …`` after it where more lines follow (a
+    rank's console line, a failure's short form)."""
+    head, more = error_head(text)
+    return head + (" …" if more else "")
+
+
 def amp_label(config: dict) -> str:
     """``amp bf16``; for a user script ``amp: script's`` (it does its own autocast, or not:
     ddptui's AMP option only configures the built-in trainers, so "amp off" would be wrong

@@ -18,7 +18,7 @@ from ddptui.constants import PHASES
 from ddptui.formatting import (
     amp_label,
     counted,
-    error_head,
+    error_summary,
     escaped,
     fmt_duration,
     fmt_epoch,
@@ -158,8 +158,7 @@ class HeadlessConsole:
                 elif event.state == "failed":
                     # its first line: a message of six lines, as torch.load's, printed whole
                     # by each failed rank and again at the end, buried the run's lines
-                    head, more = error_head(event.error or "")
-                    self.line(f"rank {event.rank} failed: {head}{' …' if more else ''}")
+                    self.line(f"rank {event.rank} failed: {error_summary(event.error or '')}")
             elif isinstance(event, protocol.Eval) and event.rank == min(state.ranks):
                 count = f" ({event.count} samples)" if event.count is not None else ""
                 accuracy = "" if event.accuracy is None else f"  accuracy {fmt_num(event.accuracy)}"

@@ -1030,7 +1030,7 @@ def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
             t,
         )
     if note.code == "own_group":
-        group_rank, group_size = getattr(note, "group", (None, None))
+        group_rank, group_size = note.group
         formed = (
             f"as rank {group_rank} of {group_size}"
             if group_rank is not None and group_size is not None
@@ -1040,7 +1040,7 @@ def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
             "a Slurm job's SLURM_PROCID and SLURM_NNODES are in its environment, which "
             "scripts made for srun read before torchrun's RANK and WORLD_SIZE; run it "
             "without them (env -u SLURM_JOB_ID -u SLURM_PROCID …) or as the script expects"
-            if getattr(note, "slurm", False)
+            if note.slurm
             else "the script takes its rank and world size from elsewhere than torchrun's "
             "RANK and WORLD_SIZE: its own flags or defaults?"
         )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddptui import protocol
-from ddptui.formatting import error_head
+from ddptui.formatting import error_summary
 from ddptui.run.diagnosis import IDLE_IO_BYTES_PER_S, PhaseHistory
 
 #: Points kept per series (loss, throughput, step time) per rank.
@@ -126,10 +126,10 @@ class RankFailureInfo:
     spawner: bool = False
 
     def describe(self, short: bool = False) -> str:
-        """``rank 1 exited with code 1: ValueError: x``; ``short``: the error's first line
-        that says something (:func:`ddptui.formatting.error_head`, `` …`` after it where more
-        follows), for a console or a panel whose log tail follows: a DataLoader worker's
-        error printed its whole traceback there, then the same again as the log's tail."""
+        """``rank 1 exited with code 1: ValueError: x``; ``short``: the error in one line
+        (:func:`ddptui.formatting.error_summary`), for a console or a panel whose log tail
+        follows: a DataLoader worker's error printed its whole traceback there, then the same
+        again as the log's tail."""
         if self.spawner:
             who = f"the script's process (launched as rank {self.rank}; its workers were the ranks)"
         else:
@@ -140,10 +140,7 @@ class RankFailureInfo:
             how = f"exited with code {self.exit_code}"
         else:
             how = "failed"
-        error = self.error
-        if error and short:
-            head, more = error_head(error)
-            error = head + (" …" if more else "")
+        error = error_summary(self.error) if self.error and short else self.error
         return f"{who} {how}" + (f": {error}" if error else "")
 
 
