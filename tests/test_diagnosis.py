@@ -1363,6 +1363,31 @@ def test_two_ranks_failing_on_the_same_type_error_are_two_failures():
     )
 
 
+def test_ranks_reporting_one_error_that_reads_like_a_lost_peers_name_no_cause():
+    """rasbt/LLMs-from-scratch's DDP script asks for NCCL on a host without CUDA: both ranks
+    raised "nccl2 requires at least one CUDA device" (``nccl`` reads like a lost peer's), and
+    rank 1's read "a consequence of rank 0's failure", rank 0 "failed first"."""
+    error = "RuntimeError: nccl2 requires at least one CUDA device"
+    ends = [RankEnd(0, t=1.0, error=error), RankEnd(1, t=1.1, error=error)]
+    assert all(end.consequence_like for end in ends)
+    first, second = diagnose_crash(ends, launcher_rank=0)
+    assert (first.rank, first.cause) == (0, "crash")
+    assert first.detail == f"ranks 0 and 1 failed with the same error: {error}"
+    assert (second.rank, second.cause, second.detail) == (
+        1,
+        "crash",
+        "rank 1 failed with the same error as rank 0",
+    )
+    # different words, or a rank killed: the earliest stays the cause, the rest consequences
+    lost = "RuntimeError: Connection closed by peer [127.0.0.1]:29500"
+    for other in (RankEnd(1, t=1.1, error=lost), RankEnd(1, signal="SIGKILL", error=error)):
+        causes = [d.cause for d in diagnose_crash([ends[0], other], launcher_rank=0)]
+        assert "consequence" in causes
+    # three ranks, two alike and one not: no "same error" line
+    third = RankEnd(2, t=1.2, error=lost)
+    assert not any("same error" in d.detail for d in diagnose_crash([*ends, third]))
+
+
 def _reraised(error, where):
     """The error a rank reports for ``error`` raised in a DataLoader worker: torch's own
     re-raise of it in the main process (``ExceptionWrapper``)."""
@@ -1399,6 +1424,36 @@ def test_an_error_from_a_dataloader_worker_is_named_by_the_workers_own():
     assert error_head("ValueError: Caught ValueError in my code.\nmore")[0] == (
         "ValueError: Caught ValueError in my code."
     )
+
+
+FRAME = ('  File "/x/t.py", line 3, in f', "    raise")
+
+
+@pytest.mark.parametrize(
+    "tail, raised",
+    [
+        ((*FRAME, "RuntimeError: nccl2 requires one"), "RuntimeError: nccl2 requires one"),
+        (
+            (*FRAME, "torch.distributed.DistNetworkError: in use"),
+            "torch.distributed.DistNetworkError: in use",
+        ),
+        ((*FRAME, "KeyboardInterrupt"), "KeyboardInterrupt"),
+        ((*FRAME, "a.b.ProcessRaisedException:"), "a.b.ProcessRaisedException:"),
+        ((*FRAME, "ValueError: " + "é" * 400), "ValueError: " + "é" * 288),
+        # not a traceback's end: a print after it, an indented line, no frame, nothing
+        ((*FRAME, "RuntimeError: x", "done"), None),
+        ((*FRAME, "Epoch: 3"), None),
+        ((*FRAME, "loss: 0.2"), None),
+        ((*FRAME, "  RuntimeError: x"), None),
+        (("RuntimeError: x",), None),
+        (("Traceback (most recent call last):", "RuntimeError: x"), None),
+        ((), None),
+    ],
+)
+def test_the_error_a_log_ends_with(tail, raised):
+    from ddptui.formatting import raised_in
+
+    assert raised_in(tail) == raised
 
 
 def test_an_error_is_named_by_its_first_line_not_the_advice_after_it():

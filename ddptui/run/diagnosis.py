@@ -914,6 +914,12 @@ def diagnose_crash(
             for end in sorted(ends, key=lambda e: e.rank)
         ]
     primaries = [e for e in ends if not e.consequence_like]
+    # Every rank reporting one error that reads like a lost peer's (rasbt's DDP script asks
+    # for NCCL on a host without CUDA: "nccl2 requires at least one CUDA device" on both) is
+    # no evidence that one caused the other: none is named the cause.
+    alike = not primaries and len(ends) > 1 and _one_reported_error(ends)
+    if alike:
+        primaries = list(ends)
     cause = crash_cause(ends, launcher_rank)
     first = _cause_diagnosis(cause, memory, rss, t)
     line = _error_line(cause)
@@ -932,7 +938,9 @@ def diagnose_crash(
         # the same error: named once, in the line above (DeiT's ImportError, two ranks, had
         # its 150 characters printed twice)
         detail = (
-            f"rank {end.rank} failed in its own code with the same error as rank {cause.rank} "
+            f"rank {end.rank} failed with the same error as rank {cause.rank}"
+            if alike
+            else f"rank {end.rank} failed in its own code with the same error as rank {cause.rank} "
             "(not a consequence)"
             if end in same
             else f"rank {end.rank} also failed on its own (not a consequence): {_error_line(end)}"
@@ -951,6 +959,14 @@ def diagnose_crash(
             )
         )
     return out
+
+
+def _one_reported_error(ends: list[RankEnd]) -> bool:
+    """Every one of ``ends`` reported an error (none was signalled or killed) and it reads
+    the same in one line on all."""
+    if any(e.signal or e.killed or not (e.error or e.traceback) for e in ends):
+        return False
+    return len({_error_line(e) for e in ends}) == 1
 
 
 def _cause_diagnosis(
