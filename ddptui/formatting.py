@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -109,6 +109,29 @@ def error_head(text: str) -> tuple[str, bool]:
             return f"{inner} (in {wrapped.group(1)})", True
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (lines[0], len(lines) > 1) if lines else (text.strip(), False)
+
+
+#: The line a Python traceback ends with: the exception's (dotted) name, named as exceptions
+#: are (``RuntimeError``, ``torch.distributed.DistNetworkError``, ``KeyboardInterrupt``), and
+#: its message.
+_RAISED = re.compile(
+    r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Timeout)"
+    r"(?::.*)?"
+)
+
+
+def raised_in(lines: Sequence[str]) -> str | None:
+    """The exception a log's last ``lines`` end with, where they end with a Python traceback
+    (a ``File "…"`` frame, then an unindented ``Name: message`` as the last line); None
+    otherwise. A process that died without reporting its error (a script's mp.spawn whose
+    workers failed before they formed their process group: only the spawner's exit code 1 was
+    known) is named by what it printed."""
+    if not lines or not any(line.startswith('  File "') for line in lines[:-1]):
+        return None
+    last = lines[-1].rstrip()
+    if not last or last[0].isspace() or not _RAISED.fullmatch(last):
+        return None
+    return last[:300]
 
 
 def error_summary(text: str) -> str:

@@ -174,6 +174,35 @@ def test_a_spawned_workers_own_error_is_the_cause_not_the_spawners_exit(tmp_path
     assert [e.rank for e in rank_ends(session.state)] == [1]
 
 
+def test_a_spawner_whose_workers_failed_before_their_group_is_named_by_its_logs_error(
+    tmp_path,
+):
+    """rasbt/LLMs-from-scratch's DDP-script.py on a host without CUDA: the mp.spawn workers
+    raised in ``init_process_group(backend="nccl")``, before they were ranks, so no rank said
+    why; the spawner (muted) raised mp.spawn's error and exited 1. It read "rank 0 failed
+    first: exit code 1"; the error its log ends with names it now."""
+    session = _spawned_run(tmp_path, {})
+    tail = (
+        "torch.multiprocessing.spawn.ProcessRaisedException:",
+        "-- Process 0 terminated with the following error:",
+        "Traceback (most recent call last):",
+        '  File "/x/distributed_c10d.py", line 833, in _nccl2_device',
+        '    raise RuntimeError("nccl2 requires at least one CUDA device")',
+        "RuntimeError: nccl2 requires at least one CUDA device",
+    )
+    launched = RankFailureInfo(rank=0, exit_code=1, pid=100, stderr_tail=tail)
+    cause = session._rank_cause(launched)
+    assert (cause.rank, cause.error) == (0, "RuntimeError: nccl2 requires at least one CUDA device")
+    assert cause.describe() == f"rank 0 exited with code 1: {cause.error}"
+    # a log that does not end with a traceback's error, a kill, an error said: as they were
+    for failure in (
+        RankFailureInfo(rank=0, exit_code=1, pid=100, stderr_tail=(*tail, "bye")),
+        RankFailureInfo(rank=0, signal="SIGKILL", pid=100, stderr_tail=tail),
+        RankFailureInfo(rank=0, exit_code=1, pid=100, error="ValueError: x", stderr_tail=tail),
+    ):
+        assert session._rank_cause(failure).error == failure.error
+
+
 def test_a_worker_failed_on_its_lost_peer_is_not_the_cause(tmp_path):
     """Rank 0 failed too, on the peer it lost (before mp.spawn's teardown reached it): the
     first rank to fail of its own is the cause, not the lowest rank that said anything."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from ddptui import protocol, safeio
 from ddptui.argv import config_script_epochs
 from ddptui.constants import ATTEMPT_ENV, RESTART_COUNT_ENV, RESUME_ENV, STOP_SIGNAL
+from ddptui.formatting import raised_in
 from ddptui.rank import flight_recorder
 from ddptui.rank.stacks import capture_stacks
 from ddptui.run import flight
@@ -669,6 +670,12 @@ class RunSession:
         the driver's traceback nor the spawner's exit code."""
         if failure is None or self.fault is not None:
             return failure
+        if failure.error is None and failure.signal is None:
+            # a process that died without saying why (a script's mp.spawn whose workers
+            # failed before forming their group): the error its log ends with
+            error = raised_in(failure.stderr_tail)
+            if error is not None:
+                failure = dataclasses.replace(failure, error=error)
         with self._lock:
             if failure.rank is not None:
                 view = self.state.ranks.get(failure.rank)
