@@ -132,6 +132,7 @@ class HeadlessConsole:
         self._last_bar = 0.0
         self._bar_shown = False
         self._announced: set[int] = set()
+        self._shown_steps = 0  # the ranks' steps when the run's progress was last printed
 
     def line(self, text: str) -> None:
         """Print one line (clearing the progress bar first when it is shown), made printable:
@@ -183,7 +184,19 @@ class HeadlessConsole:
         elif now - self._last_line >= PRINT_EVERY_S:
             self._last_line = now
             if state.status != "starting":
-                self.line(progress_line(state, now))
+                self.progress(state, now)
+
+    def progress(self, state: RunState, now: float) -> None:
+        self._shown_steps = _steps(state)
+        self.line(progress_line(state, now))
+
+    def last_progress(self, state: RunState, now: float) -> None:
+        """The run's progress at its end, where steps came after the last line that showed it
+        (and always on a terminal, whose bar the summary clears): rasbt's DDP script trains
+        its 6 steps within the first line's 5 s, and its loss was never shown."""
+        steps = _steps(state)
+        if steps and (self.tty or steps != self._shown_steps):
+            self.progress(state, now)
 
     def bar(self, state: RunState, now: float) -> str:
         """The progress bar line, clipped to the terminal's width: a line that wraps cannot be
@@ -287,6 +300,10 @@ class HeadlessConsole:
         self.line(f"last lines of {rank_log_name(rank)}:")
         for text in lines:
             self.line(f"  | {text}")
+
+
+def _steps(state: RunState) -> int:
+    return sum(view.step or 0 for view in state.ranks.values())
 
 
 def eval_summary(state: RunState, script: bool) -> str:
@@ -397,6 +414,7 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         finally:
             guard.armed = False
             session.close()
+    console.last_progress(session.state, time.monotonic())
     for diagnosis in session.take_diagnoses():  # found at the end: the crash's root cause
         console.line(diagnosis_line(diagnosis))
     console.summary(session, time.monotonic())

@@ -120,6 +120,33 @@ def test_terminal_gets_a_redrawn_progress_bar_and_pipes_get_lines():
     assert pipe.getvalue().endswith("\n") and "\r" not in pipe.getvalue()
 
 
+def test_the_runs_progress_is_printed_at_its_end_where_steps_came_after_the_last_line():
+    """rasbt/LLMs-from-scratch's DDP script trained its 6 steps before the first line was due:
+    its loss was never shown."""
+    state = RunState("r", 1)
+    pipe = io.StringIO()
+    console = HeadlessConsole(pipe, tty=False)
+    console.last_progress(state, now=1.0)
+    assert pipe.getvalue() == ""  # no step: nothing to show
+    state.apply(step(0, 1, 1), now=1.0)
+    console.last_progress(state, now=2.0)
+    assert pipe.getvalue().count("\n") == 1 and "loss 0.2500" in pipe.getvalue()
+    console.last_progress(state, now=3.0)  # nothing new since: not again
+    console.tick(state, now=10.0)
+    assert pipe.getvalue().count("\n") == 2
+    console.last_progress(state, now=11.0)
+    assert pipe.getvalue().count("\n") == 2
+    state.apply(step(0, 2, 1), now=11.0)
+    console.last_progress(state, now=12.0)
+    assert pipe.getvalue().count("\n") == 3
+    # on a terminal the bar is cleared at the end: its last state is printed as a line
+    tty = io.StringIO()
+    console = HeadlessConsole(tty, tty=True, width=200)
+    console.tick(state, now=12.0)
+    console.last_progress(state, now=12.5)
+    assert tty.getvalue().endswith("\n") and "loss 0.2500" in tty.getvalue().rsplit("\r", 1)[-1]
+
+
 def test_replay_reads_only_the_events_of_the_run_its_config_names(tmp_path):
     import json
 
