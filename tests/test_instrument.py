@@ -3113,3 +3113,78 @@ def test_accelerates_logged_accuracy_after_an_evaluation_is_the_evaluation(
     ]
     instrument.uninstall()
     assert "__wrapped__" not in Accelerator.log.__dict__  # put back
+
+
+def test_an_evaluation_logged_to_tensorboard_after_an_evaluation_pass_is_the_evaluation(
+    inst, tmp_path
+):
+    """kubeflow's PyTorch MNIST example logs ``writer.add_scalar("accuracy", …)`` after its
+    test pass (tensorboardX; torch's SummaryWriter is the same): the run said the script
+    reports no evaluation. Its numbers come one a call: they are the pass's evaluation once
+    training goes on (of the epoch the pass was in, though the script moved its sampler's
+    on), or at the process's end; a training scalar (``loss`` each step, ``train/loss``) is
+    never one."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    writer = SummaryWriter(str(tmp_path))
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(3, 4))
+        model.train()
+
+    sampler.set_epoch(1)
+    train_step(model, opt, clock)
+    writer.add_scalar("loss", 0.9, 1)  # a training step's: no evaluation pass before it
+    evaluate()
+    writer.add_scalar("test/loss", 2.5, 1)
+    writer.add_scalar("train/loss", 0.8, 1)
+    writer.add_scalar(tag="accuracy", scalar_value=torch.tensor(0.25), global_step=1)
+    assert inst.fake.evals == []  # not yet: more may come
+    sampler.set_epoch(2)
+    train_step(model, opt, clock)
+    writer.add_scalar("loss", 0.7, 2)
+    evaluate()
+    writer.add_scalars("acc", {"train": 0.9, "val": 0.5}, 2)
+    inst.at_exit()  # the last epoch's, at the end
+    writer.close()
+    evals = [{k: float(v) if v is not None else v for k, v in e.items()} for e in inst.fake.evals]
+    assert evals == [
+        {"epoch": 1, "loss": 2.5, "accuracy": 0.25},
+        {"epoch": 2, "loss": None, "accuracy": 0.5},
+    ]
+    assert list(tmp_path.iterdir())  # every call reached TensorBoard
+
+
+def test_a_tensorboard_scalar_is_no_second_evaluation_of_a_pass_reported_otherwise(inst, tmp_path):
+    """A framework that logs to TensorBoard itself (the HF Trainer's callback, accelerate's
+    tracker) reports the pass its own way: what the writer was given then is not another
+    evaluation; nor is anything once the script reports its evaluations itself."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    writer = SummaryWriter(str(tmp_path))
+    train_step(model, opt, clock)
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(3, 4))
+    model.train()
+    writer.add_scalar("eval/accuracy", 0.3)
+    inst._framework_eval(None, 0.3, {})  # the framework's report of the same pass
+    train_step(model, opt, clock)
+    ddptui.log_eval(accuracy=0.4)
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(3, 4))
+    model.train()
+    writer.add_scalar("accuracy", 0.5)
+    inst.at_exit()
+    writer.close()
+    assert [e.get("accuracy") for e in inst.fake.evals] == [0.3, 0.4]

@@ -349,6 +349,10 @@ _FASTAI_OPTIMIZER = "fastai.optimizer"
 _ABSENT = object()
 #: SpeechBrain's ``Brain``: the validation loss its ``fit`` computes each epoch is reported.
 _SPEECHBRAIN = "speechbrain.core"
+#: The modules of TensorBoard's ``SummaryWriter``: torch's and tensorboardX's.
+_TENSORBOARD = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
+#: ``_framework_eval``'s epoch when none is given: the one training is in.
+_NOW = object()
 #: Most datasets of ignite engines that trained remembered (see Instrument._ignite_ran).
 MAX_IGNITE_TRAINED = 64
 #: How far down an evaluator's data is followed to the datasets it reads (its loader's
@@ -816,6 +820,10 @@ class Instrument:
         self._ignite_trained: set[int] = set()
         self._fastai_attached = False
         self._speechbrain_attached = False
+        self._tensorboard_attached: set[str] = set()  # the SummaryWriter modules followed
+        #: Numbers a SummaryWriter was given after an evaluation pass, and the epoch training
+        #: was in: the pass's evaluation once training goes on (see _tensorboard_logged).
+        self._tensorboard_numbers: tuple[int | None, dict[str, Any]] | None = None
         #: The epochs a framework's plan announced (see _plan_epochs); None: none yet.
         self._epochs_planned: int | None = None
         self._steps_ended = 0  # training steps ended in this process
@@ -853,6 +861,7 @@ class Instrument:
             self._watch_ignite,
             self._watch_fastai,
             self._watch_speechbrain,
+            self._watch_tensorboard,
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_jit,
@@ -1310,22 +1319,100 @@ class Instrument:
         if not isinstance(values, dict):
             return
         try:
-            tensor = self.torch.Tensor
-            numbers = {
-                str(k): v
-                for k, v in values.items()
-                if _logged_scalar(v, tensor) and not _words(k) & TRAINING_WORDS
-            }
-            accuracy_name = _metric_named(numbers, ACCURACY_WORDS)
-            loss_name = _metric_named(
-                (k for k in numbers if _words(k) & EVALUATION_WORDS), LOSS_WORDS
-            )
-            if loss_name is None and accuracy_name is None:
-                return
-            self._evaluated = False
-            loss = numbers.pop(loss_name) if loss_name is not None else None
-            accuracy = numbers.pop(accuracy_name) if accuracy_name is not None else None
-            self._framework_eval(loss, accuracy, numbers)
+            if self._logged_eval(self._logged_numbers(values, {}), self._epoch):
+                self._evaluated = False
+        except Exception as exc:
+            self._fail(exc)
+
+    def _logged_numbers(self, values: dict[Any, Any], into: dict[str, Any]) -> dict[str, Any]:
+        """``into``, with the numbers among ``values`` that a script logged (by name) not
+        named for training (``train_loss``), at most :data:`HF_EXTRA_METRICS` + 2 of them,
+        the first of each name kept."""
+        tensor = self.torch.Tensor
+        for key, value in values.items():
+            if len(into) >= HF_EXTRA_METRICS + 2:
+                break
+            if _logged_scalar(value, tensor) and not _words(key) & TRAINING_WORDS:
+                into.setdefault(str(key), value)
+        return into
+
+    def _logged_eval(self, numbers: dict[str, Any], epoch: int | None) -> bool:
+        """Report the evaluation of ``epoch`` among a script's logged ``numbers`` (not
+        training's, :meth:`_logged_numbers`): an accuracy (:data:`ACCURACY_WORDS`), or a loss
+        named as an evaluation's (``val_loss``, ``test/loss``: a plain ``loss`` is the
+        training's), with the other numbers as its extras. Whether there was one."""
+        accuracy_name = _metric_named(numbers, ACCURACY_WORDS)
+        loss_name = _metric_named((k for k in numbers if _words(k) & EVALUATION_WORDS), LOSS_WORDS)
+        if loss_name is None and accuracy_name is None:
+            return False
+        loss = numbers.pop(loss_name) if loss_name is not None else None
+        accuracy = numbers.pop(accuracy_name) if accuracy_name is not None else None
+        self._framework_eval(loss, accuracy, numbers, epoch)
+        return True
+
+    def _watch_tensorboard(self, torch: Any) -> None:
+        """Follow TensorBoard's ``SummaryWriter`` (torch's and tensorboardX's) from their
+        import on, or now where loaded."""
+        for name in _TENSORBOARD:
+            self._when_imported(name, self._attach_tensorboard)
+
+    def _attach_tensorboard(self, module: Any) -> None:
+        """The evaluations a script logs to TensorBoard: ``writer.add_scalar("accuracy",
+        …)`` after its test pass (kubeflow's PyTorch MNIST example, through tensorboardX), or
+        ``add_scalars``. See :meth:`_tensorboard_logged`."""
+        name = getattr(module, "__name__", None)
+        found = _own_methods(module, "SummaryWriter", "add_scalar", "add_scalars")
+        if found is None or name in self._tensorboard_attached:
+            return
+        self._tensorboard_attached.add(str(name))
+        cls, (scalar, scalars) = found
+        inst = self
+
+        @functools.wraps(scalar)
+        def add_scalar(writer: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if inst._evaluated:  # cheap where training logs its loss each step
+                tag = kwargs.get("tag", args[0] if args else None)
+                value = kwargs.get("scalar_value", args[1] if len(args) > 1 else None)
+                inst._tensorboard_logged({tag: value})
+            return scalar(writer, *args, **kwargs)
+
+        @functools.wraps(scalars)
+        def add_scalars(writer: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if inst._evaluated:
+                main = kwargs.get("main_tag", args[0] if args else None)
+                values = kwargs.get("tag_scalar_dict", args[1] if len(args) > 1 else None)
+                if isinstance(values, dict):
+                    inst._tensorboard_logged({f"{main}/{k}": v for k, v in values.items()})
+            return scalars(writer, *args, **kwargs)
+
+        self._follow(
+            "TensorBoard's logged evaluations", cls, add_scalar=add_scalar, add_scalars=add_scalars
+        )
+
+    def _tensorboard_logged(self, values: dict[Any, Any]) -> None:
+        """A SummaryWriter was given ``values`` (tag -> number) after an evaluation pass (a
+        DDP module's forwards not training). A script logs one number a call, its loss and
+        accuracy in turn: they are kept, with the epoch training is in, and become the pass's
+        evaluation (:meth:`_logged_eval`) when training goes on, or the process ends (the
+        last epoch's); unless a framework or the script reports it meanwhile."""
+        if self.disabled or self.explicit_eval or not self._evaluated:
+            return
+        try:
+            if self._tensorboard_numbers is None:
+                self._tensorboard_numbers = (self._epoch, {})
+            self._logged_numbers(values, self._tensorboard_numbers[1])
+        except Exception as exc:
+            self._fail(exc)
+
+    def _tensorboard_eval(self) -> None:
+        """Report what a SummaryWriter was given after the last evaluation pass, if it is an
+        evaluation (see :meth:`_tensorboard_logged`)."""
+        kept, self._tensorboard_numbers = self._tensorboard_numbers, None
+        if kept is None or self.disabled or self.explicit_eval:
+            return
+        try:
+            epoch, numbers = kept
+            self._logged_eval(numbers, epoch)
         except Exception as exc:
             self._fail(exc)
 
@@ -1814,15 +1901,19 @@ class Instrument:
         except Exception as exc:
             self._fail(exc)
 
-    def _framework_eval(self, loss: Any, accuracy: Any, extras: dict[str, Any]) -> None:
-        """Report a framework's evaluation of the epoch training is in: its loss, accuracy
-        and the first :data:`HF_EXTRA_METRICS` of its other numbers (none named as one of
-        ``log_eval``'s own arguments)."""
+    def _framework_eval(
+        self, loss: Any, accuracy: Any, extras: dict[str, Any], epoch: Any = _NOW
+    ) -> None:
+        """Report a framework's evaluation of the epoch training is in (or ``epoch``): its
+        loss, accuracy and the first :data:`HF_EXTRA_METRICS` of its other numbers (none
+        named as one of ``log_eval``'s own arguments). A SummaryWriter's numbers kept for the
+        same pass are not another evaluation."""
+        self._tensorboard_numbers = None
         kept = (item for item in extras.items() if item[0] not in _EVAL_FIELDS)
         from ddptui.rank import reporter as reporter_module
 
         reporter_module.get_reporter().log_eval(
-            epoch=self._epoch,
+            epoch=self._epoch if epoch is _NOW else epoch,
             loss=loss,
             accuracy=accuracy,
             **dict(itertools.islice(kept, HF_EXTRA_METRICS)),
@@ -2233,6 +2324,8 @@ class Instrument:
         self._opt_depth = 0
         self._ddp_seen = True
         self._fwd_seen = True
+        if self._tensorboard_numbers is not None:
+            self._tensorboard_eval()  # before the epoch below moves on
         self._evaluated = False  # a metric computed from here on is the training's
         if self._loader_epoch is not None:  # an accelerate loader's pass (_attach_accelerate)
             self._epoch = self._loader_epoch
@@ -3048,6 +3141,7 @@ class Instrument:
         try:
             self._drainer.stop()
             if not self.disabled:
+                self._tensorboard_eval()  # the last epoch's evaluation
                 if self._steps_ended and not self._opt_seen and self._seg == "after_bwd":
                     # The last of the steps that ended without an optimizer (no forward
                     # after it to end it): ended at its backward's return, as they were.
