@@ -227,9 +227,11 @@ class NodeSample(Event, tag="node"):
 #: Largest world a run may grow to when a script spawns its own ranks (ddptui.rank.spawned).
 MAX_GROWN_WORLD = 1024
 #: What a note may be about (``Note.code``).
-NoteCode = Literal["sampler_epoch", "spawned", "loader_steps", "p2p", "own_group"]
+NoteCode = Literal["sampler_epoch", "spawned", "loader_steps", "p2p", "own_group", "first_batch"]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
+#: A ``first_batch`` note's digest: 53 bits (a JSON reader's exact integers).
+MAX_DIGEST = 2**53 - 1
 NoteNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)]
 
 
@@ -257,7 +259,12 @@ class Note(Event, tag="note"):
     as rank ``group_rank`` of ``group_size`` ranks, another world than the launcher's: the
     script took its rank and world size from elsewhere (``slurm``: a Slurm job's variables
     are in its environment, which scripts made for ``srun`` read before torchrun's). It
-    keeps its launched rank on the dashboard."""
+    keeps its launched rank on the dashboard.
+
+    ``first_batch``: this rank, in a world of several, trains from a DataLoader with no
+    DistributedSampler (torch's ``RandomSampler`` or ``SequentialSampler`` over a map-style
+    dataset); ``digest`` is a hash of the first batch it drew (its tensors' dtypes, shapes and
+    first values), which the ranks' notes compare."""
 
     code: NoteCode
     epoch: NoteNumber | None = None
@@ -267,6 +274,7 @@ class Note(Event, tag="note"):
     group_rank: Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)] | None = None
     group_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_NOTE_NUMBER)] | None = None
     slurm: bool | None = None
+    digest: Annotated[int, msgspec.Meta(ge=0, le=MAX_DIGEST)] | None = None
 
 
 AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat | Note

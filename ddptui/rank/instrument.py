@@ -821,6 +821,7 @@ class Instrument:
         self._fastai_attached = False
         self._speechbrain_attached = False
         self._tensorboard_attached: set[str] = set()  # the SummaryWriter modules followed
+        self._batch_noted = False  # the first training batch was looked at (_note_first_batch)
         #: Numbers a SummaryWriter was given after an evaluation pass, and the epoch training
         #: was in: the pass's evaluation once training goes on (see _tensorboard_logged).
         self._tensorboard_numbers: tuple[int | None, dict[str, Any]] | None = None
@@ -1194,6 +1195,8 @@ class Instrument:
                     inst._mode_draw = (weakref.ref(it), size, began, ended)
                 return batch
             inst._training_draw(it, _draw_size(tensor, batch), began, inst.clock())
+            if not inst._batch_noted:
+                inst._note_first_batch(it, batch)
             return batch
 
         self._patch(iterator, "__next__", __next__)
@@ -1223,6 +1226,21 @@ class Instrument:
         self._loader_samples += size
         wait = self._step_wait
         self._step_wait = (wait or 0.0) + (ended - began)
+
+    def _note_first_batch(self, it: Any, batch: Any) -> None:
+        """The process's first training batch, from DataLoader iterator ``it``: its digest
+        goes out where the loader gives this rank the whole dataset (see
+        :mod:`ddptui.rank.first_batch`), for the ranks' batches to be compared. Once."""
+        self._batch_noted = True
+        if self.disabled:
+            return
+        from ddptui.rank.first_batch import first_batch_digest
+
+        digest = first_batch_digest(self.torch, it, batch)
+        if digest is not None:
+            from ddptui.rank import reporter as reporter_module
+
+            reporter_module.get_reporter().note("first_batch", digest=digest)
 
     def _loader_pass(self, it: int) -> None:
         """A training pass over a DataLoader began (its iterator's first batch, ``it`` its id,

@@ -1104,6 +1104,33 @@ def no_comm_diagnosis(state: Any, t: float) -> Diagnosis | None:
     )
 
 
+def same_batches_diagnosis(state: Any, t: float) -> Diagnosis | None:
+    """Every rank of a world of several trains from a DataLoader with no DistributedSampler
+    and drew the same first batch (their ``first_batch`` notes' digests): each rank trains
+    on the whole dataset in the same order, the same gradients on every rank, so the run does
+    one rank's work (kubeflow's PyTorch MNIST example: ``shuffle=True``, one seed on every
+    rank). Evidence only: ranks seeded apart draw other batches and are never said to, nor
+    ranks that shard their data themselves."""
+    batches = getattr(state, "first_batches", {})
+    ranks = getattr(state, "ranks", {})
+    if len(ranks) < 2 or len(ranks) != state.world_size or set(batches) != set(ranks):
+        return None
+    if len(set(batches.values())) != 1:
+        return None
+    world = len(ranks)
+    who = "ranks 0 and 1" if world == 2 else f"all {world} ranks"
+    return Diagnosis(
+        min(ranks),
+        "same_batches",
+        f"{who} drew the same first batch from a DataLoader with no "
+        "DistributedSampler: each trains on the whole dataset in the same order, so the ranks "
+        f"compute the same gradients and {world} do the work of one; "
+        "DistributedSampler(dataset) gives each rank its share (and sampler.set_epoch(epoch) "
+        "a new order each epoch)",
+        t,
+    )
+
+
 def spawners_diagnosis(state: Any, t: float) -> Diagnosis | None:
     """More than one process ddptui launched on a node spawned workers of its own
     (``mp.spawn``, a ``Process`` per rank): the script starts its ranks itself, as under
@@ -1267,6 +1294,12 @@ class Diagnoser:
                 self._noted.add("no_comm")
                 self.record(apart)
                 found.append(apart)
+        if "same_batches" not in self._noted and getattr(state, "first_batches", None):
+            same = same_batches_diagnosis(state, state.elapsed(state.last_event_at or 0.0))
+            if same is not None:
+                self._noted.add("same_batches")
+                self.record(same)
+                found.append(same)
         if "spawners" not in self._noted and len(getattr(state, "spawners", ())) > 1:
             twice = spawners_diagnosis(state, state.elapsed(state.last_event_at or 0.0))
             if twice is not None:

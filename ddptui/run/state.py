@@ -541,6 +541,9 @@ class RunState:
         self.restart_refused: str | None = None
         #: Notes the ranks sent (``protocol.Note``), by code: the first of each.
         self.notes: dict[str, NoteSeen] = {}
+        #: rank -> the digest of the first batch it trained on, where it has no
+        #: DistributedSampler (``first_batch`` notes; a rank is a view: bounded by the world).
+        self.first_batches: dict[int, int] = {}
         #: The launched processes that spawned workers of their own (``spawned`` notes):
         #: (node, rank) -> workers, as each first said it.
         self.spawners: dict[tuple[int | None, int], int] = {}
@@ -847,6 +850,10 @@ class RunState:
                 self._loader_steps = ev.steps
                 if self._epoch_steps_from is None:
                     self.steps_per_epoch, self._epoch_steps_from = ev.steps, "loader"
+            return
+        if ev.code == "first_batch":  # every rank's, compared (diagnosis.same_batches)
+            if ev.digest is not None:
+                self.first_batches[view.rank] = ev.digest
             return
         if ev.code not in self.notes:  # codes are a closed set (the schema): the dict stays tiny
             self.notes[ev.code] = NoteSeen(
