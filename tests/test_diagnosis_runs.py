@@ -223,12 +223,22 @@ def test_ranks_that_train_apart_are_told_and_ddp_or_pipelined_ranks_are_not(tmp_
     every step (a pipeline's stages; gloo's Flight Recorder records no point-to-point op),
     150 steps a rank, the three at once: the note for the first alone, no verdict for any.
     Under ddptui's spawn launcher: the note does not depend on the launcher, and torchrun's
-    agent would cost each run 2 CPU-seconds more (its import of torch)."""
+    agent would cost each run 2 CPU-seconds more (its import of torch).
+
+    And the ranks that train on the same data: the DDP run's DataLoader has no
+    DistributedSampler (kubeflow's PyTorch MNIST example: ``shuffle=True``, one seed on every
+    rank), and the ranks say so from their first batch's digest (once, no verdict); the run
+    apart draws its batches alike too, but holds no DDP module: its ranks send none (a
+    tensor-parallel rank draws the same batches by design)."""
     from concurrent.futures import ThreadPoolExecutor
 
     env = {"PLAIN_EPOCHS": "1", "PLAIN_STEPS": "150", "PLAIN_STEP_S": "0.02"}
-    apart = {**env, "PLAIN_NO_DDP": "1"}
-    runs = {"apart": apart, "ddp": env, "p2p": {**apart, "PLAIN_P2P": "1"}}
+    apart = {**env, "PLAIN_NO_DDP": "1", "PLAIN_NO_SAMPLER": "1"}
+    runs = {
+        "apart": apart,
+        "ddp": {**env, "PLAIN_NO_SAMPLER": "1"},
+        "p2p": {**apart, "PLAIN_P2P": "1"},
+    }
     with ThreadPoolExecutor(len(runs)) as pool:
         futures = {
             name: pool.submit(ddptui_run, tmp_path / name, "spawn", run_env)
@@ -237,8 +247,16 @@ def test_ranks_that_train_apart_are_told_and_ddp_or_pipelined_ranks_are_not(tmp_
         summaries = {name: future.result()[1] for name, future in futures.items()}
     for name, summary in summaries.items():
         causes = [d["cause"] for d in summary["diagnoses"]]
-        assert set(causes) <= {"no_comm", "communication", "host"}, (name, summary["diagnoses"])
+        allowed = {"no_comm", "communication", "host", "same_batches"}
+        assert set(causes) <= allowed, (name, summary["diagnoses"])
         notes = [d for d in summary["diagnoses"] if d["cause"] == "no_comm"]
         assert len(notes) == (name == "apart"), (name, summary["diagnoses"])
+        same = [d for d in summary["diagnoses"] if d["cause"] == "same_batches"]
+        assert len(same) == (name == "ddp"), (name, summary["diagnoses"])
     (note,) = [d for d in summaries["apart"]["diagnoses"] if d["cause"] == "no_comm"]
     assert "each trains a model of its own" in note["detail"]
+    (same,) = [d for d in summaries["ddp"]["diagnoses"] if d["cause"] == "same_batches"]
+    assert same["detail"].startswith("ranks 0 and 1 drew the same first batch")
+    digests = [e for e in read_events(tmp_path / "ddp") if e.get("code") == "first_batch"]
+    assert sorted(e["rank"] for e in digests) == [0, 1]
+    assert not [e for e in read_events(tmp_path / "apart") if e.get("code") == "first_batch"]

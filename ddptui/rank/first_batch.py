@@ -1,5 +1,5 @@
-"""Whether the ranks train on the same data: a digest of the first batch a rank trains on,
-where its DataLoader has no DistributedSampler. Runs inside training processes.
+"""Whether the ranks train on the same data: a digest of the first batch a DDP rank trains
+on, where its DataLoader has no DistributedSampler. Runs inside training processes.
 
 A DataLoader over a map-style dataset with torch's own ``RandomSampler`` (``shuffle=True``)
 or ``SequentialSampler`` gives every rank the whole dataset; seeded alike (the usual

@@ -1228,12 +1228,14 @@ class Instrument:
         self._step_wait = (wait or 0.0) + (ended - began)
 
     def _note_first_batch(self, it: Any, batch: Any) -> None:
-        """The process's first training batch, from DataLoader iterator ``it``: its digest
-        goes out where the loader gives this rank the whole dataset (see
-        :mod:`ddptui.rank.first_batch`), for the ranks' batches to be compared. Once."""
-        self._batch_noted = True
-        if self.disabled:
+        """The first training batch from DataLoader iterator ``it`` while this rank holds a
+        DDP module (data parallel: tensor- and pipeline-parallel ranks draw the same batches
+        by design, and hold none): its digest goes out where the loader gives this rank the
+        whole dataset (see :mod:`ddptui.rank.first_batch`), for the ranks' batches to be
+        compared. Once."""
+        if self.disabled or not self._models or not self.holds_ddp():
             return
+        self._batch_noted = True
         from ddptui.rank.first_batch import first_batch_digest
 
         digest = first_batch_digest(self.torch, it, batch)

@@ -24,6 +24,9 @@ Fault injection through environment variables (rank R, epochs counted from 1):
 
 * ``PLAIN_NO_DDP=1``: the model is not wrapped in DDP (as pytorch/examples' ImageNet script
   leaves it on the CPU): each rank trains its own; the ranks meet in one barrier before.
+* ``PLAIN_NO_SAMPLER=1``: the DataLoader has no DistributedSampler (``shuffle=True``, one seed
+  on every rank): each rank trains on the whole dataset, the same batches (kubeflow's PyTorch
+  MNIST example).
 * ``PLAIN_STEP_S=S``: every step sleeps S more.
 * ``PLAIN_THREAD=1``: the whole of ``main`` runs in a thread the main thread joins.
 * ``PLAIN_P2P=1``: every step rank 0 sends a tensor to rank 1, as a pipeline's stages pass
@@ -142,13 +145,19 @@ def main():
     step_s = float(os.environ.get("PLAIN_STEP_S", "0"))
     p2p_steps = 0
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = Points(STEPS * BATCH * world, rank)
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True)
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    if os.environ.get("PLAIN_NO_SAMPLER") == "1":  # every rank the whole data, alike
+        data, sampler = Points(STEPS * BATCH, rank), None
+        torch.manual_seed(0)
+        loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    else:
+        data = Points(STEPS * BATCH * world, rank)
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True)
+        loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     extra = env_int("PLAIN_EXTRA_MATMULS", 0) if rank == env_int("PLAIN_SLOW_COMPUTE_RANK") else 0
     busy = torch.randn(192, 192)
     for epoch in range(1, EPOCHS + 1):
-        sampler.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         if rank == env_int("PLAIN_HANG_RANK") and epoch == env_int("PLAIN_HANG_EPOCH"):
             stall_forever()
         if rank == env_int("PLAIN_FAIL_RANK") and epoch == env_int("PLAIN_FAIL_EPOCH"):

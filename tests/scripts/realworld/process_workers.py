@@ -7,16 +7,14 @@ run as ``python process_workers.py`` (or by a launcher with one process), on CPU
 ddptui's tests; no ddptui import.
 
     python process_workers.py [--size 2] [--port 29500] [--epochs 3] [--out DIR] [--subclass]
-                              [--start-method spawn] [--exit-zero] [--whole]
+                              [--start-method spawn] [--exit-zero]
 
 ``--subclass``: each rank is a ``Process`` subclass that overrides ``run()`` (no target),
 the other common way to write a process per rank. ``--start-method``: the script first calls
 ``torch.multiprocessing.set_start_method`` with it, as harveyp123/Pytorch-DDP-Example's
 ``mnist_ddp.py`` does (``"spawn"``) before starting its ``Process`` per GPU. ``--exit-zero``:
 the script ends as the tutorial's does, joining its processes without a look at their exit
-codes, so it exits 0 whatever they did (without it, with the highest of them). ``--whole``:
-every rank trains on the whole dataset, shuffled alike (the partitioning left out: the slip
-of kubeflow's PyTorch MNIST example, a DataLoader with no DistributedSampler).
+codes, so it exits 0 whatever they did (without it, with the highest of them).
 
 A fault for the tests (environment): ``RW_FAULT=raise`` makes rank ``RW_FAULT_RANK`` raise just
 before its step ``RW_FAULT_STEP`` (counted from 1).
@@ -49,7 +47,6 @@ parser.add_argument("--out", default=".", type=str)
 parser.add_argument("--subclass", action="store_true", help="ranks as a Process subclass")
 parser.add_argument("--start-method", help="set_start_method(...) before any process starts")
 parser.add_argument("--exit-zero", action="store_true", help="exit 0 whatever the ranks did")
-parser.add_argument("--whole", action="store_true", help="every rank trains on the whole data")
 
 
 class Partition:
@@ -100,7 +97,7 @@ def partition_dataset(args):
     size = dist.get_world_size()
     bsz = args.batch // size
     partition = DataPartitioner(dataset, [1.0 / size for _ in range(size)])
-    partition = dataset if args.whole else partition.use(dist.get_rank())
+    partition = partition.use(dist.get_rank())
     train_set = torch.utils.data.DataLoader(partition, batch_size=bsz, shuffle=True)
     return train_set, bsz
 
