@@ -206,6 +206,24 @@ def test_chart_data_means_loss_per_step_and_lists_evals():
     assert data.accuracy == ([1.0], [0.5]) and data.epochs == 3
 
 
+def test_the_accuracy_chart_places_evaluations_at_the_epochs_the_header_shows():
+    """kubeflow's PyTorch MNIST example, 2 epochs known from its ``--epochs``, its loader's
+    passes counted from 0: the lines read ``epoch 1/2 accuracy 0.1020`` and ``epoch 2/2 …``,
+    and the chart drew its points at 0 and 1 of an axis from 0 to 2."""
+    state = RunState("r", 1, epochs=2)
+    for epoch in (0, 1):
+        state.apply(_step(0, epoch + 1, epoch + 1, epoch=epoch))
+        state.apply(protocol.Eval(run="r", rank=0, t=3, seq=10 + epoch, epoch=epoch, accuracy=0.1))
+    assert chart_data(state).accuracy == ([1.0, 2.0], [0.1, 0.1])
+    from ddptui.formatting import fmt_epoch
+
+    assert [fmt_epoch(state, e) for e in (0, 1)] == ["1/2", "2/2"]
+    unknown = RunState("r", 1)  # no count: the script's own numbers, as the lines show them
+    unknown.apply(_step(0, 1, 1, epoch=0))
+    unknown.apply(protocol.Eval(run="r", rank=0, t=3, seq=10, epoch=0, accuracy=0.1))
+    assert chart_data(unknown).accuracy == ([0.0], [0.1])
+
+
 def _naive_mean_loss(state: RunState) -> dict[int, float]:
     """The loss chart's mean line by its definition: at each step, the mean over the ranks
     whose series hold that step, each rank's last value there."""

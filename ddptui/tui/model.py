@@ -664,7 +664,9 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS, per_rank: bool = T
 def eval_series(state: RunState) -> tuple[tuple[list[float], list[float]], ...]:
     """(epochs, accuracies) and (epochs, losses) of the evaluations so far. An epoch's n
     evaluations (every N steps: the HF Trainer's ``eval_steps``) sit at epoch, epoch + 1/n,
-    ...; one an epoch at its epoch; those without an epoch at 1, 2, ... in order."""
+    ...; one an epoch at its epoch; those without an epoch at 1, 2, ... in order. The epoch as
+    the header and the lines show it (:func:`epoch_ordinal`): a script counting from 0 with
+    2 epochs known has its evaluations at 1 and 2 (``epoch 1/2``, ``2/2``), not at 0 and 1."""
     history = state.eval_history
     per_epoch, seen = Counter(p.epoch for p in history), Counter()
     accuracy: tuple[list[float], list[float]] = ([], [])
@@ -673,7 +675,7 @@ def eval_series(state: RunState) -> tuple[tuple[list[float], list[float]], ...]:
         if point.epoch is None:
             x = float(i + 1)
         else:
-            x = point.epoch + seen[point.epoch] / per_epoch[point.epoch]
+            x = epoch_ordinal(state, point.epoch) + seen[point.epoch] / per_epoch[point.epoch]
             seen[point.epoch] += 1
         for series, value in ((accuracy, point.accuracy), (loss, point.loss)):
             if value is not None:
