@@ -2,6 +2,7 @@
 hooks, a fake clock advanced by the model, data and optimizer themselves, so every phase has
 an exact expected value."""
 
+import contextlib
 import enum
 import functools
 import gc
@@ -3188,3 +3189,42 @@ def test_a_tensorboard_scalar_is_no_second_evaluation_of_a_pass_reported_otherwi
     inst.at_exit()
     writer.close()
     assert [e.get("accuracy") for e in inst.fake.evals] == [0.3, 0.4]
+
+
+@pytest.mark.parametrize(
+    "tag, value",
+    [
+        ("accuracy", float("nan")),
+        ("accuracy", float("inf")),
+        ("accuracy", 10**400),
+        ("accuracy", torch.tensor([0.1, 0.2])),
+        ("accuracy", "0.5"),
+        (None, 0.5),
+        ("é" * 100_000 + " accuracy", 0.5),
+        ("val/loss", -1e308),
+    ],
+)
+def test_hostile_scalars_logged_to_tensorboard_never_turn_the_hooks_off(inst, tmp_path, tag, value):
+    """Whatever a script gives its SummaryWriter after an evaluation pass (a NaN, an integer
+    beyond a float, text, a tensor of two, a huge tag), the hooks stay on and the step after
+    it is measured; TensorBoard gets the call as it was."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    writer = SummaryWriter(str(tmp_path))
+    train_step(model, opt, clock)
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(3, 4))
+    model.train()
+    with contextlib.suppress(Exception):  # TensorBoard's own refusal, if any
+        writer.add_scalar(tag, value)
+    with contextlib.suppress(Exception):
+        writer.add_scalars("acc", {tag: value, "val": value})
+    train_step(model, opt, clock)
+    inst.at_exit()
+    writer.close()
+    assert not inst.disabled
+    assert len(inst.fake.evals) <= 1
