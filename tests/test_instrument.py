@@ -3116,6 +3116,25 @@ def test_accelerates_logged_accuracy_after_an_evaluation_is_the_evaluation(
     assert "__wrapped__" not in Accelerator.log.__dict__  # put back
 
 
+def _evaluated_once(inst, tmp_path):
+    """A DDP model after one training step and one evaluation pass, and a SummaryWriter."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    train_step(model, opt, clock)
+    _evaluation_pass(model)
+    return model, opt, SummaryWriter(str(tmp_path))
+
+
+def _evaluation_pass(model):
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(3, 4))
+    model.train()
+
+
 def test_an_evaluation_logged_to_tensorboard_after_an_evaluation_pass_is_the_evaluation(
     inst, tmp_path
 ):
@@ -3133,16 +3152,10 @@ def test_an_evaluation_logged_to_tensorboard_after_an_evaluation_pass_is_the_eva
     sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
     writer = SummaryWriter(str(tmp_path))
 
-    def evaluate():
-        model.eval()
-        with torch.no_grad():
-            model(torch.randn(3, 4))
-        model.train()
-
     sampler.set_epoch(1)
     train_step(model, opt, clock)
     writer.add_scalar("loss", 0.9, 1)  # a training step's: no evaluation pass before it
-    evaluate()
+    _evaluation_pass(model)
     writer.add_scalar("test/loss", 2.5, 1)
     writer.add_scalar("train/loss", 0.8, 1)
     writer.add_scalar(tag="accuracy", scalar_value=torch.tensor(0.25), global_step=1)
@@ -3150,7 +3163,7 @@ def test_an_evaluation_logged_to_tensorboard_after_an_evaluation_pass_is_the_eva
     sampler.set_epoch(2)
     train_step(model, opt, clock)
     writer.add_scalar("loss", 0.7, 2)
-    evaluate()
+    _evaluation_pass(model)
     writer.add_scalars("acc", {"train": 0.9, "val": 0.5}, 2)
     inst.at_exit()  # the last epoch's, at the end
     writer.close()
@@ -3166,25 +3179,12 @@ def test_a_tensorboard_scalar_is_no_second_evaluation_of_a_pass_reported_otherwi
     """A framework that logs to TensorBoard itself (the HF Trainer's callback, accelerate's
     tracker) reports the pass its own way: what the writer was given then is not another
     evaluation; nor is anything once the script reports its evaluations itself."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    clock = inst.fake_clock
-    model = DistributedDataParallel(Net(clock))
-    opt = timed_sgd(model.parameters(), clock)
-    writer = SummaryWriter(str(tmp_path))
-    train_step(model, opt, clock)
-    model.eval()
-    with torch.no_grad():
-        model(torch.randn(3, 4))
-    model.train()
+    model, opt, writer = _evaluated_once(inst, tmp_path)
     writer.add_scalar("eval/accuracy", 0.3)
     inst._framework_eval(None, 0.3, {})  # the framework's report of the same pass
-    train_step(model, opt, clock)
+    train_step(model, opt, inst.fake_clock)
     ddptui.log_eval(accuracy=0.4)
-    model.eval()
-    with torch.no_grad():
-        model(torch.randn(3, 4))
-    model.train()
+    _evaluation_pass(model)
     writer.add_scalar("accuracy", 0.5)
     inst.at_exit()
     writer.close()
@@ -3208,22 +3208,12 @@ def test_hostile_scalars_logged_to_tensorboard_never_turn_the_hooks_off(inst, tm
     """Whatever a script gives its SummaryWriter after an evaluation pass (a NaN, an integer
     beyond a float, text, a tensor of two, a huge tag), the hooks stay on and the step after
     it is measured; TensorBoard gets the call as it was."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    clock = inst.fake_clock
-    model = DistributedDataParallel(Net(clock))
-    opt = timed_sgd(model.parameters(), clock)
-    writer = SummaryWriter(str(tmp_path))
-    train_step(model, opt, clock)
-    model.eval()
-    with torch.no_grad():
-        model(torch.randn(3, 4))
-    model.train()
+    model, opt, writer = _evaluated_once(inst, tmp_path)
     with contextlib.suppress(Exception):  # TensorBoard's own refusal, if any
         writer.add_scalar(tag, value)
     with contextlib.suppress(Exception):
         writer.add_scalars("acc", {tag: value, "val": value})
-    train_step(model, opt, clock)
+    train_step(model, opt, inst.fake_clock)
     inst.at_exit()
     writer.close()
     assert not inst.disabled

@@ -1276,8 +1276,10 @@ class Diagnoser:
 
     def notes(self, state: Any) -> list[Diagnosis]:
         """The notes the ranks sent that were not said yet, one diagnosis per code (recorded);
-        ``t`` is when the first one arrived. And, once, the note the ranks' beats make
-        together: they train apart (:func:`no_comm_diagnosis`)."""
+        ``t`` is when the first one arrived. And, once each, the notes the ranks make
+        together: they train apart (:func:`no_comm_diagnosis`), on the same data
+        (:func:`same_batches_diagnosis`), several launched processes spawned workers
+        (:func:`spawners_diagnosis`)."""
         found: list[Diagnosis] = []
         for code, note in getattr(state, "notes", {}).items():
             if code in self._noted:
@@ -1288,24 +1290,19 @@ class Diagnoser:
             if diagnosis is not None:
                 self.record(diagnosis)
                 found.append(diagnosis)
-        if "no_comm" not in self._noted and getattr(state, "ranks", None):
-            apart = no_comm_diagnosis(state, state.elapsed(state.last_event_at or 0.0))
-            if apart is not None:
-                self._noted.add("no_comm")
-                self.record(apart)
-                found.append(apart)
-        if "same_batches" not in self._noted and getattr(state, "first_batches", None):
-            same = same_batches_diagnosis(state, state.elapsed(state.last_event_at or 0.0))
-            if same is not None:
-                self._noted.add("same_batches")
-                self.record(same)
-                found.append(same)
-        if "spawners" not in self._noted and len(getattr(state, "spawners", ())) > 1:
-            twice = spawners_diagnosis(state, state.elapsed(state.last_event_at or 0.0))
-            if twice is not None:
-                self._noted.add("spawners")
-                self.record(twice)
-                found.append(twice)
+        together = (  # the notes the ranks make together, each said once
+            ("no_comm", bool(getattr(state, "ranks", None)), no_comm_diagnosis),
+            ("same_batches", bool(getattr(state, "first_batches", None)), same_batches_diagnosis),
+            ("spawners", len(getattr(state, "spawners", ())) > 1, spawners_diagnosis),
+        )
+        for code, evidence, judge in together:
+            if code in self._noted or not evidence:
+                continue
+            said = judge(state, state.elapsed(state.last_event_at or 0.0))
+            if said is not None:
+                self._noted.add(code)
+                self.record(said)
+                found.append(said)
         return found
 
     def check(
