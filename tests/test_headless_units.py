@@ -416,3 +416,28 @@ def test_a_failed_rank_is_one_line_as_it_fails():
         "rank 1 failed: UnpicklingError: Weights only load failed. …",
         "rank 0 failed: KeyError: 'x'",
     ]
+
+
+def test_replay_names_each_evaluation_as_the_run_did(tmp_path):
+    """``ddptui replay --no-ui`` of kubeflow's MNIST example read ``epoch 0: accuracy 0.1020
+    loss -- (None samples)`` where the run's own lines read ``epoch 1/2  accuracy 0.1020  eval
+    loss --``: its epoch as the run numbered it, the samples only where counted."""
+    import json
+    import shutil
+
+    from ddptui.runs.replay import print_replay
+    from tests.tui_fixtures.fakes import RUNS
+
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "rec-ok", run)
+    out = io.StringIO()
+    print_replay(run, out)
+    assert "  epoch 1: accuracy 1.0000 eval loss -- (2 samples)\n" in out.getvalue()
+    events = run / "events.jsonl"
+    events.write_text(events.read_text().replace('"count": 2', '"count": null'))
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "epochs": 2}))
+    out = io.StringIO()
+    print_replay(run, out)
+    assert "  epoch 1/2: accuracy 1.0000 eval loss --\n" in out.getvalue()
+    assert "None" not in out.getvalue()

@@ -6,7 +6,14 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from ddptui.formatting import amp_label, fmt_duration, fmt_num, printable, target_label
+from ddptui.formatting import (
+    amp_label,
+    fmt_duration,
+    fmt_epoch,
+    fmt_num,
+    printable,
+    target_label,
+)
 from ddptui.run.rundir import load_run, unread_note
 
 
@@ -27,9 +34,11 @@ def print_replay(run_dir: Path, out: TextIO | None = None) -> int:
         f"(exit code {summary['exit_code']}), {fmt_duration(state.elapsed(end))}"
     )
     for point in state.eval_history:
+        # as the run's own lines said it: ``epoch 1/2``, the count where one was given
+        count = f" ({point.count:,} samples)" if point.count is not None else ""
         emit(
-            f"  epoch {point.epoch}: accuracy {fmt_num(point.accuracy)} "
-            f"loss {fmt_num(point.loss)} ({point.count} samples)"
+            f"  epoch {fmt_epoch(state, point.epoch)}: accuracy {fmt_num(point.accuracy)} "
+            f"eval loss {fmt_num(point.loss)}{count}"
         )
     for rank, view in sorted(state.ranks.items()):
         emit(
