@@ -120,12 +120,19 @@ _RAISED = re.compile(
 )
 
 
+#: The prefix torch puts on each line of a rank's uncaught error (``[rank0]: Traceback…``).
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
+#: The lines of a log's tail :func:`raised_in` reads, at most.
+STDERR_LINES_READ = 64
+
+
 def raised_in(lines: Sequence[str]) -> str | None:
     """The exception a log's last ``lines`` end with, where they end with a Python traceback
     (a ``File "…"`` frame, then an unindented ``Name: message`` as the last line); None
     otherwise. A process that died without reporting its error (a script's mp.spawn whose
     workers failed before they formed their process group: only the spawner's exit code 1 was
     known) is named by what it printed."""
+    lines = [_RANK_PREFIX.sub("", line, count=1) for line in lines[-STDERR_LINES_READ:]]
     if not lines or not any(line.startswith('  File "') for line in lines[:-1]):
         return None
     last = lines[-1].rstrip()

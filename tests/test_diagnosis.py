@@ -1439,6 +1439,8 @@ FRAME = ('  File "/x/t.py", line 3, in f', "    raise")
         ),
         ((*FRAME, "KeyboardInterrupt"), "KeyboardInterrupt"),
         ((*FRAME, "a.b.ProcessRaisedException:"), "a.b.ProcessRaisedException:"),
+        # torch's prefix on a rank's uncaught error (open_clip's run under torchrun)
+        (tuple(f"[rank1]:{line}" for line in (*FRAME, "ValueError: x")), "ValueError: x"),
         ((*FRAME, "ValueError: " + "é" * 400), "ValueError: " + "é" * 288),
         # not a traceback's end: a print after it, an indented line, no frame, nothing
         ((*FRAME, "RuntimeError: x", "done"), None),
