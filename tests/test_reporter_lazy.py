@@ -602,6 +602,47 @@ def test_a_metric_nothing_can_carry_costs_no_other_event(collector):
     assert list(steps[7].metrics) == [f"m{j}" for j in range(protocol.MAX_METRICS)]
 
 
+def test_numbers_of_numpys_and_other_subclasses_go_as_plain_numbers(collector):
+    """open_clip's evaluation metrics are numpy ``float64`` (a float subclass): msgpack refuses
+    one, and the evaluation they were the extras of was dropped ("2 dropped", no evaluation)."""
+    import enum
+
+    import numpy as np
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    rep = Reporter(collector.endpoint, "run-1", rank=0)
+    try:
+        rep.log_eval(
+            epoch=1,
+            loss=np.float64(1.3867),
+            mean_rank=np.float64(6.5),
+            r_at_1=np.float32(0.25),
+            n=np.int64(12),
+            level=Level.HIGH,
+            flag=np.bool_(True),
+        )
+        rep.log(loss=0.5, samples=4, rank_mean=np.float64(2.5))
+        rep.finished()
+        events = drain(collector, 4)
+    finally:
+        rep.close()
+    assert rep.dropped == 0 and collector.stats.rejected == 0
+    (evaluation,) = [e for e in events if type(e).__name__ == "Eval"]
+    assert evaluation.loss == 1.3867
+    assert evaluation.metrics == {
+        "mean_rank": 6.5,
+        "r_at_1": 0.25,
+        "n": 12,
+        "level": 3,
+        "flag": True,
+    }
+    assert all(type(v) in (float, int, bool) for v in evaluation.metrics.values())
+    (step,) = [e for e in events if type(e).__name__ == "Step"]
+    assert step.metrics == {"rank_mean": 2.5} and type(step.metrics["rank_mean"]) is float
+
+
 def test_an_event_that_cannot_be_sent_is_dropped_alone(collector, monkeypatch):
     import ddptui.rank.reporter as reporter_module
 

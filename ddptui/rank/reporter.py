@@ -890,10 +890,15 @@ def _metrics(values: dict[str, Any], device: list[tuple[Any, Any]]) -> dict[str,
 
 
 def _wire_scalar(value: Any) -> Any:
-    """``value`` as msgpack can carry it and the collector accepts it."""
-    if value is None or isinstance(value, bool | float):
+    """``value`` as msgpack can carry it and the collector accepts it. A subclass of float or
+    int as the plain number: msgpack refuses numpy's ``float64`` (a float subclass), and the
+    event it was in was dropped (open_clip's evaluation metrics, logged to TensorBoard)."""
+    if value is None or type(value) is bool or type(value) is float:
         return value
+    if isinstance(value, float):
+        return float(value)
     if isinstance(value, int):
+        value = int(value)
         if -(2**63) <= value < 2**64:
             return value
         try:
