@@ -1194,18 +1194,21 @@ class Instrument:
                     size, ended = _draw_size(tensor, batch), inst.clock()
                     inst._mode_draw = (weakref.ref(it), size, began, ended)
                 return batch
-            inst._training_draw(it, _draw_size(tensor, batch), began, inst.clock())
-            if not inst._batch_noted:
-                inst._note_first_batch(it, batch)
+            inst._training_draw(it, _draw_size(tensor, batch), began, inst.clock(), batch)
             return batch
 
         self._patch(iterator, "__next__", __next__)
 
-    def _training_draw(self, it: Any, size: int, began: float, ended: float) -> None:
-        """A training batch of ``size`` samples came from DataLoader iterator ``it``, waited
-        for from ``began`` to ``ended``: the pass (the epoch) and the step's draws."""
+    def _training_draw(
+        self, it: Any, size: int, began: float, ended: float, batch: Any = None
+    ) -> None:
+        """A training batch (``batch``) of ``size`` samples came from DataLoader iterator
+        ``it``, waited for from ``began`` to ``ended``: the pass (the epoch) and the step's
+        draws."""
         key = id(it)
         if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
+            if not self._batch_noted:
+                self._note_first_batch(it, batch)
             if self._passes >= 0 and (self._pass_ended or self._pass_batches > 1):
                 self._between_passes()  # another epoch: the time between them is none's
             self._loader_pass(key)
@@ -1228,13 +1231,13 @@ class Instrument:
         self._step_wait = (wait or 0.0) + (ended - began)
 
     def _note_first_batch(self, it: Any, batch: Any) -> None:
-        """The first training batch from DataLoader iterator ``it`` while this rank holds a
-        DDP module (data parallel: tensor- and pipeline-parallel ranks draw the same batches
-        by design, and hold none): its digest goes out where the loader gives this rank the
-        whole dataset (see :mod:`ddptui.rank.first_batch`), for the ranks' batches to be
-        compared. Once."""
-        if self.disabled or not self._models or not self.holds_ddp():
-            return
+        """The first batch of a training pass over DataLoader iterator ``it``, the first
+        while this rank holds a DDP module (data parallel: tensor- and pipeline-parallel ranks
+        draw the same batches by design, and hold none): its digest goes out where the loader
+        gives this rank the whole dataset (see :mod:`ddptui.rank.first_batch`), for the ranks'
+        batches to be compared. Once; a look once a pass until then."""
+        if batch is None or self.disabled or not self._models or not self.holds_ddp():
+            return  # None: a batch drawn in eval mode, known as training's later
         self._batch_noted = True
         from ddptui.rank.first_batch import first_batch_digest
 
