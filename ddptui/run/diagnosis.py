@@ -937,14 +937,17 @@ def diagnose_crash(
     for end in own:
         # the same error: named once, in the line above (DeiT's ImportError, two ranks, had
         # its 150 characters printed twice)
-        detail = (
-            f"rank {end.rank} failed with the same error as rank {cause.rank}"
-            if alike
-            else f"rank {end.rank} failed in its own code with the same error as rank {cause.rank} "
-            "(not a consequence)"
-            if end in same
-            else f"rank {end.rank} also failed on its own (not a consequence): {_error_line(end)}"
-        )
+        if alike:  # what no evidence says: whose code, or whose consequence
+            detail = f"rank {end.rank} failed with the same error as rank {cause.rank}"
+        elif end in same:
+            detail = (
+                f"rank {end.rank} failed in its own code with the same error as rank "
+                f"{cause.rank} (not a consequence)"
+            )
+        else:
+            detail = (
+                f"rank {end.rank} also failed on its own (not a consequence): {_error_line(end)}"
+            )
         out.append(Diagnosis(end.rank, "crash", detail, t))
     for end in ends:
         if end is cause or end in own:
