@@ -220,6 +220,50 @@ def join(token: JoinToken, node=None, timeout=5.0):
         channel.close()
 
 
+def test_closing_leaves_the_join_service_socket_to_its_thread_while_it_answers(
+    tmp_path, monkeypatch
+):
+    """On a loaded machine the service thread may still be answering a request when the run
+    closes: its socket is not closed from the main thread under it (ZeroMQ sockets are used
+    by one thread only), nor the context terminated (which would wait for that socket); the
+    close returns, and the thread ends once its answer is sent."""
+
+    from ddptui.run.cluster import host as host_module
+
+    node_host = NodeHost(two_node_config(bind="127.0.0.1", run_dir=str(tmp_path)))
+    answering, release = threading.Event(), threading.Event()
+    real = node_host._answer
+
+    def slow(request):
+        answering.set()
+        release.wait(10)
+        return real(request)
+
+    monkeypatch.setattr(node_host, "_answer", slow)
+    monkeypatch.setattr(host_module, "SERVE_STOP_S", 0.3)
+    thread = node_host._thread
+    asker = threading.Thread(target=join, args=(node_host.token(),), kwargs={"timeout": 10})
+    asker.start()
+    try:
+        assert answering.wait(10)
+        started = time.monotonic()
+        node_host.close(linger=0)
+        assert time.monotonic() - started < 5
+        assert node_host._service is not None and not node_host._service.closed
+        assert not node_host.context.closed
+    finally:
+        release.set()
+        asker.join(15)
+        thread.join(15)
+    assert not thread.is_alive()  # it answered, saw the stop, and ended
+    node_host._service.close(linger=0)
+    node_host.context.term()
+    # and an idle one closes everything
+    idle = NodeHost(two_node_config(bind="127.0.0.1", run_dir=str(tmp_path / "b")))
+    idle.close(linger=0)
+    assert idle._service is None and idle.context.closed
+
+
 def test_join_gives_config_then_refuses_twice_and_late(host, tmp_path):
     reply = join(host.token())
     assert reply["ok"] and reply["node"] == 1 and reply["telemetry"].startswith("tcp://")

@@ -110,6 +110,11 @@ def _span(slots: tuple[int, ...]) -> str:
     return f"nodes {slots[0]}-{slots[-1]}" if len(slots) > 1 else f"node {slots[0]}"
 
 
+#: How long closing waits for the join service's thread to see it is stopped (it polls every
+#: 0.1 s; a request it is answering finishes first).
+SERVE_STOP_S = 10.0
+
+
 class NodeHost:
     """Owns the run's keys, the authenticator, the inbox and the join service."""
 
@@ -318,10 +323,12 @@ class NodeHost:
                 break
             time.sleep(0.05)
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-            self._thread = None
-        if self._service is not None:
+        thread, self._thread = self._thread, None
+        busy = False
+        if thread is not None:
+            thread.join(timeout=SERVE_STOP_S)
+            busy = thread.is_alive()
+        if self._service is not None and not busy:
             self._service.close(linger=0)
             self._service = None
         if self.inbox is not None:
@@ -330,6 +337,13 @@ class NodeHost:
         if self.auth is not None:
             self.auth.stop()
             self.auth = None
+        if busy:
+            # Still answering (on a machine so loaded that its thread has not run for
+            # seconds): its socket is its own, as a ZeroMQ socket is used by one thread only,
+            # and closing it from here under it is a use from two threads at once. It and the
+            # context (whose ``term`` would wait for that socket) are left to the process's
+            # exit; the thread, a daemon, ends with it.
+            return
         if not self.context.closed:
             self.context.term()
 
