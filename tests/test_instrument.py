@@ -3218,3 +3218,46 @@ def test_hostile_scalars_logged_to_tensorboard_never_turn_the_hooks_off(inst, tm
     writer.close()
     assert not inst.disabled
     assert len(inst.fake.evals) <= 1
+
+
+class WandbRun:
+    """Weights & Biases' ``Run``, as far as its logging goes (``wandb.log`` is a run's)."""
+
+    def __init__(self):
+        self.logged = []
+
+    def log(self, data, step=None, commit=None):
+        self.logged.append(data)
+
+
+def test_an_evaluation_logged_to_wandb_after_an_evaluation_pass_is_the_evaluation(
+    inst, monkeypatch
+):
+    """nanoGPT with ``wandb_log=True`` logs ``{"iter", "train/loss", "val/loss", "lr", "mfu"}``
+    after its ``estimate_loss`` pass (eval mode, no grad); each step's logging before it is
+    the training's. Inside an HF Trainer's evaluation (its WandbCallback) nothing is taken:
+    the Trainer reports that pass itself."""
+    module = types.ModuleType(instrument._WANDB)
+    module.Run = WandbRun
+    monkeypatch.setitem(sys.modules, instrument._WANDB, module)
+    inst._attach_wandb(module)
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    run = WandbRun()
+    train_step(model, opt, clock)
+    run.log({"iter": 1, "train/loss": 0.9})  # no evaluation pass before it
+    _evaluation_pass(model)
+    run.log({"iter": 2, "train/loss": 0.8, "val/loss": 1.25, "lr": 0.1, "mfu": 3.5})
+    run.log({"val/loss": 9.0})  # again: once a pass
+    train_step(model, opt, clock)
+    _evaluation_pass(model)
+    inst._evaluating += 1  # an HF Trainer's evaluate under way
+    run.log({"eval/loss": 2.0})
+    inst._evaluating -= 1
+    assert len(run.logged) == 4  # every call reached wandb
+    assert inst.fake.evals == [
+        {"epoch": None, "loss": 1.25, "accuracy": None, "iter": 2, "lr": 0.1, "mfu": 3.5}
+    ]
+    instrument.uninstall()
+    assert "__wrapped__" not in WandbRun.__dict__["log"].__dict__  # put back

@@ -351,6 +351,8 @@ _ABSENT = object()
 _SPEECHBRAIN = "speechbrain.core"
 #: The modules of TensorBoard's ``SummaryWriter``: torch's and tensorboardX's.
 _TENSORBOARD = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
+#: Weights & Biases' run: the evaluations a script logs through ``wandb.log`` are reported.
+_WANDB = "wandb.sdk.wandb_run"
 #: ``_framework_eval``'s epoch when none is given: the one training is in.
 _NOW = object()
 #: Most datasets of ignite engines that trained remembered (see Instrument._ignite_ran).
@@ -821,6 +823,7 @@ class Instrument:
         self._fastai_attached = False
         self._speechbrain_attached = False
         self._tensorboard_attached: set[str] = set()  # the SummaryWriter modules followed
+        self._wandb_attached = False
         self._batch_noted = False  # the first training batch was looked at (_note_first_batch)
         #: Numbers a SummaryWriter was given after an evaluation pass, and the epoch training
         #: was in: the pass's evaluation once training goes on (see _tensorboard_logged).
@@ -863,6 +866,7 @@ class Instrument:
             self._watch_fastai,
             self._watch_speechbrain,
             self._watch_tensorboard,
+            self._watch_wandb,
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_jit,
@@ -1324,28 +1328,57 @@ class Instrument:
 
         @functools.wraps(original)
         def log(accelerator: Any, /, *args: Any, **kwargs: Any) -> Any:
-            inst._accelerate_logged(args[0] if args else kwargs.get("values"))
+            inst._values_logged(args[0] if args else kwargs.get("values"))
             return original(accelerator, *args, **kwargs)
 
         self._follow("accelerate's logged evaluations", cls, log=log)
 
-    def _accelerate_logged(self, values: Any) -> None:
-        """The script gave ``Accelerator.log`` these ``values``. After an evaluation pass (a
-        DDP module's forwards not training) and before the next training forward, an
-        accuracy among them (:data:`ACCURACY_WORDS`) or a loss named as an evaluation's
-        (``val_loss``, ``eval_loss``: a plain ``loss`` is the training's, logged each step
-        by accelerate's examples) is that evaluation, of the epoch training is in, with the
-        other numbers as its extras; numbers named for training (``train_loss``) are left
-        out. Once per pass; never once the script reports its own evaluations."""
+    def _values_logged(self, values: Any) -> None:
+        """The script gave ``Accelerator.log`` (or ``wandb.log``) these ``values``. After an
+        evaluation pass (a DDP module's forwards not training) and before the next training
+        forward, an accuracy among them (:data:`ACCURACY_WORDS`) or a loss named as an
+        evaluation's (``val_loss``, ``eval_loss``: a plain ``loss`` is the training's, logged
+        each step by accelerate's examples) is that evaluation, of the epoch training is in,
+        with the other numbers as its extras; numbers named for training (``train_loss``) are
+        left out. Once per pass; never once the script reports its own evaluations, nor
+        inside an HF Trainer's or Lightning's evaluation (reported as theirs)."""
         if self.disabled or self.explicit_eval or not self._evaluated:
             return
-        if not isinstance(values, dict):
+        if not isinstance(values, dict) or self._in_framework_eval():
             return
         try:
             if self._logged_eval(self._logged_numbers(values, {}), self._epoch):
                 self._evaluated = False
         except Exception as exc:
             self._fail(exc)
+
+    def _in_framework_eval(self) -> bool:
+        """An HF Trainer's or Lightning's evaluation is under way: it reports its pass itself
+        (what its loggers are given meanwhile is no other evaluation)."""
+        return bool(self._evaluating or self._lightning_running)
+
+    def _watch_wandb(self, torch: Any) -> None:
+        """Follow Weights & Biases' ``Run.log`` from its import on, or now where loaded."""
+        self._when_imported(_WANDB, self._attach_wandb)
+
+    def _attach_wandb(self, module: Any) -> None:
+        """The evaluations a script logs to Weights & Biases: ``wandb.log({"val/loss": …})``
+        after its evaluation pass (nanoGPT with ``wandb_log=True``: ``train/loss``,
+        ``val/loss``, ``lr``, ``mfu`` on the master process), by the rule of
+        ``Accelerator.log`` (:meth:`_values_logged`): one call holds them all."""
+        found = self._unfollowed("_wandb_attached", module, _WANDB, "Run", "log")
+        if found is None:
+            return
+        cls, (original,) = found
+        inst = self
+
+        @functools.wraps(original)
+        def log(run: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if inst._evaluated:  # cheap where training logs each step
+                inst._values_logged(args[0] if args else kwargs.get("data"))
+            return original(run, *args, **kwargs)
+
+        self._follow("Weights & Biases' logged evaluations", cls, log=log)
 
     def _logged_numbers(self, values: dict[Any, Any], into: dict[str, Any]) -> dict[str, Any]:
         """``into``, with the numbers among ``values`` that a script logged (by name) not
@@ -1418,7 +1451,7 @@ class Instrument:
         accuracy in turn: they are kept, with the epoch training is in, and become the pass's
         evaluation (:meth:`_logged_eval`) when training goes on, or the process ends (the
         last epoch's); unless a framework or the script reports it meanwhile."""
-        if self.disabled or self.explicit_eval or not self._evaluated:
+        if self.disabled or self.explicit_eval or not self._evaluated or self._in_framework_eval():
             return
         try:
             if self._tensorboard_numbers is None:
