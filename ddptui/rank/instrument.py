@@ -1321,17 +1321,23 @@ class Instrument:
         # complete_cv_example: ``{"accuracy": …, "train_loss": …, "epoch": …}`` after each
         # evaluation). Called on every rank (only the main one's body runs: on_main_process).
         found = _own_methods(sys.modules.get("accelerate.accelerator"), "Accelerator", "log")
-        if found is None:
-            return
+        if found is not None:
+            self._follow_log("accelerate's logged evaluations", found, "values")
+
+    def _follow_log(self, what: str, found: tuple[type, list[Any]], keyword: str) -> None:
+        """Wrap a framework's ``log(values)`` (its class and method, ``found``; ``keyword``:
+        the name of its values' argument): what it is given goes to :meth:`_values_logged`
+        after an evaluation pass."""
         cls, (original,) = found
         inst = self
 
         @functools.wraps(original)
-        def log(accelerator: Any, /, *args: Any, **kwargs: Any) -> Any:
-            inst._values_logged(args[0] if args else kwargs.get("values"))
-            return original(accelerator, *args, **kwargs)
+        def log(owner: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if inst._evaluated:  # cheap where training logs each step
+                inst._values_logged(args[0] if args else kwargs.get(keyword))
+            return original(owner, *args, **kwargs)
 
-        self._follow("accelerate's logged evaluations", cls, log=log)
+        self._follow(what, cls, log=log)
 
     def _values_logged(self, values: Any) -> None:
         """The script gave ``Accelerator.log`` (or ``wandb.log``) these ``values``. After an
@@ -1367,18 +1373,8 @@ class Instrument:
         ``val/loss``, ``lr``, ``mfu`` on the master process), by the rule of
         ``Accelerator.log`` (:meth:`_values_logged`): one call holds them all."""
         found = self._unfollowed("_wandb_attached", module, _WANDB, "Run", "log")
-        if found is None:
-            return
-        cls, (original,) = found
-        inst = self
-
-        @functools.wraps(original)
-        def log(run: Any, /, *args: Any, **kwargs: Any) -> Any:
-            if inst._evaluated:  # cheap where training logs each step
-                inst._values_logged(args[0] if args else kwargs.get("data"))
-            return original(run, *args, **kwargs)
-
-        self._follow("Weights & Biases' logged evaluations", cls, log=log)
+        if found is not None:
+            self._follow_log("Weights & Biases' logged evaluations", found, "data")
 
     def _logged_numbers(self, values: dict[Any, Any], into: dict[str, Any]) -> dict[str, Any]:
         """``into``, with the numbers among ``values`` that a script logged (by name) not
