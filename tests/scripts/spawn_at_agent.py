@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.nn.parallel import DistributedDataParallel
+from toy_ddp import train_a_few_steps
 
 WORKERS = 2
 
@@ -22,14 +21,7 @@ WORKERS = 2
 def worker(index: int) -> None:
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(index), str(WORKERS)
     dist.init_process_group("gloo")  # env:// at the inherited MASTER_ADDR:MASTER_PORT
-    model = DistributedDataParallel(torch.nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(3):
-        loss = model(torch.randn(8, 4)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    dist.destroy_process_group()
+    train_a_few_steps()
     print(f"worker {index} done", flush=True)
 
 

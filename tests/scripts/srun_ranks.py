@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 
-import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from toy_ddp import train_a_few_steps
 
 if "SLURM_JOB_ID" in os.environ:
     rank = int(os.environ["SLURM_PROCID"])
@@ -18,12 +17,5 @@ if "SLURM_JOB_ID" in os.environ:
 else:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo", init_method="env://", world_size=world, rank=rank)
-model = DistributedDataParallel(torch.nn.Linear(4, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(3):
-    loss = model(torch.randn(8, 4)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-dist.destroy_process_group()
+train_a_few_steps()
 print(f"rank {rank} of {world} done", flush=True)
