@@ -3261,3 +3261,180 @@ def test_an_evaluation_logged_to_wandb_after_an_evaluation_pass_is_the_evaluatio
     ]
     instrument.uninstall()
     assert "__wrapped__" not in WandbRun.__dict__["log"].__dict__  # put back
+
+
+# -- MMEngine (OpenMMLab's runner), as an importable package of its own -----------------------
+MMENGINE_LOOPS = """
+class EpochBasedTrainLoop:
+    def __init__(self, max_epochs):
+        self._max_epochs = max_epochs
+
+    @property
+    def max_epochs(self):
+        return self._max_epochs
+
+
+class IterBasedTrainLoop:
+    def __init__(self, max_iters):
+        self._max_epochs = 1  # as MMEngine's: for its hooks' sake
+        self._max_iters = max_iters
+
+    @property
+    def max_epochs(self):
+        return self._max_epochs
+"""
+
+MMENGINE_RUNNER = """
+class Runner:
+    def __init__(self, train_loop, hooks):
+        self._train_loop, self._hooks = train_loop, hooks
+
+    def call_hook(self, fn_name, **kwargs):
+        for hook in self._hooks:
+            if hasattr(hook, fn_name):
+                getattr(hook, fn_name)(self, **kwargs)
+"""
+
+
+@pytest.fixture
+def mmengine(tmp_path, monkeypatch):
+    """A package ``mmengine`` with MMEngine's runner and loops as far as the hooks go,
+    imported after ddptui is installed (as a script imports it): the real import path."""
+    runner = tmp_path / "mmengine" / "runner"
+    runner.mkdir(parents=True)
+    (tmp_path / "mmengine" / "__init__.py").write_text("")
+    (runner / "__init__.py").write_text("")
+    (runner / "loops.py").write_text(MMENGINE_LOOPS)
+    (runner / "runner.py").write_text(MMENGINE_RUNNER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import mmengine.runner.loops as loops
+        import mmengine.runner.runner as runner_module
+
+        yield runner_module, loops
+    finally:
+        for name in [n for n in sys.modules if n == "mmengine" or n.startswith("mmengine.")]:
+            del sys.modules[name]
+
+
+class HookSeen:
+    """An MMEngine hook that keeps what it was called with."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if name.startswith(("before_", "after_")):
+            return lambda runner, **kwargs: self.calls.append((name, kwargs))
+        raise AttributeError(name)
+
+
+def _mmengine_validation(runner, model, clock, metrics, seconds=0.4):
+    """MMEngine's ValLoop: the model in eval mode, each batch through the inner module (its
+    ``MMDistributedDataParallel.val_step``), never a DDP forward; the metrics to the hooks."""
+    runner.call_hook("before_val_epoch")
+    model.eval()
+    with torch.no_grad():
+        model.module(torch.randn(3, 4))
+    clock.advance(seconds)
+    model.train()
+    runner.call_hook("after_val_epoch", metrics=metrics)
+
+
+def test_an_mmengine_validations_metrics_are_its_evaluation(inst, mmengine):
+    """mmengine's ``examples/distributed_training.py`` (torchrun, 2 ranks, gloo) printed
+    ``Epoch(val) [1][4/4] accuracy: 24.8000`` and ddptui said the script reports no
+    evaluation, with epochs unknown: its DDP wrapper validates through the inner module.
+    The metrics its runner hands ``after_val_epoch`` are the epoch's evaluation (mmpretrain's
+    ``accuracy/top1`` the accuracy, the other numbers extras), an epoch-based loop's
+    ``max_epochs`` the plan; a test loop's metrics and an iteration-based loop's 1 epoch are
+    neither. Every hook still gets its call as it was."""
+    runner_module, loops = mmengine
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), num_replicas=1, rank=0)
+    hook = HookSeen()
+    runner = runner_module.Runner(loops.EpochBasedTrainLoop(2), [hook])
+    runner.call_hook("before_train")
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        runner.call_hook("before_train_iter", batch_idx=0)
+        train_step(model, opt, clock)
+        metrics = {"accuracy/top1": torch.tensor(24.8 + epoch), "accuracy/top5": 80.0 + epoch}
+        _mmengine_validation(runner, model, clock, metrics)
+    runner.call_hook("after_test_epoch", metrics={"accuracy": 99.0})  # a test: no evaluation
+    runner_module.Runner(loops.IterBasedTrainLoop(40), []).call_hook(fn_name="before_train")
+    inst.flush()
+    evals = [{k: v if v is None else float(v) for k, v in e.items()} for e in inst.fake.evals]
+    assert evals == [
+        {"epoch": 0, "loss": None, "accuracy": pytest.approx(24.8), "accuracy/top5": 80.0},
+        {"epoch": 1, "loss": None, "accuracy": pytest.approx(25.8), "accuracy/top5": 81.0},
+    ]
+    assert inst.fake.announced == [{"epochs": 2}]
+    assert [name for name, _ in hook.calls] == [
+        "before_train",
+        *["before_train_iter", "before_val_epoch", "after_val_epoch"] * 2,
+        "after_test_epoch",
+    ]
+    assert hook.calls[3][1] == {"metrics": {"accuracy/top1": 24.8, "accuracy/top5": 80.0}}
+    ddptui.log_eval(epoch=1, accuracy=0.5)  # the script's own: MMEngine's are not reported
+    _mmengine_validation(runner, model, clock, {"accuracy": 1.0})
+    assert [e["accuracy"] for e in inst.fake.evals[2:]] == [0.5]
+    instrument.uninstall()
+    assert "__wrapped__" not in runner_module.Runner.__dict__["call_hook"].__dict__  # put back
+
+
+def test_an_mmengine_validation_within_a_pass_is_the_steps_eval_phase(inst, mmengine):
+    """An iteration-based MMEngine loop validates every ``val_interval`` iterations, within
+    its pass over an InfiniteSampler: the validation's time was the next step's (its
+    forwards no DDP forward's); it is that step's ``eval``, out of its time."""
+    runner_module, loops = mmengine
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    runner = runner_module.Runner(loops.IterBasedTrainLoop(40), [])
+    runner.call_hook("before_train")
+    train_step(model, opt, clock)
+    _mmengine_validation(runner, model, clock, {"loss": 2.5}, seconds=0.400)
+    train_step(model, opt, clock)
+    inst.flush()
+    first, second = inst.fake.logs
+    assert second["phases"]["eval"] == pytest.approx(0.010 + 0.400)  # its forward, its wait
+    assert second["phases"]["data"] == pytest.approx(0.005)
+    assert second["step_time"] == pytest.approx(first["step_time"] + 0.005)  # its data: no more
+    assert [e["loss"] for e in inst.fake.evals] == [2.5]
+    assert inst.fake.announced == []
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        None,
+        "accuracy",
+        {"accuracy": float("nan")},
+        {"accuracy": 10**400},
+        {"accuracy": torch.tensor([0.1, 0.2])},
+        {None: 0.5, ("a",): 0.5},
+        {f"m{i}": float(i) for i in range(100_000)},
+        {"é" * 100_000 + " accuracy": 0.5},
+    ],
+    ids=["none", "text", "nan", "huge-int", "two", "odd-keys", "many", "huge-name"],
+)
+def test_hostile_mmengine_metrics_never_turn_the_hooks_off(inst, mmengine, metrics):
+    """Whatever a runner's hooks are handed as metrics, the hooks stay on, the step after the
+    validation is measured, and at most one evaluation is reported."""
+    runner_module, loops = mmengine
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    runner = runner_module.Runner(types.SimpleNamespace(max_epochs=3), [HookSeen()])
+    runner.call_hook("before_train")
+    train_step(model, opt, clock)
+    _mmengine_validation(runner, model, clock, metrics)
+    train_step(model, opt, clock)
+    inst.flush()
+    assert not inst.disabled
+    assert len(inst.fake.logs) == 2
+    assert len(inst.fake.evals) <= 1
+    assert inst.fake.announced == []

@@ -353,6 +353,14 @@ _SPEECHBRAIN = "speechbrain.core"
 _TENSORBOARD = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
 #: Weights & Biases' run: the evaluations a script logs through ``wandb.log`` are reported.
 _WANDB = "wandb.sdk.wandb_run"
+#: MMEngine's runners (OpenMMLab's training loop: mmpretrain, mmdet, mmseg...) by module.
+_MMENGINE = {
+    "mmengine.runner.runner": "Runner",
+    "mmengine.runner._flexible_runner": "FlexibleRunner",
+}
+_MMENGINE_LOOPS = "mmengine.runner.loops"
+#: Most of an MMEngine validation's metrics looked at.
+MAX_MMENGINE_METRICS = 64
 #: ``_framework_eval``'s epoch when none is given: the one training is in.
 _NOW = object()
 #: Most datasets of ignite engines that trained remembered (see Instrument._ignite_ran).
@@ -824,6 +832,7 @@ class Instrument:
         self._speechbrain_attached = False
         self._tensorboard_attached: set[str] = set()  # the SummaryWriter modules followed
         self._wandb_attached = False
+        self._mmengine_attached: set[str] = set()  # the MMEngine runner modules followed
         self._batch_noted = False  # the first training batch was looked at (_note_first_batch)
         #: Numbers a SummaryWriter was given after an evaluation pass, and the epoch training
         #: was in: the pass's evaluation once training goes on (see _tensorboard_logged).
@@ -867,6 +876,7 @@ class Instrument:
             self._watch_speechbrain,
             self._watch_tensorboard,
             self._watch_wandb,
+            self._watch_mmengine,
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_jit,
@@ -1921,6 +1931,75 @@ class Instrument:
             losses = [loss for stage, loss in ended if getattr(stage, "name", None) == "VALID"]
             if len(losses) == 1 and _logged_scalar(losses[0], self.torch.Tensor):
                 self._framework_eval(losses[0], None, {})
+        except Exception as exc:
+            self._fail(exc)
+
+    def _watch_mmengine(self, torch: Any) -> None:
+        """Follow MMEngine's runners from their import on, or now where loaded."""
+        for name in _MMENGINE:
+            self._when_imported(name, self._attach_mmengine)
+
+    def _attach_mmengine(self, module: Any) -> None:
+        """MMEngine's validations and plan (OpenMMLab's runner: mmpretrain, mmdet, mmseg
+        train through it). Its ``MMDistributedDataParallel`` validates through the inner
+        module (``val_step``), never a DDP forward: the pass was not seen, its time went to
+        the next step and its metrics (``Epoch(val) [1][4/4] accuracy: 17.2000``, gathered
+        and broadcast by its evaluator, the same on every rank) were not reported. Its
+        runner calls every hook through ``call_hook(name, **kwargs)``, whatever the loop:
+        ``before_val_epoch`` to ``after_val_epoch`` is an evaluation pass, ``after_val_epoch``
+        carries its metrics, ``before_train`` has the train loop built (its ``max_epochs``,
+        by epoch). A test loop's (``after_test_epoch``) is no evaluation of training."""
+        name = getattr(module, "__name__", None)
+        class_name = _MMENGINE.get(str(name))
+        found = _own_methods(module, class_name, "call_hook") if class_name else None
+        if found is None or name in self._mmengine_attached:
+            return
+        self._mmengine_attached.add(str(name))
+        cls, (original,) = found
+        inst = self
+
+        @functools.wraps(original)
+        def call_hook(runner: Any, /, *args: Any, **kwargs: Any) -> Any:
+            hook = args[0] if args else kwargs.get("fn_name")
+            if hook == "after_val_epoch":
+                inst._mmengine_validated(kwargs.get("metrics"))
+            elif hook == "before_val_epoch":
+                inst._eval_forward(True)
+            elif hook == "before_train":
+                inst._mmengine_plan(runner)
+            return original(runner, *args, **kwargs)
+
+        self._follow("MMEngine's validations", cls, call_hook=call_hook)
+
+    def _mmengine_plan(self, runner: Any) -> None:
+        """An MMEngine training begins: an epoch-based loop's ``max_epochs`` is the plan (an
+        iteration-based one says 1 epoch for its hooks' sake: none)."""
+        if self.disabled:
+            return
+        try:
+            loops = sys.modules.get(_MMENGINE_LOOPS)
+            by_epoch = getattr(loops, "EpochBasedTrainLoop", None)
+            loop = getattr(runner, "_train_loop", None)
+            if isinstance(by_epoch, type) and isinstance(loop, by_epoch):
+                self._plan_epochs(loop.max_epochs)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _mmengine_validated(self, metrics: Any) -> None:
+        """An MMEngine validation ended: its span is the evaluation pass (out of the next
+        step's time), and its ``metrics`` (``accuracy``, ``accuracy/top1``: the loss and
+        the accuracy :func:`_metric_named` finds, the other numbers as extras) the epoch's
+        evaluation, unless the script reports evaluations itself."""
+        if self.disabled:
+            return
+        try:
+            self._eval_forward(False)
+            self._evaluated = False  # reported here: no logger's numbers are another one
+            if self.explicit_eval or not isinstance(metrics, dict):
+                return
+            tensor = self.torch.Tensor
+            items = itertools.islice(metrics.items(), MAX_MMENGINE_METRICS)
+            self._metrics_eval({str(k): v for k, v in items if _logged_scalar(v, tensor)})
         except Exception as exc:
             self._fail(exc)
 
