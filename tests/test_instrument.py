@@ -1092,6 +1092,81 @@ def test_an_evaluation_begins_with_the_wait_for_its_first_batch(inst):
     assert second["data"] == pytest.approx(0.005)
 
 
+class Detector(torch.nn.Module):
+    """torchvision's detection models' way of being called: a list of images, each
+    ``[C, H, W]`` of its own size, and in training a list of target dicts."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(3, 1)
+
+    def forward(self, images, targets=None):
+        if isinstance(images, NestedImages):  # DETR's: padded to one size, with a mask
+            images = list(images.tensors)
+        pooled = torch.stack([image.mean(dim=(1, 2)) for image in images])
+        return self.head(pooled).pow(2).mean()
+
+
+class NestedImages:
+    """DETR's ``NestedTensor``: images padded into one tensor, and their masks."""
+
+    def __init__(self, tensors, mask):
+        self.tensors, self.mask = tensors, mask
+
+
+def _detection_data(count):
+    """Images of their own sizes with a target dict each, as a COCO detection dataset's."""
+    sizes = [(20 + i % 3, 24 + i % 5) for i in range(count)]
+    return [
+        (torch.rand(3, h, w), {"boxes": torch.tensor([[1.0, 1.0, 8.0, 9.0]]), "labels": 1})
+        for h, w in sizes
+    ]
+
+
+def _nested(batch):
+    images, targets = zip(*batch, strict=True)
+    h, w = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
+    padded = torch.zeros(len(images), 3, h, w)
+    for n, image in enumerate(images):
+        padded[n, :, : image.shape[1], : image.shape[2]] = image
+    return NestedImages(padded, torch.zeros(len(images), h, w, dtype=torch.bool)), targets
+
+
+@pytest.mark.parametrize("kind", ["torchvision", "detr", "records"])
+def test_a_detection_steps_samples_are_its_images_not_their_channels(inst, kind):
+    """torchvision's detection references train ``model(images, targets)``: lists of images
+    ``[3, H, W]`` and of target dicts, drawn as tuples (``collate_fn``: ``tuple(zip(*batch))``);
+    a step counted 3 samples, the first image's channels, whatever its batch. DETR's model
+    takes a ``NestedTensor`` (no tensor to count: it counted 0 samples) and its loader gives it
+    with a tuple of target dicts. A loader that hands its samples' dicts as they are
+    (``collate_fn=lambda b: b``) is as many samples as dicts. 10 images, 4 a batch: 4, 4, 2."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Detector())
+    opt = timed_sgd(model.parameters(), clock)
+    data = _detection_data(10)
+    if kind == "records":
+        data = [{"image": image, "target": target} for image, target in data]
+        collate = list
+    else:
+        collate = _nested if kind == "detr" else (lambda batch: tuple(zip(*batch, strict=True)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, collate_fn=collate)
+    for _ in range(2):  # the epoch again: its first step is no rate
+        for batch in loader:
+            if kind == "records":
+                images = torch.stack([r["image"][:, :20, :24] for r in batch])
+                loss = model(list(images), [r["target"] for r in batch])
+            elif kind == "detr":
+                loss = model(batch[0])
+            else:
+                loss = model(list(batch[0]), list(batch[1]))
+            opt.zero_grad()
+            loss.backward()
+            clock.advance(0.010)
+            opt.step()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [4, 4, 2] * 2
+
+
 def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
     """FSDP, a plain model (pytorch/examples' imagenet script on CPU wraps nothing): no DDP
     forward counts the samples, the DataLoader's batches do; gradient accumulation sums

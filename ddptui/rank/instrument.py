@@ -2995,11 +2995,14 @@ class Instrument:
         # batch, and a batch drawn ahead of its step (a fetcher that prefetches the next) is
         # the next step's: under timm's prefetcher with gradient accumulation an epoch's last
         # step draws one micro-batch of its two, the other drawn in the step before (it
-        # counted 4 samples of 8 before). Without DDP, the batches drawn.
+        # counted 4 samples of 8 before). Without DDP, or where the forwards' inputs hold no
+        # tensor to count, the batches drawn.
         samples = drawn = self._loader_samples
         if self._ddp_seen:
             if not self._draws or drawn <= 0:
                 samples, self._drawn_ahead = self._samples, 0
+            elif self._samples <= 0:  # inputs that say no count (DETR's NestedTensor): drawn
+                self._drawn_ahead = 0
             else:
                 drawn += self._drawn_ahead
                 samples = min(self._samples, drawn)
@@ -3524,34 +3527,52 @@ def _add_into(total: dict[str, float], phases: dict[str, float]) -> None:
 
 
 def _draw_size(tensor: type, batch: Any) -> int:
-    """The samples of a batch a DataLoader gave (0 for a batch of the script's own kind)."""
+    """The samples of a batch a DataLoader gave (0 for a batch of the script's own kind):
+    see :func:`_batch_size`; a batch of parts each a sequence of samples (torchvision's
+    detection references and DETR collate with ``tuple(zip(*batch))``: images, and the
+    targets' dicts) is as many samples as its dicts."""
     try:
-        return _batch_size(tensor, (batch,), {})
+        size = _batch_size(tensor, (batch,), {})
+        if size == 0 and type(batch) in (list, tuple):
+            for part in batch:
+                if isinstance(part, list | tuple) and part and isinstance(part[0], dict):
+                    return len(part)
+        return size
     except Exception:  # a batch of the script's own kind: not ours to judge
         return 0
 
 
 def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
     """Dim 0 of the first ``tensor`` (torch.Tensor) among the forward's arguments (one level
-    into lists, tuples and dicts); 0 when there is none."""
+    into lists, tuples and dicts); 0 when there is none. A list (or tuple) of dicts is one
+    record a sample, whatever came before it: torchvision's detection models take a list of
+    images, each ``[C, H, W]`` (their dim 0 the channels), with a list of target dicts, and
+    their loaders (DETR's too) give a tuple of each."""
     if args and isinstance(args[0], tensor):  # the usual ``model(x)``: one C call
         try:
             return args[0].size(0)
         except (IndexError, RuntimeError):  # a 0-dim tensor
             return 0
+    found = None
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, tensor):
-            return int(value.shape[0]) if value.dim() else 0
+            if found is None:
+                return int(value.shape[0]) if value.dim() else 0
+            continue
         if isinstance(value, list | tuple):
+            if value and isinstance(value[0], dict):
+                return len(value)
             inner = value
         elif isinstance(value, dict):
             inner = value.values()
         else:
             continue
-        for item in inner:
-            if isinstance(item, tensor):
-                return int(item.shape[0]) if item.dim() else 0
-    return 0
+        if found is None:
+            for item in inner:
+                if isinstance(item, tensor):
+                    found = int(item.shape[0]) if item.dim() else 0
+                    break
+    return found or 0
 
 
 def _logged_scalar(value: Any, tensor: type) -> bool:
