@@ -227,7 +227,9 @@ class NodeSample(Event, tag="node"):
 #: Largest world a run may grow to when a script spawns its own ranks (ddptui.rank.spawned).
 MAX_GROWN_WORLD = 1024
 #: What a note may be about (``Note.code``).
-NoteCode = Literal["sampler_epoch", "spawned", "loader_steps", "p2p", "own_group", "first_batch"]
+NoteCode = Literal[
+    "sampler_epoch", "spawned", "loader_steps", "p2p", "own_group", "first_batch", "local_rank_arg"
+]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
 #: A ``first_batch`` note's digest: 53 bits (a JSON reader's exact integers).
@@ -264,7 +266,12 @@ class Note(Event, tag="note"):
     ``first_batch``: this rank, in a world of several, trains from a DataLoader with no
     DistributedSampler (torch's ``RandomSampler`` or ``SequentialSampler`` over a map-style
     dataset); ``digest`` is a hash of the first batch it drew (its tensors' dtypes, shapes and
-    first values), which the ranks' notes compare."""
+    first values), which the ranks' notes compare.
+
+    ``local_rank_arg``: the script's argument parser has a ``--local_rank`` option
+    (``--local-rank`` where ``dashed``), which torchrun does not pass: it read ``read`` (None:
+    no whole number, its default None say) where the rank's ``LOCAL_RANK`` is
+    ``local_rank``. Said beside a failure only."""
 
     code: NoteCode
     epoch: NoteNumber | None = None
@@ -275,6 +282,9 @@ class Note(Event, tag="note"):
     group_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_NOTE_NUMBER)] | None = None
     slurm: bool | None = None
     digest: Annotated[int, msgspec.Meta(ge=0, le=MAX_DIGEST)] | None = None
+    local_rank: Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)] | None = None
+    read: Annotated[int, msgspec.Meta(ge=-MAX_NOTE_NUMBER, le=MAX_NOTE_NUMBER)] | None = None
+    dashed: bool | None = None
 
 
 AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat | Note

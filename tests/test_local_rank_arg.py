@@ -5,6 +5,7 @@ hint on a crash that asks for it, the command lines that carry it, and one real 
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -16,8 +17,9 @@ import pytest
 from ddptui.cli import continue_run_dir
 from ddptui.constants import LOCAL_RANK_ARG_ENV
 from ddptui.rank import entry
+from ddptui.rank.local_rank import local_rank_read, watch
 from ddptui.run.config import build_config
-from ddptui.run.diagnosis import local_rank_hint
+from ddptui.run.diagnosis import local_rank_hint, local_rank_read_hint
 from ddptui.run.machine import Machine
 from ddptui.run.options import ConfigError, parse_local_rank_arg, resume_command
 from ddptui.runfiles import RunDir
@@ -168,6 +170,153 @@ def test_a_script_that_requires_its_local_rank_as_an_argument_runs_under_torchru
         logs = [RunDir(run_dir).rank_log(r).read_text() for r in (0, 1)]
         assert "local rank 0 of LOCAL_RANK 0" in logs[0]
         assert "local rank 1 of LOCAL_RANK 1" in logs[1]
+    finally:  # nothing of the run outlives the test, whatever happened
+        try:
+            run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]
+        except (OSError, ValueError, KeyError):
+            run_id = None
+        for process in processes_of_run(run_id) if run_id else []:
+            process.kill()
+
+
+# -- an optional local-rank option torchrun left at its default --------------------------------
+def _parser(*flags, **kwargs):
+    parser = argparse.ArgumentParser(prog="train.py")
+    parser.add_argument(*flags, **kwargs)
+    parser.add_argument("--epochs", type=int, default=1)
+    return parser
+
+
+@pytest.mark.parametrize(
+    ("flags", "kwargs", "argv", "local_rank", "found"),
+    [
+        (("--local_rank",), {"type": int}, [], 0, {"read": None, "dashed": False}),
+        (("--local_rank",), {"type": int, "default": 0}, ["--epochs", "2"], 1,
+         {"read": 0, "dashed": False}),
+        (("--local-rank", "--local_rank"), {"type": int, "default": -1}, [], 3,
+         {"read": -1, "dashed": True}),
+        (("--local_rank",), {"default": "0"}, [], 1, {"read": None, "dashed": False}),
+        (("--local_rank",), {"type": int, "default": 10**30}, [], 1,
+         {"read": None, "dashed": False}),
+        (("--local_rank",), {"type": int, "default": 0}, [], 0, None),  # right on this rank
+        (("--local_rank",), {"type": int}, ["--local_rank=1"], 1, None),  # given
+        (("--local_rank",), {"type": int}, ["--local_rank", "1"], 1, None),
+        (("--local-rank", "--local_rank"), {"type": int}, ["--local-rank=2"], 2, None),
+        (("--local_ranks",), {"type": int}, [], 1, None),  # another option
+        (("--gpu",), {"type": int}, [], 1, None),
+    ],
+)  # fmt: skip
+def test_what_a_scripts_local_rank_option_read_where_torchrun_passed_none(
+    flags, kwargs, argv, local_rank, found
+):
+    """MONAI's ``unet_training_ddp.py`` declares ``--local_rank`` (type int, no default):
+    torchrun passes none, so it reads None on every rank. Noted (the numbers the note
+    carries) where the option was not given and reads other than the rank's LOCAL_RANK; a
+    default that is no whole number, or beyond the note's bounds, is sent as None."""
+    parser = _parser(*flags, **kwargs)
+    parsed = parser.parse_args(argv)
+    expected = None if found is None else {"local_rank": local_rank, **found}
+    assert local_rank_read(parser, argv, parsed, local_rank) == expected
+
+
+def test_the_parsers_of_the_rank_are_looked_at_until_one_has_the_option(monkeypatch):
+    """Every parser the script (or a library) makes parses as it did; the first one with a
+    local-rank option is judged, once; undone, argparse is as it was. Without a whole-number
+    LOCAL_RANK nothing is watched; a note that cannot be sent changes nothing."""
+    before = argparse.ArgumentParser.__dict__["parse_known_args"]
+    notes = []
+    undo = watch(lambda code, **numbers: notes.append((code, numbers)), {"LOCAL_RANK": "1"})
+    try:
+        assert argparse.ArgumentParser.__dict__["parse_known_args"] is not before
+        monkeypatch.setattr(sys, "argv", ["train.py"])
+        assert _parser("--lr", type=float).parse_args([]).epochs == 1
+        assert _parser("--local_rank", type=int).parse_args(["--local_rank", "1"]).local_rank == 1
+        sub = argparse.ArgumentParser()
+        sub.add_subparsers(dest="cmd").add_parser("fit").add_argument("--local_rank", type=int)
+        assert sub.parse_args(["fit"]).local_rank is None  # a subcommand's parser: judged
+        assert _parser("--local_rank", type=int).parse_args([]).local_rank is None  # once
+        assert notes == [("local_rank_arg", {"local_rank": 1, "read": None, "dashed": False})]
+    finally:
+        undo()
+    assert argparse.ArgumentParser.__dict__["parse_known_args"] is before
+    for environ in ({}, {"LOCAL_RANK": "x"}, {"LOCAL_RANK": "-1"}, {"LOCAL_RANK": "٣"}):
+        watch(lambda *a, **k: notes.append(a), environ)()
+        assert argparse.ArgumentParser.__dict__["parse_known_args"] is before
+
+    def refuse(code, **numbers):
+        raise OSError("no socket")
+
+    undo = watch(refuse, {"LOCAL_RANK": "0"})
+    try:
+        assert _parser("--local_rank", type=int).parse_args([]).local_rank is None
+    finally:
+        undo()
+
+
+def test_the_hint_names_the_option_and_what_it_read():
+    assert local_rank_read_hint({}, 0) is None
+    hint = local_rank_read_hint({1: (None, 1, False), 0: (None, 0, False)}, 0)
+    assert hint == (
+        "rank 0's script has a --local_rank option, which torchrun does not pass (python -m "
+        "torch.distributed.launch did): it kept its default where the rank's LOCAL_RANK is 0; "
+        "add --local-rank-arg (the form's local rank arg: --local_rank)"
+    )
+    dashed = local_rank_read_hint({3: (-1, 3, True)}, None)
+    assert "rank 3's script has a --local-rank option" in dashed
+    assert "it read -1 where the rank's LOCAL_RANK is 3; add --local-rank-arg=--local-rank (" in (
+        dashed
+    )
+
+
+def test_a_failed_run_whose_ranks_read_no_local_rank_says_so_on_its_headline(tmp_path):
+    """The note alone says nothing (a script that reads LOCAL_RANK itself is healthy); beside
+    a failure it is the hint, on the first crash line, unless the option was given."""
+    from ddptui import protocol
+    from ddptui.run.session import RunSession
+    from ddptui.run.state import RankFailureInfo
+
+    script = SCRIPTS / "launch_era_optional.py"
+    for given, hinted in ((None, True), ("--local_rank", False)):
+        raw = {"script": str(script), "run_dir": str(tmp_path / f"r{hinted}")}
+        session = RunSession(build_config({**raw, "local_rank_arg": given}, CPU))
+        run = session.cfg.run_id
+        for rank in (0, 1):
+            events = [
+                protocol.Status(run=run, rank=rank, t=1.0, seq=0, state="started"),
+                protocol.Note(run=run, rank=rank, t=1.0, seq=1, code="local_rank_arg",
+                              local_rank=rank, read=None, dashed=False),
+                protocol.Status(run=run, rank=rank, t=2.0, seq=2, state="failed",
+                                error="ZeroDivisionError: division by zero"),
+            ]  # fmt: skip
+            for event in events:
+                session.state.apply(event)
+        assert session.diagnoser.notes(session.state) == []  # no finding by itself
+        failure = RankFailureInfo(rank=1, exit_code=1, error="ZeroDivisionError", stderr_tail=())
+        session.state.set_outcome("failed", failure)
+        session._diagnose_crash()
+        crash = [d.detail for d in session.diagnoser.diagnoses if d.cause == "crash"]
+        assert crash[0].startswith("ranks 0 and 1 failed with the same error")
+        assert ("rank 1's script has a --local_rank option" in crash[0]) is hinted
+        assert not any("--local_rank option" in detail for detail in crash[1:])
+
+
+@pytest.mark.slow
+def test_a_script_whose_optional_local_rank_torchrun_leaves_unset_fails_with_the_hint(tmp_path):
+    """Run as published under torchrun, every rank of the MONAI-shaped script reads None,
+    silences its output and fails on no data: the console says why and what to add."""
+    script = SCRIPTS / "launch_era_optional.py"
+    run_dir = tmp_path / "run"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(script),
+             "--world-size", "2", "--launcher", "torchrun", "--run-dir", str(run_dir)],
+            capture_output=True, text=True, timeout=180, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        first = next(line for line in proc.stdout.splitlines() if line.startswith("diagnosis:"))
+        assert "failed with the same error: ZeroDivisionError" in first
+        assert "script has a --local_rank option, which torchrun does not pass" in first
+        assert first.endswith("add --local-rank-arg (the form's local rank arg: --local_rank)")
     finally:  # nothing of the run outlives the test, whatever happened
         try:
             run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]

@@ -47,6 +47,7 @@ from ddptui.constants import (
 from ddptui.rank import flight_recorder, heartbeat, spawned
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.instrument import install
+from ddptui.rank.local_rank import watch as watch_local_rank_option
 from ddptui.runfiles import RunDir
 
 _PR_SET_PDEATHSIG = 1
@@ -147,6 +148,13 @@ def announce() -> None:
         pass
 
 
+def _note(code: str, **numbers: int | bool | None) -> None:
+    """Send a note of this rank's (a no-op when nobody listens)."""
+    from ddptui.rank.reporter import get_reporter  # loaded on use: keeps the entry light
+
+    get_reporter().note(code, **numbers)
+
+
 def report_failure(error: str, trace: str | None) -> None:
     """Tell ddptui that this rank failed (once; a no-op when nobody listens), and leave its
     Flight Recorder trace in the run directory: after a crash it tells in which collective
@@ -195,8 +203,12 @@ def run_target(
     A non-zero exit and an uncaught exception are reported as this rank's failure (error and
     traceback); the exception propagates. A script or user module gets ``FLAG=LOCAL_RANK``
     before its arguments where ``--local-rank-arg`` asked for it (:func:`local_rank_args`)."""
+    undo = None
     if not module:
-        args = [*local_rank_args(), *args]
+        given = local_rank_args()
+        args = [*given, *args]
+        if not given and os.environ.get(ENDPOINT_ENV):  # its parser read, for a failure's hint
+            undo = watch_local_rank_option(_note)
     try:
         if module:
             code = _exit_code(importlib.import_module(module).main(args))
@@ -226,6 +238,8 @@ def run_target(
         raise
     finally:
         flight_recorder.remove_terminate_trace()  # native teardown aborts as it would
+        if undo is not None:
+            undo()
     if code:
         report_failure(f"exited with code {code}", None)
     return code

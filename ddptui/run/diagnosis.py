@@ -1026,6 +1026,29 @@ def local_rank_hint(lines: Iterable[str]) -> str | None:
     return None
 
 
+def local_rank_read_hint(
+    reads: Mapping[int, tuple[int | None, int, bool]], rank: int | None
+) -> str | None:
+    """What to add to a failed run's crash where a rank's script has a local-rank option that
+    torchrun did not pass and that read other than its ``LOCAL_RANK`` (``reads``: rank ->
+    the value read, None for its default; its LOCAL_RANK; spelled ``--local-rank``): the
+    failed ``rank``'s own, else the lowest rank's. MONAI's ``unet_training_ddp.py`` read None
+    on every rank, sent its output and errors to ``os.devnull`` as a secondary rank would,
+    and failed on an empty loader (``ZeroDivisionError``). None without one."""
+    if not reads:
+        return None
+    who = rank if rank in reads else min(reads)
+    read, local_rank, dashed = reads[who]
+    flag = "--local-rank" if dashed else "--local_rank"
+    given = "--local-rank-arg" + (f"={flag}" if dashed else "")
+    value = "kept its default" if read is None else f"read {read}"
+    return (
+        f"rank {who}'s script has a {flag} option, which torchrun does not pass (python -m "
+        f"torch.distributed.launch did): it {value} where the rank's LOCAL_RANK is {local_rank}; "
+        f"add {given} (the form's local rank arg: {flag})"
+    )
+
+
 # -- notes -------------------------------------------------------------------------------------
 _ORDINALS = {2: "a second", 3: "a third", 4: "a fourth"}
 

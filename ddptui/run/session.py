@@ -46,6 +46,7 @@ from ddptui.run.diagnosis import (
     diagnoses_for_summary,
     growth_diagnosis,
     local_rank_hint,
+    local_rank_read_hint,
     rank_ends,
     rank_wait_marks,
 )
@@ -587,13 +588,16 @@ class RunSession:
             desync=(desync.rank, flight.collective_named(desync.detail)) if desync else None,
         )
         found = [*traced, *found] if desync else [*found, *traced]
-        hint = None
+        hint, on = None, None
         if failure is not None and not self.cfg.local_rank_arg and self.cfg.trainer_module is None:
-            hint = local_rank_hint(failure.stderr_tail)
-        if hint:  # on the crash of the rank whose log says so
+            hint, on = local_rank_hint(failure.stderr_tail), failure.rank  # that rank's log
+            if not hint:  # a rank's local-rank option torchrun left at its default: the headline
+                hint = local_rank_read_hint(state.local_rank_reads, failure.rank)
+                on = next((d.rank for d in found if d.cause == "crash"), None)
+        if hint:
             found = [
                 dataclasses.replace(d, detail=f"{d.detail}; {hint}")
-                if d.cause == "crash" and d.rank == failure.rank
+                if d.cause == "crash" and d.rank == on
                 else d
                 for d in found
             ]

@@ -544,6 +544,10 @@ class RunState:
         #: rank -> the digest of the first batch it trained on, where it has no
         #: DistributedSampler (``first_batch`` notes; a rank is a view: bounded by the world).
         self.first_batches: dict[int, int] = {}
+        #: rank -> what its script's ``--local_rank`` option read where torchrun passed none:
+        #: (the value, None for none; its LOCAL_RANK; the option spelled ``--local-rank``).
+        #: Said beside a failure only (``local_rank_arg`` notes; bounded by the world).
+        self.local_rank_reads: dict[int, tuple[int | None, int, bool]] = {}
         #: The launched processes that spawned workers of their own (``spawned`` notes):
         #: (node, rank) -> workers, as each first said it.
         self.spawners: dict[tuple[int | None, int], int] = {}
@@ -854,6 +858,10 @@ class RunState:
         if ev.code == "first_batch":  # every rank's, compared (diagnosis.same_batches)
             if ev.digest is not None:
                 self.first_batches[view.rank] = ev.digest
+            return
+        if ev.code == "local_rank_arg":  # a failure's hint (session), no finding by itself
+            if ev.local_rank is not None:
+                self.local_rank_reads[view.rank] = (ev.read, ev.local_rank, bool(ev.dashed))
             return
         if ev.code not in self.notes:  # codes are a closed set (the schema): the dict stays tiny
             self.notes[ev.code] = NoteSeen(
