@@ -324,3 +324,22 @@ def test_a_script_whose_optional_local_rank_torchrun_leaves_unset_fails_with_the
             run_id = None
         for process in processes_of_run(run_id) if run_id else []:
             process.kill()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("local_rank", -1), ("local_rank", 10**9 + 1), ("local_rank", "0"), ("read", -(10**9) - 1),
+     ("read", 2**63), ("read", 0.5), ("dashed", 1), ("dashed", "yes")],
+)  # fmt: skip
+def test_a_local_rank_note_out_of_bounds_is_refused(field, value):
+    import msgspec
+
+    from ddptui import protocol
+
+    raw = {"kind": "note", "v": 1, "run": "r", "rank": 0, "t": 0.0, "seq": 1}
+    raw.update(code="local_rank_arg", local_rank=1, read=None, dashed=False)
+    (note,) = protocol.decode_batch(msgspec.msgpack.encode([raw]))
+    assert (note.local_rank, note.read, note.dashed) == (1, None, False)
+    raw[field] = value
+    with pytest.raises(protocol.InvalidEvent):
+        protocol.decode_batch(msgspec.msgpack.encode([raw]))
