@@ -1167,6 +1167,43 @@ def test_a_detection_steps_samples_are_its_images_not_their_channels(inst, kind)
     assert [log["samples"] for log in inst.fake.logs] == [4, 4, 2] * 2
 
 
+class GraphBatch:
+    """PyTorch Geometric's ``Batch`` as far as counting goes: every node's features in one
+    tensor, and how many graphs (its ``batch_size``, also its ``num_graphs``)."""
+
+    def __init__(self, graphs, told=None):
+        self.x = torch.cat(graphs)
+        self.batch_size = len(graphs) if told is None else told
+
+
+@pytest.mark.parametrize(
+    ("told", "expected"),
+    [(None, [4, 4, 2]), (True, [23, 24, 12]), ("4", [23, 24, 12]), (-4, [23, 24, 12]),
+     (10**12, [23, 24, 12])],
+)  # fmt: skip
+def test_a_graph_batchs_samples_are_its_graphs_not_their_nodes(inst, told, expected):
+    """PyTorch Geometric's loader gives a ``Batch`` of graphs, and the model's first tensor
+    holds every node of them (``model(data.x, data.edge_index, data.batch)``): 64 graphs of
+    about 30 nodes, 2 epochs, counted 3,794 samples where there were 128 graphs. A batch
+    object of its own that says its ``batch_size`` is that many samples; one that says no
+    whole number in bounds leaves the forward's count (the nodes)."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(torch.nn.Linear(3, 1))
+    opt = timed_sgd(model.parameters(), clock)
+    graphs = [torch.rand(5 + i % 3, 3) for i in range(10)]  # nodes a batch: 23, 24, 12
+    loader = torch.utils.data.DataLoader(
+        graphs, batch_size=4, collate_fn=lambda batch: GraphBatch(batch, told)
+    )
+    for data in loader:
+        loss = model(data.x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        clock.advance(0.010)
+        opt.step()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == expected
+
+
 def test_without_ddp_the_samples_are_the_data_loaders_batches(inst):
     """FSDP, a plain model (pytorch/examples' imagenet script on CPU wraps nothing): no DDP
     forward counts the samples, the DataLoader's batches do; gradient accumulation sums

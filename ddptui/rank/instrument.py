@@ -372,6 +372,8 @@ MAX_DATA_DEPTH = 4
 MAX_PLANNED_EPOCHS = 1_000_000
 #: Most steps a ``loader_steps`` note says (protocol.MAX_NOTE_NUMBER, without loading it).
 MAX_LOADER_STEPS = 1_000_000_000
+#: Most samples a batch object's own ``batch_size`` is believed for (PyTorch Geometric's).
+MAX_TOLD_BATCH = 1_000_000_000
 
 
 class _TorchImportWatcher:
@@ -3530,13 +3532,19 @@ def _draw_size(tensor: type, batch: Any) -> int:
     """The samples of a batch a DataLoader gave (0 for a batch of the script's own kind):
     see :func:`_batch_size`; a batch of parts each a sequence of samples (torchvision's
     detection references and DETR collate with ``tuple(zip(*batch))``: images, and the
-    targets' dicts) is as many samples as its dicts."""
+    targets' dicts) is as many samples as its dicts; a batch object of its own that says its
+    ``batch_size`` (PyTorch Geometric's ``Batch``: its graphs, or a ``NeighborLoader``'s seed
+    nodes, where the model's first tensor holds every node of them) is that many."""
     try:
         size = _batch_size(tensor, (batch,), {})
         if size == 0 and type(batch) in (list, tuple):
             for part in batch:
                 if isinstance(part, list | tuple) and part and isinstance(part[0], dict):
                     return len(part)
+        elif size == 0 and not isinstance(batch, tensor | list | tuple | dict):
+            told = getattr(batch, "batch_size", None)
+            if type(told) is int and 0 < told <= MAX_TOLD_BATCH:
+                return told
         return size
     except Exception:  # a batch of the script's own kind: not ours to judge
         return 0
