@@ -244,7 +244,8 @@ def test_the_parsers_of_the_rank_are_looked_at_until_one_has_the_option(monkeypa
     finally:
         undo()
     assert argparse.ArgumentParser.__dict__["parse_known_args"] is before
-    for environ in ({}, {"LOCAL_RANK": "x"}, {"LOCAL_RANK": "-1"}, {"LOCAL_RANK": "٣"}):
+    for environ in ({}, {"LOCAL_RANK": "x"}, {"LOCAL_RANK": "-1"}, {"LOCAL_RANK": "٣"},
+                    {"LOCAL_RANK": "1" * 400}):  # fmt: skip
         watch(lambda *a, **k: notes.append(a), environ)()
         assert argparse.ArgumentParser.__dict__["parse_known_args"] is before
 

@@ -3553,9 +3553,9 @@ def _draw_size(tensor: type, batch: Any) -> int:
 def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
     """Dim 0 of the first ``tensor`` (torch.Tensor) among the forward's arguments (one level
     into lists, tuples and dicts); 0 when there is none. A list (or tuple) of dicts is one
-    record a sample, whatever came before it: torchvision's detection models take a list of
-    images, each ``[C, H, W]`` (their dim 0 the channels), with a list of target dicts, and
-    their loaders (DETR's too) give a tuple of each."""
+    record a sample, over a tensor a list before it held: torchvision's detection models take
+    a list of images, each ``[C, H, W]`` (their dim 0 the channels), with a list of target
+    dicts, and their loaders (DETR's too) give a tuple of each."""
     if args and isinstance(args[0], tensor):  # the usual ``model(x)``: one C call
         try:
             return args[0].size(0)

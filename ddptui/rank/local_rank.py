@@ -27,6 +27,8 @@ FLAGS = ("--local_rank", "--local-rank")
 
 #: Most arguments looked through for the option (a parser given more is not judged).
 MAX_ARGS = 10_000
+#: The largest number a note carries (``protocol.MAX_NOTE_NUMBER``, without loading it).
+MAX_NUMBER = 1_000_000_000
 
 
 def watch(note: Callable[..., None], environ: Mapping[str, str] = os.environ) -> Callable[[], None]:
@@ -34,7 +36,7 @@ def watch(note: Callable[..., None], environ: Mapping[str, str] = os.environ) ->
     local-rank option; ``note(code, **numbers)`` sends the finding. Returns the undo (the
     parser class as it was). Nothing without a whole-number ``LOCAL_RANK``."""
     raw = environ.get("LOCAL_RANK", "").strip()
-    if not (raw.isascii() and raw.isdigit()):
+    if not (raw.isascii() and raw.isdigit() and int(raw) <= MAX_NUMBER):
         return lambda: None
     local_rank = int(raw)
     original = argparse.ArgumentParser.__dict__["parse_known_args"]
@@ -84,7 +86,7 @@ def local_rank_read(
         value = getattr(parsed, action.dest, None)
         if type(value) is int and value == local_rank:
             return None  # its default is right on this rank (LOCAL_RANK read into it)
-        whole = type(value) is int and abs(value) <= 1_000_000_000
+        whole = type(value) is int and abs(value) <= MAX_NUMBER
         dashed = flags[0] != FLAGS[0]
         return {"local_rank": local_rank, "read": value if whole else None, "dashed": dashed}
     return None
