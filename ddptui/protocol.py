@@ -269,7 +269,7 @@ class Note(Event, tag="note"):
     first values), which the ranks' notes compare.
 
     ``local_rank_arg``: the script's argument parser has a ``--local_rank`` option
-    (``--local-rank`` where ``dashed``), which torchrun does not pass: it read ``read`` (None:
+    (``--local-rank`` where ``dashed``) that no launcher passed it: it read ``read`` (None:
     no whole number, its default None say) where the rank's ``LOCAL_RANK`` is
     ``local_rank``. Said beside a failure only."""
 

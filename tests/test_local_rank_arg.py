@@ -263,9 +263,9 @@ def test_the_hint_names_the_option_and_what_it_read():
     assert local_rank_read_hint({}, 0) is None
     hint = local_rank_read_hint({1: (None, 1, False), 0: (None, 0, False)}, 0)
     assert hint == (
-        "rank 0's script has a --local_rank option, which torchrun does not pass (python -m "
-        "torch.distributed.launch did): it kept its default where the rank's LOCAL_RANK is 0; "
-        "add --local-rank-arg (the form's local rank arg: --local_rank)"
+        "rank 0's script has a --local_rank option that no launcher passed it (python -m "
+        "torch.distributed.launch did; torchrun does not): it kept its default where the rank's "
+        "LOCAL_RANK is 0; add --local-rank-arg (the form's local rank arg: --local_rank)"
     )
     dashed = local_rank_read_hint({3: (-1, 3, True)}, None)
     assert "rank 3's script has a --local-rank option" in dashed
@@ -314,7 +314,7 @@ def test_a_script_whose_optional_local_rank_torchrun_leaves_unset_fails_with_the
     assert proc.returncode == 1, proc.stdout + proc.stderr
     first = next(line for line in proc.stdout.splitlines() if line.startswith("diagnosis:"))
     assert "failed with the same error: ZeroDivisionError" in first
-    assert "script has a --local_rank option, which torchrun does not pass" in first
+    assert "script has a --local_rank option that no launcher passed it" in first
     assert first.endswith("add --local-rank-arg (the form's local rank arg: --local_rank)")
 
 

@@ -1043,9 +1043,9 @@ def local_rank_read_hint(
     given = "--local-rank-arg" + (f"={flag}" if dashed else "")
     value = "kept its default" if read is None else f"read {read}"
     return (
-        f"rank {who}'s script has a {flag} option, which torchrun does not pass (python -m "
-        f"torch.distributed.launch did): it {value} where the rank's LOCAL_RANK is {local_rank}; "
-        f"add {given} (the form's local rank arg: {flag})"
+        f"rank {who}'s script has a {flag} option that no launcher passed it (python -m "
+        f"torch.distributed.launch did; torchrun does not): it {value} where the rank's "
+        f"LOCAL_RANK is {local_rank}; add {given} (the form's local rank arg: {flag})"
     )
 
 
