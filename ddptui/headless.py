@@ -229,10 +229,13 @@ class HeadlessConsole:
         stepless = verdict == "finished" and not any(v.step for v in state.ranks.values())
         if stepless:
             verdict = "finished without a step"
+        # Before any step no evaluation was to be had: saying how to report one is noise
+        # (a script that failed at its start, or trained nothing).
+        evaluated = state.last_eval is not None or state.first_step_at is not None
         self.line(
             f"run {verdict} after {fmt_duration(state.elapsed(now))}: "
-            f"{eval_summary(state, bool(session.cfg.script))}; "
-            f"{fmt_samples(state)}"
+            + (f"{eval_summary(state, bool(session.cfg.script))}; " if evaluated else "")
+            + f"{fmt_samples(state)}"
             f"{over_run(state)}; {stats.received} events "
             f"({state.dropped} dropped{rejected})"
         )

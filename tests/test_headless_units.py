@@ -364,6 +364,9 @@ def test_a_run_with_steps_or_ranks_without_output_shows_no_log_lines(tmp_path):
         HeadlessConsole(out, tty=False).summary(session, 100.0)
         assert ("without a step" in out.getvalue()) is not stepped
         assert "last lines of" not in out.getvalue()
+        # no step, no evaluation to have had: the line does not ask for one (MMEngine's
+        # example as published failed at its start, and its last line said how to report one)
+        assert ("no evaluation" in out.getvalue()) is stepped
 
 
 def test_the_failed_line_is_the_errors_head_where_the_log_tail_follows(tmp_path):
