@@ -832,9 +832,10 @@ class Instrument:
         self._ignite_trained: set[int] = set()
         self._fastai_attached = False
         self._speechbrain_attached = False
-        self._tensorboard_attached: set[str] = set()  # the SummaryWriter modules followed
+        #: The modules whose class is followed where a framework has several (TensorBoard's
+        #: SummaryWriter in torch and tensorboardX, MMEngine's two runners).
+        self._modules_followed: set[str] = set()
         self._wandb_attached = False
-        self._mmengine_attached: set[str] = set()  # the MMEngine runner modules followed
         self._batch_noted = False  # the first training batch was looked at (_note_first_batch)
         #: Numbers a SummaryWriter was given after an evaluation pass, and the epoch training
         #: was in: the pass's evaluation once training goes on (see _tensorboard_logged).
@@ -1424,11 +1425,9 @@ class Instrument:
         """The evaluations a script logs to TensorBoard: ``writer.add_scalar("accuracy",
         …)`` after its test pass (kubeflow's PyTorch MNIST example, through tensorboardX), or
         ``add_scalars``. See :meth:`_tensorboard_logged`."""
-        name = getattr(module, "__name__", None)
-        found = _own_methods(module, "SummaryWriter", "add_scalar", "add_scalars")
-        if found is None or name in self._tensorboard_attached:
+        found = self._module_unfollowed(module, "SummaryWriter", "add_scalar", "add_scalars")
+        if found is None:
             return
-        self._tensorboard_attached.add(str(name))
         cls, (scalar, scalars) = found
         inst = self
 
@@ -1694,6 +1693,20 @@ class Instrument:
             setattr(self, flag, True)
         return found
 
+    def _module_unfollowed(
+        self, module: Any, class_name: str, *methods: str
+    ) -> tuple[type, list[Any]] | None:
+        """``module``'s class ``class_name`` and its ``methods`` to wrap (see
+        :func:`_own_methods`); None when that module is followed already or they are not
+        there. Marks the module followed."""
+        name = str(getattr(module, "__name__", None))
+        if name in self._modules_followed:
+            return None
+        found = _own_methods(module, class_name, *methods)
+        if found is not None:
+            self._modules_followed.add(name)
+        return found
+
     def _watch_ignite(self, torch: Any) -> None:
         """Follow PyTorch Ignite's engines from its import on, or now if it is loaded."""
         self._when_imported(_IGNITE, self._attach_ignite)
@@ -1951,12 +1964,10 @@ class Instrument:
         ``before_val_epoch`` to ``after_val_epoch`` is an evaluation pass, ``after_val_epoch``
         carries its metrics, ``before_train`` has the train loop built (its ``max_epochs``,
         by epoch). A test loop's (``after_test_epoch``) is no evaluation of training."""
-        name = getattr(module, "__name__", None)
-        class_name = _MMENGINE.get(str(name))
-        found = _own_methods(module, class_name, "call_hook") if class_name else None
-        if found is None or name in self._mmengine_attached:
+        class_name = _MMENGINE.get(str(getattr(module, "__name__", None)))
+        found = self._module_unfollowed(module, class_name, "call_hook") if class_name else None
+        if found is None:
             return
-        self._mmengine_attached.add(str(name))
         cls, (original,) = found
         inst = self
 

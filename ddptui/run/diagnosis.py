@@ -1017,13 +1017,17 @@ def local_rank_hint(lines: Iterable[str]) -> str | None:
         found = _LOCAL_RANK_REQUIRED.search(line)
         if found:
             flag = found.group(1)
-            given = "--local-rank-arg" + ("" if flag == "--local_rank" else f"={flag}")
             return (
                 f"the script takes its local rank as an argument ({flag}), as python -m "
-                f"torch.distributed.launch passed it: add {given} (the form's local rank "
-                f"arg: {flag})"
+                f"torch.distributed.launch passed it: {_add_local_rank_arg(flag)}"
             )
     return None
+
+
+def _add_local_rank_arg(flag: str) -> str:
+    """How to give a script its local rank as ``flag`` (the option and the form's field)."""
+    given = "--local-rank-arg" + ("" if flag == "--local_rank" else f"={flag}")
+    return f"add {given} (the form's local rank arg: {flag})"
 
 
 def local_rank_read_hint(
@@ -1040,12 +1044,11 @@ def local_rank_read_hint(
     who = rank if rank in reads else min(reads)
     read, local_rank, dashed = reads[who]
     flag = "--local-rank" if dashed else "--local_rank"
-    given = "--local-rank-arg" + (f"={flag}" if dashed else "")
     value = "kept its default" if read is None else f"read {read}"
     return (
         f"rank {who}'s script has a {flag} option that no launcher passed it (python -m "
         f"torch.distributed.launch did; torchrun does not): it {value} where the rank's "
-        f"LOCAL_RANK is {local_rank}; add {given} (the form's local rank arg: {flag})"
+        f"LOCAL_RANK is {local_rank}; {_add_local_rank_arg(flag)}"
     )
 
 
