@@ -228,7 +228,14 @@ class NodeSample(Event, tag="node"):
 MAX_GROWN_WORLD = 1024
 #: What a note may be about (``Note.code``).
 NoteCode = Literal[
-    "sampler_epoch", "spawned", "loader_steps", "p2p", "own_group", "first_batch", "local_rank_arg"
+    "sampler_epoch",
+    "spawned",
+    "loader_steps",
+    "p2p",
+    "own_group",
+    "first_batch",
+    "local_rank_arg",
+    "alone",
 ]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
@@ -271,7 +278,12 @@ class Note(Event, tag="note"):
     ``local_rank_arg``: the script's argument parser has a ``--local_rank`` option
     (``--local-rank`` where ``dashed``) that no launcher passed it: it read ``read`` (None:
     no whole number, its default None say) where the rank's ``LOCAL_RANK`` is
-    ``local_rank``. Said beside a failure only."""
+    ``local_rank``. Said beside a failure only.
+
+    ``alone``: this rank, launched as one of a world of several, took its first training step
+    with no process group (``torch.distributed`` not initialized, no RPC agent): it trains by
+    itself. With ``group_size``: it formed a group of that size after all (the first one is
+    taken back)."""
 
     code: NoteCode
     epoch: NoteNumber | None = None

@@ -3,15 +3,38 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 
 from ddptui.constants import PRESTARTED_BY_ENV, RUN_ID_ENV
+from ddptui.runfiles import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 USER_SCRIPT = ROOT / "tests" / "scripts" / "user_ddp.py"
+SCRIPTS = ROOT / "tests" / "scripts"
+
+
+def run_test_script(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess:
+    """``ddptui --no-ui`` over ``tests/scripts/SCRIPT``, 2 ranks under torchrun, its run
+    directory ``tmp_path/run``; nothing of the run outlives it, whatever happened."""
+    run_dir = tmp_path / "run"
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(SCRIPTS / script),
+             "--world-size", "2", "--launcher", "torchrun", "--run-dir", str(run_dir), *args],
+            capture_output=True, text=True, timeout=180, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        try:
+            run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]
+        except (OSError, ValueError, KeyError):
+            run_id = None
+        for process in processes_of_run(run_id) if run_id else []:
+            process.kill()
 
 
 def processes_of_run(run_id: str) -> list[psutil.Process]:

@@ -23,7 +23,7 @@ from ddptui.run.diagnosis import local_rank_hint, local_rank_read_hint
 from ddptui.run.machine import Machine
 from ddptui.run.options import ConfigError, parse_local_rank_arg, resume_command
 from ddptui.runfiles import RunDir
-from tests.helpers import processes_of_run
+from tests.helpers import run_test_script
 
 CPU = Machine(cuda_devices=0, cuda_reason="no CUDA device visible", cpu_count=2)
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -158,30 +158,11 @@ def test_a_script_that_requires_its_local_rank_as_an_argument_runs_under_torchru
     """With the option every rank of the launch-era script gets its own local rank and the
     run finishes (without it, the script stops at its argument parser: the hint, above)."""
     run_dir = tmp_path / "run"
-    proc = _run_two_ranks(tmp_path, "launch_era.py", "--local-rank-arg", "--", "--steps", "6")
+    proc = run_test_script(tmp_path, "launch_era.py", "--local-rank-arg", "--", "--steps", "6")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     logs = [RunDir(run_dir).rank_log(r).read_text() for r in (0, 1)]
     assert "local rank 0 of LOCAL_RANK 0" in logs[0]
     assert "local rank 1 of LOCAL_RANK 1" in logs[1]
-
-
-def _run_two_ranks(tmp_path, script, *args):
-    """``ddptui --no-ui`` over ``tests/scripts/SCRIPT``, 2 ranks under torchrun, its run
-    directory ``tmp_path/run``; nothing of the run outlives it, whatever happened."""
-    run_dir = tmp_path / "run"
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "ddptui.cli", "--no-ui", "--script", str(SCRIPTS / script),
-             "--world-size", "2", "--launcher", "torchrun", "--run-dir", str(run_dir), *args],
-            capture_output=True, text=True, timeout=180, cwd=tmp_path,
-        )  # fmt: skip
-    finally:
-        try:
-            run_id = json.loads(RunDir(run_dir).config.read_text())["run_id"]
-        except (OSError, ValueError, KeyError):
-            run_id = None
-        for process in processes_of_run(run_id) if run_id else []:
-            process.kill()
 
 
 # -- an optional local-rank option torchrun left at its default --------------------------------
@@ -310,7 +291,7 @@ def test_a_failed_run_whose_ranks_read_no_local_rank_says_so_on_its_headline(tmp
 def test_a_script_whose_optional_local_rank_torchrun_leaves_unset_fails_with_the_hint(tmp_path):
     """Run as published under torchrun, every rank of the MONAI-shaped script reads None,
     silences its output and fails on no data: the console says why and what to add."""
-    proc = _run_two_ranks(tmp_path, "launch_era_optional.py")
+    proc = run_test_script(tmp_path, "launch_era_optional.py")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     first = next(line for line in proc.stdout.splitlines() if line.startswith("diagnosis:"))
     assert "failed with the same error: ZeroDivisionError" in first

@@ -199,14 +199,15 @@ class Reporter:
         self,
         cls: type[protocol.Event],
         urgent: bool = True,
-        read: pending.Read | None = None,
+        device_read: pending.Read | None = None,
         counted: bool = True,
         **fields: Any,
     ) -> None:
         """Queue one event; send the batch when ``urgent``, full, or due.
 
-        ``read``: the event's device values in flight; it waits for them (and holds back the
-        events after it) in the pending queue.
+        ``device_read``: the event's device values in flight; it waits for them (and holds
+        back the events after it) in the pending queue. (Not ``read``: a note's field of that
+        name, what a script's ``--local_rank`` read, was taken for it and lost.)
         """
         if self._socket is None or self._muted:
             return
@@ -230,7 +231,7 @@ class Reporter:
                 attempt=self.attempt,
                 **fields,
             )
-            self._queue(event, urgent, read, time.monotonic())
+            self._queue(event, urgent, device_read, time.monotonic())
 
     def _queue(
         self, event: protocol.AnyEvent, urgent: bool, read: pending.Read | None, now: float
@@ -552,6 +553,10 @@ class Reporter:
             samples = 0 if samples is None else (_whole("samples", samples) or 0)
         if step is not None and (type(step) is not int or not 0 <= step <= _INT_MAX):
             step = _whole("step", step)
+        if not self.steps_logged:  # the first step: does it train with the others?
+            from ddptui.rank import spawned
+
+            spawned.first_step(self.note)
         self.steps_logged += count
         self._step = step if step is not None else self._step + count
         if samples_per_s is not None and not (
@@ -713,7 +718,7 @@ class Reporter:
         metrics = _metrics(values, device)
         self._send(
             protocol.Eval,
-            read=pending.DeviceRead(device) if device else None,
+            device_read=pending.DeviceRead(device) if device else None,
             epoch=epoch,
             accuracy=accuracy,
             loss=loss,

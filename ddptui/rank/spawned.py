@@ -340,6 +340,8 @@ def on_process_group(rank: int, world_size: int) -> None:
     under that rank now, with its heartbeat."""
     global _group_seen
     _group_seen = True
+    if _alone_said:
+        _formed_after_alone(world_size)
     env_rank = os.environ.get("RANK")
     spawned = bool(os.environ.get(SPAWNED_ENV))
     launched_world = (
@@ -368,6 +370,50 @@ def on_process_group(rank: int, world_size: int) -> None:
                 _formed_event.set()
             except Exception:  # telemetry never changes how a rank runs
                 pass
+
+
+#: Whether this rank said it took a training step with no process group (``alone``).
+_alone_said = False
+
+
+def first_step(note: Callable[..., None]) -> None:
+    """This rank's first training step: where the launcher gave it a world of several and it
+    has no process group (nor an RPC agent), it trains by itself, and ``note`` says so
+    (``alone``). opacus's ``examples/cifar10.py`` forms its group only when given
+    ``--local_rank``, which torchrun does not pass: under torchrun each of 2 ranks trained
+    the whole dataset alone, and the run read "finished". Never raises."""
+    global _alone_said
+    try:
+        world = _launched_world
+        if os.environ.get(SPAWNED_ENV) or not (world and world.isascii() and world.isdigit()):
+            return  # a script's own worker (ranked by its group), or no world known
+        if int(world) < 2:
+            return
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or dist.is_initialized():
+            return
+        rpc = sys.modules.get("torch.distributed.rpc")
+        if rpc is not None and rpc.is_available() and rpc.api._is_current_rpc_agent_set():
+            return  # an RPC world (a parameter server's optimizer steps): not alone
+        note("alone")
+        _alone_said = True
+    except Exception:  # telemetry never changes how a rank runs
+        pass
+
+
+def _formed_after_alone(world_size: int) -> None:
+    """This rank formed its process group after it said it trained alone: said again, with
+    the group's size (the dashboard takes the first back)."""
+    global _alone_said
+    _alone_said = False
+    if not os.environ.get(ENDPOINT_ENV):
+        return
+    from ddptui.rank.reporter import get_reporter
+
+    try:
+        get_reporter().note("alone", group_size=world_size)
+    except Exception:  # telemetry never changes how a rank runs
+        pass
 
 
 def _own_group(rank: int, world_size: int) -> None:

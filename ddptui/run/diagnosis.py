@@ -57,6 +57,8 @@ CAUSES = (
     "no_comm",  # a note: every rank trained many steps without any collective (no verdict)
     "spawners",  # a note: several launched processes of a node spawned workers (no verdict)
     "own_group",  # a note: a launched rank formed a process group of another world (no verdict)
+    "same_batches",  # a note: every rank drew the same first batch, no DistributedSampler
+    "alone",  # a note: every rank trains with no process group at all (no verdict)
     "record_growth",  # a note: events.jsonl grows fast enough to fill a disk (no verdict)
 )
 
@@ -1133,6 +1135,33 @@ def no_comm_diagnosis(state: Any, t: float) -> Diagnosis | None:
     )
 
 
+def alone_diagnosis(state: Any, t: float) -> Diagnosis | None:
+    """Every rank of a world of several took its first training step with no process group
+    (their ``alone`` notes): each trains by itself, on a model of its own. opacus's
+    ``examples/cifar10.py`` forms its group only when given ``--local_rank``: under torchrun,
+    which passes none, 2 ranks each trained the whole dataset alone and the run read
+    "finished". Where a rank's ``--local_rank`` option read other than its LOCAL_RANK, that is
+    the hint; else what to look for. Evidence only: a rank that formed its group after all
+    takes its note back."""
+    alone = getattr(state, "alone", set())
+    ranks = getattr(state, "ranks", {})
+    if len(ranks) < 2 or len(ranks) != state.world_size or alone != set(ranks):
+        return None
+    world = len(ranks)
+    who, none = ("ranks 0 and 1 each", "neither") if world == 2 else (f"all {world} ranks", "none")
+    hint = local_rank_read_hint(getattr(state, "local_rank_reads", {}), None) or (
+        "does the script form it only when given a flag, or a variable torchrun does not set?"
+    )
+    return Diagnosis(
+        min(ranks),
+        "alone",
+        f"{who} train alone: {none} formed a process group (torch.distributed."
+        f"init_process_group) before its first step, so this is {world} separate trainings, "
+        f"not one DDP run; {hint}",
+        t,
+    )
+
+
 def same_batches_diagnosis(state: Any, t: float) -> Diagnosis | None:
     """Every rank of a world of several trains from a DataLoader with no DistributedSampler
     and drew the same first batch (their ``first_batch`` notes' digests): each rank trains
@@ -1307,7 +1336,7 @@ class Diagnoser:
         """The notes the ranks sent that were not said yet, one diagnosis per code (recorded);
         ``t`` is when the first one arrived. And, once each, the notes the ranks make
         together: they train apart (:func:`no_comm_diagnosis`), on the same data
-        (:func:`same_batches_diagnosis`), several launched processes spawned workers
+        (:func:`same_batches_diagnosis`), alone (:func:`alone_diagnosis`), several launched processes spawned workers
         (:func:`spawners_diagnosis`)."""
         found: list[Diagnosis] = []
         for code, note in getattr(state, "notes", {}).items():
@@ -1322,6 +1351,7 @@ class Diagnoser:
         together = (  # the notes the ranks make together, each said once
             ("no_comm", bool(getattr(state, "ranks", None)), no_comm_diagnosis),
             ("same_batches", bool(getattr(state, "first_batches", None)), same_batches_diagnosis),
+            ("alone", bool(getattr(state, "alone", None)), alone_diagnosis),
             ("spawners", len(getattr(state, "spawners", ())) > 1, spawners_diagnosis),
         )
         for code, evidence, judge in together:

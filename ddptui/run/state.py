@@ -548,6 +548,9 @@ class RunState:
         #: (the value, None for none; its LOCAL_RANK; the option spelled ``--local-rank``).
         #: Said beside a failure only (``local_rank_arg`` notes; bounded by the world).
         self.local_rank_reads: dict[int, tuple[int | None, int, bool]] = {}
+        #: The ranks that took a training step with no process group (``alone`` notes; each
+        #: taken back if it formed one after all): compared (``diagnosis.alone_diagnosis``).
+        self.alone: set[int] = set()
         #: The launched processes that spawned workers of their own (``spawned`` notes):
         #: (node, rank) -> workers, as each first said it.
         self.spawners: dict[tuple[int | None, int], int] = {}
@@ -858,6 +861,12 @@ class RunState:
         if ev.code == "first_batch":  # every rank's, compared (diagnosis.same_batches)
             if ev.digest is not None:
                 self.first_batches[view.rank] = ev.digest
+            return
+        if ev.code == "alone":  # every rank's, compared (diagnosis.alone)
+            if ev.group_size is None:
+                self.alone.add(view.rank)
+            else:
+                self.alone.discard(view.rank)
             return
         if ev.code == "local_rank_arg":  # a failure's hint (session), no finding by itself
             if ev.local_rank is not None:
