@@ -1336,8 +1336,8 @@ class Diagnoser:
         """The notes the ranks sent that were not said yet, one diagnosis per code (recorded);
         ``t`` is when the first one arrived. And, once each, the notes the ranks make
         together: they train apart (:func:`no_comm_diagnosis`), on the same data
-        (:func:`same_batches_diagnosis`), alone (:func:`alone_diagnosis`), several launched processes spawned workers
-        (:func:`spawners_diagnosis`)."""
+        (:func:`same_batches_diagnosis`), each alone (:func:`alone_diagnosis`), several
+        launched processes spawned workers (:func:`spawners_diagnosis`)."""
         found: list[Diagnosis] = []
         for code, note in getattr(state, "notes", {}).items():
             if code in self._noted:
