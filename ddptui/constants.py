@@ -27,6 +27,8 @@ MAX_RANKS_PER_CORE = 4
 # -- environment handed to every rank --------------------------------------------------------
 #: Where ranks send telemetry (unset: ``ddptui.log`` is a no-op).
 ENDPOINT_ENV = "DDPTUI_ENDPOINT"
+#: Set in a worker that a script spawned (its rank is known only from its process group).
+SPAWNED_ENV = "DDPTUI_SPAWNED"
 #: The run id; also how teardown finds every process of a run.
 RUN_ID_ENV = "DDPTUI_RUN_ID"
 #: The run directory.

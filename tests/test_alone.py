@@ -13,8 +13,8 @@ import pytest
 import torch.distributed as dist
 
 from ddptui import protocol
-from ddptui.constants import ENDPOINT_ENV
-from ddptui.rank import spawned
+from ddptui.constants import ENDPOINT_ENV, SPAWNED_ENV
+from ddptui.rank import spawned, world
 from ddptui.rank.reporter import Reporter
 from ddptui.run.collector import Collector
 from ddptui.run.diagnosis import CAUSES, Diagnoser, alone_diagnosis
@@ -31,14 +31,14 @@ def launched(monkeypatch):
         world: str | None = "2"
         notes: list = []
 
-    monkeypatch.setattr(spawned, "_launched_world", None)
-    monkeypatch.setattr(spawned, "_alone_said", False)
-    monkeypatch.delenv(spawned.SPAWNED_ENV, raising=False)
+    monkeypatch.setattr(world, "launched", None)
+    monkeypatch.setattr(world, "alone_said", False)
+    monkeypatch.delenv(SPAWNED_ENV, raising=False)
     Launched.notes = []
 
     def first_step():
-        spawned._launched_world = Launched.world
-        spawned.first_step(lambda code, **numbers: Launched.notes.append((code, numbers)))
+        world.launched = Launched.world
+        world.first_step(lambda code, **numbers: Launched.notes.append((code, numbers)))
 
     Launched.first_step = staticmethod(first_step)
     return Launched
@@ -48,7 +48,7 @@ def test_a_rank_of_several_that_steps_with_no_process_group_says_it_trains_alone
     assert not dist.is_initialized()
     launched.first_step()
     assert launched.notes == [("alone", {})]
-    assert spawned._alone_said
+    assert world.alone_said
 
 
 @pytest.mark.parametrize("world", [None, "1", "0", "", "x", "٢", "-2", " 2"])
@@ -70,7 +70,7 @@ def test_a_rank_with_its_process_group_or_an_rpc_agent_or_spawned_says_nothing(
     monkeypatch.setitem(sys.modules, "torch.distributed.rpc", rpc)
     launched.first_step()  # a parameter server's optimizer steps, in an RPC world
     monkeypatch.delitem(sys.modules, "torch.distributed.rpc")
-    monkeypatch.setenv(spawned.SPAWNED_ENV, "1")  # a script's own worker: ranked by its group
+    monkeypatch.setenv(SPAWNED_ENV, "1")  # a script's own worker: ranked by its group
     launched.first_step()
     assert launched.notes == []
 
@@ -86,27 +86,34 @@ def test_whatever_torch_says_the_rank_runs_on(launched, monkeypatch):
         raise OSError("no socket")
 
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    spawned._launched_world = "2"
-    spawned.first_step(refuse)
-    assert launched.notes == [] and not spawned._alone_said
+    world.launched = "2"
+    world.first_step(refuse)
+    assert launched.notes == [] and not world.alone_said
 
 
-def test_a_rank_that_forms_its_group_after_all_takes_the_note_back(launched, monkeypatch):
+def test_a_rank_that_forms_its_group_after_all_takes_the_note_back_once(launched, monkeypatch):
     sent = []
-    monkeypatch.setenv(ENDPOINT_ENV, "tcp://127.0.0.1:1")
+    monkeypatch.setenv(ENDPOINT_ENV, "ipc:///nonexistent")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(spawned, "_group_seen", False)
     fake = types.SimpleNamespace(note=lambda code, **numbers: sent.append((code, numbers)))
     monkeypatch.setattr("ddptui.rank.reporter.get_reporter", lambda: fake)
-    spawned._formed_after_alone(2)
-    assert sent == [("alone", {"group_size": 2})] and not spawned._alone_said
+    spawned.on_process_group(1, 2)  # said nothing before: nothing to take back
+    launched.first_step()
+    assert launched.notes == [("alone", {})]
+    spawned.on_process_group(1, 2)
+    spawned.on_process_group(1, 2)
+    assert sent == [("alone", {"group_size": 2})] and not world.alone_said
 
 
 def test_the_reporter_asks_at_its_first_step_only_and_every_note_field_arrives(monkeypatch):
     """Over a real socket: the ``alone`` note once, at the first of several steps; and a
     note's every field as sent (a ``local_rank_arg`` note's ``read`` of -1, opacus's default,
     was once taken for the reporter's own device read and arrived as None)."""
-    monkeypatch.setattr(spawned, "_launched_world", "2")
-    monkeypatch.setattr(spawned, "_alone_said", False)
-    monkeypatch.delenv(spawned.SPAWNED_ENV, raising=False)
+    monkeypatch.setattr(world, "launched", "2")
+    monkeypatch.setattr(world, "alone_said", False)
+    monkeypatch.delenv(SPAWNED_ENV, raising=False)
     collector = Collector("run-1")
     rep = Reporter(collector.endpoint, "run-1", rank=1)
     try:

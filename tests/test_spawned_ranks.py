@@ -578,7 +578,7 @@ def test_a_launched_rank_that_forms_another_world_says_so_and_keeps_its_rank(
     allocation both ranks formed a world of their own, as rank 0 of 1; rank 1's events were
     taken as rank 0's (1 dropped, 1 rejected) and the run read "finished" with rank 1
     "preparing" throughout."""
-    from ddptui.rank import reporter, spawned
+    from ddptui.rank import reporter, spawned, world
 
     for name in ("RANK", "WORLD_SIZE", "SLURM_JOB_ID", "SLURM_PROCID", spawned.SPAWNED_ENV):
         monkeypatch.delenv(name, raising=False)
@@ -586,7 +586,7 @@ def test_a_launched_rank_that_forms_another_world_says_so_and_keeps_its_rank(
         monkeypatch.setenv(name, value)
     monkeypatch.setenv(spawned.ENDPOINT_ENV, "ipc:///nonexistent")
     monkeypatch.setattr(spawned, "_group_seen", False)
-    monkeypatch.setattr(spawned, "_launched_world", None)
+    monkeypatch.setattr(world, "launched", None)
     fake = _Notes()
     monkeypatch.setattr(reporter, "get_reporter", lambda: fake)
     spawned.on_process_group(*group)
@@ -604,15 +604,15 @@ def test_a_launched_rank_that_forms_another_world_says_so_and_keeps_its_rank(
 def test_the_launchers_world_is_the_one_read_before_the_script_ran(monkeypatch):
     """A script that writes the world it computed into WORLD_SIZE before it forms its group:
     the launcher's world is the one the rank entry read."""
-    from ddptui.rank import reporter, spawned
+    from ddptui.rank import reporter, spawned, world
 
     monkeypatch.delenv(spawned.SPAWNED_ENV, raising=False)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv(spawned.ENDPOINT_ENV, "ipc:///nonexistent")
     monkeypatch.setattr(spawned, "_group_seen", False)
-    monkeypatch.setattr(spawned, "_launched_world", None)
-    spawned.note_launch()
+    monkeypatch.setattr(world, "launched", None)
+    world.note_launch()
     monkeypatch.setenv("RANK", "0")  # the script's own, as swav's shape might write them
     monkeypatch.setenv("WORLD_SIZE", "1")
     fake = _Notes()

@@ -44,7 +44,7 @@ from ddptui.constants import (
     RUN_DIR_ENV,
     THREADS_ENV,
 )
-from ddptui.rank import flight_recorder, heartbeat, spawned
+from ddptui.rank import flight_recorder, heartbeat, spawned, world
 from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.instrument import install
 from ddptui.rank.local_rank import watch as watch_local_rank_option
@@ -110,7 +110,7 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
         sys.stderr.reconfigure(line_buffering=True)
     announce()  # before anything slow: the rank is seen (pid, host) from its first second
     spawned.note_agent_store()  # torchrun's store, before the script sets MASTER_* its way
-    spawned.note_launch()  # the launcher's world, before the script sets WORLD_SIZE its way
+    world.note_launch()  # the launcher's world, before the script sets WORLD_SIZE its way
     if os.environ.get(ATTEMPT_ENV):
         # torchrun sets its own restart count (0: ddptui starts a new torchrun per attempt);
         # the script is told ddptui's attempt number under torchrun's name.

@@ -60,7 +60,7 @@ from ddptui.constants import (
     RESTART_COUNT_ENV,
     RUN_ID_ENV,
 )
-from ddptui.rank import pending
+from ddptui.rank import pending, world
 from ddptui.rank.drainer import Drainer
 
 #: Messages (batches of up to MAX_BATCH_EVENTS events) queued before sends start dropping.
@@ -554,9 +554,7 @@ class Reporter:
         if step is not None and (type(step) is not int or not 0 <= step <= _INT_MAX):
             step = _whole("step", step)
         if not self.steps_logged:  # the first step: does it train with the others?
-            from ddptui.rank import spawned
-
-            spawned.first_step(self.note)
+            world.first_step(self.note)
         self.steps_logged += count
         self._step = step if step is not None else self._step + count
         if samples_per_s is not None and not (

@@ -28,10 +28,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ddptui.constants import ENDPOINT_ENV, RUN_DIR_ENV, THREADS_ENV
+from ddptui.constants import ENDPOINT_ENV, RUN_DIR_ENV, SPAWNED_ENV, THREADS_ENV
+from ddptui.rank import world
 
-#: Set in a worker that a script spawned (its rank is known only from its process group).
-SPAWNED_ENV = "DDPTUI_SPAWNED"
 #: torchrun's "use the agent's TCPStore" flag for its own workers (torch.distributed.run).
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 #: In a spawned worker whose parent torchrun told to use the agent's store: where that store
@@ -91,19 +90,6 @@ def _become_worker() -> None:
     reporter.unheard_at_exit(unranked)
     if os.environ.pop(AGENT_STORE_ENV, None) == "True":
         os.environ[AGENT_ENDPOINT_ENV] = os.environ.get(TORCHRUN_STORE_ENV) or _endpoint()
-
-
-#: The world size the launcher gave this rank, read before its script ran (see
-#: :func:`note_launch`); None: not read (a worker the script started, a test).
-_launched_world: str | None = None
-
-
-def note_launch() -> None:
-    """In a launched rank, before its script runs: the world size the launcher gave it. A
-    script may write its own into the environment before it forms its group (the world it
-    computed from Slurm's variables): read then, the launcher's world was gone."""
-    global _launched_world
-    _launched_world = os.environ.get("WORLD_SIZE")
 
 
 def note_agent_store() -> None:
@@ -340,13 +326,11 @@ def on_process_group(rank: int, world_size: int) -> None:
     under that rank now, with its heartbeat."""
     global _group_seen
     _group_seen = True
-    if _alone_said:
+    if world.formed_after_alone():
         _formed_after_alone(world_size)
     env_rank = os.environ.get("RANK")
     spawned = bool(os.environ.get(SPAWNED_ENV))
-    launched_world = (
-        _launched_world if _launched_world is not None else os.environ.get("WORLD_SIZE")
-    )
+    launched_world = world.launched if world.launched is not None else os.environ.get("WORLD_SIZE")
     if not spawned and launched_world is not None and launched_world != str(world_size):
         _own_group(rank, world_size)  # not the launcher's world: keeps its launched rank
         return
@@ -372,40 +356,9 @@ def on_process_group(rank: int, world_size: int) -> None:
                 pass
 
 
-#: Whether this rank said it took a training step with no process group (``alone``).
-_alone_said = False
-
-
-def first_step(note: Callable[..., None]) -> None:
-    """This rank's first training step: where the launcher gave it a world of several and it
-    has no process group (nor an RPC agent), it trains by itself, and ``note`` says so
-    (``alone``). opacus's ``examples/cifar10.py`` forms its group only when given
-    ``--local_rank``, which torchrun does not pass: under torchrun each of 2 ranks trained
-    the whole dataset alone, and the run read "finished". Never raises."""
-    global _alone_said
-    try:
-        world = _launched_world
-        if os.environ.get(SPAWNED_ENV) or not (world and world.isascii() and world.isdigit()):
-            return  # a script's own worker (ranked by its group), or no world known
-        if int(world) < 2:
-            return
-        dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or dist.is_initialized():
-            return
-        rpc = sys.modules.get("torch.distributed.rpc")
-        if rpc is not None and rpc.is_available() and rpc.api._is_current_rpc_agent_set():
-            return  # an RPC world (a parameter server's optimizer steps): not alone
-        note("alone")
-        _alone_said = True
-    except Exception:  # telemetry never changes how a rank runs
-        pass
-
-
 def _formed_after_alone(world_size: int) -> None:
     """This rank formed its process group after it said it trained alone: said again, with
     the group's size (the dashboard takes the first back)."""
-    global _alone_said
-    _alone_said = False
     if not os.environ.get(ENDPOINT_ENV):
         return
     from ddptui.rank.reporter import get_reporter
