@@ -1092,6 +1092,52 @@ def test_an_evaluation_begins_with_the_wait_for_its_first_batch(inst):
     assert second["data"] == pytest.approx(0.005)
 
 
+def test_an_evaluation_of_a_model_no_ddp_module_wraps_is_out_of_the_next_step(inst):
+    """YOLOv5's ``train.py`` validates its EMA copy (no DDP module) under inference mode, on
+    rank 0 only: no evaluation forward is seen, and its 81 s were the next step's (the run's
+    rate 0.76 samples/s where its steps made 27). Its batches drawn with grad off say it: from
+    the first draw's wait to the last draw's end, ``eval``; the last batch's forward and the
+    metrics after it stay the step's."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    ema = Net(clock)  # a copy, not wrapped
+    train_step(model, opt, clock)
+    with torch.inference_mode():
+        for x, _ in _slow_loader(clock, [8, 8, 8], first_s=0.400):
+            ema(x)  # 0.010 each
+    clock.advance(0.050)  # its metrics, its checkpoint
+    train_step(model, opt, clock)
+    inst.flush()
+    second = inst.fake.logs[1]
+    assert second["phases"]["eval"] == pytest.approx(0.400 + 0.010 + 0.004 + 0.010 + 0.004)
+    # the last forward, the metrics, and the next batch's wait: the step's, as before
+    assert second["phases"]["data"] == pytest.approx(0.010 + 0.050 + 0.005)
+    trained = sum(second["phases"][p] for p in PHASES if p != "eval")
+    assert second["step_time"] == pytest.approx(trained)
+
+
+def test_one_batch_drawn_with_grad_off_before_a_training_forward_is_no_evaluation(inst):
+    """A training loop that draws its batch under ``no_grad`` (one a step): its wait is the
+    step's ``data``, as it was."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    loader = iter(_slow_loader(clock, [6, 6, 6], first_s=0.200, each_s=0.030))
+    for _ in range(3):
+        with torch.no_grad():
+            x, _ = next(loader)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        clock.advance(0.001)
+        opt.step()
+    inst.flush()
+    for log in inst.fake.logs[1:]:
+        assert log["phases"]["eval"] == 0.0
+        assert log["phases"]["data"] == pytest.approx(0.030)
+
+
 class Detector(torch.nn.Module):
     """torchvision's detection models' way of being called: a list of images, each
     ``[C, H, W]`` of its own size, and in training a list of target dicts."""

@@ -805,6 +805,8 @@ class Instrument:
         # an evaluation pass (forwards without grad, or in eval mode) since the last segment
         self._eval_start: float | None = None
         self._eval_end: float | None = None
+        # Batches drawn with grad off since the pass began (see the loader's __next__).
+        self._eval_draws = 0
         # The evaluation passes' seconds in the step being timed: out of its step time.
         self._eval_spent = 0.0
         # DistributedSamplers by id; an entry goes with its sampler. Once one note is sent,
@@ -1201,10 +1203,13 @@ class Instrument:
                     inst._pass_ended = True
                 raise
             if inst._eval_draw():  # an evaluation's batch
-                if inst._eval_start is None and inst._mark is not None:
-                    # the evaluation began with the wait for its first batch (its loader's
-                    # workers starting: 5.9 s of moco's validation was the next step's)
-                    inst._eval_start = began
+                if inst._mark is not None:
+                    if inst._eval_start is None:
+                        # the evaluation began with the wait for its first batch (its loader's
+                        # workers starting: 5.9 s of moco's validation was the next step's)
+                        inst._eval_start, inst._eval_draws = began, 0
+                    if not inst._grad_enabled():
+                        inst._evaluation_drew()
                 if not inst.disabled and inst._grad_enabled():
                     # eval mode alone says so: a module that trains in eval mode may draw it
                     # (see _trained_in_eval), which only its backward will tell
@@ -1215,6 +1220,19 @@ class Instrument:
             return batch
 
         self._patch(iterator, "__next__", __next__)
+
+    def _evaluation_drew(self) -> None:
+        """A batch was drawn with grad off, in an evaluation pass begun since the last
+        training forward. From its second such batch the pass lasts to this draw's end at
+        least, whatever model it runs: an evaluation of a model no DDP module wraps (YOLOv5's
+        ``train.py`` validates its EMA copy, on rank 0 only) shows no evaluation forward, and
+        its 81 s were the next step's (``other`` on rank 0, ``comm`` on rank 1 waiting in a
+        broadcast): the run's rate read 0.76 samples/s where its steps made 27. One batch
+        alone may be a training batch drawn under ``no_grad`` (a training forward ends such a
+        pass before its second)."""
+        self._eval_draws += 1
+        if self._eval_draws > 1:
+            self._eval_end = self.clock()
 
     def _training_draw(
         self, it: Any, size: int, began: float, ended: float, batch: Any = None
