@@ -38,10 +38,10 @@ def first_step(note: Callable[..., None]) -> None:
     (``alone``). Never raises."""
     global alone_said
     try:
-        world = launched
-        if os.environ.get(SPAWNED_ENV) or not (world and world.isascii() and world.isdigit()):
+        size = launched
+        if os.environ.get(SPAWNED_ENV) or not (size and size.isascii() and size.isdigit()):
             return  # a script's own worker (ranked by its group), or no world known
-        if int(world) < 2:
+        if int(size) < 2:
             return
         dist = sys.modules.get("torch.distributed")
         if dist is None or not dist.is_available() or dist.is_initialized():
