@@ -1494,6 +1494,42 @@ def test_a_batch_drawn_ahead_counts_in_the_step_that_takes_it(inst):
     assert [log["samples"] for log in inst.fake.logs] == [8] * 6
 
 
+def test_a_batch_drawn_ahead_in_the_last_pass_counts_in_the_step_that_takes_it(inst):
+    """HF accelerate's ``DataLoaderShard`` draws one batch ahead, and a script that cycles
+    over it (lucidrains/denoising-diffusion-pytorch's ``Trainer``: two micro-batches a step,
+    a pass of 13 batches) starts a new pass of the same loader inside a step. Counted afresh,
+    the new pass lost the batch drawn ahead in the last one: 8 samples for a step of 16, 464
+    of 480."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    loader = _loader([4] * 5)
+    passes = []  # each pass's iterator kept: another pass's is never at the same address
+
+    def shard():  # accelerate's: the next batch drawn before this one goes
+        batches = iter(loader)
+        passes.append(batches)
+        current = next(batches)
+        for ahead in batches:
+            yield current
+            current = ahead
+        yield current
+
+    def cycle():
+        while True:
+            yield from shard()
+
+    batches = cycle()
+    for _ in range(10):  # four passes of five batches, two micro-batches a step
+        for _ in range(2):
+            x, _ = next(batches)
+            model(x).pow(2).mean().div(2).backward()
+        opt.step()
+        opt.zero_grad()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [8] * 10
+
+
 @pytest.mark.parametrize("ddp", [False, True])
 def test_a_gan_iteration_is_one_step_with_the_discriminators_loss(inst, ddp):
     """DCGAN (pytorch/examples): each batch steps the discriminator's optimizer, then the

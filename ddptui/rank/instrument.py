@@ -687,9 +687,11 @@ class Instrument:
         # Without DDP (FSDP, a plain model, a script that wraps only on GPU) no forward is
         # seen: samples are the batches a DataLoader gave (with grad enabled) since the last
         # step instead, from the iterator that gave the last one (an evaluation loader's
-        # batches in between are not the step's). The iterator is known by id only: a
-        # reference would keep its worker processes alive.
-        self._loader_it = 0
+        # batches in between are not the step's). The iterator is known by the id of its
+        # dataset only (a reference would keep its worker processes alive): a new pass over
+        # the same data is the same loader's, whose batch drawn ahead in the last pass (by
+        # accelerate's prefetching shard) a step of this pass takes.
+        self._loader_data = 0
         self._loader_samples = 0
         #: With DDP, samples that iterator gave before this step and no step took: a batch
         #: drawn ahead of its step (timm's prefetcher) is the next step's (see _finish_step).
@@ -1259,8 +1261,13 @@ class Instrument:
         self._draws += 1
         if key == self._length_it:
             self._length_draws += 1
-        if key != self._loader_it:
-            self._loader_it, self._loader_samples, self._drawn_ahead = key, 0, 0
+        data = id(getattr(it, "_dataset", it))
+        if data != self._loader_data:
+            # Another loader's: its batches, not the last one's, are the step's. A new pass
+            # of the same loader counted afresh lost the batch accelerate's shard had drawn
+            # ahead: lucidrains/denoising-diffusion-pytorch's Trainer (two micro-batches a
+            # step, 13 batches a pass) counted 8 samples for a step of 16 once a pass.
+            self._loader_data, self._loader_samples, self._drawn_ahead = data, 0, 0
         self._loader_samples += size
         wait = self._step_wait
         self._step_wait = (wait or 0.0) + (ended - began)
