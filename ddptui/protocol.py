@@ -236,6 +236,7 @@ NoteCode = Literal[
     "first_batch",
     "local_rank_arg",
     "alone",
+    "accelerate_alone",
 ]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
@@ -283,7 +284,10 @@ class Note(Event, tag="note"):
     ``alone``: this rank, launched as one of a world of several, took its first training step
     with no process group (``torch.distributed`` not initialized, no RPC agent): it trains by
     itself. With ``group_size``: it formed a group of that size after all (the first one is
-    taken back)."""
+    taken back).
+
+    ``accelerate_alone``: this rank formed the world's process group, but HF accelerate runs
+    it as a process of its own (``DistributedType.NO``): no DDP module, no data sharded."""
 
     code: NoteCode
     epoch: NoteNumber | None = None

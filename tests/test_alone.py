@@ -75,6 +75,58 @@ def test_a_rank_with_its_process_group_or_an_rpc_agent_or_spawned_says_nothing(
     assert launched.notes == []
 
 
+def _accelerate(monkeypatch, distributed_type, processes):
+    """HF accelerate's state module as far as the rank looks at it: its shared state."""
+    import enum
+
+    class DistributedType(str, enum.Enum):  # noqa: UP042 - as accelerate declares it
+        NO = "NO"
+        MULTI_CPU = "MULTI_CPU"
+
+    state = types.ModuleType("accelerate.state")
+    shared = {"distributed_type": DistributedType[distributed_type], "num_processes": processes}
+    state.PartialState = type("PartialState", (), {"_shared_state": shared})
+    monkeypatch.setitem(sys.modules, "accelerate.state", state)
+
+
+@pytest.mark.parametrize(
+    ("distributed_type", "processes", "said"),
+    [("NO", 1, True), ("MULTI_CPU", 2, False), ("NO", 2, False), (None, None, False)],
+)
+def test_a_rank_that_accelerate_runs_as_a_process_of_its_own_says_so(
+    launched, monkeypatch, distributed_type, processes, said
+):
+    """accelerate 1.15 under torchrun on a machine with no GPU forms the world's process
+    group, then runs every rank as its own main process (``DistributedType.NO``): no DDP, no
+    sharding (lucidrains/denoising-diffusion-pytorch's Trainer). The group is there, so the
+    rank is not ``alone``; accelerate's own state says it trains by itself."""
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    if distributed_type is not None:
+        _accelerate(monkeypatch, distributed_type, processes)
+    else:
+        monkeypatch.delitem(sys.modules, "accelerate.state", raising=False)
+    launched.first_step()
+    assert launched.notes == ([("accelerate_alone", {})] if said else [])
+    assert not world.alone_said  # nothing to take back: it has its group
+
+
+def test_accelerates_lone_process_is_a_diagnosis_that_says_how_to_use_the_cpu():
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started"), now=1.0)
+        state.apply(protocol.Note(run="r", rank=rank, t=0.0, seq=1, code="accelerate_alone"),
+                    now=2.0)  # fmt: skip
+    found = Diagnoser().notes(state)
+    assert [(d.rank, d.cause) for d in found] == [(0, "alone")]
+    assert found[0].detail.startswith(
+        "rank 0: HF accelerate runs it as a process of its own (DistributedType.NO) though it "
+        "joined the run's process group"
+    )
+    assert found[0].detail.endswith(
+        "(ACCELERATE_USE_CPU=true, as accelerate launch --cpu sets it, or Accelerator(cpu=True))"
+    )
+
+
 def test_whatever_torch_says_the_rank_runs_on(launched, monkeypatch):
     def broken():
         raise RuntimeError("no")

@@ -44,7 +44,11 @@ def first_step(note: Callable[..., None]) -> None:
         if int(size) < 2:
             return
         dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or dist.is_initialized():
+        if dist is None or not dist.is_available():
+            return
+        if dist.is_initialized():
+            if _accelerate_single():
+                note("accelerate_alone")
             return
         rpc = sys.modules.get("torch.distributed.rpc")
         if rpc is not None and rpc.is_available() and rpc.api._is_current_rpc_agent_set():
@@ -53,6 +57,20 @@ def first_step(note: Callable[..., None]) -> None:
         alone_said = True
     except Exception:  # telemetry never changes how a rank runs
         pass
+
+
+def _accelerate_single() -> bool:
+    """Whether HF accelerate, imported, runs this process as one of its own
+    (``DistributedType.NO``, one process) though it formed the world's process group: where
+    it finds no GPU and is not told to use the CPU, accelerate 1.15 under torchrun does so on
+    every rank (lucidrains/denoising-diffusion-pytorch's ``Trainer``: no DDP module, no data
+    sharded, every rank its own main process, sampling and saving)."""
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "PartialState", None), "_shared_state", None)
+    if not isinstance(shared, dict):
+        return False
+    kind = shared.get("distributed_type")
+    return shared.get("num_processes") == 1 and getattr(kind, "value", kind) == "NO"
 
 
 def formed_after_alone() -> bool:

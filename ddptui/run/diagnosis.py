@@ -58,7 +58,7 @@ CAUSES = (
     "spawners",  # a note: several launched processes of a node spawned workers (no verdict)
     "own_group",  # a note: a launched rank formed a process group of another world (no verdict)
     "same_batches",  # a note: every rank drew the same first batch, no DistributedSampler
-    "alone",  # a note: every rank trains with no process group at all (no verdict)
+    "alone",  # a note: every rank trains alone: no process group, or accelerate's one process
     "record_growth",  # a note: events.jsonl grows fast enough to fill a disk (no verdict)
 )
 
@@ -1074,6 +1074,18 @@ def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
             f"rank {note.rank}: DistributedSampler started {which}{at} without "
             "set_epoch(): every epoch shuffles in the same order; call "
             "sampler.set_epoch(epoch) before each epoch",
+            t,
+        )
+    if note.code == "accelerate_alone":
+        return Diagnosis(
+            note.rank,
+            "alone",
+            f"rank {note.rank}: HF accelerate runs it as a process of its own "
+            "(DistributedType.NO) though it joined the run's process group: accelerate wraps "
+            "no DistributedDataParallel and shards no data, so each rank trains the whole "
+            "dataset alone; where it finds no GPU, accelerate must be told to use the CPU "
+            "(ACCELERATE_USE_CPU=true, as accelerate launch --cpu sets it, or "
+            "Accelerator(cpu=True))",
             t,
         )
     if note.code == "own_group":
