@@ -807,8 +807,9 @@ class Instrument:
         # an evaluation pass (forwards without grad, or in eval mode) since the last segment
         self._eval_start: float | None = None
         self._eval_end: float | None = None
-        # Batches drawn with grad off since the pass began (see the loader's __next__).
-        self._eval_draws = 0
+        # The start of the evaluation pass that drew a batch with grad off (its second such
+        # batch ends it no sooner than its draw: see _evaluation_drew).
+        self._eval_drew: float | None = None
         # The evaluation passes' seconds in the step being timed: out of its step time.
         self._eval_spent = 0.0
         # DistributedSamplers by id; an entry goes with its sampler. Once one note is sent,
@@ -1209,7 +1210,7 @@ class Instrument:
                     if inst._eval_start is None:
                         # the evaluation began with the wait for its first batch (its loader's
                         # workers starting: 5.9 s of moco's validation was the next step's)
-                        inst._eval_start, inst._eval_draws = began, 0
+                        inst._eval_start = began
                     if not inst._grad_enabled():
                         inst._evaluation_drew()
                 if not inst.disabled and inst._grad_enabled():
@@ -1232,9 +1233,10 @@ class Instrument:
         broadcast): the run's rate read 0.76 samples/s where its steps made 27. One batch
         alone may be a training batch drawn under ``no_grad`` (a training forward ends such a
         pass before its second)."""
-        self._eval_draws += 1
-        if self._eval_draws > 1:
+        if self._eval_drew == self._eval_start:
             self._eval_end = self.clock()
+        else:
+            self._eval_drew = self._eval_start
 
     def _training_draw(
         self, it: Any, size: int, began: float, ended: float, batch: Any = None
