@@ -1155,17 +1155,17 @@ def alone_diagnosis(state: Any, t: float) -> Diagnosis | None:
     "finished". Where a rank's ``--local_rank`` option read other than its LOCAL_RANK, that is
     the hint; else what to look for. Evidence only: a rank that formed its group after all
     takes its note back."""
-    alone = getattr(state, "alone", set())
-    ranks = getattr(state, "ranks", {})
-    if len(ranks) < 2 or len(ranks) != state.world_size or alone != set(ranks):
+    world = _whole_world(state, getattr(state, "alone", ()))
+    if world is None:
         return None
-    world = len(ranks)
-    who, none = ("ranks 0 and 1 each", "neither") if world == 2 else (f"all {world} ranks", "none")
+    who, none = (
+        (_every_rank(world) + " each", "neither") if world == 2 else (_every_rank(world), "none")
+    )
     hint = local_rank_read_hint(getattr(state, "local_rank_reads", {}), None) or (
         "does the script form it only when given a flag, or a variable torchrun does not set?"
     )
     return Diagnosis(
-        min(ranks),
+        min(state.ranks),
         "alone",
         f"{who} train alone: {none} formed a process group (torch.distributed."
         f"init_process_group) before its first step, so this is {world} separate trainings, "
@@ -1182,23 +1182,33 @@ def same_batches_diagnosis(state: Any, t: float) -> Diagnosis | None:
     rank). Evidence only: ranks seeded apart draw other batches and are never said to, nor
     ranks that shard their data themselves."""
     batches = getattr(state, "first_batches", {})
-    ranks = getattr(state, "ranks", {})
-    if len(ranks) < 2 or len(ranks) != state.world_size or set(batches) != set(ranks):
+    world = _whole_world(state, batches)
+    if world is None or len(set(batches.values())) != 1:
         return None
-    if len(set(batches.values())) != 1:
-        return None
-    world = len(ranks)
-    who = "ranks 0 and 1" if world == 2 else f"all {world} ranks"
     return Diagnosis(
-        min(ranks),
+        min(state.ranks),
         "same_batches",
-        f"{who} drew the same first batch from a DataLoader with no "
+        f"{_every_rank(world)} drew the same first batch from a DataLoader with no "
         "DistributedSampler: each trains on the whole dataset in the same order, so the ranks "
         f"compute the same gradients and {world} do the work of one; "
         "DistributedSampler(dataset) gives each rank its share (and sampler.set_epoch(epoch) "
         "a new order each epoch)",
         t,
     )
+
+
+def _whole_world(state: Any, saying: Collection[int]) -> int | None:
+    """The run's world size where it is of several and ``saying`` (ranks that sent a note)
+    is every rank of it; else None."""
+    ranks = getattr(state, "ranks", {})
+    if len(ranks) < 2 or len(ranks) != state.world_size or set(saying) != set(ranks):
+        return None
+    return len(ranks)
+
+
+def _every_rank(world: int) -> str:
+    """Every rank of a world of ``world`` ranks, in words."""
+    return "ranks 0 and 1" if world == 2 else f"all {world} ranks"
 
 
 def spawners_diagnosis(state: Any, t: float) -> Diagnosis | None:
