@@ -1574,6 +1574,53 @@ def test_a_gan_iteration_is_one_step_with_the_discriminators_loss(inst, ddp):
     assert [log["step_time"] for log in logs[1:3]] == pytest.approx([iteration] * 2)
 
 
+@pytest.mark.parametrize("ddp", [False, True])
+def test_an_optimizer_stepping_twice_on_an_iterations_batch_is_one_step(inst, ddp):
+    """NVlabs/stylegan3's training loop draws one batch an iteration from an endless loader
+    and runs its phases on it: the generator's main step, its regularization every fourth
+    iteration with the same optimizer, the discriminator's main step, and its regularization
+    every sixteenth, again with its optimizer. ddptui counted 50 steps a rank for 32
+    iterations: each regularization step of an optimizer that had stepped already on the
+    batch ended a step with no samples, and the discriminator's after it another. Once the
+    script has drawn a batch for each of two steps, an iteration is one step whatever its
+    optimizers do on its batch, its loss the first optimizer's. The first iteration, with no
+    such history, stays four steps (with DDP each counts its forward's samples, as a step
+    that drew no batch does)."""
+    clock = inst.fake_clock
+    wrap = DistributedDataParallel if ddp else (lambda module: module)
+    netG, netD = wrap(Net(clock)), wrap(Net(clock))
+    optG, optD = timed_sgd(netG.parameters(), clock), timed_sgd(netD.parameters(), clock)
+
+    def endless(loader):  # stylegan3's InfiniteSampler: one pass that never ends
+        while True:
+            yield from loader
+
+    batches = endless(_loader([4] * 20))
+    losses = []
+    for i in range(8):
+        x, _ = next(batches)
+        phases = [(optG, netG, 1), (optG, netG, 2), (optD, netD, 1), (optD, netD, 4)]
+        for n, (opt, net, interval) in enumerate(phases):
+            if i % interval:
+                continue
+            opt.zero_grad()
+            loss = net(x + n).pow(2).mean()
+            loss.backward()
+            opt.step()
+            if n == 0:
+                losses.append(loss.item())
+    x, _ = next(iter(_loader([6])))  # a batch drawn once and overfitted: a step each time
+    for _ in range(2):
+        optD.zero_grad()
+        netD(x).pow(2).mean().backward()
+        optD.step()
+    inst.flush()
+    logs = inst.fake.logs
+    assert len(logs) == 4 + 7 + 2
+    assert [log["samples"] for log in logs[4:]] == [4] * 7 + [6, 0 if not ddp else 6]
+    assert [log["loss"] for log in logs[4:11]] == pytest.approx(losses[1:])
+
+
 @pytest.mark.parametrize("fresh", [False, True], ids=["kept", "made each step"])
 @pytest.mark.parametrize("ddp", [False, True])
 def test_without_a_data_loader_a_second_optimizer_after_the_step_joins_its_iteration(

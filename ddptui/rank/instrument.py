@@ -773,11 +773,16 @@ class Instrument:
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
         # drawn from a DataLoader since the last step ended, whether that step drew any, the
         # optimizer that ended it, and the other optimizers that stepped since without a new
-        # batch (see _joins).
+        # batch (see _joins). Whether the last two steps each drew from the same dataset, and
+        # whether another optimizer joined a step yet: a script whose iterations step several
+        # optimizers on a batch drawn for each, where one of them may step twice on it.
         self._draws = 0
         self._step_drew = False
         self._step_ender = 0
         self._joined: set[int] = set()
+        self._drew_from = 0  # the dataset the last step drew from (0: it drew none)
+        self._steady_draws = False
+        self._several_optimizers = False
         self._marks: list[tuple[str, Any]] = []  # GPU: this step's (phase, event)
         # Steps finished, waiting to be sent, and phases held for explicit logs. Each is
         # (epoch, samples, step time, read, monotonic and wall time of its end): read is
@@ -2913,8 +2918,14 @@ class Instrument:
         optimizer than the one that ended that step (over other parameters: one made anew
         each step over the same ones is the same), not yet stepped since (DCGAN's
         ``optimizerG.step()`` after ``optimizerD.step()`` on the same batch). One optimizer
-        stepping again on a batch drawn once (a script that overfits one batch) ends a step
-        each time.
+        stepping again on its step's batch joins it too where the script steps several
+        optimizers an iteration (one joined a step before) on a batch it draws for each (the
+        last two steps each drew from the same dataset): StyleGAN's lazy
+        regularization steps the generator's optimizer a second time on every fourth
+        iteration's batch, the discriminator's on every sixteenth (NVlabs/stylegan3 counted
+        50 steps a rank for its 32 iterations). Elsewhere an optimizer that steps again with
+        no batch drawn since ends a step each time: a script that overfits one batch
+        (``next(iter(loader))``), or one of a single optimizer that makes a batch itself.
 
         A script that draws no batch from any DataLoader (tensors sliced by rank, a memmap,
         data made up) says nothing of its iterations but its optimizers: there, another
@@ -2923,8 +2934,10 @@ class Instrument:
         single-process reference model's optimizer on rank 0 after each step: rank 0
         counted 20 steps to rank 1's 10, every other one with the reference's loss. Two
         optimizers that take turns, an iteration each, would count as one step in two."""
-        if self._draws or key == self._step_ender or key in self._joined:
+        if self._draws:
             return False
+        if key == self._step_ender or key in self._joined:
+            return self._steady_draws and self._several_optimizers
         return self._step_drew or (self._passes < 0 and self._step_ender != 0)
 
     def _join(self, key: int) -> None:
@@ -2932,6 +2945,8 @@ class Instrument:
         the next step's (from here to the next forward: ``data``); its losses are its own
         objective's (a GAN's generator), not the step's loss, and its forwards drew no batch:
         no samples."""
+        if key != self._step_ender:
+            self._several_optimizers = True
         self._joined.add(key)
         self._transition("opt_post", "data")
         self._forget_losses()
@@ -3057,7 +3072,10 @@ class Instrument:
                 self._length_it = None
             self._length_draws = 0
         # What the next optimizer's step is measured against (see _joins).
-        self._step_ender, self._step_drew, self._draws = ender, self._draws > 0, 0
+        drew = self._draws > 0
+        data = self._loader_data if drew else 0
+        self._steady_draws = drew and data == self._drew_from
+        self._step_ender, self._step_drew, self._drew_from, self._draws = ender, drew, data, 0
         if self._joined:
             self._joined = set()
         self._fwd_seen = False
