@@ -27,6 +27,9 @@ MAX_EVALS = 2_000
 MAX_EVAL_COUNTS = 100_000
 #: A rank whose recent step time exceeds this multiple of the ranks' median is a straggler.
 STRAGGLER_FACTOR = 1.5
+#: Step times a rank must have in its window before its typical one is compared: a first step
+#: alone (warm-up, a wait for the slower ranks to reach theirs) is no rank's pace.
+STRAGGLER_MIN_STEPS = 3
 #: A running rank silent for this many expected step intervals (and MIN_SILENT_S) is silent.
 SILENT_INTERVALS = 10
 MIN_SILENT_S = 5.0
@@ -1140,7 +1143,11 @@ class RunState:
             return problems
         # Each live rank's typical step time, read once (the median of its window).
         live = {r: (v, v.typical_step_time) for r, v in self.ranks.items() if v.state == "started"}
-        typical = {r: value for r, (_, value) in live.items() if value}
+        typical = {
+            r: value
+            for r, (view, value) in live.items()
+            if value and len(view.recent_step_times) >= STRAGGLER_MIN_STEPS
+        }
         if len(typical) >= 2:
             median = statistics.median(typical.values())
             for rank, value in typical.items():
