@@ -237,6 +237,7 @@ NoteCode = Literal[
     "local_rank_arg",
     "alone",
     "accelerate_alone",
+    "instrument_off",
 ]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
@@ -287,7 +288,11 @@ class Note(Event, tag="note"):
     taken back).
 
     ``accelerate_alone``: this rank formed the world's process group, but HF accelerate runs
-    it as a process of its own (``DistributedType.NO``): no DDP module, no data sharded."""
+    it as a process of its own (``DistributedType.NO``): no DDP module, no data sharded.
+
+    ``instrument_off``: ddptui's step instrumentation in this rank turned itself off after an
+    internal error (its log has the error): the rank trains on, but its steps, samples and
+    phases are no longer reported (``ddptui.log`` calls still are)."""
 
     code: NoteCode
     epoch: NoteNumber | None = None

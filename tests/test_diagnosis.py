@@ -1714,3 +1714,20 @@ def test_the_record_growth_is_read_over_a_full_window_and_said_with_the_disk_lef
     assert "100.0 GiB free under the run directory: about 42.6 h" in note.detail
     assert "free" not in growth_diagnosis(700_000, None, 31.0).detail
     assert diagnoses_for_summary([note])["diagnoses"][0]["cause"] == "record_growth"
+
+
+def test_instrumentation_turned_off_is_a_diagnosis_of_the_rank():
+    """The rank's log said it; the run showed 1 step of 32 and finished as if that were all
+    (stylegan2-ada-pytorch, before its frozen modules were understood)."""
+    state = RunState("r", 2)
+    for rank in (1, 0):
+        state.apply(protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started"), now=1.0)
+        state.apply(protocol.Note(run="r", rank=rank, t=3.0, seq=1, code="instrument_off"),
+                    now=2.0)  # fmt: skip
+    diagnoser = Diagnoser()
+    found = diagnoser.notes(state)
+    assert [(d.rank, d.cause) for d in found] == [(1, "instrumentation")]
+    assert found[0].detail.startswith(
+        "rank 1: ddptui's step instrumentation turned itself off after an internal error"
+    )
+    assert diagnoser.notes(state) == []  # said once

@@ -488,6 +488,37 @@ def test_gradient_hooks_shrink_to_the_last_parameter(inst):
     assert inst.fake.logs[-1]["phases"]["backward"] == pytest.approx(0.020)
 
 
+def test_modules_frozen_and_thawed_by_phase_keep_their_steps(inst):
+    """NVlabs/stylegan2-ada-pytorch thaws each network only for its own phase
+    (``requires_grad_(True)`` before, ``(False)`` after) and runs the other one frozen: the
+    discriminator's first forward comes while it is frozen, and the generator's kept hook
+    was re-armed while it was. torch refuses a hook on a parameter that requires no
+    gradient, and that error turned ddptui's step instrumentation off: 1 step of 32. Every
+    iteration is a step, and both modules' gradient hooks are learned and pruned."""
+    clock = inst.fake_clock
+    netG, netD = DistributedDataParallel(Net(clock)), DistributedDataParallel(Net(clock))
+    optG, optD = timed_sgd(netG.parameters(), clock), timed_sgd(netD.parameters(), clock)
+    netG.requires_grad_(False)
+    netD.requires_grad_(False)
+    iterations = instrument.LEARN_STEPS + 4
+    for x, _ in _loader([4] * iterations):
+        for opt, net in ((optG, netG), (optD, netD)):
+            opt.zero_grad(set_to_none=True)
+            net.requires_grad_(True)
+            fake = netG(x)
+            if net is netD:
+                fake = fake.detach()
+            netD(fake.expand(-1, 4)).pow(2).mean().backward()
+            net.requires_grad_(False)
+            opt.step()
+    inst.flush()
+    assert not inst.disabled
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [4] * iterations
+    assert logs[-1]["phases"]["backward"] > 0
+    assert sorted(len(watch.handles) for watch in inst._watches.values()) == [1, 1]
+
+
 def test_a_ddp_forward_the_script_calls_itself_is_timed_as_ddps(inst):
     """facebookresearch/vicreg calls ``loss = model.forward(x, y)`` on its DDP module: no
     module hook of DDP's runs. DDP's pre-forward work (its buffers' broadcast, where a rank
@@ -1919,6 +1950,7 @@ def test_an_internal_error_turns_the_hooks_off_not_the_training(inst, monkeypatc
         train_step(model, opt, clock)  # trains on
     assert inst.disabled
     assert "instrumentation off after an internal error: ValueError: bug" in capsys.readouterr().err
+    assert inst.fake.notes == [("instrument_off", {})]  # and the run is told, once
 
 
 @pytest.mark.parametrize("backward", ["tensor", "autograd"])

@@ -568,12 +568,23 @@ class _ModuleHook(functools.partial):
 # -- gradient hooks ----------------------------------------------------------------------------
 class _GradWatch:
     """Post-accumulate-grad hooks on one DDP module's parameters. Learns which parameter
-    gets its gradient last and then keeps only that one's hook."""
+    gets its gradient last and then keeps only that one's hook.
+
+    torch refuses a hook on a parameter that does not require a gradient, and a script may
+    freeze and thaw its modules as it goes: StyleGAN's loop thaws each network only for its
+    own phases (``requires_grad_(True)`` before, ``(False)`` after), and runs the other one
+    frozen. A parameter frozen when its hooks are armed gets none (it can get no gradient
+    then); until a hook has fired, each training forward of the module arms the ones thawed
+    since (:meth:`arm_thawed`). Pruning keeps the hook already on the last parameter rather
+    than registering another (it may be frozen by the step's end). A refused hook turned
+    all of ddptui's step instrumentation off in NVlabs/stylegan2-ada-pytorch: 1 step of 32."""
 
     def __init__(self, inst: Instrument, params: list[Any]) -> None:
         self.inst = inst
-        self.params = [p for p in params if getattr(p, "requires_grad", False)]
-        self.handles: list[Any] = []
+        self.params = params
+        self.handles: dict[int, Any] = {}  # by the parameter's index
+        #: Some parameter was frozen when the hooks were armed, and none has fired since.
+        self.thawing = False
         self.learned: list[int] = []
         self.kept: int | None = None
         self.relearns = 0
@@ -601,17 +612,28 @@ class _GradWatch:
         return hook
 
     def remove(self) -> None:
-        for handle in self.handles:
+        for handle in self.handles.values():
             handle.remove()
-        self.handles = []
+        self.handles = {}
 
     def arm_all(self) -> None:
         self.remove()
         self.kept = None
         self.learned = []
-        self.handles = [
-            p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)
-        ]
+        self.thawing = False
+        self.arm_thawed()
+
+    def arm_thawed(self) -> None:
+        """Hooks on the parameters that require a gradient now and have none yet."""
+        handles, frozen = self.handles, False
+        for index, param in enumerate(self.params):
+            if index in handles:
+                continue
+            if getattr(param, "requires_grad", False):
+                handles[index] = param.register_post_accumulate_grad_hook(self._hook(index))
+            else:
+                frozen = True
+        self.thawing = frozen and not self.fired
 
     def end_step(self) -> None:
         """After a training step: learn, prune, or re-arm when the kept hook went quiet."""
@@ -624,13 +646,17 @@ class _GradWatch:
             return
         if last is None:
             return
+        self.thawing = False
         self.learned.append(last)
         if len(self.learned) >= LEARN_STEPS and self.relearns < MAX_RELEARN:
             if len(set(self.learned[-LEARN_STEPS:])) == 1:
+                kept = self.handles.pop(last, None)
                 self.remove()
+                if kept is None:  # re-armed since it fired (cannot be): learn again
+                    self.arm_all()
+                    return
+                self.handles = {last: kept}
                 self.kept = last
-                param = self.params[last]
-                self.handles = [param.register_post_accumulate_grad_hook(self._hook(last))]
 
 
 # -- the instrumentation -----------------------------------------------------------------------
@@ -2391,6 +2417,12 @@ class Instrument:
         if not self.disabled:
             self.disabled = True
             _warn(f"instrumentation off after an internal error: {type(exc).__name__}: {exc}")
+            # and to the run, where the steps stop: the rank's log alone went unread (a run
+            # of stylegan2-ada-pytorch showed 1 step of 32, and finished as if that were all)
+            with contextlib.suppress(Exception):
+                from ddptui.rank import reporter as reporter_module
+
+                reporter_module.get_reporter().note("instrument_off")
 
     # -- the step's timeline -------------------------------------------------------------------
     def _event(self) -> Any:
@@ -2559,8 +2591,11 @@ class Instrument:
                 return None
             self._training_fwd = True
             key = self._fwd_ddp = id(ddp)
-            if key not in self._watches:
+            watch = self._watches.get(key)
+            if watch is None:
                 self._watches[key] = _GradWatch(self, list(ddp.module.parameters()))
+            elif watch.thawing:
+                watch.arm_thawed()
             if self._seg == "after_bwd" and not self._opt_seen and self._grads_discarded():
                 self._end_without_optimizer()
             self._active.add(key)

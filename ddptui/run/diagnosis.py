@@ -60,6 +60,7 @@ CAUSES = (
     "same_batches",  # a note: every rank drew the same first batch, no DistributedSampler
     "alone",  # a note: every rank trains alone: no process group, or accelerate's one process
     "record_growth",  # a note: events.jsonl grows fast enough to fill a disk (no verdict)
+    "instrumentation",  # a note: ddptui's step hooks turned themselves off in a rank (no verdict)
 )
 
 
@@ -1074,6 +1075,16 @@ def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
             f"rank {note.rank}: DistributedSampler started {which}{at} without "
             "set_epoch(): every epoch shuffles in the same order; call "
             "sampler.set_epoch(epoch) before each epoch",
+            t,
+        )
+    if note.code == "instrument_off":
+        return Diagnosis(
+            note.rank,
+            "instrumentation",
+            f"rank {note.rank}: ddptui's step instrumentation turned itself off after an "
+            "internal error (the error is in the rank's log): the rank trains on, but its "
+            "steps, samples and phases stop here; a bug of ddptui's, please report it "
+            "(--no-instrument runs without the hooks)",
             t,
         )
     if note.code == "accelerate_alone":
