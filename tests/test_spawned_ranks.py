@@ -13,7 +13,7 @@ import pytest
 from ddptui import protocol
 from ddptui.rank.reporter import Reporter
 from ddptui.run.collector import Collector
-from ddptui.run.diagnosis import CAUSES, Diagnoser
+from ddptui.run.diagnosis import CAUSES, Diagnoser, spawner_hint
 from ddptui.run.state import RunState
 from tests.helpers import drain, processes_of_run, read_events, step_numbers
 
@@ -679,3 +679,24 @@ def test_ranks_that_each_form_a_world_of_their_own_are_both_seen(tmp_path):
     # an event of very fast steps stands for several (``steps``)
     assert [step_numbers(events, rank) for rank in (0, 1)] == [[1, 2, 3], [1, 2, 3]]
     assert "0 dropped" in proc.stdout
+
+
+def test_a_failed_run_where_one_launched_copy_spawned_its_own_ranks_says_why():
+    """NVlabs/stylegan3's ``train.py --gpus=2`` at ddptui's default of 2 ranks: the first copy
+    made the output directory and spawned its 2 workers, the second failed making the same
+    directory (``FileExistsError``) before it spawned any. One spawner is no spawners note;
+    the failure's crash line now says that the script starts its ranks itself. One spawner a
+    node of one launched process, or none, says nothing."""
+    state = _spawners((None, 1, 2))
+    assert Diagnoser().notes(state) == []  # one spawner: no note of its own
+    hint = spawner_hint(state.spawners, per_node=2)
+    assert hint.startswith("rank 1 spawned 2 workers of its own: the script starts its ranks")
+    assert "ddptui launched 2 copies of it a node" in hint
+    assert hint.endswith("launch it as one process a node (--world-size 1; --nproc-per-node 1 "
+                         "on several nodes)")  # fmt: skip
+    assert spawner_hint(state.spawners, per_node=1) is None  # launched as one: the script's way
+    assert spawner_hint({}, per_node=2) is None
+    both = _spawners((None, 0, 2), (None, 1, 2))  # said already, by the spawners note
+    assert spawner_hint(both.spawners, per_node=2) is None
+    apart = _spawners((0, 0, 2), (1, 2, 2))  # one a node, two launched each: each a whole set
+    assert spawner_hint(apart.spawners, per_node=2).startswith("rank 0 spawned 2 workers")

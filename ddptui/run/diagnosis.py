@@ -1251,6 +1251,27 @@ def spawners_diagnosis(state: Any, t: float) -> Diagnosis | None:
     return None
 
 
+def spawner_hint(spawners: Mapping[tuple[int | None, int], int], per_node: int) -> str | None:
+    """What to add to a failed run's crash where a process ddptui launched, one of several a
+    node (``per_node``), spawned workers of its own, but no second one had said so (then
+    :func:`spawners_diagnosis` does): the copies start whole sets that may fail before they
+    spawn. NVlabs/stylegan3's ``train.py --gpus=2`` at ddptui's default of 2: the second copy
+    failed making the output directory the first had just made (``FileExistsError``), and
+    nothing said why. ``spawners``: (node, rank) -> workers. None otherwise."""
+    if per_node < 2 or not spawners:
+        return None
+    nodes = [node for node, _ in spawners]
+    if len(set(nodes)) < len(nodes):
+        return None  # two of a node said so: the spawners diagnosis did
+    (_, rank), workers = min(spawners.items(), key=lambda item: item[0][1])
+    return (
+        f"rank {rank} spawned {workers} workers of its own: the script starts its ranks itself "
+        f"(mp.spawn, a Process per rank), as under python script.py, and ddptui launched "
+        f"{per_node} copies of it a node, each to start a whole set; launch it as one process "
+        "a node (--world-size 1; --nproc-per-node 1 on several nodes)"
+    )
+
+
 # -- summary.json -------------------------------------------------------------------------------
 #: Longest stack text kept per rank in summary.json.
 MAX_STACK_TEXT = 20_000

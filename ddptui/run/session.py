@@ -49,6 +49,7 @@ from ddptui.run.diagnosis import (
     local_rank_read_hint,
     rank_ends,
     rank_wait_marks,
+    spawner_hint,
 )
 from ddptui.run.launcher import Launcher, LaunchResult, Rendezvous
 from ddptui.run.options import RunConfig
@@ -594,6 +595,9 @@ class RunSession:
             if not hint:  # a rank's local-rank option torchrun left at its default: the headline
                 hint = local_rank_read_hint(state.local_rank_reads, failure.rank)
                 on = next((d.rank for d in found if d.cause == "crash"), None)
+        if not hint:  # a launched copy started its own ranks, one of several a node
+            hint = spawner_hint(state.spawners, self.cfg.world_size // max(1, self.cfg.nnodes))
+            on = next((d.rank for d in found if d.cause == "crash"), None)
         if hint:
             found = [
                 dataclasses.replace(d, detail=f"{d.detail}; {hint}")
