@@ -488,6 +488,51 @@ def test_gradient_hooks_shrink_to_the_last_parameter(inst):
     assert inst.fake.logs[-1]["phases"]["backward"] == pytest.approx(0.020)
 
 
+def test_two_training_loaders_drawn_each_step_count_both_and_the_larger_ones_epoch(inst):
+    """kekmodel/FixMatch-pytorch: each step draws a labeled batch (4) and an unlabeled one
+    (two views of 8 images) from two loaders, each with its DistributedSampler, restarted
+    when it runs out with ``set_epoch(its own count)``, and runs one forward over all 20
+    inputs. ddptui counted only the last loader's batch (8 of the step's 12 images) and its
+    epoch followed whichever sampler was told last (the labeled one's, 7 at the script's
+    second epoch of 2). Now a step's samples are every training loader's batches in it
+    (bounded by its DDP forwards), and the epoch is the larger sampler's."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+
+    def loader(n, batch):
+        data = torch.utils.data.TensorDataset(torch.randn(n, 4))
+        sampler = torch.utils.data.distributed.DistributedSampler(data, num_replicas=1, rank=0)
+        return torch.utils.data.DataLoader(data, batch_size=batch, sampler=sampler)
+
+    labeled, unlabeled = loader(8, 4), loader(48, 8)
+    epochs = {"l": 0, "u": 0}
+    labeled.sampler.set_epoch(0)
+    unlabeled.sampler.set_epoch(0)
+    iters = {"l": iter(labeled), "u": iter(unlabeled)}
+
+    def draw(name, source):
+        try:
+            return next(iters[name])
+        except StopIteration:
+            epochs[name] += 1
+            source.sampler.set_epoch(epochs[name])
+            iters[name] = iter(source)
+            return next(iters[name])
+
+    for _ in range(9):
+        (x,) = draw("l", labeled)
+        (u,) = draw("u", unlabeled)
+        opt.zero_grad()
+        model(torch.cat((x, u, u + 1))).pow(2).mean().backward()
+        opt.step()
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [12] * 9
+    # the labeled sampler's passes come every 2 steps, the unlabeled one's every 6
+    assert [log["epoch"] for log in logs] == [0] * 6 + [1] * 3
+
+
 def test_modules_frozen_and_thawed_by_phase_keep_their_steps(inst):
     """NVlabs/stylegan2-ada-pytorch thaws each network only for its own phase
     (``requires_grad_(True)`` before, ``(False)`` after) and runs the other one frozen: the

@@ -774,6 +774,10 @@ class Instrument:
         self._epoch: int | None = None
         # A DistributedSampler was told an epoch (``set_epoch``): the script's own numbering.
         self._epoch_told = False
+        # The sampler whose epoch that is (weakly), and its size: of several told theirs, the
+        # one over the most samples (see _told_epoch).
+        self._epoch_sampler: Any = None
+        self._epoch_size = 0
         # Without a DistributedSampler told its epoch or an accelerate loader, the epoch is
         # the training passes over a DataLoader (see _loader_pass): the passes counted (-1:
         # none yet), and the batches the current one gave and whether it ran to its end.
@@ -1179,6 +1183,27 @@ class Instrument:
 
         self._patch(GradScaler, "step", step)
 
+    def _told_epoch(self, sampler: Any, epoch: int) -> None:
+        """``sampler.set_epoch(epoch)``: the rank's epoch, unless another sampler over more
+        samples, still alive, told its own. A script that trains from two loaders at once
+        numbers each one's passes: kekmodel/FixMatch-pytorch tells its labeled sampler (a few
+        thousand images, a pass every 31 steps) and its unlabeled one (the whole dataset,
+        every 55) each its own epoch, and the rank's epoch went back and forth between them;
+        it is the larger one's now, the passes over the bulk of the data."""
+        try:
+            size = int(getattr(sampler, "total_size", 0) or len(sampler))
+        except Exception:
+            size = 0
+        leader = self._epoch_sampler() if self._epoch_sampler is not None else None
+        if leader is not None and leader is not sampler and size < self._epoch_size:
+            return  # a smaller loader's passes (a labeled subset, a validation set)
+        with contextlib.suppress(TypeError):  # a sampler that takes no weak reference
+            self._epoch_sampler = weakref.ref(sampler)
+        self._epoch_size = size
+        self._epoch = epoch
+        self._epoch_told = True
+        self._loader_epoch = None  # the script's own word: an accelerate pass no more
+
     def _attach_sampler(self, torch: Any) -> None:
         from torch.utils.data.distributed import DistributedSampler
 
@@ -1189,9 +1214,7 @@ class Instrument:
         def set_epoch(sampler: Any, /, epoch: int) -> None:
             original(sampler, epoch)
             if isinstance(epoch, int) and not isinstance(epoch, bool):
-                inst._epoch = epoch
-                inst._epoch_told = True
-                inst._loader_epoch = None  # the script's own word: an accelerate pass no more
+                inst._told_epoch(sampler, epoch)
             if not inst._sampler_noted and not inst.disabled:
                 inst._sampler_told(sampler)
 
@@ -1295,7 +1318,12 @@ class Instrument:
         if key == self._length_it:
             self._length_draws += 1
         data = id(getattr(it, "_dataset", it))
-        if data != self._loader_data:
+        if data != self._loader_data and self._draws > 1 and (self._ddp_seen or self._models):
+            # A second training loader in the same step (kekmodel/FixMatch-pytorch: a labeled
+            # batch, then an unlabeled one, every step): the step's samples are both, which
+            # its DDP forwards bound. It counted only the unlabeled batch, 8 of 12 a step.
+            self._loader_data, self._drawn_ahead = data, 0
+        elif data != self._loader_data:
             # Another loader's: its batches, not the last one's, are the step's. A new pass
             # of the same loader counted afresh lost the batch accelerate's shard had drawn
             # ahead: lucidrains/denoising-diffusion-pytorch's Trainer (two micro-batches a
