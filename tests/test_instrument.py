@@ -564,6 +564,22 @@ def test_modules_frozen_and_thawed_by_phase_keep_their_steps(inst):
     assert sorted(len(watch.handles) for watch in inst._watches.values()) == [1, 1]
 
 
+def test_a_module_frozen_for_good_is_looked_at_a_bounded_number_of_times(inst):
+    """Until a hook fires, each training forward looks for parameters thawed since; a module
+    frozen for good (an encoder frozen after some epochs) stops being looked at."""
+    layer = torch.nn.Linear(4, 2).requires_grad_(False)
+    watch = instrument._GradWatch(inst, list(layer.parameters()))
+    assert watch.thawing and watch.handles == {}
+    forwards = 0
+    while watch.thawing:
+        watch.arm_thawed()
+        forwards += 1
+    assert forwards == instrument.MAX_THAW_CHECKS - 1  # the arming itself looked once
+    layer.weight.requires_grad_(True)
+    watch.arm_all()  # a re-arming looks again, and hooks what is thawed
+    assert set(watch.handles) == {0} and watch.thawing
+
+
 def test_a_ddp_forward_the_script_calls_itself_is_timed_as_ddps(inst):
     """facebookresearch/vicreg calls ``loss = model.forward(x, y)`` on its DDP module: no
     module hook of DDP's runs. DDP's pre-forward work (its buffers' broadcast, where a rank

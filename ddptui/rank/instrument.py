@@ -145,6 +145,10 @@ from ddptui.rank.drainer import Drainer
 LEARN_STEPS = 2
 #: Times the last parameter may change before every hook stays armed for good.
 MAX_RELEARN = 3
+#: Training forwards of a DDP module whose frozen parameters are looked at again for thawed
+#: ones (see _GradWatch.arm_thawed), until a hook fires: a module frozen for good costs a look
+#: at each parameter no more than that many times an arming.
+MAX_THAW_CHECKS = 64
 #: Custom phase names kept per process (more are ignored, counted in ``phases_ignored``).
 MAX_CUSTOM_PHASES = 8
 #: Finished GPU steps whose events may still be on the device; beyond, the oldest is sent
@@ -585,6 +589,7 @@ class _GradWatch:
         self.handles: dict[int, Any] = {}  # by the parameter's index
         #: Some parameter was frozen when the hooks were armed, and none has fired since.
         self.thawing = False
+        self.thaw_checks = 0
         self.learned: list[int] = []
         self.kept: int | None = None
         self.relearns = 0
@@ -621,10 +626,12 @@ class _GradWatch:
         self.kept = None
         self.learned = []
         self.thawing = False
+        self.thaw_checks = 0
         self.arm_thawed()
 
     def arm_thawed(self) -> None:
         """Hooks on the parameters that require a gradient now and have none yet."""
+        self.thaw_checks += 1
         handles, frozen = self.handles, False
         for index, param in enumerate(self.params):
             if index in handles:
@@ -633,7 +640,7 @@ class _GradWatch:
                 handles[index] = param.register_post_accumulate_grad_hook(self._hook(index))
             else:
                 frozen = True
-        self.thawing = frozen and not self.fired
+        self.thawing = frozen and not self.fired and self.thaw_checks < MAX_THAW_CHECKS
 
     def end_step(self) -> None:
         """After a training step: learn, prune, or re-arm when the kept hook went quiet."""
@@ -1197,8 +1204,10 @@ class Instrument:
         leader = self._epoch_sampler() if self._epoch_sampler is not None else None
         if leader is not None and leader is not sampler and size < self._epoch_size:
             return  # a smaller loader's passes (a labeled subset, a validation set)
-        with contextlib.suppress(TypeError):  # a sampler that takes no weak reference
+        try:
             self._epoch_sampler = weakref.ref(sampler)
+        except TypeError:  # a sampler that takes no weak reference: none leads
+            self._epoch_sampler = None
         self._epoch_size = size
         self._epoch = epoch
         self._epoch_told = True
