@@ -1327,17 +1327,17 @@ class Instrument:
         if key == self._length_it:
             self._length_draws += 1
         data = id(getattr(it, "_dataset", it))
-        if data != self._loader_data and self._draws > 1 and (self._ddp_seen or self._models):
-            # A second training loader in the same step (kekmodel/FixMatch-pytorch: a labeled
-            # batch, then an unlabeled one, every step): the step's samples are both, which
-            # its DDP forwards bound. It counted only the unlabeled batch, 8 of 12 a step.
-            self._loader_data, self._drawn_ahead = data, 0
-        elif data != self._loader_data:
+        if data != self._loader_data:
             # Another loader's: its batches, not the last one's, are the step's. A new pass
             # of the same loader counted afresh lost the batch accelerate's shard had drawn
             # ahead: lucidrains/denoising-diffusion-pytorch's Trainer (two micro-batches a
-            # step, 13 batches a pass) counted 8 samples for a step of 16 once a pass.
-            self._loader_data, self._loader_samples, self._drawn_ahead = data, 0, 0
+            # step, 13 batches a pass) counted 8 samples for a step of 16 once a pass. But a
+            # second training loader in the same DDP step (kekmodel/FixMatch-pytorch: a
+            # labeled batch, then an unlabeled one, every step) adds to the step's samples,
+            # which its forwards bound: it counted only the unlabeled batch, 8 of 12 a step.
+            if self._draws < 2 or not (self._ddp_seen or self._models):
+                self._loader_samples = 0
+            self._loader_data, self._drawn_ahead = data, 0
         self._loader_samples += size
         wait = self._step_wait
         self._step_wait = (wait or 0.0) + (ended - began)

@@ -1222,6 +1222,16 @@ def _every_rank(world: int) -> str:
     return "ranks 0 and 1" if world == 2 else f"all {world} ranks"
 
 
+#: What a script that spawns its own ranks does, and how to launch it (the spawners note's and
+#: the failure's hint's words).
+_OWN_RANKS = (
+    "the script starts its ranks itself (mp.spawn, a Process per rank), as under python script.py"
+)
+_ONE_A_NODE = (
+    "launch it as one process a node (--world-size 1; --nproc-per-node 1 on several nodes)"
+)
+
+
 def spawners_diagnosis(state: Any, t: float) -> Diagnosis | None:
     """More than one process ddptui launched on a node spawned workers of its own
     (``mp.spawn``, a ``Process`` per rank): the script starts its ranks itself, as under
@@ -1242,10 +1252,8 @@ def spawners_diagnosis(state: Any, t: float) -> Diagnosis | None:
         return Diagnosis(
             min(ranks),
             "spawners",
-            f"{ranks_text(ranks)}{on} spawned workers of their own ({each}): the script starts "
-            "its ranks itself (mp.spawn, a Process per rank), as under python script.py; "
-            "launch it as one process a node (--world-size 1; --nproc-per-node 1 on several "
-            "nodes)",
+            f"{ranks_text(ranks)}{on} spawned workers of their own ({each}): {_OWN_RANKS}; "
+            f"{_ONE_A_NODE}",
             t,
         )
     return None
@@ -1265,10 +1273,8 @@ def spawner_hint(spawners: Mapping[tuple[int | None, int], int], per_node: int) 
         return None  # two of a node said so: the spawners diagnosis did
     (_, rank), workers = min(spawners.items(), key=lambda item: item[0][1])
     return (
-        f"rank {rank} spawned {workers} workers of its own: the script starts its ranks itself "
-        f"(mp.spawn, a Process per rank), as under python script.py, and ddptui launched "
-        f"{per_node} copies of it a node, each to start a whole set; launch it as one process "
-        "a node (--world-size 1; --nproc-per-node 1 on several nodes)"
+        f"rank {rank} spawned {workers} workers of its own: {_OWN_RANKS}, and ddptui launched "
+        f"{per_node} copies of it a node, each to start a whole set; {_ONE_A_NODE}"
     )
 
 

@@ -589,15 +589,16 @@ class RunSession:
             desync=(desync.rank, flight.collective_named(desync.detail)) if desync else None,
         )
         found = [*traced, *found] if desync else [*found, *traced]
-        hint, on = None, None
+        # A hint goes on the headline crash, or on the failed rank whose log it is from.
+        hint, on = None, next((d.rank for d in found if d.cause == "crash"), None)
         if failure is not None and not self.cfg.local_rank_arg and self.cfg.trainer_module is None:
-            hint, on = local_rank_hint(failure.stderr_tail), failure.rank  # that rank's log
-            if not hint:  # a rank's local-rank option torchrun left at its default: the headline
+            hint = local_rank_hint(failure.stderr_tail)
+            if hint:
+                on = failure.rank
+            else:  # a rank's local-rank option torchrun left at its default
                 hint = local_rank_read_hint(state.local_rank_reads, failure.rank)
-                on = next((d.rank for d in found if d.cause == "crash"), None)
         if not hint:  # a launched copy started its own ranks, one of several a node
             hint = spawner_hint(state.spawners, self.cfg.world_size // max(1, self.cfg.nnodes))
-            on = next((d.rank for d in found if d.cause == "crash"), None)
         if hint:
             found = [
                 dataclasses.replace(d, detail=f"{d.detail}; {hint}")
