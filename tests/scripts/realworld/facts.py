@@ -1,6 +1,8 @@
 """The one line every real-world script prints on each rank when it ends well, so a test can
 hold ddptui's record against the script's own count (imported by bare name, like datautils)."""
 
+import sys
+
 
 def report(rank, world, steps, last_loss, epoch_steps, **extra):
     """``REALWORLD rank=R world=W steps=N last_loss=<repr> epoch_steps=E:N,... k=v ...``.
@@ -12,4 +14,8 @@ def report(rank, world, steps, last_loss, epoch_steps, **extra):
     fields = [f"rank={rank}", f"world={world}", f"steps={steps}", f"last_loss={last_loss!r}"]
     fields.append(f"epoch_steps={epochs}")
     fields += [f"{key}={value!r}" for key, value in extra.items()]
-    print("REALWORLD " + " ".join(fields), flush=True)
+    # One write, its newline in it: print() writes the text and the newline apart, and an
+    # unbuffered stream shared with another process (two workers of one launched rank, in
+    # one log) took that one's ": " between them, and the line ended "start_method='fork':".
+    sys.stdout.write("REALWORLD " + " ".join(fields) + "\n")
+    sys.stdout.flush()
