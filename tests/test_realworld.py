@@ -126,7 +126,8 @@ SPECS = {
         # Plain torchrun leaves these workers waiting for its agent's store at the script's
         # MASTER_PORT (spawned.process_worker): the script's contract, 0, is the exit here.
         # Under spawn the ranks are a Process subclass overriding run() (no target), started
-        # by the spawn method the script sets itself (mp.set_start_method, as under python).
+        # by the spawn method the script sets itself (mp.set_start_method, as under python),
+        # and the script's main module ends without joining them (ijepa's main.py).
         *(
             RunSpec(
                 name,
@@ -138,7 +139,11 @@ SPECS = {
             )
             for name, launcher, more in (
                 ("process_workers", "torchrun", []),
-                ("process_workers_spawn", "spawn", ["--subclass", "--start-method", "spawn"]),
+                (
+                    "process_workers_spawn",
+                    "spawn",
+                    ["--subclass", "--start-method", "spawn", "--no-join"],
+                ),
             )
         ),
         # The tutorial's own end: its processes joined, their exit codes unread, so the script

@@ -46,9 +46,9 @@ _group_seen = False
 #: a Pool's, a Manager's server, mp.spawn's wrapper): never a rank, left as they are.
 LIBRARY_TARGETS = frozenset({"multiprocessing", "concurrent", "torch", "ddptui"})
 #: In a process that started workers with ``multiprocessing.Process``: per start method, the
-#: event they set once one of them has its process group (see :func:`workers_formed`).
+#: flag they set once one of them has its process group (see :func:`workers_formed`).
 _formed_events: dict[str, Any] = {}
-#: In such a worker: the event it sets once its process group has formed.
+#: In such a worker: the flag it sets once its process group has formed.
 _formed_event: Any = None
 #: Whether this process is such a worker (see :func:`process_worker`).
 _process_worker = False
@@ -134,12 +134,12 @@ def wrap_process(process: Any, install: Callable[[], Any]) -> None:
         return
     import multiprocessing  # loaded by the caller (Process.start)
 
-    # An event of the process's own start method: a fork context's semaphore has no name a
-    # spawned process could open.
+    # A flag of the process's own start method (its memory reaches a worker as that method
+    # passes it: inherited by a fork, its file descriptor handed to a spawned interpreter).
     method = getattr(process, "_start_method", None) or multiprocessing.get_start_method()
     event = _formed_events.get(method)
     if event is None:
-        event = _formed_events[method] = multiprocessing.get_context(method).Event()
+        event = _formed_events[method] = FormedFlag(multiprocessing.get_context(method))
         from ddptui.rank import heartbeat
 
         heartbeat.quiet_when(workers_formed, then=stand_down)
@@ -162,6 +162,29 @@ def _scripts_run(process: Any) -> bool:
         return False
     module = getattr(run, "__module__", None) or ""
     return callable(run) and module.partition(".")[0] not in LIBRARY_TARGETS
+
+
+class FormedFlag:
+    """What a worker sets once its process group has formed, for the process that started it:
+    one byte of shared memory (``is_set``/``set``, as an event's).
+
+    Not a ``multiprocessing`` event: a spawn context's event is a named semaphore that a spawned
+    worker opens by name when it unpickles its process, a second or more after ``start()``,
+    and a script that starts its workers and ends its main module without joining them
+    (facebookresearch/ijepa's ``main.py``) is at its exit by then, where multiprocessing's exit
+    handler unlinks such names before it joins the children. Unpickling the event then raised
+    in the worker before any of the script's code ran (``FileNotFoundError`` in
+    ``SemLock._rebuild``): the script's ranks died where plain Python runs them. Shared memory
+    has no name to lose: a spawned worker gets its file descriptor at its start."""
+
+    def __init__(self, context: Any) -> None:
+        self.value = context.RawValue("b", 0)
+
+    def set(self) -> None:
+        self.value.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self.value.value)
 
 
 class SubclassRun:

@@ -7,14 +7,16 @@ run as ``python process_workers.py`` (or by a launcher with one process), on CPU
 ddptui's tests; no ddptui import.
 
     python process_workers.py [--size 2] [--port 29500] [--epochs 3] [--out DIR] [--subclass]
-                              [--start-method spawn] [--exit-zero]
+                              [--start-method spawn] [--exit-zero] [--no-join]
 
 ``--subclass``: each rank is a ``Process`` subclass that overrides ``run()`` (no target),
 the other common way to write a process per rank. ``--start-method``: the script first calls
 ``torch.multiprocessing.set_start_method`` with it, as harveyp123/Pytorch-DDP-Example's
 ``mnist_ddp.py`` does (``"spawn"``) before starting its ``Process`` per GPU. ``--exit-zero``:
 the script ends as the tutorial's does, joining its processes without a look at their exit
-codes, so it exits 0 whatever they did (without it, with the highest of them).
+codes, so it exits 0 whatever they did (without it, with the highest of them). ``--no-join``:
+the script's main module ends once its processes have started, as facebookresearch/ijepa's
+``main.py`` does; Python's exit joins them (the script exits 0).
 
 A fault for the tests (environment): ``RW_FAULT=raise`` makes rank ``RW_FAULT_RANK`` raise just
 before its step ``RW_FAULT_STEP`` (counted from 1).
@@ -47,6 +49,7 @@ parser.add_argument("--out", default=".", type=str)
 parser.add_argument("--subclass", action="store_true", help="ranks as a Process subclass")
 parser.add_argument("--start-method", help="set_start_method(...) before any process starts")
 parser.add_argument("--exit-zero", action="store_true", help="exit 0 whatever the ranks did")
+parser.add_argument("--no-join", action="store_true", help="end without joining the ranks")
 
 
 class Partition:
@@ -175,7 +178,8 @@ if __name__ == "__main__":
             p = Process(target=init_process, args=(rank, args.size, run, args, helper.pid))
         p.start()
         processes.append(p)
-    for p in processes:
-        p.join()
-    if not args.exit_zero:
-        raise SystemExit(max(p.exitcode for p in processes))
+    if not args.no_join:  # without: the interpreter's exit joins them
+        for p in processes:
+            p.join()
+        if not args.exit_zero:
+            raise SystemExit(max(p.exitcode for p in processes))
