@@ -1230,6 +1230,74 @@ def test_one_batch_drawn_with_grad_off_before_a_training_forward_is_no_evaluatio
         assert log["phases"]["data"] == pytest.approx(0.030)
 
 
+class Predictor(torch.nn.Module):
+    """A module fed another's output (ijepa's predictor, its context encoder's)."""
+
+    def __init__(self, clock, forward_s):
+        super().__init__()
+        self.clock, self.forward_s = clock, forward_s
+        self.layer = torch.nn.Linear(1, 1)
+
+    def forward(self, z):
+        return Tick.apply(self.layer(z), self.clock, self.forward_s, 0.0)
+
+
+def test_a_target_networks_forward_with_grad_off_is_the_steps_not_an_evaluation(inst):
+    """facebookresearch/ijepa's step: its batch drawn (images and masks, nested as no other
+    loader's are), its target encoder (a DDP module in training mode) run on it under
+    ``no_grad``, then its context encoder, and its predictor on the encoder's output, train.
+    The target's forward read as an evaluation (out of the step: a third of its time), and
+    the predictor's input as 16 more samples (each step of 16 read 32)."""
+    clock = inst.fake_clock
+    target = DistributedDataParallel(Net(clock, forward_s=0.006))
+    encoder = DistributedDataParallel(Net(clock))
+    predictor = DistributedDataParallel(Predictor(clock, forward_s=0.004))
+    opt = timed_sgd([*encoder.parameters(), *predictor.parameters()], clock)
+    waits = [0.200, 0.030, 0.030]
+
+    def collate(x):  # ijepa's collator: ((images, labels), masks)
+        clock.advance(waits.pop(0))
+        return (x, x[:, 0]), [x[:, :1]]
+
+    data = [torch.randn(6, 4) for _ in range(3)]
+    loader = torch.utils.data.DataLoader(data, batch_size=None, collate_fn=collate)
+    for (x, _), _masks in loader:
+        with torch.no_grad():
+            h = target(x)
+        z = predictor(encoder(x))
+        loss = (z - h).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        clock.advance(0.001)
+        opt.step()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [6, 6, 6]
+    for log in inst.fake.logs[1:]:
+        phases = log["phases"]
+        assert phases["eval"] == 0.0
+        assert phases["data"] == pytest.approx(0.030)
+        assert phases["forward"] == pytest.approx(0.006 + 0.010 + 0.004)
+        assert log["step_time"] == pytest.approx(sum(phases.values()))
+
+
+def test_an_evaluation_with_grad_off_after_a_step_stays_one(inst):
+    """The same forward of a module in training mode with grad off, once the step has
+    ended and before the next one draws: an evaluation (a script that validates without
+    ``model.eval()``), as it was."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    for x, _ in _slow_loader(clock, [6, 6], first_s=0.200, each_s=0.030):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            model(torch.randn(4, 4))  # 0.010
+    inst.flush()
+    assert inst.fake.logs[1]["phases"]["eval"] == pytest.approx(0.010)
+
+
 class Detector(torch.nn.Module):
     """torchvision's detection models' way of being called: a list of images, each
     ``[C, H, W]`` of its own size, and in training a list of target dicts."""

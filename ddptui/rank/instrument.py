@@ -2536,10 +2536,24 @@ class Instrument:
             self._acc["eval"] += spent
         self._eval_spent += spent
 
-    def _eval_forward(self, start: bool) -> None:
-        """An evaluation forward of a DDP module begins (``start``) or ends."""
+    def _eval_forward(self, start: bool, trains: bool = False) -> None:
+        """An evaluation forward of a DDP module begins (``start``) or ends; ``trains``: the
+        module's mode says it trains, only grad is off.
+
+        Such a forward after the step drew its training batch, with no evaluation begun, is
+        the step's own: a target or teacher network run under ``torch.no_grad()`` on the
+        step's batch (facebookresearch/ijepa's target encoder, a DDP module in training mode,
+        before its context encoder and predictor train). Its time is the step's forward,
+        where it had been taken out of the step as an evaluation (a third of ijepa's step
+        time read ``eval``, and the step's rate was over the rest)."""
         if self._mark is None:
             return  # before the first training step: not part of any step
+        if self._seg == "forward" and not self._training_fwd:
+            return  # in (or after) the step's own forward with grad off
+        if start and trains and self._seg == "data" and self._step_wait is not None:
+            if self._eval_start is None:
+                self._transition("fwd_pre", "forward")
+                return
         now = self.clock()
         if start:
             if self._eval_start is None:  # the pass's first forward
@@ -2579,7 +2593,7 @@ class Instrument:
         if first:
             self._step_start = now
         if not self._closure_repeat:
-            self._samples += _batch_size(self.torch.Tensor, args, kwargs)
+            self._samples += _forward_samples(self.torch.Tensor, args, kwargs)
         if not self._first_released and self._pending:
             self._release_first()
 
@@ -2624,7 +2638,7 @@ class Instrument:
             if not self._training_ddp(ddp):
                 if self._grad_enabled():  # eval mode, grad on: a backward may follow
                     self._note_eval_grad(ddp, args, kwargs)
-                self._eval_forward(start=True)
+                self._eval_forward(True, self._trains_in_mode(ddp))
                 return None
             self._training_fwd = True
             key = self._fwd_ddp = id(ddp)
@@ -2657,8 +2671,8 @@ class Instrument:
                 self._training_fwd = True  # the inner module called without DDP
                 self._fwd_ddp = None
                 self._forward_start(args, kwargs, "forward")
-            else:
-                self._eval_forward(start=True)  # ``model.module(x)`` to evaluate
+            else:  # ``model.module(x)`` to evaluate
+                self._eval_forward(True, module.training)
         except Exception as exc:
             self._fail(exc)
         return None
@@ -3676,6 +3690,16 @@ def _draw_size(tensor: type, batch: Any) -> int:
         return size
     except Exception:  # a batch of the script's own kind: not ours to judge
         return 0
+
+
+def _forward_samples(tensor: type, args: tuple, kwargs: dict) -> int:
+    """The samples a training forward adds to its step: :func:`_batch_size`, none where its
+    input is a tensor another module computed in this step (it has a ``grad_fn``): a module
+    fed the output of another, ijepa's predictor taking its context encoder's, sees the same
+    samples again (each step of 16 read 32)."""
+    if args and isinstance(args[0], tensor) and args[0].grad_fn is not None:
+        return 0
+    return _batch_size(tensor, args, kwargs)
 
 
 def _batch_size(tensor: type, args: tuple, kwargs: dict) -> int:
