@@ -444,3 +444,53 @@ def test_replay_names_each_evaluation_as_the_run_did(tmp_path):
     print_replay(run, out)
     assert "  epoch 1/2: accuracy 1.0000 eval loss --\n" in out.getvalue()
     assert "None" not in out.getvalue()
+
+
+class _Lingering:
+    """What the session reads of a launcher whose ranks all finished but that still runs."""
+
+    running = True
+
+    def __init__(self):
+        self.asked = 0
+
+    def still_running(self):
+        self.asked += 1
+        return [(4101, "main.py"), (4107, "a multiprocessing child of 4101")]
+
+
+def test_a_session_names_the_processes_still_running_after_every_rank_finished(tmp_path):
+    """ijepa's main.py at 2 ranks: every rank finished, and a worker of the other launched
+    copy waits in its rendezvous; the launcher runs on. Said once, once every rank has
+    finished LINGER_S ago, naming what still runs; a verdict it is not (the run goes on)."""
+    from ddptui.run.session import LINGER_S, RunSession
+
+    cfg = build_config({"world_size": "2", "run_dir": str(tmp_path / "run")}, deep=False)
+    session = RunSession(cfg, clock=lambda: 100.0)
+    session.launcher = launcher = _Lingering()
+    said = []
+    try:
+        for rank in (0, 1):
+            status = protocol.Status(run=cfg.run_id, rank=rank, t=1.0, seq=0, state="started")
+            session.state.apply(status, 10.0)
+        session._watch_lingering(10.0 + LINGER_S + 5)  # running: nothing to say
+        session.state.apply(
+            protocol.Status(run=cfg.run_id, rank=0, t=1.0, seq=1, state="finished"), 20.0
+        )
+        session._watch_lingering(20.0 + LINGER_S + 5)  # rank 1 runs on
+        session.state.apply(
+            protocol.Status(run=cfg.run_id, rank=1, t=1.0, seq=1, state="finished"), 21.0
+        )
+        session._watch_lingering(21.0 + LINGER_S - 1)  # too soon
+        said += session.take_diagnoses()
+        assert said == [] and launcher.asked == 0
+        for second in range(3):
+            session._watch_lingering(21.0 + LINGER_S + second)
+            said += session.take_diagnoses()
+    finally:
+        session.launcher = None
+        session.close()
+    assert [d.cause for d in said] == ["lingering"] and launcher.asked == 1
+    assert said[0].detail.startswith("ranks 0 and 1 finished 30 s ago, but 2 processes of the")
+    assert "pid 4101 (main.py), pid 4107 (a multiprocessing child of 4101)" in said[0].detail
+    assert [d.cause for d in session.diagnoser.diagnoses] == ["lingering"]

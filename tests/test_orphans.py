@@ -1,5 +1,6 @@
 """No process of a run outlives ddptui, however ddptui ends, even while ranks are starting."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -156,3 +157,39 @@ def test_ranks_follow_a_driver_killed_while_they_start(tmp_path, launcher):
     finally:
         run.stop(grace=1.0)
         kill_run(run_id)
+
+
+STRAY = """
+import multiprocessing as mp, sys, time
+
+def wait():
+    time.sleep(60)
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn")
+    mp.Process(target=wait).start()
+    print("started", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_the_processes_still_running_are_named_by_their_script_or_their_parent(tmp_path):
+    """What a lingering note names: a script's process by its file, a spawned
+    ``multiprocessing`` child by its parent; zombies and the resource tracker are left out."""
+    script = tmp_path / "main.py"
+    script.write_text(STRAY)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        launcher = Launcher.__new__(Launcher)  # only its processes matter here
+        launcher._run_processes = lambda: {p.pid: None for p in [psutil.Process(proc.pid), *tree]}
+        running = launcher.still_running()
+        kinds = {what for _, what in running}
+        assert kinds == {"main.py", f"a multiprocessing child of {proc.pid}"}, running
+        assert [pid for pid, _ in running] == sorted(pid for pid, _ in running)
+    finally:
+        for p in [*psutil.Process(proc.pid).children(recursive=True), proc]:
+            with contextlib.suppress(psutil.Error, OSError):
+                p.kill()
+        proc.wait(10)

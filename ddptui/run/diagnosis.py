@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddptui.constants import PHASES
-from ddptui.formatting import error_head, ranks_text
+from ddptui.formatting import counted, error_head, ranks_text
 from ddptui.rank.frames import Frame, StackInfo, classify
 from ddptui.rank.heartbeat import BEAT_S
 from ddptui.rank.stacks import STEPS_THREAD_MARK, whole_dump
@@ -61,6 +61,7 @@ CAUSES = (
     "alone",  # a note: every rank trains alone: no process group, or accelerate's one process
     "record_growth",  # a note: events.jsonl grows fast enough to fill a disk (no verdict)
     "instrumentation",  # a note: ddptui's step hooks turned themselves off in a rank (no verdict)
+    "lingering",  # a note: every rank finished, and processes of the run still run (no verdict)
 )
 
 
@@ -1358,6 +1359,37 @@ def growth_diagnosis(rate: float, free: int | None, t: float) -> Diagnosis:
         f"events.jsonl grows {rate / mib:,.1f} MiB a second ({rate * 3600 / gib:,.1f} GiB an "
         f"hour; a line an event){left}, and a full disk stops the run. Fewer, longer "
         "steps, or ddptui.log every Nth step (its calls replace the hooks' steps), keep it small",
+        t,
+    )
+
+
+#: Processes a lingering note names (the rest counted).
+MAX_LINGERING_NAMED = 6
+
+
+def lingering_diagnosis(
+    world: int, since: float, processes: list[tuple[int, str]], t: float
+) -> Diagnosis | None:
+    """Every one of the ``world`` ranks finished ``since`` seconds ago, and ``processes``
+    (``(pid, what)``) of the run still run: a process the script started that never formed
+    the run's process group reports nothing, and the launcher waits for it as plain torchrun
+    would. facebookresearch/ijepa's ``main.py`` (a ``Process`` per device) at ddptui's default
+    of 2: each launched copy started a whole set on the script's fixed port, one set trained
+    to its end, and a worker of the other waited in its rendezvous, the run's last line
+    unchanged for minutes and nothing said. None without processes."""
+    if not processes:
+        return None
+    named = ", ".join(f"pid {pid} ({what})" for pid, what in processes[:MAX_LINGERING_NAMED])
+    more = len(processes) - MAX_LINGERING_NAMED
+    if more > 0:
+        named += f" and {counted(more, 'more')}"
+    return Diagnosis(
+        None,
+        "lingering",
+        f"{'rank 0' if world == 1 else _every_rank(world)} finished {since:.0f} s ago, but "
+        f"{counted(len(processes), 'process', 'processes')} of the run are still running: {named}; "
+        "a process the script started that formed no process group with the ranks reports "
+        "nothing, and the run ends when its launcher does (Ctrl-C stops it)",
         t,
     )
 

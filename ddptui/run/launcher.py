@@ -258,6 +258,30 @@ class Launcher:
     def running(self) -> bool:
         return self.process is not None and self.result is None and self.process.poll() is None
 
+    def still_running(self) -> list[tuple[int, str]]:
+        """The run's processes still running (not the driver, not zombies, not
+        multiprocessing's resource trackers, which end with the processes they serve), as
+        ``(pid, what)``: the script a process runs, or a ``multiprocessing`` child and its
+        parent; by pid."""
+        running = []
+        for pid in sorted(self._run_processes()):
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                words, parent = proc.cmdline(), proc.ppid()
+            except (psutil.Error, OSError):
+                continue
+            line = " ".join(words)
+            if "multiprocessing.resource_tracker" in line or "forkserver" in line:
+                continue
+            if "multiprocessing.spawn" in line or "--multiprocessing-fork" in line:
+                running.append((pid, f"a multiprocessing child of {parent}"))
+                continue
+            scripts = [Path(word).name for word in words[1:] if word.endswith(".py")]
+            running.append((pid, scripts[0] if scripts else Path(words[0]).name if words else "?"))
+        return running
+
     def poll(self) -> LaunchResult | None:
         """None while the run is going; its :class:`LaunchResult` once it has ended."""
         if self.result is not None:

@@ -45,6 +45,7 @@ from ddptui.run.diagnosis import (
     diagnose_crash,
     diagnoses_for_summary,
     growth_diagnosis,
+    lingering_diagnosis,
     local_rank_hint,
     local_rank_read_hint,
     rank_ends,
@@ -71,6 +72,8 @@ from ddptui.runfiles import RunDir, write_json_atomic, write_private
 DRAIN_SECONDS = 0.5
 #: How often the running diagnosis (stragglers, hangs) looks at the run.
 DIAGNOSE_EVERY_S = 1.0
+#: Every rank finished this long ago and the launcher still runs: name what still runs.
+LINGER_S = 30.0
 #: How long to wait for the ranks' stack dumps after a hang.
 STACKS_TIMEOUT_S = 5.0
 #: How long a rank's trace socket may take to write its stacks before it is signalled.
@@ -209,6 +212,7 @@ class RunSession:
         self._next_diagnosis = 0.0
         #: How fast events.jsonl grows (said once, when fast: see :meth:`_watch_growth`).
         self._growth: GrowthWatch | None = GrowthWatch()
+        self._lingering_said = False  # see _watch_lingering
         self._hung = False
         self._warmed = False  # torch's analyzer is loading (see _flight_warm)
         #: The traces ddptui asked for while the run went on (rank -> flight.Stamp): not
@@ -392,6 +396,7 @@ class RunSession:
             pids = local_pids(self.state, socket.gethostname())
         self.probe.sample(pids, now)
         self._watch_growth(now)
+        self._watch_lingering(now)
         io_rates = self.probe.io_rate(RECENT_CPU_S)
         with self._lock:
             self.state.io_rates = io_rates
@@ -426,6 +431,29 @@ class RunSession:
             found = growth_diagnosis(rate, free, self.state.elapsed(now))
             self.diagnoser.record(found)
             self._news.append(found)
+
+    def _watch_lingering(self, now: float) -> None:
+        """Say once when every rank finished :data:`LINGER_S` ago and the launcher still runs,
+        naming the run's processes still running (:func:`lingering_diagnosis`)."""
+        launcher = self.launcher
+        if self._lingering_said or launcher is None or not launcher.running:
+            return
+        with self._lock:
+            state = self.state
+            views = list(state.ranks.values())
+            if len(views) < state.world_size or any(v.state != "finished" for v in views):
+                return
+            since = now - max((v.last_seen or now) for v in views)
+        if since < LINGER_S:
+            return
+        self._lingering_said = True
+        found = lingering_diagnosis(
+            state.world_size, since, launcher.still_running(), state.elapsed(now)
+        )
+        if found is not None:
+            with self._lock:
+                self.diagnoser.record(found)
+                self._news.append(found)
 
     def _arm_flight(self, launcher: Launcher) -> None:
         """Tell the ranks where to listen for Flight Recorder trace requests."""
