@@ -481,11 +481,15 @@ def test_a_session_names_the_processes_still_running_after_every_rank_finished(t
         session.state.apply(
             protocol.Status(run=cfg.run_id, rank=1, t=1.0, seq=1, state="finished"), 21.0
         )
-        session._watch_lingering(21.0 + LINGER_S - 1)  # too soon
+        session._watch_lingering(22.0)  # every rank finished: counted from here
+        for second in range(int(LINGER_S)):  # the process that started rank 0's worker
+            beat = protocol.Beat(run=cfg.run_id, rank=0, t=1.0, seq=2 + second)
+            session.state.apply(beat, 22.0 + second)  # beats on under rank 0, in its join
+        session._watch_lingering(22.0 + LINGER_S - 1)  # too soon
         said += session.take_diagnoses()
         assert said == [] and launcher.asked == 0
         for second in range(3):
-            session._watch_lingering(21.0 + LINGER_S + second)
+            session._watch_lingering(22.0 + LINGER_S + second)
             said += session.take_diagnoses()
     finally:
         session.launcher = None

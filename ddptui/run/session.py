@@ -213,6 +213,7 @@ class RunSession:
         #: How fast events.jsonl grows (said once, when fast: see :meth:`_watch_growth`).
         self._growth: GrowthWatch | None = GrowthWatch()
         self._lingering_said = False  # see _watch_lingering
+        self._finished_at: float | None = None  # when it first saw every rank finished
         self._hung = False
         self._warmed = False  # torch's analyzer is loading (see _flight_warm)
         #: The traces ddptui asked for while the run went on (rank -> flight.Stamp): not
@@ -441,9 +442,16 @@ class RunSession:
         with self._lock:
             state = self.state
             views = list(state.ranks.values())
-            if len(views) < state.world_size or any(v.state != "finished" for v in views):
-                return
-            since = now - max((v.last_seen or now) for v in views)
+            ended = len(views) >= state.world_size and all(v.state == "finished" for v in views)
+        if not ended:
+            self._finished_at = None
+            return
+        # From when this check first saw them all finished, not from their last events: the
+        # process that started a rank's worker may beat on under its rank while it waits
+        # for its other workers (ijepa's launched copy, in its join).
+        if self._finished_at is None:
+            self._finished_at = now
+        since = now - self._finished_at
         if since < LINGER_S:
             return
         self._lingering_said = True
