@@ -238,6 +238,7 @@ NoteCode = Literal[
     "alone",
     "accelerate_alone",
     "instrument_off",
+    "workers_formed",
 ]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
@@ -292,7 +293,11 @@ class Note(Event, tag="note"):
 
     ``instrument_off``: ddptui's step instrumentation in this rank turned itself off after an
     internal error (its log has the error): the rank trains on, but its steps, samples and
-    phases are no longer reported (``ddptui.log`` calls still are)."""
+    phases are no longer reported (``ddptui.log`` calls still are).
+
+    ``workers_formed``: a process this one started with ``multiprocessing.Process`` formed a
+    process group of ``workers`` ranks: its workers are ranks, and it only waits for them from
+    now on (sent as it goes quiet; unlike ``spawned`` it follows its workers' own events)."""
 
     code: NoteCode
     epoch: NoteNumber | None = None

@@ -498,3 +498,34 @@ def test_a_session_names_the_processes_still_running_after_every_rank_finished(t
     assert said[0].detail.startswith("ranks 0 and 1 finished 30 s ago, but 2 processes of the")
     assert "pid 4101 (main.py), pid 4107 (a multiprocessing child of 4101)" in said[0].detail
     assert [d.cause for d in session.diagnoser.diagnoses] == ["lingering"]
+    assert "launch it as one process" not in said[0].detail
+
+
+def test_the_lingering_note_of_a_copy_that_started_its_own_ranks_says_how_to_launch(tmp_path):
+    """One of 2 launched copies said its workers formed a group of 2 (``workers_formed``):
+    the copies start whole sets, and the note says to launch one a node."""
+    from ddptui.run.session import LINGER_S, RunSession
+
+    cfg = build_config({"world_size": "2", "run_dir": str(tmp_path / "run")}, deep=False)
+    session = RunSession(cfg, clock=lambda: 100.0)
+    session.launcher = _Lingering()
+    try:
+        note = protocol.Note(run=cfg.run_id, rank=1, t=1.0, seq=1, code="workers_formed", workers=2)
+        session.state.apply(note, 9.0)
+        assert session.state.spawners == {(None, 1): 2}
+        for rank in (0, 1):
+            for state in ("started", "finished"):
+                status = protocol.Status(run=cfg.run_id, rank=rank, t=1.0, seq=2, state=state)
+                session.state.apply(status, 10.0)
+        session._watch_lingering(10.0)
+        session._watch_lingering(10.0 + LINGER_S)
+        (said,) = session.take_diagnoses()
+    finally:
+        session.launcher = None
+        session.close()
+    assert said.cause == "lingering" and said.detail.endswith(
+        "; rank 1 spawned 2 workers of its own: the script starts its ranks itself (mp.spawn, "
+        "a Process per rank), as under python script.py, and ddptui launched 2 copies of it a "
+        "node, each to start a whole set; launch it as one process a node (--world-size 1; "
+        "--nproc-per-node 1 on several nodes)"
+    )

@@ -47,7 +47,7 @@ def test_a_process_running_a_function_of_the_script_is_followed(parent):
     assert target.args[:2] == (_script_target, _install)
     assert set(spawned._formed_events) == {"spawn"}  # its own start method's event
     assert heartbeat._quiet is spawned.workers_formed
-    assert heartbeat._then is spawned.stand_down  # its trace server goes with its beats
+    assert heartbeat._then is spawned.workers_took_over  # its last word, then its trace server
     spawned.wrap_process(process, _install)  # started again: not wrapped twice
     assert process._target is target
 
@@ -256,6 +256,40 @@ def test_the_starting_process_ending_within_a_beat_of_its_workers_forming_ends_u
     reporter._at_exit(rep)
     assert rep.sent == (["close"] if formed else ["finished", "close"])
     assert stood_down == ([True] if formed else [])
+
+
+class _Noting:
+    """A reporter that keeps its notes, and refuses them once muted."""
+
+    def __init__(self):
+        self.muted, self.notes = False, []
+
+    def note(self, code, **numbers):
+        if not self.muted:
+            self.notes.append((code, numbers))
+
+    def mute(self):
+        self.muted = True
+
+
+def test_the_starting_process_says_how_many_ranks_its_workers_formed_as_it_goes_quiet(
+    parent, monkeypatch
+):
+    """ijepa's ``main.py`` launched as 2 copies: each copy's ``Process`` per device formed (or
+    failed to form) a group of 2; the copy whose workers formed says so, with the group's
+    size, before its reporter goes quiet: the spawners diagnosis and a failure's hint name
+    it. Its flag is shared memory its workers write the group's size into."""
+    rep = _Noting()
+    monkeypatch.setattr(reporter, "get_reporter", lambda: rep)
+    monkeypatch.setattr(spawned, "stand_down", lambda: rep.notes.append(("stood down", {})))
+    flag = spawned._formed_events["fork"] = spawned.FormedFlag(multiprocessing.get_context("fork"))
+    assert not spawned.workers_formed()
+    flag.set(2)  # on_process_group in a worker of a group of 2
+    assert spawned.workers_formed() and flag.world_size() == 2
+    heartbeat.quiet_when(spawned.workers_formed, then=spawned.workers_took_over)
+    heartbeat._go_quiet(None, rep)
+    assert rep.notes == [("workers_formed", {"workers": 2}), ("stood down", {})]
+    assert rep.muted
 
 
 def test_a_rank_with_a_group_of_its_own_never_goes_quiet_for_its_workers(parent):

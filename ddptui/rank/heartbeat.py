@@ -427,9 +427,9 @@ def _go_quiet(beat: Heartbeat | None, reporter: Any) -> None:
     """Stand down: no more beats, nothing more sent, then :func:`quiet_when`'s ``then``."""
     if beat is not None:
         beat.stop()
-    reporter.mute()
     if _then is not None:
-        _then()
+        _then()  # before the mute: a last word (spawned.workers_took_over)
+    reporter.mute()
 
 
 def quiet_at_end(reporter: Any) -> None:

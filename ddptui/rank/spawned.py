@@ -142,7 +142,7 @@ def wrap_process(process: Any, install: Callable[[], Any]) -> None:
         event = _formed_events[method] = FormedFlag(multiprocessing.get_context(method))
         from ddptui.rank import heartbeat
 
-        heartbeat.quiet_when(workers_formed, then=stand_down)
+        heartbeat.quiet_when(workers_formed, then=workers_took_over)
     if target is None:
         process.run = SubclassRun(install, event)  # an instance's attribute: pickled with it
     else:
@@ -178,13 +178,17 @@ class FormedFlag:
     has no name to lose: a spawned worker gets its file descriptor at its start."""
 
     def __init__(self, context: Any) -> None:
-        self.value = context.RawValue("b", 0)
+        self.value = context.RawValue("i", 0)
 
-    def set(self) -> None:
-        self.value.value = 1
+    def set(self, world_size: int = 1) -> None:
+        """Formed, in a group of ``world_size`` ranks."""
+        self.value.value = max(1, min(int(world_size), 2**31 - 1))
 
     def is_set(self) -> bool:
         return bool(self.value.value)
+
+    def world_size(self) -> int:
+        return int(self.value.value)
 
 
 class SubclassRun:
@@ -270,6 +274,24 @@ def _worker_ended(inst: Any, error: str | None = None, trace: str | None = None)
         reporter.close()
     except Exception:  # telemetry never changes how a worker ends
         pass
+
+
+def workers_took_over() -> None:
+    """This process goes quiet: its workers formed their group (:func:`workers_formed`).
+    It says so once (a ``workers_formed`` note, the group's size: a launched copy that starts
+    a whole set of ranks itself, one of several on a node, is what the spawners diagnosis and
+    the crash's hint speak of), then stands down."""
+    try:
+        from ddptui import protocol
+        from ddptui.rank.reporter import get_reporter
+
+        sizes = [flag.world_size() for flag in _formed_events.values() if flag.is_set()]
+        workers = max(sizes, default=0)
+        if 1 <= workers <= protocol.MAX_GROWN_WORLD:
+            get_reporter().note("workers_formed", workers=workers)
+    except Exception:  # telemetry never changes how a process runs
+        pass
+    stand_down()
 
 
 def workers_formed() -> bool:
@@ -374,7 +396,7 @@ def on_process_group(rank: int, world_size: int) -> None:
         _share_threads_among(world_size)
         if _formed_event is not None:  # the process that started this worker may go quiet now
             try:
-                _formed_event.set()
+                _formed_event.set(world_size)
             except Exception:  # telemetry never changes how a rank runs
                 pass
 

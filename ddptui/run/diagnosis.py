@@ -1368,7 +1368,7 @@ MAX_LINGERING_NAMED = 6
 
 
 def lingering_diagnosis(
-    world: int, since: float, processes: list[tuple[int, str]], t: float
+    world: int, since: float, processes: list[tuple[int, str]], t: float, hint: str | None = None
 ) -> Diagnosis | None:
     """Every one of the ``world`` ranks finished ``since`` seconds ago, and ``processes``
     (``(pid, what)``) of the run still run: a process the script started that never formed
@@ -1376,7 +1376,8 @@ def lingering_diagnosis(
     would. facebookresearch/ijepa's ``main.py`` (a ``Process`` per device) at ddptui's default
     of 2: each launched copy started a whole set on the script's fixed port, one set trained
     to its end, and a worker of the other waited in its rendezvous, the run's last line
-    unchanged for minutes and nothing said. None without processes."""
+    unchanged for minutes and nothing said. ``hint``: :func:`spawner_hint`'s words, added.
+    None without processes."""
     if not processes:
         return None
     named = ", ".join(f"pid {pid} ({what})" for pid, what in processes[:MAX_LINGERING_NAMED])
@@ -1389,7 +1390,8 @@ def lingering_diagnosis(
         f"{'rank 0' if world == 1 else _every_rank(world)} finished {since:.0f} s ago, but "
         f"{counted(len(processes), 'process', 'processes')} of the run are still running: {named}; "
         "a process the script started that formed no process group with the ranks reports "
-        "nothing, and the run ends when its launcher does (Ctrl-C stops it)",
+        "nothing, and the run ends when its launcher does (Ctrl-C stops it)"
+        + (f"; {hint}" if hint else ""),
         t,
     )
 

@@ -455,8 +455,10 @@ class RunSession:
         if since < LINGER_S:
             return
         self._lingering_said = True
+        with self._lock:  # a launched copy that started its own ranks, one of several a node
+            hint = spawner_hint(state.spawners, self.cfg.world_size // max(1, self.cfg.nnodes))
         found = lingering_diagnosis(
-            state.world_size, since, launcher.still_running(), state.elapsed(now)
+            state.world_size, since, launcher.still_running(), state.elapsed(now), hint
         )
         if found is not None:
             with self._lock:

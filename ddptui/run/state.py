@@ -851,6 +851,11 @@ class RunState:
                 if len(self.spawners) < MAX_SPAWNERS:
                     self.spawners.setdefault((view.node, view.rank), ev.workers)
             return
+        if ev.code == "workers_formed":  # the starting process's word, not a finding: it
+            # comes after its workers took its rank over, so the rank's view is theirs
+            if ev.workers and len(self.spawners) < MAX_SPAWNERS:
+                self.spawners.setdefault((view.node, view.rank), ev.workers)
+            return
         if ev.code == "loader_steps":  # the run's plan as a loader says it, not a finding
             if ev.steps is None:  # the rank's steps are the script's own (ddptui.log) now
                 self._loader_steps = 0
