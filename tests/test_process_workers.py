@@ -264,7 +264,8 @@ class _Noting:
     def __init__(self):
         self.muted, self.notes = False, []
 
-    def note(self, code, **numbers):
+    def note(self, code, announce=True, **numbers):
+        assert not announce  # no status of its own: its workers have its rank now
         if not self.muted:
             self.notes.append((code, numbers))
 

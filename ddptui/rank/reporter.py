@@ -726,12 +726,15 @@ class Reporter:
         # Evaluation time is not training time: the next step's interval starts now.
         self._last_step_at = time.monotonic()
 
-    def note(self, code: str, **numbers: int | None) -> None:
+    def note(self, code: str, *, announce: bool = True, **numbers: int | None) -> None:
         """A finding of the rank's instrumentation (:class:`protocol.Note`): a code and
-        numbers only; ddptui words it."""
+        numbers only; ddptui words it. ``announce``: the rank announces itself first (its
+        device, where it has a new one); not from a process whose workers took its rank
+        over, whose status would be taken for theirs."""
         if self._socket is None:
             return
-        self.started()
+        if announce:
+            self.started()
         self._send(protocol.Note, code=code, **numbers)
 
     def _end_epoch(self) -> None:

@@ -288,7 +288,7 @@ def workers_took_over() -> None:
         sizes = [flag.world_size() for flag in _formed_events.values() if flag.is_set()]
         workers = max(sizes, default=0)
         if 1 <= workers <= protocol.MAX_GROWN_WORLD:
-            get_reporter().note("workers_formed", workers=workers)
+            get_reporter().note("workers_formed", announce=False, workers=workers)
     except Exception:  # telemetry never changes how a process runs
         pass
     stand_down()
