@@ -239,6 +239,7 @@ NoteCode = Literal[
     "accelerate_alone",
     "instrument_off",
     "workers_formed",
+    "loader_restart",
 ]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
@@ -297,7 +298,11 @@ class Note(Event, tag="note"):
 
     ``workers_formed``: a process this one started with ``multiprocessing.Process`` formed a
     process group of ``workers`` ranks: its workers are ranks, and it only waits for them from
-    now on (sent as it goes quiet; unlike ``spawned`` it follows its workers' own events)."""
+    now on (sent as it goes quiet; unlike ``spawned`` it follows its workers' own events).
+
+    ``loader_restart``: pass ``passes`` over the DataLoader this rank trains from waited
+    ``seconds`` for its first batch, its ``workers`` workers started anew (the loader keeps
+    none between passes: ``persistent_workers`` False), a large share of the pass before."""
 
     code: NoteCode
     epoch: NoteNumber | None = None
@@ -311,6 +316,7 @@ class Note(Event, tag="note"):
     local_rank: Annotated[int, msgspec.Meta(ge=0, le=MAX_NOTE_NUMBER)] | None = None
     read: Annotated[int, msgspec.Meta(ge=-MAX_NOTE_NUMBER, le=MAX_NOTE_NUMBER)] | None = None
     dashed: bool | None = None
+    seconds: NoteNumber | None = None
 
 
 AnyEvent = Status | Step | Eval | EpochEnd | LogLine | NodeSample | Beat | Note

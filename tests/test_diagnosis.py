@@ -1731,3 +1731,20 @@ def test_instrumentation_turned_off_is_a_diagnosis_of_the_rank():
         "rank 1: ddptui's step instrumentation turned itself off after an internal error"
     )
     assert diagnoser.notes(state) == []  # said once
+
+
+def test_a_pass_waiting_for_its_loaders_workers_again_is_a_note_of_the_rank():
+    """ijepa: 26 s for its 2 spawned workers at each pass of 5 s (no verdict)."""
+    state = RunState("r", 2)
+    state.apply(protocol.Status(run="r", rank=0, t=0.0, seq=0, state="started"), now=1.0)
+    note = protocol.Note(
+        run="r", rank=0, t=3.0, seq=1, code="loader_restart", workers=2, seconds=26, passes=2
+    )
+    state.apply(note, now=2.0)
+    (found,) = Diagnoser().notes(state)
+    assert (found.rank, found.cause) == (0, "loader_restart") and "loader_restart" in CAUSES
+    assert found.detail == (
+        "rank 0: pass 2 over its training DataLoader waited 26 s for its first batch, its 2 "
+        "workers starting again (every pass starts them anew); DataLoader(..., "
+        "persistent_workers=True) keeps them between passes"
+    )

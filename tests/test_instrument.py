@@ -1230,6 +1230,64 @@ def test_one_batch_drawn_with_grad_off_before_a_training_forward_is_no_evaluatio
         assert log["phases"]["data"] == pytest.approx(0.030)
 
 
+class _Iterator:
+    """What the restart rule reads of a DataLoader iterator."""
+
+    def __init__(self, workers, persistent):
+        self._num_workers, self._persistent_workers = workers, persistent
+
+
+@pytest.mark.parametrize(
+    ("workers", "persistent", "pass_s", "wait_s", "noted"),
+    [
+        (2, False, 5.0, 26.0, True),  # ijepa: 8 steps of 0.6 s, 26 s for its workers
+        (2, True, 5.0, 26.0, False),  # persistent workers: started once, not this pass
+        (0, False, 5.0, 26.0, False),  # no workers: the wait is the loading itself
+        (2, False, 600.0, 26.0, False),  # a long pass: 26 s is little of it
+        (2, False, 5.0, 4.0, False),  # a short wait
+    ],
+)
+def test_a_pass_that_waits_long_for_its_loaders_workers_to_start_again_is_noted_once(
+    inst, workers, persistent, pass_s, wait_s, noted
+):
+    clock = inst.fake_clock
+    it = _Iterator(workers, persistent)
+    inst._iter_at = clock()
+    inst._check_restart(it, clock())  # the first pass: its workers start anyway
+    for passes in (1, 2, 3):
+        inst._passes = passes
+        clock.advance(pass_s)
+        inst._iter_at = clock()
+        clock.advance(wait_s)
+        inst._check_restart(it, clock())
+    expected = [("loader_restart", {"workers": 2, "seconds": round(wait_s), "passes": 2})]
+    assert inst.fake.notes == (expected if noted else [])
+
+
+def test_a_real_loaders_restart_is_seen_at_its_second_pass(inst, monkeypatch):
+    """The rule's thresholds aside: a real DataLoader's iterator says its workers and
+    whether they persist, and the note goes out at a training pass's first batch."""
+    monkeypatch.setattr(instrument, "LOADER_RESTART_S", 0.0)
+    monkeypatch.setattr(instrument, "LOADER_RESTART_SHARE", 0.0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for persistent in (True, False):
+        inst.fake.notes.clear()
+        data = [torch.randn(4, 4) for _ in range(2)]
+        loader = torch.utils.data.DataLoader(
+            data, batch_size=None, num_workers=1, persistent_workers=persistent
+        )
+        for _ in range(2):
+            for x in loader:
+                loss = model(x).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        codes = [code for code, _ in inst.fake.notes if code == "loader_restart"]
+        assert codes == ([] if persistent else ["loader_restart"])
+        inst._restart_noted = False
+
+
 class Predictor(torch.nn.Module):
     """A module fed another's output (ijepa's predictor, its context encoder's)."""
 

@@ -374,6 +374,10 @@ MAX_IGNITE_TRAINED = 64
 MAX_DATA_DEPTH = 4
 #: Most epochs a framework's plan announces (``--epochs`` takes as many).
 MAX_PLANNED_EPOCHS = 1_000_000
+#: A training pass that waits this long for its DataLoader's workers to start again, and
+#: :data:`LOADER_RESTART_SHARE` of the pass before it, is noted (``loader_restart``).
+LOADER_RESTART_S = 5.0
+LOADER_RESTART_SHARE = 0.1
 #: Most steps a ``loader_steps`` note says (protocol.MAX_NOTE_NUMBER, without loading it).
 MAX_LOADER_STEPS = 1_000_000_000
 #: Most samples a batch object's own ``batch_size`` is believed for (PyTorch Geometric's).
@@ -713,6 +717,8 @@ class Instrument:
         #: When a DataLoader's iterator was last asked for (``iter(loader)``, its workers
         #: started in it): where an epoch's first step starts (see _between_passes).
         self._iter_at: float | None = None
+        self._pass_began: float | None = None  # the training pass's first batch came then
+        self._restart_noted = False  # see _check_restart
         self._iter_event: Any = None  # on a GPU, a CUDA event recorded then
         self._fwd_seen = False
         self._ddp_seen = False
@@ -1314,6 +1320,7 @@ class Instrument:
             if self._passes >= 0 and (self._pass_ended or self._pass_batches > 1):
                 self._between_passes()  # another epoch: the time between them is none's
             self._loader_pass(key)
+            self._check_restart(it, ended)
             if self._pass_length is None:
                 length, limit = _pass_length(it), self._pass_limit
                 if limit:  # an IterableDataset's too, which has no length
@@ -1373,6 +1380,35 @@ class Instrument:
         self._pass_it, self._pass_batches, self._pass_ended = it, 0, False
         if not self._epoch_told:  # an accelerate loader's pass, where it is one
             self._epoch = self._passes if self._loader_epoch is None else self._loader_epoch
+
+    def _check_restart(self, it: Any, ended: float) -> None:
+        """A training pass's first batch came at ``ended`` from DataLoader iterator ``it``:
+        where the loader starts its workers anew each pass (``persistent_workers`` False) and
+        this pass waited for them :data:`LOADER_RESTART_S` or more, and at least
+        :data:`LOADER_RESTART_SHARE` of the pass before, a note says so, once. ijepa's loader
+        (2 workers, spawned) waited 26-29 s at each pass of 8 steps of 0.6 s on two cores: the
+        first steps' ``data``, out of sight in the median phases."""
+        began, asked = self._pass_began, self._iter_at
+        self._pass_began = ended
+        if self._restart_noted or began is None or asked is None or asked < began:
+            return
+        workers = getattr(it, "_num_workers", 0)
+        if type(workers) is not int or workers < 1 or getattr(it, "_persistent_workers", True):
+            return
+        wait = ended - asked
+        if wait < LOADER_RESTART_S or wait < LOADER_RESTART_SHARE * (asked - began):
+            return
+        self._restart_noted = True
+        from ddptui import protocol
+        from ddptui.rank import reporter as reporter_module
+
+        top = protocol.MAX_NOTE_NUMBER
+        reporter_module.get_reporter().note(
+            "loader_restart",
+            workers=min(workers, protocol.MAX_GROWN_WORLD),
+            seconds=min(round(wait), top),
+            passes=min(self._passes + 1, top) if self._passes >= 1 else None,
+        )
 
     def _between_passes(self) -> None:
         """A training pass over a DataLoader began after the last one ended (another epoch, as

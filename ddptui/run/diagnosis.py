@@ -62,6 +62,7 @@ CAUSES = (
     "record_growth",  # a note: events.jsonl grows fast enough to fill a disk (no verdict)
     "instrumentation",  # a note: ddptui's step hooks turned themselves off in a rank (no verdict)
     "lingering",  # a note: every rank finished, and processes of the run still run (no verdict)
+    "loader_restart",  # a note: a pass waits long for its DataLoader's workers to start again
 )
 
 
@@ -1076,6 +1077,18 @@ def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
             f"rank {note.rank}: DistributedSampler started {which}{at} without "
             "set_epoch(): every epoch shuffles in the same order; call "
             "sampler.set_epoch(epoch) before each epoch",
+            t,
+        )
+    if note.code == "loader_restart" and note.seconds is not None:
+        workers = f"its {counted(note.workers, 'worker')}" if note.workers else "its workers"
+        which = f"pass {note.passes}" if note.passes else "a pass"
+        return Diagnosis(
+            note.rank,
+            "loader_restart",
+            f"rank {note.rank}: {which} over its training DataLoader waited "
+            f"{note.seconds} s for its first batch, {workers} starting again (every pass "
+            "starts them anew); DataLoader(..., persistent_workers=True) keeps them between "
+            "passes",
             t,
         )
     if note.code == "instrument_off":

@@ -160,6 +160,9 @@ class NoteSeen:
     #: Slurm job's variables were in its environment.
     group: tuple[int | None, int | None] = (None, None)
     slurm: bool = False
+    #: ``loader_restart``: the DataLoader's workers, and the seconds its pass waited for them.
+    workers: int | None = None
+    seconds: int | None = None
 
 
 @dataclass
@@ -889,6 +892,8 @@ class RunState:
                 now,
                 group=(ev.group_rank, ev.group_size),
                 slurm=bool(ev.slurm),
+                workers=ev.workers,
+                seconds=ev.seconds,
             )
 
     def set_outcome(
