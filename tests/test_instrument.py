@@ -2090,6 +2090,22 @@ def test_a_copy_or_a_pickle_of_the_watched_module_carries_none_of_ddptuis_hooks(
     assert done.stdout.strip() == "(1, 4)"
 
 
+class _Clamp:
+    """A class TorchScript compiles (detectron2's box transforms): its names (``torch``)
+    resolve in the frame that called ``torch.jit.script``."""
+
+    def __init__(self, limit: float):
+        self.limit = limit
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, max=self.limit)
+
+
+def test_a_class_scripts_with_its_callers_names(inst):
+    scripted = torch.jit.script(_Clamp)  # raised "undefined value torch": ddptui's frame
+    assert torch.equal(scripted(1.0).apply(torch.tensor([0.5, 2.0])), torch.tensor([0.5, 1.0]))
+
+
 def test_the_watched_module_scripts_traces_and_exports_as_without_ddptui(inst):
     """Saving the trained module for serving: ``torch.jit.script(model.module)`` compiles a
     module's forward hooks with it and failed on ddptui's (``try blocks aren't supported``);

@@ -1037,13 +1037,22 @@ class Instrument:
         """``torch.jit.script`` compiles a module's forward hooks with it, and ddptui's are
         Python it cannot compile: scripting the DDP module's inner module (to save it for
         serving after training) failed under ddptui where it works without. The hooks are
-        lifted off while it runs."""
+        lifted off while it runs.
+
+        A class it compiles resolves its names in its caller's frame (``_frames_up`` frames
+        above it), which was this wrapper's: detectron2's ``@torch.jit.script`` classes
+        (``Box2BoxTransformRotated``, at its import) failed with "undefined value torch".
+        The wrapper counts itself in."""
         jit = torch.jit
         original = jit.__dict__["script"]
         lifted = self._hooks_lifted
 
         @functools.wraps(original)
         def script(*args: Any, **kwargs: Any) -> Any:
+            if len(args) >= 3 and type(args[2]) is int:  # _frames_up, given in place
+                args = (*args[:2], args[2] + 1, *args[3:])
+            elif len(args) < 3 and type(kwargs.get("_frames_up", 0)) is int:
+                kwargs["_frames_up"] = kwargs.get("_frames_up", 0) + 1
             with lifted():
                 return original(*args, **kwargs)
 
