@@ -2595,10 +2595,15 @@ class Instrument:
             return  # before the first training step: not part of any step
         if self._seg == "forward" and not self._training_fwd:
             return  # in (or after) the step's own forward with grad off
-        if start and trains and self._seg == "data" and self._step_wait is not None:
-            if self._eval_start is None:
-                self._transition("fwd_pre", "forward")
-                return
+        if (
+            start
+            and trains
+            and self._seg == "data"
+            and self._step_wait is not None
+            and self._eval_start is None
+        ):
+            self._transition("fwd_pre", "forward")
+            return
         now = self.clock()
         if start:
             if self._eval_start is None:  # the pass's first forward

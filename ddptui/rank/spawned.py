@@ -116,7 +116,7 @@ def _take_thread_share() -> None:
 
 def wrap_process(process: Any, install: Callable[[], Any]) -> None:
     """Before ``process.start()``: a process whose target is the script's (not the library's)
-    runs :func:`process_worker` first, with the event it sets once its process group forms.
+    runs :func:`process_worker` first, with the flag it sets once its process group forms.
     So does one of a ``Process`` subclass of the script's that overrides ``run`` (``class
     Worker(mp.Process): def run(self): ...``, no target): its ``run`` is wrapped in the same
     way (:class:`SubclassRun`)."""
@@ -137,16 +137,16 @@ def wrap_process(process: Any, install: Callable[[], Any]) -> None:
     # A flag of the process's own start method (its memory reaches a worker as that method
     # passes it: inherited by a fork, its file descriptor handed to a spawned interpreter).
     method = getattr(process, "_start_method", None) or multiprocessing.get_start_method()
-    event = _formed_events.get(method)
-    if event is None:
-        event = _formed_events[method] = FormedFlag(multiprocessing.get_context(method))
+    flag = _formed_events.get(method)
+    if flag is None:
+        flag = _formed_events[method] = FormedFlag(multiprocessing.get_context(method))
         from ddptui.rank import heartbeat
 
         heartbeat.quiet_when(workers_formed, then=workers_took_over)
     if target is None:
-        process.run = SubclassRun(install, event)  # an instance's attribute: pickled with it
+        process.run = SubclassRun(install, flag)  # an instance's attribute: pickled with it
     else:
-        process._target = functools.partial(process_worker, target, install, event)
+        process._target = functools.partial(process_worker, target, install, flag)
 
 
 def _scripts_run(process: Any) -> bool:
@@ -166,7 +166,7 @@ def _scripts_run(process: Any) -> bool:
 
 class FormedFlag:
     """What a worker sets once its process group has formed, for the process that started it:
-    one byte of shared memory (``is_set``/``set``, as an event's).
+    one integer of shared memory, the group's size (``is_set``/``set``, as an event's).
 
     Not a ``multiprocessing`` event: a spawn context's event is a named semaphore that a spawned
     worker opens by name when it unpickles its process, a second or more after ``start()``,
@@ -298,7 +298,7 @@ def workers_formed() -> bool:
     """Whether a worker this process started with ``multiprocessing.Process`` has formed its
     process group: it is a rank now, and this process only waits for it (unless this process
     has a group of its own: a rank that trains goes on reporting whatever its helpers do)."""
-    return not _group_seen and any(event.is_set() for event in _formed_events.values())
+    return not _group_seen and any(flag.is_set() for flag in _formed_events.values())
 
 
 def _endpoint() -> str:
