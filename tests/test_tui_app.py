@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 from textual.widgets import Button, DataTable, Input, Log, Select
@@ -240,6 +241,28 @@ async def test_a_signal_stops_the_live_run_as_interrupted_and_exits_with_its_cod
     if sig == signal.SIGTERM:
         assert app.return_value == 143 and exits == [] and quieted == []
     assert signal.getsignal(sig) == before
+
+
+async def test_after_a_hangup_the_process_ends_though_the_event_loop_is_blocked(
+    tmp_path, monkeypatch
+):
+    """The terminal gone while a run stops: Textual's output thread died writing to it, its
+    queue of writes filled, and a render blocked the event loop for good, where the wait for
+    the run to stop ran: the process stayed, spinning, its run stopped. The wait is a thread
+    of its own now."""
+    exits, quieted = [], []
+    monkeypatch.setattr(app_module, "quiet_lost_terminal", lambda: quieted.append(True))
+    app = _app(tmp_path)
+    app.deps.hard_exit = exits.append
+    _starting(app, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        source = await _started(pilot, app)
+        app._signalled(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.05)  # the event loop blocked, as behind a full queue of writes
+        assert exits == [129] and source.done.is_set() and quieted == [True]
+    assert app.sessions[0].stops == [(True, 129)]
 
 
 class _FakeLauncher:

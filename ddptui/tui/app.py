@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -181,20 +182,41 @@ class DdpTuiApp(App[int]):
     def _signalled(self, signum: int) -> None:
         """A teardown signal: every running run stops as ``interrupted``; the app exits with
         128 + the signal once they have (ddptui --no-ui's exit code)."""
-        if signum == getattr(signal, "SIGHUP", None):
+        hung_up = signum == getattr(signal, "SIGHUP", None) and not self._hung_up
+        if hung_up:
             quiet_lost_terminal()
             self._hung_up = True
-        if self._signal_code is not None:
+        if self._signal_code is None:
+            self._signal_code = 128 + signum
+            for source in self.running_sources:
+                source.interrupt(self._signal_code)
+        elif not hung_up:
             return  # the runs are stopping already
-        self._signal_code = 128 + signum
-        running = self.running_sources
-        for source in running:
-            source.interrupt(self._signal_code)
-        if not running:
+        if self._hung_up:
+            # Not on the event loop: a render may block it for good once the terminal is
+            # gone (Textual's output thread died writing to it, and its queue of writes
+            # filled: seen with a tmux server killed while a run stopped, the process left
+            # spinning at 68 % of a core, its run stopped).
+            threading.Thread(
+                target=self._leave_once_stopped,
+                args=(self._signal_code,),
+                name="ddptui-hangup",
+                daemon=True,
+            ).start()
+            return
+        if not self.running_sources:
             self._leave(self._signal_code)
             return
         self._quitting = True
         self.set_interval(0.1, self._exit_when_stopped, name="signal-wait")
+
+    def _leave_once_stopped(self, code: int) -> None:
+        """After SIGHUP, from a thread of its own: once every run has stopped (its workers
+        ended after :data:`STOP_TIMEOUT_S` if it has not), the process ends."""
+        for source in list(self.live_sources):
+            if not source.abandon() and not source.done.wait(STOP_TIMEOUT_S):
+                source.kill_workers()
+        self._leave(code)
 
     def _leave(self, code: int) -> None:
         """End the app with ``code``. After SIGHUP, once the runs have stopped (their files
