@@ -1300,15 +1300,17 @@ class Predictor(torch.nn.Module):
         return Tick.apply(self.layer(z), self.clock, self.forward_s, 0.0)
 
 
-def test_a_target_networks_forward_with_grad_off_is_the_steps_not_an_evaluation(inst):
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "static_graph"])
+def test_a_target_networks_forward_with_grad_off_is_the_steps_not_an_evaluation(inst, wrapped):
     """facebookresearch/ijepa's step: its batch drawn (images and masks, nested as no other
     loader's are), its target encoder (a DDP module in training mode) run on it under
     ``no_grad``, then its context encoder, and its predictor on the encoder's output, train.
     The target's forward read as an evaluation (out of the step: a third of its time), and
-    the predictor's input as 16 more samples (each step of 16 read 32)."""
+    the predictor's input as 16 more samples (each step of 16 read 32). ijepa's encoder has
+    ``static_graph=True``: DDP returns other tensors than its module's then."""
     clock = inst.fake_clock
     target = DistributedDataParallel(Net(clock, forward_s=0.006))
-    encoder = DistributedDataParallel(Net(clock))
+    encoder = DistributedDataParallel(Net(clock), static_graph=wrapped)
     predictor = DistributedDataParallel(Predictor(clock, forward_s=0.004))
     opt = timed_sgd([*encoder.parameters(), *predictor.parameters()], clock)
     waits = [0.200, 0.030, 0.030]
@@ -1336,6 +1338,23 @@ def test_a_target_networks_forward_with_grad_off_is_the_steps_not_an_evaluation(
         assert phases["data"] == pytest.approx(0.030)
         assert phases["forward"] == pytest.approx(0.006 + 0.010 + 0.004)
         assert log["step_time"] == pytest.approx(sum(phases.values()))
+
+
+def test_a_ddp_module_fed_a_plain_modules_output_counts_its_samples(inst):
+    """pytorch/examples' ``ddp_rpc``: the DDP module takes the lookups of an embedding held
+    elsewhere (over RPC), a tensor with a ``grad_fn``: its only count of the step's samples
+    (a rule that left out any input with a ``grad_fn`` read "samples not counted")."""
+    clock = inst.fake_clock
+    embedding = torch.nn.Linear(4, 4)  # no DDP module: the remote embedding's place
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd([*embedding.parameters(), *model.parameters()], clock)
+    for _ in range(2):
+        loss = model(embedding(torch.randn(6, 4))).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [6, 6]
 
 
 def test_an_evaluation_with_grad_off_after_a_step_stays_one(inst):

@@ -374,6 +374,8 @@ MAX_IGNITE_TRAINED = 64
 MAX_DATA_DEPTH = 4
 #: Most epochs a framework's plan announces (``--epochs`` takes as many).
 MAX_PLANNED_EPOCHS = 1_000_000
+#: Most outputs of a step's training forwards kept to tell a DDP module fed another's.
+MAX_STEP_OUTPUTS = 8
 #: A training pass that waits this long for its DataLoader's workers to start again, and
 #: :data:`LOADER_RESTART_SHARE` of the pass before it, is noted (``loader_restart``).
 LOADER_RESTART_S = 5.0
@@ -723,6 +725,8 @@ class Instrument:
         self._fwd_seen = False
         self._ddp_seen = False
         self._samples = 0
+        #: The tensors the step's training forwards of DDP modules returned (weak), so far.
+        self._outputs: list[weakref.ref] = []
         # Without DDP (FSDP, a plain model, a script that wraps only on GPU) no forward is
         # seen: samples are the batches a DataLoader gave (with grad enabled) since the last
         # step instead, from the iterator that gave the last one (an evaluation loader's
@@ -2643,7 +2647,7 @@ class Instrument:
         if first:
             self._step_start = now
         if not self._closure_repeat:
-            self._samples += _forward_samples(self.torch.Tensor, args, kwargs)
+            self._samples += _forward_samples(self.torch.Tensor, args, kwargs, self._outputs)
         if not self._first_released and self._pending:
             self._release_first()
 
@@ -2793,8 +2797,9 @@ class Instrument:
             return None
         try:
             self._transition("fwd_post", "bwd")
+            self._output_seen(output)
             self._training_fwd = False  # the rest of a DDP forward runs no inner hook
-            if self._outer_posts and self._fwd_ddp is not None:
+            if self._outer_posts and self._fwd_ddp is not None and not _wraps_output(module, self):
                 # The inner hooks see this DDP module's forwards: its own post hook (one
                 # call per step) is not needed any more.
                 handle = self._outer_posts.pop(self._fwd_ddp, None)
@@ -2809,17 +2814,27 @@ class Instrument:
         if self.disabled:
             return None
         if not self._training_fwd:
-            if not self._training_ddp(ddp) and not self._tracing():
-                self._eval_forward(start=False)
+            if not self._training_ddp(ddp):
+                if not self._tracing():
+                    self._eval_forward(start=False)
+            elif not self.disabled:  # the output DDP made of its module's (_wraps_output)
+                self._output_seen(output)
             return None
         try:
             if self._seg == "ddp_pre":  # DDP ran the inner forward without calling it
                 self._transition("fwd_post", "bwd")
+            self._output_seen(output)
             self._training_fwd = False
             self._fwd_ddp = None
         except Exception as exc:
             self._fail(exc)
         return None
+
+    def _output_seen(self, output: Any) -> None:
+        """A training forward returned ``output``: kept (weakly, a few a step) for
+        :func:`_forward_samples`."""
+        if len(self._outputs) < MAX_STEP_OUTPUTS and isinstance(output, self.torch.Tensor):
+            self._outputs.append(weakref.ref(output))
 
     def _record_grad_event(self) -> None:
         """GPU: the last-gradient event, behind the kernel that made the gradient."""
@@ -3088,6 +3103,7 @@ class Instrument:
         self._forget_losses()
         self._scaled = None
         self._samples = 0
+        self._outputs.clear()
         self._fwd_seen = False
 
     def _forget_losses(self) -> None:
@@ -3199,6 +3215,7 @@ class Instrument:
                 samples = min(self._samples, drawn)
                 self._drawn_ahead = min(drawn - samples, self._loader_samples)
         self._samples = self._loader_samples = 0
+        self._outputs.clear()
         if self._length_it is not None and self._steps_ended <= 2:
             # The second step's draws from that pass (the first's may include a batch
             # fetched ahead; a second loader's draws are not that pass's).
@@ -3742,13 +3759,29 @@ def _draw_size(tensor: type, batch: Any) -> int:
         return 0
 
 
-def _forward_samples(tensor: type, args: tuple, kwargs: dict) -> int:
+def _wraps_output(inner: Any, inst: Any) -> bool:
+    """Whether the DDP module around ``inner`` returns other tensors than its module's
+    (``static_graph`` or ``find_unused_parameters``: its output goes through its
+    ``_DDPSink``), so that only its own post hook sees what the script gets (ijepa's encoder,
+    ``static_graph=True``, whose output its predictor takes)."""
+    ref = inst._inner_owner.get(id(inner))
+    ddp = ref() if ref is not None else None
+    return bool(
+        getattr(ddp, "static_graph", False) or getattr(ddp, "find_unused_parameters", False)
+    )
+
+
+def _forward_samples(tensor: type, args: tuple, kwargs: dict, outputs: list[Any]) -> int:
     """The samples a training forward adds to its step: :func:`_batch_size`, none where its
-    input is a tensor another module computed in this step (it has a ``grad_fn``): a module
-    fed the output of another, ijepa's predictor taking its context encoder's, sees the same
-    samples again (each step of 16 read 32)."""
-    if args and isinstance(args[0], tensor) and args[0].grad_fn is not None:
-        return 0
+    input is what a training forward of a DDP module returned in this step (``outputs``,
+    weak references): a DDP module fed another's output, ijepa's predictor taking its
+    context encoder's, sees the same samples again (each step of 16 read 32). Another
+    module's output counts: pytorch/examples' ``ddp_rpc`` feeds its DDP module the lookups of
+    an embedding held over RPC, its only count of the step's samples."""
+    if outputs and args and isinstance(args[0], tensor):
+        first = args[0]
+        if any(ref() is first for ref in outputs):
+            return 0
     return _batch_size(tensor, args, kwargs)
 
 
