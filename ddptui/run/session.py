@@ -437,8 +437,8 @@ class RunSession:
         """Say once when every rank finished :data:`LINGER_S` ago and the launcher still runs,
         naming the run's processes still running (:func:`lingering_diagnosis`)."""
         launcher = self.launcher
-        if self._lingering_said or launcher is None or not launcher.running:
-            return
+        if self._lingering_said or not getattr(launcher, "running", False):
+            return  # (a launcher of the benchmarks' own says nothing of it)
         with self._lock:
             state = self.state
             views = list(state.ranks.values())
