@@ -1233,6 +1233,8 @@ def _whole_world(state: Any, saying: Collection[int]) -> int | None:
 
 def _every_rank(world: int) -> str:
     """Every rank of a world of ``world`` ranks, in words."""
+    if world == 1:
+        return "rank 0"
     return "ranks 0 and 1" if world == 2 else f"all {world} ranks"
 
 
@@ -1400,7 +1402,7 @@ def lingering_diagnosis(
     return Diagnosis(
         None,
         "lingering",
-        f"{'rank 0' if world == 1 else _every_rank(world)} finished {since:.0f} s ago, but "
+        f"{_every_rank(world)} finished {since:.0f} s ago, but "
         f"{counted(len(processes), 'process', 'processes')} of the run are still running: {named}; "
         "a process the script started that formed no process group with the ranks reports "
         "nothing, and the run ends when its launcher does (Ctrl-C stops it)"

@@ -278,8 +278,11 @@ class Launcher:
             if "multiprocessing.spawn" in line or "--multiprocessing-fork" in line:
                 running.append((pid, f"a multiprocessing child of {parent}"))
                 continue
-            scripts = [Path(word).name for word in words[1:] if word.endswith(".py")]
-            running.append((pid, scripts[0] if scripts else Path(words[0]).name if words else "?"))
+            # the script it runs, else its program
+            named = [Path(word).name for word in words[1:] if word.endswith(".py")] or [
+                Path(word).name for word in words[:1]
+            ]
+            running.append((pid, named[0] if named else "?"))
         return running
 
     def poll(self) -> LaunchResult | None:

@@ -456,7 +456,7 @@ class RunSession:
             return
         self._lingering_said = True
         with self._lock:  # a launched copy that started its own ranks, one of several a node
-            hint = spawner_hint(state.spawners, self.cfg.world_size // max(1, self.cfg.nnodes))
+            hint = self._spawner_hint()
         found = lingering_diagnosis(
             state.world_size, since, launcher.still_running(), state.elapsed(now), hint
         )
@@ -464,6 +464,10 @@ class RunSession:
             with self._lock:
                 self.diagnoser.record(found)
                 self._news.append(found)
+
+    def _spawner_hint(self) -> str | None:
+        """:func:`spawner_hint` for this run: its launched copies a node."""
+        return spawner_hint(self.state.spawners, self.cfg.world_size // max(1, self.cfg.nnodes))
 
     def _arm_flight(self, launcher: Launcher) -> None:
         """Tell the ranks where to listen for Flight Recorder trace requests."""
@@ -636,7 +640,7 @@ class RunSession:
             else:  # a rank's local-rank option torchrun left at its default
                 hint = local_rank_read_hint(state.local_rank_reads, failure.rank)
         if not hint:  # a launched copy started its own ranks, one of several a node
-            hint = spawner_hint(state.spawners, self.cfg.world_size // max(1, self.cfg.nnodes))
+            hint = self._spawner_hint()
         if hint:
             found = [
                 dataclasses.replace(d, detail=f"{d.detail}; {hint}")
