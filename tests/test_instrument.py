@@ -1982,8 +1982,9 @@ def test_a_subclassed_optimizer_is_one_step_when_its_base_class_is_hooked_too(in
         train_step(model, opt, clock)
     inst.flush()
     assert len(inst.fake.logs) == 3
+    # without DDP the model its optimizer trains is found at the first step's end
+    assert [log["samples"] for log in inst.fake.logs] == ([6, 6, 6] if ddp else [0, 6, 6])
     for log in inst.fake.logs:
-        assert log["samples"] == (6 if ddp else 0)  # without DDP no forward is seen
         if ddp:
             assert log["phases"]["optimizer"] == pytest.approx(0.002)
             assert log["step_time"] == pytest.approx(sum(log["phases"][p] for p in PHASES))
@@ -3500,8 +3501,8 @@ def test_a_gpu_loss_without_ddp_is_read_only_once_the_device_has_passed_it(inst)
     inst.flush()
     logs = inst.fake.logs
     assert [log["loss"] for log in logs] == pytest.approx(losses)
-    assert all(log["phases"] is None for log in logs)  # no forward seen: no made-up split
-    assert [log["samples"] for log in logs] == [0, 0, 0]
+    assert all(log["phases"] is None for log in logs)  # no DDP forward: no made-up split
+    assert [log["samples"] for log in logs] == [0, 6, 6]  # the model found at the first step
 
 
 def test_a_forked_child_gets_its_own_send_lock_and_drainer(inst):
@@ -3933,3 +3934,41 @@ def test_hostile_mmengine_metrics_never_turn_the_hooks_off(inst, mmengine, metri
     assert len(inst.fake.logs) == 2
     assert len(inst.fake.evals) <= 1
     assert inst.fake.announced == []
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_model_trained_without_ddp_or_a_data_loader_counts_its_batches(inst, compiled):
+    """karpathy/nanochat: no DDP module (its optimizer reduce-scatters the gradients), its
+    batches from a generator of token tensors, no DataLoader: "samples not counted" and no
+    rate for the whole run. The module its optimizer trains (``torch.compile``'s wrapper,
+    which holds the model) is found at the end of the first step and its training forwards
+    count from the second on; its validation in eval mode under ``no_grad`` between two steps
+    counts none and is out of the next step's time (it read three times the others')."""
+    clock = inst.fake_clock
+    net = Net(clock)
+    model = torch.nn.Module()  # as torch.compile's wrapper holds the model: _orig_mod
+    model._orig_mod = net
+    model.forward = net.__call__
+    model = model if compiled else net
+    opt = timed_sgd(net.parameters(), clock)
+    ema = Net(clock)  # another model, not trained by the optimizer
+    for step in range(4):
+        if step == 2:
+            model.eval()
+            with torch.no_grad():
+                for batch in range(3):
+                    clock.advance(0.100 if batch else 0.0)  # its batch, made between them
+                    model(torch.randn(5, 4))  # 10 ms each
+            model.train()
+        for _ in range(2):  # two micro-batches a step
+            clock.advance(0.005)
+            (model(torch.randn(3, 4)).pow(2).mean() / 2).backward()
+        ema(torch.randn(7, 4))
+        opt.step()
+        opt.zero_grad()
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [0, 6, 6, 6]
+    # 2 x (5 + 10 + 20 ms) + the copy's 10 + the optimizer's 3; the validation's 230 ms out
+    assert [log["step_time"] for log in logs[1:]] == pytest.approx([0.083] * 3)
+    assert logs[1]["phases"] is None  # no split of a step no DDP forward marks

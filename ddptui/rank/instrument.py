@@ -138,7 +138,7 @@ from typing import Any
 
 import ddptui
 from ddptui.constants import ENDPOINT_ENV, MAX_STEPS_PER_EVENT, NO_INSTRUMENT_ENV, PHASES
-from ddptui.rank import heartbeat, spawned
+from ddptui.rank import heartbeat, spawned, trained
 from ddptui.rank.drainer import Drainer
 
 #: Steps with every gradient hook armed before keeping only the last parameter's.
@@ -736,6 +736,12 @@ class Instrument:
         # accelerate's prefetching shard) a step of this pass takes.
         self._loader_data = 0
         self._loader_samples = 0
+        #: Neither (no DDP module, no DataLoader: karpathy/nanochat's token generator and
+        #: optimizer that syncs the gradients): the training forwards of the module the first
+        #: step's optimizer trains (``trained.trained_root``, looked for once), counted by a
+        #: pre-hook of its own from the second step on.
+        self._plain_looked = False
+        self._plain_samples = 0
         #: With DDP, samples that iterator gave before this step and no step took: a batch
         #: drawn ahead of its step (timm's prefetcher) is the next step's (see _finish_step).
         self._drawn_ahead = 0
@@ -2526,6 +2532,7 @@ class Instrument:
         if self._cuda is not None:
             return self._transition_cuda(now, nxt, new_seg, at is None)
         mark = self._mark
+        closed = "data"  # the phase the segment's time went to (an evaluation in it: out)
         if mark is not None:
             seg = self._seg
             t_grad = self._t_grad
@@ -2534,9 +2541,10 @@ class Instrument:
                 acc["backward"] += t_grad - mark
                 acc[_AFTER_GRAD[nxt]] += now - t_grad
             else:
-                self._acc[_RESOLVE[seg, nxt]] += now - mark
+                closed = _RESOLVE[seg, nxt]
+                self._acc[closed] += now - mark
         if self._eval_end is not None and at is None:
-            self._take_eval()
+            self._take_eval(closed)
         self._seg, self._mark = new_seg, now
         self._t_grad = None
         return now
@@ -2567,21 +2575,23 @@ class Instrument:
             self._grad_event = self.torch.cuda.Event(enable_timing=True)
         return now
 
-    def _take_eval(self) -> None:
+    def _take_eval(self, closed: str = "data") -> None:
         """The evaluation pass that ran in the segment just closed (first evaluation forward
         to the last one's end, its data loading between them included) is ``eval``, out of
-        the time of the ``data`` segment it interrupted (CPU; GPU phases are device time,
-        where the pass shows as the device's own work), and out of the step's time on both:
-        evaluating is not training, and a step's rate is its samples over its training time
-        (as ``ddptui.log_eval`` starts the next step's interval for an explicit log)."""
+        the time of the phase that segment went to (CPU: ``data`` before a DDP forward; the
+        whole step up to its backward, ``other``, where no DDP forward marks one; GPU phases
+        are device time, where the pass shows as the device's own work), and out of the
+        step's time on both: evaluating is not training, and a step's rate is its samples
+        over its training time (as ``ddptui.log_eval`` starts the next step's interval for an
+        explicit log)."""
         start, end = self._eval_start, self._eval_end
         self._eval_start = self._eval_end = None
         if start is None or end is None:
             return
         spent = max(0.0, end - start)
         if self._cuda is None:
-            spent = min(spent, self._acc["data"])
-            self._acc["data"] -= spent
+            spent = min(spent, self._acc[closed])
+            self._acc[closed] -= spent
             self._acc["eval"] += spent
         self._eval_spent += spent
 
@@ -3046,9 +3056,50 @@ class Instrument:
             elif self._joins(key):
                 self._join(key)
             else:
+                if not self._plain_looked and not self._models and not self._draws:
+                    self._watch_plain(optimizer)
                 self._finish_step(key)
         except Exception as exc:
             self._fail(exc)
+        return None
+
+    def _watch_plain(self, optimizer: Any) -> None:
+        """The first step ended with no DDP module and no batch from a DataLoader: watch the
+        module its optimizer trains (see :mod:`ddptui.rank.trained`), if one is found."""
+        self._plain_looked = True
+        root = trained.trained_root(self.torch.nn.Module, optimizer)
+        if root is not None:
+            self._handles += [
+                root.register_forward_pre_hook(_ModuleHook(self._plain_pre), with_kwargs=True),
+                root.register_forward_hook(_ModuleHook(self._plain_post)),
+            ]
+
+    def _plain_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """A forward of the module a script trains without DDP (no DDP module came since):
+        its batch is the step's where it trains (grad on, training mode); else it begins an
+        evaluation, whose time is no step's (nanochat's validation every so many steps read
+        as a step of three times the others')."""
+        self.hook_calls += 1
+        if self.disabled or self._models or self._tracing():
+            return None
+        try:
+            if module.training and self._grad_enabled():
+                self._plain_samples += _batch_size(self.torch.Tensor, args, kwargs)
+            else:
+                self._eval_forward(True, module.training)
+        except Exception as exc:
+            self._fail(exc)
+        return None
+
+    def _plain_post(self, module: Any, args: tuple, output: Any) -> None:
+        self.hook_calls += 1
+        if self.disabled or self._models or self._tracing():
+            return None
+        if not (module.training and self._grad_enabled()):
+            try:
+                self._eval_forward(False)
+            except Exception as exc:
+                self._fail(exc)
         return None
 
     def _scaler_skipped(self, optimizer: Any) -> None:
@@ -3203,7 +3254,8 @@ class Instrument:
         # the next step's: under timm's prefetcher with gradient accumulation an epoch's last
         # step draws one micro-batch of its two, the other drawn in the step before (it
         # counted 4 samples of 8 before). Without DDP, or where the forwards' inputs hold no
-        # tensor to count, the batches drawn.
+        # tensor to count, the batches drawn; without either, the forwards of the module the
+        # optimizer trains (_watch_plain).
         samples = drawn = self._loader_samples
         if self._ddp_seen:
             if not self._draws or drawn <= 0:
@@ -3214,7 +3266,9 @@ class Instrument:
                 drawn += self._drawn_ahead
                 samples = min(self._samples, drawn)
                 self._drawn_ahead = min(drawn - samples, self._loader_samples)
-        self._samples = self._loader_samples = 0
+        elif drawn <= 0:
+            samples = self._plain_samples  # a module trained without DDP (_watch_plain)
+        self._samples = self._loader_samples = self._plain_samples = 0
         self._outputs.clear()
         if self._length_it is not None and self._steps_ended <= 2:
             # The second step's draws from that pass (the first's may include a batch
