@@ -315,6 +315,66 @@ def test_a_session_says_once_when_its_record_grows_fast(tmp_path, monkeypatch):
     assert [d.cause for d in session.diagnoser.diagnoses] == ["record_growth"]
 
 
+def test_ddptuis_own_error_is_said_once_and_the_run_goes_on(tmp_path, monkeypatch):
+    """An error of ddptui's own in its diagnosis, or in applying one event, left the loop
+    that drives the run, and the run was stopped (a monitor's bug ended a healthy run). Now
+    each is said once as an ``own_error`` note naming the error and where it was raised; the
+    other events still count, and no verdict is tried again after a diagnosis error."""
+    from ddptui.run.session import RunSession
+
+    class Feed:  # what the session reads of its Collector
+        def __init__(self, batches):
+            self.batches = batches
+
+        def poll(self, timeout):
+            return self.batches.pop(0) if self.batches else []
+
+        def close(self):
+            pass
+
+    def step(n, loss):
+        return protocol.Step(run="r", rank=0, t=0.0, seq=n, step=n, loss=loss)
+
+    cfg = build_config({"run_dir": str(tmp_path / "run")}, Machine(0, "none", 2))
+    session = RunSession(cfg)
+    clock = [100.0]
+    session.clock = lambda: clock[0]
+    checks = []
+
+    def check(*args, **kwargs):
+        checks.append(args)
+        raise KeyError("boom")
+
+    monkeypatch.setattr(session.diagnoser, "check", check)
+    apply = session.state.apply
+
+    def applied(event, now=None):
+        if event.loss == 13.0:
+            raise ValueError("an event no check foresaw")
+        apply(event, now)
+
+    monkeypatch.setattr(session.state, "apply", applied)
+    session.collector = Feed([[step(1, 1.0), step(2, 13.0), step(3, 2.0)], [step(4, 13.0)], []])
+    said = []
+    try:
+        for _ in range(3):
+            session.pump(0.0)
+            said += session.take_diagnoses()
+            clock[0] += 5.0
+    finally:
+        session.collector = None
+        session.close()
+    assert session.state.ranks[0].step == 3 and session.state.ranks[0].loss == 2.0
+    assert [d.cause for d in said] == ["own_error", "own_error"]
+    events, diagnosis = said
+    assert "applying an event (ValueError: an event no check foresaw at test_" in events.detail
+    assert "kept in events.jsonl" in events.detail
+    assert "diagnosing the run (KeyError: 'boom' at test_headless_units.py:" in diagnosis.detail
+    assert "no straggler or hang verdict" in diagnosis.detail
+    assert len(checks) == 1  # not tried again
+    assert session.result is None  # the run was not stopped
+
+
 def _ended_session(tmp_path, stepped: bool):
     """A session of two ranks that started and finished (with a step each when ``stepped``),
     concluded without a launch."""

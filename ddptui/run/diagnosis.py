@@ -63,6 +63,7 @@ CAUSES = (
     "instrumentation",  # a note: ddptui's step hooks turned themselves off in a rank (no verdict)
     "lingering",  # a note: every rank finished, and processes of the run still run (no verdict)
     "loader_restart",  # a note: a pass waits long for its DataLoader's workers to start again
+    "own_error",  # a note: ddptui's own code raised applying events or diagnosing (no verdict)
 )
 
 
@@ -1374,6 +1375,31 @@ def growth_diagnosis(rate: float, free: int | None, t: float) -> Diagnosis:
         f"events.jsonl grows {rate / mib:,.1f} MiB a second ({rate * 3600 / gib:,.1f} GiB an "
         f"hour; a line an event){left}, and a full disk stops the run. Fewer, longer "
         "steps, or ddptui.log every Nth step (its calls replace the hooks' steps), keep it small",
+        t,
+    )
+
+
+def own_error_diagnosis(what: str, exc: BaseException, t: float) -> Diagnosis:
+    """The note for ddptui's own error while ``what`` (``diagnosis``: deciding stragglers and
+    hangs; ``events``: applying an event to the run's state), with where it was raised."""
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        where = f" at {tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
+    error = f"{type(exc).__name__}: {exc}"[:300]
+    after = (
+        "no straggler or hang verdict is made for the rest of this run, and none stops it"
+        if what == "diagnosis"
+        else "the event is kept in events.jsonl; the others still count"
+    )
+    doing = "diagnosing the run" if what == "diagnosis" else "applying an event"
+    return Diagnosis(
+        None,
+        "own_error",
+        f"ddptui's own error while {doing} ({error}{where}): the run goes on; {after}. "
+        "Please report it",
         t,
     )
 

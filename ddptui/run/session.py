@@ -48,6 +48,7 @@ from ddptui.run.diagnosis import (
     lingering_diagnosis,
     local_rank_hint,
     local_rank_read_hint,
+    own_error_diagnosis,
     rank_ends,
     rank_wait_marks,
     spawner_hint,
@@ -213,6 +214,9 @@ class RunSession:
         #: How fast events.jsonl grows (said once, when fast: see :meth:`_watch_growth`).
         self._growth: GrowthWatch | None = GrowthWatch()
         self._lingering_said = False  # see _watch_lingering
+        #: ddptui's own error in applying an event or in diagnosing the run (a bug of its
+        #: own, or an event no check foresaw): said once; the diagnosis stays off after it.
+        self._own_errors: set[str] = set()
         self._finished_at: float | None = None  # when it first saw every rank finished
         self._hung = False
         self._warmed = False  # torch's analyzer is loading (see _flight_warm)
@@ -375,9 +379,26 @@ class RunSession:
         for event in remote:
             if isinstance(event, protocol.Status) and event.state == "failed":
                 self._on_remote_failure(event)
-        if self.result is None:
-            self._diagnose()
+        if self.result is None and "diagnosis" not in self._own_errors:
+            try:
+                self._diagnose()
+            except Exception as exc:  # noqa: BLE001 - ddptui's bug must not end the run
+                self._own_error("diagnosis", exc)
         return events
+
+    def _own_error(self, what: str, exc: BaseException) -> None:
+        """ddptui's own code raised while ``what`` (``diagnosis``, ``events``): said once as
+        a note (its error and where it was raised), never passed on. Before, it left the
+        loop that drives the run, and the run was stopped: a monitor's bug ended a healthy
+        run. The events are on disk already; after a diagnosis error no verdict is made
+        again (no stop on a hang), as with ``--hang-timeout 0``."""
+        if what in self._own_errors:
+            return
+        self._own_errors.add(what)
+        found = own_error_diagnosis(what, exc, self.state.elapsed(self.clock()))
+        with self._lock:
+            self.diagnoser.record(found)
+            self._news.append(found)
 
     # -- diagnosis ---------------------------------------------------------------------------
     def take_diagnoses(self) -> list[Diagnosis]:
@@ -709,9 +730,15 @@ class RunSession:
             else:
                 self._check_run_dir()
         now = self.clock()
+        failed: Exception | None = None
         with self._lock:
             for event in events:
-                self.state.apply(event, now)
+                try:
+                    self.state.apply(event, now)
+                except Exception as exc:  # noqa: BLE001 - kept on disk; the others still count
+                    failed = failed or exc
+        if failed is not None:
+            self._own_error("events", failed)
 
     def _rank_cause(self, failure: RankFailureInfo | None) -> RankFailureInfo | None:
         """A failure the launcher reports without a rank (its driver died too, say on a
