@@ -550,3 +550,35 @@ async def test_a_multi_node_run_shows_the_join_line_while_it_runs(tmp_path):
         await pilot.press("s")
         await _wait(pilot, lambda: screen.source.done.is_set())
         await _wait(pilot, lambda: not join.display)  # the run is over: nothing to join
+
+
+async def test_an_error_of_ddptuis_own_drawing_is_said_once_and_the_run_goes_on(
+    tmp_path, monkeypatch
+):
+    """A drawing that raises (ddptui's own bug, here in the frame the header and table are
+    drawn from) ended the app from its timer, and with it the live run. Now it is said once
+    in a notification; the run goes on, and the other parts of the screen still draw."""
+    from ddptui.tui.screens import run as run_module
+
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("f5")
+        source = await _started(pilot, app)
+        screen = app.screen
+        await _wait(pilot, lambda: screen.frame is not None)
+
+        def broken(state, now):
+            raise KeyError("boom")
+
+        monkeypatch.setattr(run_module, "run_frame", broken)
+        await _wait(pilot, lambda: "refresh_view" in screen.draw_errors)
+        charts = screen._chart_tick
+        await _wait(pilot, lambda: screen._chart_tick > charts + 2)  # still drawing
+        notes = [n.message for n in app._notifications]
+        assert len([n for n in notes if "ddptui's own error drawing" in n]) == 1
+        assert "KeyError: 'boom'" in notes[-1] and "the run goes on" in notes[-1]
+        assert not source.done.is_set() and app.sessions[0].calls == ["start"]
+        assert app.is_running
+        await pilot.press("s")
+        await _wait(pilot, lambda: source.done.is_set())

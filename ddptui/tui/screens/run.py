@@ -10,8 +10,10 @@ ranks at 1 step/s do.
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual import work
@@ -39,6 +41,30 @@ from ddptui.tui.widgets.phases import PhasePanel
 from ddptui.tui.widgets.ranks import HealthLine, RankTable
 from ddptui.tui.widgets.system import SystemPanel
 from ddptui.tui.widgets.text import QuietStatic
+
+
+def goes_on(draw: Callable[[RunScreen], None]) -> Callable[[RunScreen], None]:
+    """A timer's drawing of the run screen whose error (ddptui's own bug) is said once, in a
+    notification, and never raised: raised from a Textual timer it ended the app, and with
+    it the run the screen watched."""
+
+    @functools.wraps(draw)
+    def drawn(screen: RunScreen) -> None:
+        try:
+            draw(screen)
+        except Exception as exc:  # noqa: BLE001 - the run must outlive ddptui's own bug
+            if draw.__name__ not in screen.draw_errors:
+                error = screen.draw_errors[draw.__name__] = f"{type(exc).__name__}: {exc}"[:300]
+                screen.notify(
+                    f"ddptui's own error drawing the run ({printable(error)}): "
+                    "the run goes on; this part of the screen may stand still. Please report it",
+                    severity="error",
+                    timeout=30,
+                    markup=False,
+                )
+
+    return drawn
+
 
 #: A run of more than this many ranks...
 LARGE_RUN_RANKS = 64
@@ -129,6 +155,8 @@ class RunScreen(Screen):
         self._redraw_timers: list = []
         self._chart_data = None
         self._hostname = socket.gethostname()
+        #: A drawing's own error, by the drawing's name (see :func:`goes_on`): said once.
+        self.draw_errors: dict[str, str] = {}
 
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -217,6 +245,7 @@ class RunScreen(Screen):
             )
 
     # -- drawing ------------------------------------------------------------------------------
+    @goes_on
     def refresh_view(self) -> None:
         """Header, rank table, health and failure (at :meth:`view_hz`)."""
         if not self._redraw_timers:  # not drawing yet (see _start_drawing)
@@ -302,6 +331,7 @@ class RunScreen(Screen):
             return ""
         return source.note
 
+    @goes_on
     def refresh_charts(self) -> None:
         """Charts, each at ``chart_hz``, only when events arrived. The loss and accuracy
         charts and the throughput chart are drawn on alternate ticks, so that no single
@@ -324,6 +354,7 @@ class RunScreen(Screen):
             for chart in charts:
                 chart.show(self._chart_data)
 
+    @goes_on
     def refresh_slow(self) -> None:
         """Phase bars, system panel and logs (at ``panel_hz``). The phase bars are medians
         over each rank's last 30 steps, and the diagnoses they show are made once a second:
