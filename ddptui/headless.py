@@ -6,6 +6,7 @@ and the run still gets its ``summary.json``.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import sys
@@ -133,15 +134,42 @@ class HeadlessConsole:
         self._bar_shown = False
         self._announced: set[int] = set()
         self._shown_steps = 0  # the ranks' steps when the run's progress was last printed
+        #: Where the run's events are recorded, said with an error printing them.
+        self.run_dir: object = None
+        self._failed = False  # an error printing the run was said (see failed)
+        self._gone = False  # the output went away: nothing more is written to it
+
+    def failed(self, exc: BaseException) -> None:
+        """An error printing the run's lines (ddptui's own bug, or an output that went away:
+        ``ddptui --no-ui … | head``): said once on standard error, never raised. Raised, it
+        left the loop that drives the run, and ddptui stopped the run."""
+        if self._failed:
+            return
+        self._failed = True
+        where = f"; its events are recorded in {self.run_dir}" if self.run_dir else ""
+        with contextlib.suppress(Exception):
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"ddptui: error printing the run ({error}): the run goes on{where}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    def _write(self, text: str) -> None:
+        if self._gone:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (OSError, ValueError) as exc:  # a closed pipe or file
+            self._gone = True
+            self.failed(exc)
 
     def line(self, text: str) -> None:
         """Print one line (clearing the progress bar first when it is shown), made printable:
         a rank's error or a host's name never moves the cursor or recolours the terminal."""
         if self._bar_shown:
-            self.out.write("\r\x1b[2K")
             self._bar_shown = False
-        self.out.write(printable(text) + "\n")
-        self.out.flush()
+            self._write("\r\x1b[2K" + printable(text) + "\n")
+        else:
+            self._write(printable(text) + "\n")
 
     def width(self) -> int:
         """The terminal's width now (it may be resized during a run)."""
@@ -178,8 +206,7 @@ class HeadlessConsole:
         if self.tty:
             if now - self._last_bar >= BAR_EVERY_S:
                 self._last_bar = now
-                self.out.write("\r\x1b[2K" + self.bar(state, now))
-                self.out.flush()
+                self._write("\r\x1b[2K" + self.bar(state, now))
                 self._bar_shown = True
         elif now - self._last_line >= PRINT_EVERY_S:
             self._last_line = now
@@ -385,6 +412,7 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                 _announce_nodes(console, cfg, session)
             shown = 0
             asked = False
+            console.run_dir = session.run_dir
             while session.poll() is None:
                 shown = console.restarts(session, shown)
                 guard.gentle = not asked and session.can_stop_with_checkpoint()
@@ -403,13 +431,16 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
                     break
                 events = session.pump(0.1)
                 now = time.monotonic()
-                if session.host is not None:
-                    for node in session.host.new_joins():
-                        console.line(f"node {node.slot} joined (host {node.host})")
-                console.on_events(session.state, events, now)
-                for diagnosis in session.take_diagnoses():
-                    console.line(diagnosis_line(diagnosis))
-                console.tick(session.state, now)
+                try:
+                    if session.host is not None:
+                        for node in session.host.new_joins():
+                            console.line(f"node {node.slot} joined (host {node.host})")
+                    console.on_events(session.state, events, now)
+                    for diagnosis in session.take_diagnoses():
+                        console.line(diagnosis_line(diagnosis))
+                    console.tick(session.state, now)
+                except Exception as exc:  # noqa: BLE001 - the run must outlive the printing
+                    console.failed(exc)
             console.restarts(session, shown)
         except Interrupted as exc:
             console.line(f"interrupted ({exc}): stopping every worker…")
@@ -417,10 +448,13 @@ def run_headless(cfg: RunConfig, out: TextIO | None = None) -> int:
         finally:
             guard.armed = False
             session.close()
-    console.last_progress(session.state, time.monotonic())
-    for diagnosis in session.take_diagnoses():  # found at the end: the crash's root cause
-        console.line(diagnosis_line(diagnosis))
-    console.summary(session, time.monotonic())
+    try:
+        console.last_progress(session.state, time.monotonic())
+        for diagnosis in session.take_diagnoses():  # found at the end: the crash's root cause
+            console.line(diagnosis_line(diagnosis))
+        console.summary(session, time.monotonic())
+    except Exception as exc:  # noqa: BLE001 - the run has ended; its exit code still counts
+        console.failed(exc)
     if session.fault:
         print(f"ddptui: error: {escaped(str(session.fault))}", file=sys.stderr)
     return session.exit_code

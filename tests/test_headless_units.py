@@ -589,3 +589,29 @@ def test_the_lingering_note_of_a_copy_that_started_its_own_ranks_says_how_to_lau
         "node, each to start a whole set; launch it as one process a node (--world-size 1; "
         "--nproc-per-node 1 on several nodes)"
     )
+
+
+def test_an_output_that_went_away_is_said_once_and_never_raised(capsys):
+    """``ddptui --no-ui … | head -2``: the third line raised BrokenPipeError out of the loop
+    that drives the run, and ddptui stopped the run (a traceback at its end, exit code 1).
+    Now the console says it once on standard error and writes no more."""
+
+    class Gone(io.StringIO):
+        writes = 0
+
+        def write(self, text):
+            Gone.writes += 1
+            raise BrokenPipeError(32, "Broken pipe")
+
+    console = HeadlessConsole(Gone(), tty=False)
+    console.run_dir = "/runs/r"
+    state = RunState("r", 2)
+    for _ in range(3):
+        console.line("rank 0 started")
+        console.last_progress(state, 1.0)
+    assert Gone.writes == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "ddptui: error printing the run (BrokenPipeError: [Errno 32] Broken pipe): the run "
+        "goes on; its events are recorded in /runs/r"
+    ]
