@@ -3972,3 +3972,22 @@ def test_a_model_trained_without_ddp_or_a_data_loader_counts_its_batches(inst, c
     # 2 x (5 + 10 + 20 ms) + the copy's 10 + the optimizer's 3; the validation's 230 ms out
     assert [log["step_time"] for log in logs[1:]] == pytest.approx([0.083] * 3)
     assert logs[1]["phases"] is None  # no split of a step no DDP forward marks
+
+
+def test_a_second_optimizers_forwards_without_ddp_or_a_data_loader_are_no_samples(inst):
+    """Two optimizers an iteration, no DDP module, no DataLoader (a GAN's discriminator, then
+    its generator through it): the second joins the step, and the forwards of the module the
+    first trains made for it count no samples, as a DDP module's do not."""
+    clock = inst.fake_clock
+    first, second = Net(clock), torch.nn.Linear(1, 1)
+    opt_first = timed_sgd(first.parameters(), clock)
+    opt_second = timed_sgd(second.parameters(), clock)
+    for _ in range(3):
+        first(torch.randn(4, 4)).pow(2).mean().backward()
+        opt_first.step()
+        opt_first.zero_grad()
+        second(first(torch.randn(5, 4))).pow(2).mean().backward()  # through the first module
+        opt_second.step()
+        opt_second.zero_grad()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [0, 4, 4]

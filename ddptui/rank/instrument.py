@@ -3153,7 +3153,7 @@ class Instrument:
         self._transition("opt_post", "data")
         self._forget_losses()
         self._scaled = None
-        self._samples = 0
+        self._samples = self._plain_samples = 0
         self._outputs.clear()
         self._fwd_seen = False
 
