@@ -240,6 +240,7 @@ NoteCode = Literal[
     "instrument_off",
     "workers_formed",
     "loader_restart",
+    "data_parallel",
 ]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
@@ -302,7 +303,12 @@ class Note(Event, tag="note"):
 
     ``loader_restart``: pass ``passes`` over the DataLoader this rank trains from waited
     ``seconds`` for its first batch, its ``workers`` workers started anew (the loader keeps
-    none between passes: ``persistent_workers`` False), a large share of the pass before."""
+    none between passes: ``persistent_workers`` False), a large share of the pass before.
+
+    ``data_parallel``: this rank's gradients are synchronized over ``group_size`` ranks, fewer
+    than the world (its DDP module's process group, or the device mesh ``fully_shard`` shards
+    it over): the other ranks of its world (tensor, pipeline or context parallel) train on the
+    same batches as it, and the run's samples count each batch once."""
 
     code: NoteCode
     epoch: NoteNumber | None = None

@@ -3991,3 +3991,38 @@ def test_a_second_optimizers_forwards_without_ddp_or_a_data_loader_are_no_sample
         opt_second.zero_grad()
     inst.flush()
     assert [log["samples"] for log in inst.fake.logs] == [0, 4, 4]
+
+
+def test_a_model_sharded_over_part_of_the_world_says_its_data_parallel_ranks(inst, monkeypatch):
+    """FSDP2's ``fully_shard(model, mesh=dp_mesh)`` over 2 ranks of 4 (pytorch/examples'
+    ``fsdp_tp_example.py``: tensor parallel over the other dimension): the rank says once that
+    its gradients are synchronized over 2 ranks, so that the run counts each batch once. A
+    mesh of the whole world, or none, says nothing."""
+
+    class Mesh:
+        def __init__(self, size):
+            self._size = size
+
+        def size(self):
+            return self._size
+
+    sharded = []
+
+    def fully_shard(module, *, mesh=None):
+        sharded.append(module)
+        return module
+
+    fsdp = types.ModuleType("fake_fsdp")
+    fsdp.fully_shard = fully_shard
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    inst._follow_fully_shard(fsdp)
+    try:
+        fsdp.fully_shard("layer")
+        fsdp.fully_shard("layer", mesh=Mesh(4))
+        assert inst.fake.notes == []
+        assert fsdp.fully_shard("model", mesh=Mesh(2)) == "model"
+        fsdp.fully_shard("model", mesh=Mesh(2))
+    finally:
+        inst.detach()
+    assert sharded == ["layer", "layer", "model", "model"]
+    assert inst.fake.notes == [("data_parallel", {"group_size": 2})]

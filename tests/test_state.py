@@ -931,3 +931,41 @@ def test_a_long_step_reads_in_seconds():
         for i in (1, 2):
             s.apply(step(rank, i, i, 10.0 * i, step_time=step_time), now=10.0 * i)
     assert [r.step_time for r in run_frame(s, 21.0).rows] == ["9.23 s", "123.4 ms"]
+
+
+def test_ranks_that_share_their_batches_count_each_batch_once():
+    """pytorch/examples' ``fsdp_tp_example.py`` on 4 ranks: FSDP over 2 of them, tensor
+    parallel over the other 2, so each batch is trained on by two ranks; its 144 batches
+    read 288 samples, at twice the rate. The ranks' ``data_parallel`` note (the group their
+    gradients are synchronized over) makes the run's samples, rates and throughput chart
+    count each batch once; each rank's row keeps its own; the diagnosis says it once."""
+    from ddptui.run.diagnosis import Diagnoser
+    from ddptui.tui.model import chart_data
+
+    s = RunState("r", 4)
+    for rank in range(4):
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+    diagnoser = Diagnoser()
+    for i in range(1, 5):
+        for rank in range(4):
+            s.apply(step(rank, i, i, float(i), samples=8, step_time=1.0, sps=8.0), now=float(i))
+    assert (s.samples_total, s.live_samples_per_s(4.0)) == (128, pytest.approx(32.0))
+    assert diagnoser.notes(s) == []
+    for rank in range(4):
+        s.apply(ev(protocol.Note, rank, 10, 4.0, code="data_parallel", group_size=2), now=4.0)
+    assert s.data_parallel == 2 and s.batch_scale == 0.5
+    assert s.samples_total == 64
+    assert s.live_samples_per_s(4.0) == pytest.approx(16.0)
+    assert s.global_samples_per_s(4.0) == pytest.approx(16.0)
+    assert s.final_samples_per_s() == pytest.approx(16.0)
+    assert [v.samples_total for v in s.ranks.values()] == [32] * 4
+    assert max(chart_data(s).throughput[1]) == pytest.approx(16.0)
+    said = diagnoser.notes(s)
+    assert [d.cause for d in said] == ["data_parallel"]
+    assert "synchronized over 2 ranks of 4" in said[0].detail
+    assert "each batch is trained on by 2 ranks" in said[0].detail
+    assert diagnoser.notes(s) == []
+    # the whole world data-parallel (a note that says so, or none): as before
+    whole = RunState("r", 2)
+    whole.apply(ev(protocol.Note, 0, 0, 0.0, code="data_parallel", group_size=2), now=0.0)
+    assert whole.batch_scale == 1.0

@@ -357,6 +357,8 @@ _SPEECHBRAIN = "speechbrain.core"
 _TENSORBOARD = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
 #: Weights & Biases' run: the evaluations a script logs through ``wandb.log`` are reported.
 _WANDB = "wandb.sdk.wandb_run"
+#: FSDP2's package: ``fully_shard`` says the mesh a model's gradients are synchronized over.
+_FSDP = "torch.distributed.fsdp"
 #: MMEngine's runners (OpenMMLab's training loop: mmpretrain, mmdet, mmseg...) by module.
 _MMENGINE = {
     "mmengine.runner.runner": "Runner",
@@ -742,6 +744,7 @@ class Instrument:
         #: pre-hook of its own from the second step on.
         self._plain_looked = False
         self._plain_samples = 0
+        self._data_parallel_said = False  # see _data_parallel
         #: With DDP, samples that iterator gave before this step and no step took: a batch
         #: drawn ahead of its step (timm's prefetcher) is the next step's (see _finish_step).
         self._drawn_ahead = 0
@@ -945,6 +948,7 @@ class Instrument:
             self._watch_mmengine,
             self._attach_optimizer,
             self._attach_ddp,
+            self._attach_fully_shard,
             self._attach_jit,
             self._attach_backward,
             self._attach_dist_autograd,
@@ -1104,6 +1108,46 @@ class Instrument:
             watch_ddp(ddp)
 
         self._patch(DDP, "__init__", __init__)
+
+    def _attach_fully_shard(self, torch: Any) -> None:
+        """Follow FSDP2's ``fully_shard`` from the import of ``torch.distributed.fsdp`` on,
+        for the mesh it shards over (see :meth:`_data_parallel`)."""
+        self._when_imported(_FSDP, self._follow_fully_shard)
+
+    def _follow_fully_shard(self, module: Any) -> None:
+        original = getattr(module, "fully_shard", None)
+        if not callable(original):
+            return
+        noted = self._data_parallel
+
+        @functools.wraps(original)
+        def fully_shard(*args: Any, **kwargs: Any) -> Any:
+            sharded = original(*args, **kwargs)
+            mesh = kwargs.get("mesh")  # keyword-only; None: the world's
+            if mesh is not None:
+                with contextlib.suppress(Exception):
+                    noted(int(mesh.size()))
+            return sharded
+
+        self._follow("FSDP2's fully_shard", module, fully_shard=fully_shard)
+
+    def _data_parallel(self, size: int) -> None:
+        """This rank's gradients are synchronized over ``size`` ranks (a DDP module's process
+        group, the mesh ``fully_shard`` shards over): fewer than the world, the other ranks
+        train on the same batches (tensor, pipeline or context parallel: pytorch/examples'
+        ``fsdp_tp_example.py`` on 4 ranks, 2 a batch, counted each batch twice). Said once,
+        as the ``data_parallel`` note."""
+        if self._data_parallel_said or size < 1:
+            return
+        dist = getattr(self.torch, "distributed", None)
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        if size >= dist.get_world_size():
+            return
+        self._data_parallel_said = True
+        from ddptui.rank import reporter as reporter_module
+
+        reporter_module.get_reporter().note("data_parallel", group_size=size)
 
     def _attach_backward(self, torch: Any) -> None:
         original = torch.Tensor.backward
@@ -2478,6 +2522,9 @@ class Instrument:
         self._attach_frameworks()
         try:
             inner = ddp.module
+            group = getattr(ddp, "process_group", None)
+            if group is not None and hasattr(group, "size"):
+                self._data_parallel(int(group.size()))
             outer_post = ddp.register_forward_hook(_ModuleHook(self._outer_post))
             outer_pre = ddp.register_forward_pre_hook(
                 _ModuleHook(self._outer_pre), with_kwargs=True

@@ -64,6 +64,7 @@ CAUSES = (
     "lingering",  # a note: every rank finished, and processes of the run still run (no verdict)
     "loader_restart",  # a note: a pass waits long for its DataLoader's workers to start again
     "own_error",  # a note: ddptui's own code raised applying events or diagnosing (no verdict)
+    "data_parallel",  # a note: ranks share batches (tensor/pipeline parallel): counted once
 )
 
 
@@ -1379,6 +1380,24 @@ def growth_diagnosis(rate: float, free: int | None, t: float) -> Diagnosis:
     )
 
 
+def data_parallel_diagnosis(state: Any, t: float) -> Diagnosis | None:
+    """The note for a run whose gradients are synchronized over fewer ranks than its world
+    (``RunState.data_parallel``): the others share their batches, counted once."""
+    dp, world = state.data_parallel, state.world_size
+    if not dp or dp >= world:
+        return None
+    shared = world / dp
+    each = f"{shared:g}" if shared == int(shared) else f"{shared:.1f}"
+    return Diagnosis(
+        None,
+        "data_parallel",
+        f"the gradients are synchronized over {counted(dp, 'rank')} of {world} (tensor, "
+        f"pipeline or context parallel): each batch is trained on by {each} ranks, and the "
+        "run's samples and samples/s count it once; each rank's row shows its own",
+        t,
+    )
+
+
 def own_error_diagnosis(what: str, exc: BaseException, t: float) -> Diagnosis:
     """The note for ddptui's own error while ``what`` (``diagnosis``: deciding stragglers and
     hangs; ``events``: applying an event to the run's state), with where it was raised."""
@@ -1488,6 +1507,7 @@ class Diagnoser:
             ("same_batches", bool(getattr(state, "first_batches", None)), same_batches_diagnosis),
             ("alone", bool(getattr(state, "alone", None)), alone_diagnosis),
             ("spawners", len(getattr(state, "spawners", ())) > 1, spawners_diagnosis),
+            ("data_parallel", bool(getattr(state, "data_parallel", None)), data_parallel_diagnosis),
         )
         for code, evidence, judge in together:
             if code in self._noted or not evidence:

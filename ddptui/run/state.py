@@ -560,6 +560,19 @@ class RunState:
         #: The launched processes that spawned workers of their own (``spawned`` notes):
         #: (node, rank) -> workers, as each first said it.
         self.spawners: dict[tuple[int | None, int], int] = {}
+        #: The ranks a model's gradients are synchronized over, where fewer than the world
+        #: (``data_parallel`` notes: tensor, pipeline or context parallel): the others train
+        #: on the same batches, and the run's samples count each once (see batch_scale).
+        self.data_parallel: int | None = None
+
+    @property
+    def batch_scale(self) -> float:
+        """The share of the ranks' samples that are the run's own: the data-parallel ranks
+        over the world (each batch is trained on by world / data_parallel ranks), 1 where the
+        whole world is data-parallel. The run's samples, rates and throughput chart sum the
+        ranks' times this; each rank's row keeps its own."""
+        dp = self.data_parallel
+        return dp / self.world_size if dp and dp < self.world_size else 1.0
 
     def grow(self, world_size: int) -> None:
         """The run has ``world_size`` ranks after all: the script spawned its own (one
@@ -869,6 +882,10 @@ class RunState:
                 if self._epoch_steps_from is None:
                     self.steps_per_epoch, self._epoch_steps_from = ev.steps, "loader"
             return
+        if ev.code == "data_parallel":  # the run's shape, not a finding (the first said)
+            if ev.group_size and self.data_parallel is None:
+                self.data_parallel = ev.group_size
+            return
         if ev.code == "first_batch":  # every rank's, compared (diagnosis.same_batches)
             if ev.digest is not None:
                 self.first_batches[view.rank] = ev.digest
@@ -951,7 +968,7 @@ class RunState:
             if v.state == "started" and (rate := v.rate_at(now)) is not None
         ]
         if rates:
-            return sum(rates)
+            return sum(rates) * self.batch_scale
         views = self.ranks.values()
         if views and self.samples_counted and all(v.state == "finished" for v in views):
             return self.final_samples_per_s() or None
@@ -960,7 +977,7 @@ class RunState:
     def global_samples_per_s(self, now: float | None = None) -> float:
         """Sum of each live rank's throughput at ``now`` (see :meth:`RankView.rate_at`; None:
         their latest rates)."""
-        return sum(
+        return self.batch_scale * sum(
             v.rate_at(now) or 0.0
             for v in self.ranks.values()
             if v.state == "started" and v.samples_per_s
@@ -1014,7 +1031,8 @@ class RunState:
         if after_first and self._run_stepping_time() is not None:
             first = self._warm_up_time()
         longest = self._stepping_time(longest, after_first)
-        return (samples / longest if longest else 0.0) + untimed, first
+        rate = (samples / longest if longest else 0.0) + untimed
+        return rate * self.batch_scale, first
 
     def _run_stepping_time(self) -> float | None:
         """:attr:`lockstep_time` where it is the run's time stepping (DDP, steps numbered
@@ -1068,7 +1086,11 @@ class RunState:
 
     @property
     def samples_total(self) -> int:
-        return sum(v.samples_total for v in self.ranks.values())
+        """The run's samples: the ranks' (each batch once where ranks share batches, see
+        :attr:`batch_scale`)."""
+        total = sum(v.samples_total for v in self.ranks.values())
+        scale = self.batch_scale
+        return total if scale == 1.0 else round(total * scale)
 
     @property
     def samples_counted(self) -> bool:

@@ -643,13 +643,16 @@ def chart_data(state: RunState, max_points: int = MAX_POINTS, per_rank: bool = T
         mean_loss=(mean_x, mean_y),
         accuracy=accuracy,
         eval_loss=eval_loss,
-        throughput=global_throughput(
-            [
-                with_pauses(thin(list(v.sps_series), per_rank), v.pauses)
-                for v in state.ranks.values()
-            ],
-            state.started_at,
-            max_points,
+        throughput=scaled(
+            global_throughput(
+                [
+                    with_pauses(thin(list(v.sps_series), per_rank), v.pauses)
+                    for v in state.ranks.values()
+                ],
+                state.started_at,
+                max_points,
+            ),
+            state.batch_scale,
         ),
         no_eval=not state.evals
         and any(
@@ -711,6 +714,17 @@ def with_pauses(
         i = bisect.bisect_left(points, start, key=itemgetter(0))
         points[i:i] = [(start, 0.0), (end, rate)]
     return points
+
+
+def scaled(
+    series: tuple[list[float], list[float]], scale: float
+) -> tuple[list[float], list[float]]:
+    """A (times, values) series with its values times ``scale`` (the run's share of the
+    ranks' samples: ``RunState.batch_scale``)."""
+    if scale == 1.0:
+        return series
+    times, values = series
+    return times, [value * scale for value in values]
 
 
 def global_throughput(
