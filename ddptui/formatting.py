@@ -39,11 +39,15 @@ def fmt_eta(state: Any, now: float) -> str:
     N)`` (timm's ``train.py``, Lightning's examples: none says it, and ddptui's ``--epochs``,
     which only tells the dashboard, was found in the README alone). Not for steps that come
     in no epoch at all (nanoGPT draws its batches from a memmap, neither a DataLoader nor a
-    sampler: its ETA said "--epochs N", which could not give it one)."""
+    sampler: its ETA said "--epochs N", which could not give it one), nor before an epoch's
+    length is known (its loader's batches, or an epoch that ended): steps from a loader of no
+    length that never ends a pass (detectron2's infinite ``TrainingSampler``, its run
+    iteration-based) come in epoch 0 to the end, where ``--epochs N`` gives no ETA either."""
     eta = state.eta(now)
     if (
         eta is None
         and not state.epochs
+        and state.steps_per_epoch
         and state.first_step_at is not None
         and not state.outcome
         and any(view.epoch is not None for view in state.ranks.values())

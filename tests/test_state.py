@@ -569,15 +569,23 @@ def test_an_eta_that_needs_the_epochs_says_so():
     ETA is ``--`` for the whole run (Lightning Fabric's MNIST example, 469 steps). Once it
     steps, the header and the console say why; not before its first step, not with the
     epochs known (the first epoch's length is what is missing then), not once it ended, not
-    for steps in no epoch at all."""
+    for steps in no epoch at all, nor before an epoch's length is known: detectron2's
+    iteration-based run draws from a loader of no length that never ends a pass (its infinite
+    ``TrainingSampler``), epoch 0 to its end, where ``--epochs N`` would give no ETA."""
     for epochs, expected in ((None, "-- (epochs unknown: ddptui --epochs N)"), (2, "--")):
         s = RunState("r", 1, epochs=epochs)
         assert fmt_eta(s, 0.0) == "--"
+        if not epochs:  # its loader's batches a pass (with them, 2 epochs give an ETA)
+            s.apply(ev(protocol.Note, 0, 0, 0.0, code="loader_steps", steps=469), now=0.0)
         for i in range(1, 4):
             s.apply(step(0, i, i, float(i), epoch=0), now=float(i))
         assert fmt_eta(s, 4.0) == expected
         s.set_outcome("failed", RankFailureInfo(rank=0, exit_code=1), now=5.0)
         assert fmt_eta(s, 6.0) == "--"
+    s = RunState("r", 1)  # a loader of no length: no epoch's length known
+    for i in range(1, 4):
+        s.apply(step(0, i, i, float(i), epoch=0), now=float(i))
+    assert fmt_eta(s, 4.0) == "--"
     s = RunState("r", 1)
     s.apply(step(0, 1, 1, 1.0, epoch=0), now=1.0)
     s.set_outcome("finished", None, now=2.0)
