@@ -4026,3 +4026,16 @@ def test_a_model_sharded_over_part_of_the_world_says_its_data_parallel_ranks(ins
         inst.detach()
     assert sharded == ["layer", "layer", "model", "model"]
     assert inst.fake.notes == [("data_parallel", {"group_size": 2})]
+
+
+def test_a_ddp_module_over_part_of_the_world_says_its_data_parallel_ranks(inst, monkeypatch):
+    """A DDP module over a process group smaller than the world (its ranks' pipeline or
+    tensor parallel peers outside it): the rank says the group's size once; over the whole
+    world it says nothing."""
+    clock = inst.fake_clock
+    DistributedDataParallel(Net(clock))  # the world's group: nothing to say
+    assert inst.fake.notes == []
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)  # one rank of four
+    DistributedDataParallel(Net(clock))
+    DistributedDataParallel(Net(clock))
+    assert inst.fake.notes == [("data_parallel", {"group_size": 1})]
