@@ -305,10 +305,12 @@ class Note(Event, tag="note"):
     ``seconds`` for its first batch, its ``workers`` workers started anew (the loader keeps
     none between passes: ``persistent_workers`` False), a large share of the pass before.
 
-    ``data_parallel``: this rank's gradients are synchronized over ``group_size`` ranks, fewer
-    than the world (its DDP module's process group, or the device mesh ``fully_shard`` shards
-    it over): the other ranks of its world (tensor, pipeline or context parallel) train on the
-    same batches as it, and the run's samples count each batch once."""
+    ``data_parallel``: this rank's world trains on ``group_size`` batches at a time, fewer
+    than its ranks: it is data-parallel over that many (its DDP module's process group, the
+    device mesh ``fully_shard`` shards it over, or the world over the mesh a tensor-parallel
+    ``parallelize_module`` splits it over), and the others (tensor, pipeline or context
+    parallel) train on the same batches as it: the run's samples count each batch once. Said
+    again when a rank learns a smaller number."""
 
     code: NoteCode
     epoch: NoteNumber | None = None

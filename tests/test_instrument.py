@@ -4028,6 +4028,38 @@ def test_a_model_sharded_over_part_of_the_world_says_its_data_parallel_ranks(ins
     assert inst.fake.notes == [("data_parallel", {"group_size": 2})]
 
 
+def test_a_tensor_parallel_split_says_the_ranks_that_train_distinct_batches(inst, monkeypatch):
+    """pytorch/examples' ``tensor_parallel_example.py``: ``parallelize_module`` over a mesh of
+    the whole world, every rank on the same batch: at most the world over the mesh's ranks
+    are data-parallel (1 here), said once; a smaller number learned later (a DDP or FSDP
+    group beside a pipeline) is said again, a larger one is not."""
+
+    class Mesh:
+        def __init__(self, size):
+            self._size = size
+
+        def size(self):
+            return self._size
+
+    tp = types.ModuleType("fake_tp")
+    tp.parallelize_module = lambda module, device_mesh=None, parallelize_plan=None: module
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 8)
+    inst._follow_parallelize(tp)
+    try:
+        tp.parallelize_module("block", None, {})  # torch's current mesh: not read
+        assert inst.fake.notes == []
+        assert tp.parallelize_module("block", Mesh(2), {}) == "block"  # 8 ranks, 2 a batch
+        tp.parallelize_module("block", device_mesh=Mesh(2))
+        inst._data_parallel(4)  # not less than said
+        inst._data_parallel(2)  # the DDP group beside a pipeline of 2
+    finally:
+        inst.detach()
+    assert inst.fake.notes == [
+        ("data_parallel", {"group_size": 4}),
+        ("data_parallel", {"group_size": 2}),
+    ]
+
+
 def test_a_ddp_module_over_part_of_the_world_says_its_data_parallel_ranks(inst, monkeypatch):
     """A DDP module over a process group smaller than the world (its ranks' pipeline or
     tensor parallel peers outside it): the rank says the group's size once; over the whole

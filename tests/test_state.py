@@ -970,9 +970,15 @@ def test_ranks_that_share_their_batches_count_each_batch_once():
     assert max(chart_data(s).throughput[1]) == pytest.approx(16.0)
     said = diagnoser.notes(s)
     assert [d.cause for d in said] == ["data_parallel"]
-    assert "synchronized over 2 ranks of 4" in said[0].detail
-    assert "each batch is trained on by 2 ranks" in said[0].detail
+    assert said[0].detail.startswith(
+        "each batch is trained on by 2 ranks (tensor, pipeline or context parallel; data "
+        "parallel over 2 of 4)"
+    )
     assert diagnoser.notes(s) == []
+    # a smaller number said later (a pipeline beside the tensor parallel split) wins
+    s.apply(ev(protocol.Note, 0, 11, 4.0, code="data_parallel", group_size=1), now=4.0)
+    s.apply(ev(protocol.Note, 1, 11, 4.0, code="data_parallel", group_size=2), now=4.0)
+    assert s.data_parallel == 1 and s.samples_total == 32
     # the whole world data-parallel (a note that says so, or none): as before
     whole = RunState("r", 2)
     whole.apply(ev(protocol.Note, 0, 0, 0.0, code="data_parallel", group_size=2), now=0.0)

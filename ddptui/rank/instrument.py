@@ -359,6 +359,8 @@ _TENSORBOARD = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
 _WANDB = "wandb.sdk.wandb_run"
 #: FSDP2's package: ``fully_shard`` says the mesh a model's gradients are synchronized over.
 _FSDP = "torch.distributed.fsdp"
+#: Tensor parallelism's package: ``parallelize_module`` says the ranks that share batches.
+_TENSOR_PARALLEL = "torch.distributed.tensor.parallel"
 #: MMEngine's runners (OpenMMLab's training loop: mmpretrain, mmdet, mmseg...) by module.
 _MMENGINE = {
     "mmengine.runner.runner": "Runner",
@@ -744,7 +746,7 @@ class Instrument:
         #: pre-hook of its own from the second step on.
         self._plain_looked = False
         self._plain_samples = 0
-        self._data_parallel_said = False  # see _data_parallel
+        self._data_parallel_said: int | None = None  # the least said (see _data_parallel)
         #: With DDP, samples that iterator gave before this step and no step took: a batch
         #: drawn ahead of its step (timm's prefetcher) is the next step's (see _finish_step).
         self._drawn_ahead = 0
@@ -1111,8 +1113,37 @@ class Instrument:
 
     def _attach_fully_shard(self, torch: Any) -> None:
         """Follow FSDP2's ``fully_shard`` from the import of ``torch.distributed.fsdp`` on,
-        for the mesh it shards over (see :meth:`_data_parallel`)."""
+        for the mesh it shards over, and tensor parallelism's ``parallelize_module`` from the
+        import of ``torch.distributed.tensor.parallel`` on, for the mesh whose ranks share
+        their batches (see :meth:`_data_parallel`)."""
         self._when_imported(_FSDP, self._follow_fully_shard)
+        self._when_imported(_TENSOR_PARALLEL, self._follow_parallelize)
+
+    def _follow_parallelize(self, module: Any) -> None:
+        original = getattr(module, "parallelize_module", None)
+        if not callable(original):
+            return
+        inst = self
+
+        @functools.wraps(original)
+        def parallelize_module(*args: Any, **kwargs: Any) -> Any:
+            parallel = original(*args, **kwargs)
+            mesh = kwargs.get("device_mesh", args[1] if len(args) > 1 else None)
+            if mesh is not None:  # None: torch's current mesh, not read here
+                with contextlib.suppress(Exception):
+                    inst._tensor_parallel(int(mesh.size()))
+            return parallel
+
+        self._follow("tensor parallelism's parallelize_module", module,
+                     parallelize_module=parallelize_module)  # fmt: skip
+
+    def _tensor_parallel(self, size: int) -> None:
+        """A model split over ``size`` ranks that train on the same batches (tensor
+        parallel: pytorch/examples' ``tensor_parallel_example.py``, every rank of the world
+        one batch): at most the world over them are data-parallel."""
+        world = self._world_size()
+        if size > 1 and world:
+            self._data_parallel(max(1, world // size))
 
     def _follow_fully_shard(self, module: Any) -> None:
         original = getattr(module, "fully_shard", None)
@@ -1136,18 +1167,23 @@ class Instrument:
         group, the mesh ``fully_shard`` shards over): fewer than the world, the other ranks
         train on the same batches (tensor, pipeline or context parallel: pytorch/examples'
         ``fsdp_tp_example.py`` on 4 ranks, 2 a batch, counted each batch twice). Said once,
-        as the ``data_parallel`` note."""
-        if self._data_parallel_said or size < 1:
+        as the ``data_parallel`` note, and again if a smaller group is learned later (a
+        tensor parallel split guesses the world over its ranks; a pipeline beside it leaves
+        fewer, which the DDP or FSDP group then says)."""
+        said = self._data_parallel_said
+        if size < 1 or (said is not None and size >= said) or size >= (self._world_size() or 0):
             return
-        dist = getattr(self.torch, "distributed", None)
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return
-        if size >= dist.get_world_size():
-            return
-        self._data_parallel_said = True
+        self._data_parallel_said = size
         from ddptui.rank import reporter as reporter_module
 
         reporter_module.get_reporter().note("data_parallel", group_size=size)
+
+    def _world_size(self) -> int | None:
+        """The world of this rank's default process group (None before it forms)."""
+        dist = getattr(self.torch, "distributed", None)
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        return int(dist.get_world_size())
 
     def _attach_backward(self, torch: Any) -> None:
         original = torch.Tensor.backward

@@ -1391,9 +1391,9 @@ def data_parallel_diagnosis(state: Any, t: float) -> Diagnosis | None:
     return Diagnosis(
         None,
         "data_parallel",
-        f"the gradients are synchronized over {counted(dp, 'rank')} of {world} (tensor, "
-        f"pipeline or context parallel): each batch is trained on by {each} ranks, and the "
-        "run's samples and samples/s count it once; each rank's row shows its own",
+        f"each batch is trained on by {each} ranks (tensor, pipeline or context parallel; "
+        f"data parallel over {dp} of {world}): the run's samples and samples/s count it "
+        "once; each rank's row shows its own",
         t,
     )
 

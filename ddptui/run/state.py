@@ -882,8 +882,8 @@ class RunState:
                 if self._epoch_steps_from is None:
                     self.steps_per_epoch, self._epoch_steps_from = ev.steps, "loader"
             return
-        if ev.code == "data_parallel":  # the run's shape, not a finding (the first said)
-            if ev.group_size and self.data_parallel is None:
+        if ev.code == "data_parallel":  # the run's shape, not a finding (the least said)
+            if ev.group_size and (self.data_parallel is None or ev.group_size < self.data_parallel):
                 self.data_parallel = ev.group_size
             return
         if ev.code == "first_batch":  # every rank's, compared (diagnosis.same_batches)
