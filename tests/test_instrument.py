@@ -3993,18 +3993,21 @@ def test_a_second_optimizers_forwards_without_ddp_or_a_data_loader_are_no_sample
     assert [log["samples"] for log in inst.fake.logs] == [0, 4, 4]
 
 
+class Mesh:
+    """A device mesh as ddptui reads it: its number of ranks."""
+
+    def __init__(self, size):
+        self._size = size
+
+    def size(self):
+        return self._size
+
+
 def test_a_model_sharded_over_part_of_the_world_says_its_data_parallel_ranks(inst, monkeypatch):
     """FSDP2's ``fully_shard(model, mesh=dp_mesh)`` over 2 ranks of 4 (pytorch/examples'
     ``fsdp_tp_example.py``: tensor parallel over the other dimension): the rank says once that
     its gradients are synchronized over 2 ranks, so that the run counts each batch once. A
     mesh of the whole world, or none, says nothing."""
-
-    class Mesh:
-        def __init__(self, size):
-            self._size = size
-
-        def size(self):
-            return self._size
 
     sharded = []
 
@@ -4034,13 +4037,6 @@ def test_a_tensor_parallel_split_says_the_ranks_that_train_distinct_batches(inst
     are data-parallel (1 here), said once; a smaller number learned later (a DDP or FSDP
     group beside a pipeline) is said again, a larger one is not."""
 
-    class Mesh:
-        def __init__(self, size):
-            self._size = size
-
-        def size(self):
-            return self._size
-
     tp = types.ModuleType("fake_tp")
     tp.parallelize_module = lambda module, device_mesh=None, parallelize_plan=None: module
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 8)
@@ -4050,6 +4046,7 @@ def test_a_tensor_parallel_split_says_the_ranks_that_train_distinct_batches(inst
         assert inst.fake.notes == []
         assert tp.parallelize_module("block", Mesh(2), {}) == "block"  # 8 ranks, 2 a batch
         tp.parallelize_module("block", device_mesh=Mesh(2))
+        assert inst.fake.notes == [("data_parallel", {"group_size": 4})]
         inst._data_parallel(4)  # not less than said
         inst._data_parallel(2)  # the DDP group beside a pipeline of 2
     finally:

@@ -1120,22 +1120,44 @@ class Instrument:
         self._when_imported(_TENSOR_PARALLEL, self._follow_parallelize)
 
     def _follow_parallelize(self, module: Any) -> None:
-        original = getattr(module, "parallelize_module", None)
+        # ``device_mesh`` may come second in place; None: torch's current mesh, not read here
+        self._follow_mesh(
+            "tensor parallelism's parallelize_module", module, "parallelize_module",
+            lambda args, kwargs: kwargs.get("device_mesh", args[1] if len(args) > 1 else None),
+            self._tensor_parallel,
+        )  # fmt: skip
+
+    def _follow_fully_shard(self, module: Any) -> None:
+        # ``mesh`` is keyword-only; None: the world's
+        self._follow_mesh(
+            "FSDP2's fully_shard", module, "fully_shard",
+            lambda args, kwargs: kwargs.get("mesh"), self._data_parallel,
+        )  # fmt: skip
+
+    def _follow_mesh(
+        self,
+        what: str,
+        module: Any,
+        name: str,
+        mesh_of: Callable[[tuple, dict], Any],
+        then: Callable[[int], None],
+    ) -> None:
+        """Wrap ``module``'s function ``name`` so that, once it has run, the size of the
+        device mesh it was given (``mesh_of(args, kwargs)``) goes to ``then``."""
+        original = getattr(module, name, None)
         if not callable(original):
             return
-        inst = self
 
         @functools.wraps(original)
-        def parallelize_module(*args: Any, **kwargs: Any) -> Any:
-            parallel = original(*args, **kwargs)
-            mesh = kwargs.get("device_mesh", args[1] if len(args) > 1 else None)
-            if mesh is not None:  # None: torch's current mesh, not read here
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            mesh = mesh_of(args, kwargs)
+            if mesh is not None:
                 with contextlib.suppress(Exception):
-                    inst._tensor_parallel(int(mesh.size()))
-            return parallel
+                    then(int(mesh.size()))
+            return result
 
-        self._follow("tensor parallelism's parallelize_module", module,
-                     parallelize_module=parallelize_module)  # fmt: skip
+        self._follow(what, module, **{name: wrapper})
 
     def _tensor_parallel(self, size: int) -> None:
         """A model split over ``size`` ranks that train on the same batches (tensor
@@ -1144,23 +1166,6 @@ class Instrument:
         world = self._world_size()
         if size > 1 and world:
             self._data_parallel(max(1, world // size))
-
-    def _follow_fully_shard(self, module: Any) -> None:
-        original = getattr(module, "fully_shard", None)
-        if not callable(original):
-            return
-        noted = self._data_parallel
-
-        @functools.wraps(original)
-        def fully_shard(*args: Any, **kwargs: Any) -> Any:
-            sharded = original(*args, **kwargs)
-            mesh = kwargs.get("mesh")  # keyword-only; None: the world's
-            if mesh is not None:
-                with contextlib.suppress(Exception):
-                    noted(int(mesh.size()))
-            return sharded
-
-        self._follow("FSDP2's fully_shard", module, fully_shard=fully_shard)
 
     def _data_parallel(self, size: int) -> None:
         """This rank's gradients are synchronized over ``size`` ranks (a DDP module's process

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -1401,12 +1402,8 @@ def data_parallel_diagnosis(state: Any, t: float) -> Diagnosis | None:
 def own_error_diagnosis(what: str, exc: BaseException, t: float) -> Diagnosis:
     """The note for ddptui's own error while ``what`` (``diagnosis``: deciding stragglers and
     hangs; ``events``: applying an event to the run's state), with where it was raised."""
-    where = ""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is not None:
-        where = f" at {tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
+    raised = traceback.extract_tb(exc.__traceback__)[-1:]  # the innermost frame
+    where = "".join(f" at {f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in raised)
     error = f"{type(exc).__name__}: {exc}"[:300]
     after = (
         "no straggler or hang verdict is made for the rest of this run, and none stops it"
