@@ -241,6 +241,7 @@ NoteCode = Literal[
     "workers_formed",
     "loader_restart",
     "data_parallel",
+    "summed_loss",
 ]
 #: Largest number a note carries (an epoch, a count of passes).
 MAX_NOTE_NUMBER = 1_000_000_000
@@ -310,7 +311,12 @@ class Note(Event, tag="note"):
     device mesh ``fully_shard`` shards it over, or the world over the mesh a tensor-parallel
     ``parallelize_module`` splits it over), and the others (tensor, pipeline or context
     parallel) train on the same batches as it: the run's samples count each batch once. Said
-    again when a rank learns a smaller number."""
+    again when a rank learns a smaller number.
+
+    ``summed_loss``: FSDP sums this rank's gradients over ``group_size`` ranks (its
+    ``set_gradient_divide_factor(1.0)``): the script made each rank's loss its share of theirs
+    (torchtitan divides a rank's summed token losses by all the ranks' tokens), so the rank
+    reports its loss times ``group_size``, and the ranks' mean is the script's."""
 
     code: NoteCode
     epoch: NoteNumber | None = None

@@ -1733,6 +1733,26 @@ def test_instrumentation_turned_off_is_a_diagnosis_of_the_rank():
     assert diagnoser.notes(state) == []  # said once
 
 
+def test_gradients_fsdp_sums_over_the_ranks_say_why_each_loss_is_shown_times_them():
+    """torchtitan: FSDP's gradient divide factor 1, each rank's loss its share of the run's;
+    the ranks report theirs times 2, and the note says so once (no verdict)."""
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started"), now=1.0)
+        state.apply(protocol.Note(run="r", rank=rank, t=3.0, seq=1, code="summed_loss",
+                                  group_size=2), now=2.0)  # fmt: skip
+    diagnoser = Diagnoser()
+    (found,) = diagnoser.notes(state)
+    assert (found.rank, found.cause) == (0, "summed_loss") and "summed_loss" in CAUSES
+    assert found.detail == (
+        "each rank's loss is shown times 2: FSDP sums the gradients over 2 ranks "
+        "(set_gradient_divide_factor(1.0)), so the script made a rank's loss its share of "
+        "theirs (divided by all the ranks' tokens or samples); the ranks' mean is the "
+        "script's loss"
+    )
+    assert diagnoser.notes(state) == []  # said once
+
+
 def test_a_pass_waiting_for_its_loaders_workers_again_is_a_note_of_the_rank():
     """ijepa: 26 s for its 2 spawned workers at each pass of 5 s (no verdict)."""
     state = RunState("r", 2)

@@ -997,6 +997,105 @@ def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     assert last["step_time"] == pytest.approx(0.005 + 0.010 + 0.020 + 0.001 + 0.003)
 
 
+class _TotalOfChunks(torch.autograd.Function):
+    """torchtitan's bridge (``_DecoderOutputGradientBackProp``): the chunks' losses are
+    summed detached; its backward hands the hidden states the gradient they gathered."""
+
+    @staticmethod
+    def forward(ctx, hidden, gathered, total):
+        ctx.save_for_backward(gathered)
+        return total.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (gathered,) = ctx.saved_tensors
+        return gathered * grad, None, None
+
+
+def _chunked_loss_step(model, head, opt, x, chunks):
+    """One step of torchtitan's chunked loss: the head's loss on each chunk of the hidden
+    states, each chunk's ``backward()`` at once (into a detached leaf), then ``backward()``
+    on their total, which carries the gathered gradient on through the model. Returns the
+    total."""
+    opt.zero_grad()
+    hidden = model(x)
+    total = torch.zeros(())
+    gathered = []
+    for part in hidden.detach().chunk(chunks):
+        part.requires_grad_(True)
+        loss = head(part).pow(2).sum() / len(x)
+        total = total + loss.detach()
+        loss.backward()
+        gathered.append(part.grad)
+    _TotalOfChunks.apply(hidden, torch.cat(gathered), total).backward()
+    opt.step()
+    return total.item()
+
+
+@pytest.mark.parametrize("chunks", [2, 8, 12])
+def test_a_loss_computed_in_chunks_is_their_total(inst, chunks):
+    """torchtitan's ``ChunkedLossWrapper``: ``backward()`` on each chunk's loss, then on
+    their total: the step's loss is the total (0.87 was read where its log said 8.0: the
+    mean of 8 parts and their sum), folded or not (12 chunks: more than MAX_LOSSES)."""
+    clock = inst.fake_clock
+    torch.manual_seed(0)
+    model = Net(clock)
+    head = torch.nn.Linear(1, 3)
+    opt = timed_sgd([*model.parameters(), *head.parameters()], clock)
+    x = torch.randn(24, 4)
+    totals = [_chunked_loss_step(model, head, opt, x, chunks) for _ in range(3)]
+    inst.flush()
+    assert [log["loss"] for log in inst.fake.logs] == pytest.approx(totals, rel=1e-5)
+    assert model.first.weight.grad is not None and model.first.weight.grad.abs().sum() > 0
+
+
+def test_losses_of_whose_last_is_not_their_sum_are_averaged():
+    """Parts and their total: the total; anything else (two micro-batches, zeros, a last
+    that is only near the others' sum): their mean, as before."""
+    mean = instrument._loss_mean
+    assert mean([0.25, 0.5, 0.75], (1, 1), 3) == 0.75
+    assert mean([0.25, 0.5, 0.75], (1, 2), 3) == 1.5  # the rank's factor still applies
+    assert mean([1.5, 1.5], (1, 1), 9) == 1.5  # 8 folded into the first, then their total
+    assert mean([0.5, 0.75], (1, 1), 2) == 0.625  # two: a mean (a + b is no total of one)
+    assert mean([0.0, 0.0, 0.0], (1, 1), 3) == 0.0
+    assert mean([0.25, 0.5, 0.76], (1, 1), 3) == pytest.approx(0.5033333)
+    assert mean([0.25, 0.5, 0.75], (3, 1), 3) == 0.75  # divided by 3 each: no matter
+    assert mean([0.1, 0.2, 0.3, 0.4], (4, 1), 4) == pytest.approx(1.0)
+
+
+def test_fsdp_gradients_summed_over_the_ranks_report_each_loss_times_them(inst, monkeypatch):
+    """torchtitan sets every FSDP module's gradient divide factor to 1 (summed over the
+    ranks, not averaged) and divides each rank's loss by all the ranks' tokens: a rank's loss
+    is its share, 4.0 of 8.0 on 2 ranks. The rank reports its loss times the ranks, once
+    said as the ``summed_loss`` note; any other factor changes nothing."""
+
+    class FSDPModule:
+        def set_gradient_divide_factor(self, factor):
+            self.factor = factor
+
+    fsdp = types.ModuleType("fake_fsdp")
+    fsdp.fully_shard = lambda module, *, mesh=None: module
+    fsdp.FSDPModule = FSDPModule
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    inst._follow_fully_shard(fsdp)
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    try:
+        sharded = FSDPModule()
+        sharded.set_gradient_divide_factor(2.0)  # FSDP's own: averaged
+        first = train_step(model, opt, clock).item()
+        sharded.set_gradient_divide_factor(1.0)
+        FSDPModule().set_gradient_divide_factor(factor=1)  # another module: said once
+        second = train_step(model, opt, clock).item()
+        inst.flush()
+    finally:
+        inst.detach()
+    assert sharded.factor == 1.0
+    assert [log["loss"] for log in inst.fake.logs] == pytest.approx([first, 2 * second])
+    assert inst.fake.notes == [("summed_loss", {"group_size": 2})]
+
+
 @pytest.mark.parametrize("loader", [True, False])
 def test_without_ddp_the_first_step_is_timed_from_its_first_batch_or_not_at_all(inst, loader):
     """No DDP forward marks where the first step begins (FSDP, a plain model: pytorch/examples'

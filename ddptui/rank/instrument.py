@@ -166,6 +166,9 @@ MAX_PENDING_HOST = 4096
 #: so that every micro-batch's loss is in the step's mean and a GPU step copies at most this
 #: many to the host. nanoGPT accumulates 40 a step on one GPU; its mean was of the first 8.
 MAX_LOSSES = 8
+#: How a step's losses make its loss (see :func:`_loss_mean`): what each was divided by for
+#: their accumulation (1, or their number), and the rank's loss factor.
+LossScale = tuple[int, int]
 #: Finished steps go to the reporter from the drainer thread at most this often, in one
 #: message. Each drain and its send have a cost of their own besides each step's (cold
 #: caches, the GIL taken from the training thread, ZeroMQ's I/O thread woken): at 50 ms
@@ -478,7 +481,7 @@ class CudaStepRead:
         marks: list[tuple[str, Any]],
         losses: list[Any],
         custom: dict,
-        scale: int,
+        scale: LossScale,
         count: int,
     ) -> None:
         self._marks = marks  # [("start", ev0), (phase, ev1), ...]: phase = ev(i-1) -> ev(i)
@@ -516,7 +519,7 @@ class LossRead:
         event: Any,
         losses: list[Any],
         phases: dict[str, float] | None,
-        scale: int,
+        scale: LossScale,
         count: int,
     ) -> None:
         self._event = event
@@ -747,6 +750,9 @@ class Instrument:
         self._plain_looked = False
         self._plain_samples = 0
         self._data_parallel_said: int | None = None  # the least said (see _data_parallel)
+        #: What each loss is multiplied by as it is reported: the ranks FSDP sums this rank's
+        #: gradients over (see _summed_gradients), else 1.
+        self._loss_factor = 1
         #: With DDP, samples that iterator gave before this step and no step took: a batch
         #: drawn ahead of its step (timm's prefetcher) is the next step's (see _finish_step).
         self._drawn_ahead = 0
@@ -1133,6 +1139,41 @@ class Instrument:
             "FSDP2's fully_shard", module, "fully_shard",
             lambda args, kwargs: kwargs.get("mesh"), self._data_parallel,
         )  # fmt: skip
+        sharded = getattr(module, "FSDPModule", None)
+        original = getattr(sharded, "set_gradient_divide_factor", None)
+        if not callable(original):
+            return
+
+        @functools.wraps(original)
+        def set_gradient_divide_factor(fsdp: Any, /, *args: Any, **kwargs: Any) -> Any:
+            result = original(fsdp, *args, **kwargs)
+            factor = args[0] if args else kwargs.get("factor")
+            with contextlib.suppress(Exception):
+                self._summed_gradients(fsdp, factor)
+            return result
+
+        self._follow(
+            "FSDP2's set_gradient_divide_factor", sharded,
+            set_gradient_divide_factor=set_gradient_divide_factor,
+        )  # fmt: skip
+
+    def _summed_gradients(self, fsdp: Any, factor: Any) -> None:
+        """An FSDP2 module's gradients divided by ``factor`` as they are reduced over its
+        ranks (``set_gradient_divide_factor``). By 1, they are summed: the script made each
+        rank's loss its share of the ranks' (torchtitan divides each rank's summed token
+        losses by the tokens of all ranks, 4.0 a rank where its log says 8.0 on 2 ranks), and
+        the loss a rank reports is its own times those ranks, which the run's mean over the
+        ranks makes the script's. Said once, as the ``summed_loss`` note; any other factor
+        leaves the losses as they are."""
+        if type(factor) not in (int, float) or factor != 1:
+            return
+        ranks = _fsdp_ranks(fsdp) or self._world_size() or 1
+        if ranks <= 1 or ranks == self._loss_factor:
+            return
+        self._loss_factor = ranks
+        from ddptui.rank import reporter as reporter_module
+
+        reporter_module.get_reporter().note("summed_loss", group_size=ranks)
 
     def _follow_mesh(
         self,
@@ -3274,7 +3315,7 @@ class Instrument:
             or self._draws == 1
             or all(d == count or d is WINDOW for d in divisors)
         )
-        scale = count if summed else 1
+        scale = (count if summed else 1, self._loss_factor)
         held = len(losses) + self._folded  # the losses the list holds (see _keep_loss)
         self._forget_losses()
         cuda = self._cuda is not None
@@ -3753,7 +3794,7 @@ def _optimizer_key(optimizer: Any) -> int:
         return id(optimizer)
 
 
-def _mean_item(values: list[Any], scale: int, count: int) -> float | None:
+def _mean_item(values: list[Any], scale: LossScale, count: int) -> float | None:
     """The mean of a step's ``count`` CPU losses (``values``: the tensors, the first maybe
     the sum of several, see ``Instrument._keep_loss``), times ``scale`` (each was divided by
     it: see ``_finish_step``); None if one cannot be read."""
@@ -3763,19 +3804,44 @@ def _mean_item(values: list[Any], scale: int, count: int) -> float | None:
         return None
 
 
-def _host_loss(copies: list[Any], scale: int, count: int) -> float | None:
+def _host_loss(copies: list[Any], scale: LossScale, count: int) -> float | None:
     """A step's loss from its host copies (pinned tensors the device has filled, or floats
     read already): as :func:`_mean_item`; None without any."""
     losses = [h if type(h) is float else float(h.item()) for h in copies]
     return _loss_mean(losses, scale, count) if losses else None
 
 
-def _loss_mean(losses: list[float], scale: int, count: int) -> float:
-    """The mean of ``count`` losses whose values (some of them sums) are ``losses``, times
-    ``scale``; unfolded, exactly their mean."""
-    if count == len(losses):
-        return _mean(losses) * scale
-    return sum(losses) / count * scale
+def _loss_mean(losses: list[float], scale: LossScale, count: int) -> float:
+    """The step's loss from its ``count`` losses, whose values (some of them sums) are
+    ``losses``: their mean times the accumulation's ``scale[0]`` (unfolded, exactly their
+    mean), or, where the last is the sum of the others (their total after its parts), the
+    last; times ``scale[1]``, the rank's loss factor.
+
+    torchtitan's chunked loss calls ``backward()`` on each chunk's loss (its part of the
+    step's) as it computes it, then on their total, which carries the gradients on through
+    the model: 0.87 was read where its log said 8.0 (9 losses' mean, 8 parts and their sum)."""
+    summed, factor = scale
+    if count > 2 and _total_of_parts(losses):
+        return losses[-1] * factor
+    mean = _mean(losses) if count == len(losses) else sum(losses) / count
+    return mean * summed * factor
+
+
+def _fsdp_ranks(fsdp: Any) -> int | None:
+    """The ranks an FSDP2 module reduces its gradients over (its mesh's: the shards', times
+    the replicas' where it is hybrid), read from its state; None where it cannot be."""
+    try:
+        return int(fsdp._get_fsdp_state()._fsdp_param_group.mesh_info.mesh.size())
+    except Exception:
+        return None
+
+
+def _total_of_parts(losses: list[float]) -> bool:
+    """Whether the last of ``losses`` (two or more: the first may be a folded sum) is the sum
+    of the others, to float32's rounding, and not zero."""
+    total = losses[-1]
+    parts = math.fsum(losses[:-1])
+    return total != 0 and math.isfinite(total) and abs(total - parts) <= 1e-5 * abs(total)
 
 
 def _mean(values: Iterable[float]) -> float:

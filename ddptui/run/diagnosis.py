@@ -66,6 +66,7 @@ CAUSES = (
     "loader_restart",  # a note: a pass waits long for its DataLoader's workers to start again
     "own_error",  # a note: ddptui's own code raised applying events or diagnosing (no verdict)
     "data_parallel",  # a note: ranks share batches (tensor/pipeline parallel): counted once
+    "summed_loss",  # a note: FSDP sums the gradients: each rank's loss shown times the ranks
 )
 
 
@@ -1092,6 +1093,17 @@ def note_diagnosis(note: Any, t: float) -> Diagnosis | None:
             f"{note.seconds} s for its first batch, {workers} starting again (every pass "
             "starts them anew); DataLoader(..., persistent_workers=True) keeps them between "
             "passes",
+            t,
+        )
+    if note.code == "summed_loss":
+        ranks = note.group[1]
+        return Diagnosis(
+            note.rank,
+            "summed_loss",
+            f"each rank's loss is shown times {ranks}: FSDP sums the gradients over {ranks} "
+            "ranks (set_gradient_divide_factor(1.0)), so the script made a rank's loss its "
+            "share of theirs (divided by all the ranks' tokens or samples); the ranks' mean "
+            "is the script's loss",
             t,
         )
     if note.code == "instrument_off":
