@@ -44,6 +44,23 @@ def test_a_rank_that_never_entered_is_named_with_the_collective_and_both_sides()
     )
 
 
+def test_functional_all_gathers_before_a_hang_are_no_desync_and_the_hang_is_found():
+    """gloo's recorder writes a functional all_gather's output (DTensor's, torchtitan's
+    attention masks; ``funcol.all_gather_tensor``) as one rank's share, ``[1, 16, 8]`` for a
+    gather of ``[16, 8]`` over 2 ranks, on every rank alike. torch's analyzer took each for a
+    size mismatch: torchtitan's hung run read "rank 1 called all_gather #2 with 32,768 bools
+    where rank 0 called it with 32,768 bools: a desync", and, its cap of 10 mismatches
+    reached, never came to the all_reduce that rank 1 never entered."""
+    t = traces("gathered_hang")
+    gathers = [e for e in t[0]["entries"] if e["output_sizes"] == [[1, 16, 8]]]  # as recorded
+    assert len(gathers) == 12 and {e["profiling_name"] for e in gathers} == {"gloo:all_gather"}
+    found, why = flight.explain(t, 2, {1: "load_batch (record_fixtures.py:30)"})
+    assert why is None
+    assert [(f.rank, f.cause, f.op) for f in found] == [(1, "hang", "all_reduce")]
+    assert found[0].detail.startswith(f"rank 1 never entered all_reduce #{found[0].seq} ")
+    assert gathers[0]["output_sizes"] == [[1, 16, 8]]  # the traces are left as read
+
+
 def test_without_a_stack_the_last_collective_of_the_missing_rank_is_said():
     found, _ = flight.explain(traces("hang"), 2)
     assert found[0].detail.endswith("; rank 1 last entered all_reduce #7")

@@ -305,6 +305,33 @@ def _pg_configs(traces: Mapping[int, dict], world_size: int) -> dict[int, dict]:
     return out
 
 
+def _gathers_mended(entries: list[dict], config: Mapping[str, dict]) -> list[dict]:
+    """``entries`` with gloo's functional all_gathers given the output torch's analyzer
+    checks for. gloo's recorder writes a functional all_gather's output
+    (``funcol.all_gather_tensor``: DTensor's, torchtitan's attention masks) as one rank's
+    share, ``[1, 16, 8]`` for a gather of ``[16, 8]`` over 2 ranks (torch 2.15), on every
+    rank alike, where ``all_gather_into_tensor`` and ``all_gather`` record ``[2, 16, 8]``;
+    the analyzer takes each for a size mismatch, and stops pairing after 10. Only that
+    shape, of a group of more ranks, is mended (to ``[ranks, 16, 8]``)."""
+    for e in entries:
+        inputs, outputs = e.get("input_sizes"), e.get("output_sizes")
+        if (
+            e.get("profiling_name") != "gloo:all_gather"
+            or len(inputs) != 1
+            or len(outputs) != 1
+            or outputs[0] != [1, *inputs[0]]
+        ):
+            continue
+        group = config.get(e["process_group"][0]) or {}
+        try:
+            ranks = len(json.loads(group.get("ranks", "")))
+        except (TypeError, ValueError):
+            continue
+        if ranks > 1:
+            e["output_sizes"] = [[ranks, *inputs[0]]]
+    return entries
+
+
 _warming: threading.Thread | None = None
 
 
@@ -353,7 +380,8 @@ def analyze(traces: Mapping[int, dict], world_size: int) -> Any:
     details = {
         trace_name(rank): {
             "rank": rank,
-            "entries": json.loads(json.dumps(doc["entries"])),  # torch pops from these lists
+            # a copy: torch pops from these lists, and the gathers' sizes are mended in it
+            "entries": _gathers_mended(json.loads(json.dumps(doc["entries"])), configs[rank]),
             "version": doc["version"],
             "pg_config": configs[rank],
         }

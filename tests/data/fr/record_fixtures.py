@@ -20,7 +20,10 @@ sys.path.insert(0, str(HERE.parents[2]))
 
 from ddptui.rank.flight_recorder import write_trace  # noqa: E402
 
-CASES = ("hang", "desync_type", "healthy")
+CASES = ("hang", "desync_type", "healthy", "gathered_hang")
+#: Functional all_gathers (DTensor's, torchtitan's attention masks) before ``gathered_hang``'s:
+#: more than torch's analyzer pairs past when it takes each for a mismatch (its cap, 10).
+GATHERS = 12
 
 
 def load_batch():
@@ -36,6 +39,11 @@ def worker(rank, world, case, port):
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
     for _ in range(2):
         model(torch.randn(4, 8)).sum().backward()
+    if case == "gathered_hang":
+        import torch.distributed._functional_collectives as funcol
+
+        for _ in range(GATHERS):
+            funcol.all_gather_tensor(torch.ones(16, 8, dtype=torch.bool), 0, list(range(world)))
     out = HERE / case
     out.mkdir(exist_ok=True)
 
@@ -45,7 +53,7 @@ def worker(rank, world, case, port):
         os._exit(0)
 
     threading.Thread(target=dump, daemon=True).start()
-    if case == "hang":
+    if case in ("hang", "gathered_hang"):
         if rank == 1:
             load_batch()
         model(torch.randn(4, 8)).sum().backward()
