@@ -1032,6 +1032,29 @@ def _chunked_loss_step(model, head, opt, x, chunks):
     return total.item()
 
 
+def test_loading_an_optimizers_state_from_a_checkpoint_is_no_step(inst):
+    """torch.distributed.checkpoint's state dicts step a fresh optimizer once, with zero
+    gradients and learning rate, to make its state (``set_optimizer_state_dict`` loading a
+    checkpoint into it, ``get_optimizer_state_dict`` before its first step): torchtitan
+    restarted from its checkpoint read a first step with no loss and no samples, one step
+    more than it took."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    saved = get_optimizer_state_dict(model, opt)  # the first optimizer step of the process
+    assert opt.state  # made, by a step of its own
+    set_optimizer_state_dict(model, opt, optim_state_dict=saved)
+    losses = [train_step(model, opt, clock).item() for _ in range(3)]
+    inst.flush()
+    assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
+    assert inst.fake.logs[-1]["step_time"] == pytest.approx(0.005 + 0.010 + 0.020 + 0.001)
+
+
 @pytest.mark.parametrize("chunks", [2, 8, 12])
 def test_a_loss_computed_in_chunks_is_their_total(inst, chunks):
     """torchtitan's ``ChunkedLossWrapper``: ``backward()`` on each chunk's loss, then on

@@ -160,6 +160,26 @@ def test_a_torn_checkpoint_is_refused_at_restart_with_one_line(tmp_path):
     assert session.state.attempts[0].outcome == "failed"
 
 
+def test_a_scripts_restart_without_the_runs_checkpoint_is_not_said_from_scratch(
+    tmp_path, monkeypatch
+):
+    """torchtitan resumes from checkpoints of its own (its step 15, then 16) that ddptui
+    does not know: its restart said "from scratch"."""
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    session = RunSession(_cfg(tmp_path, script=str(script)))
+    session.run_dir.mkdir(parents=True)
+    session.collector = _NoCollector()
+    session.state.begin_attempt(AttemptRecord(0, time.time()))
+    monkeypatch.setattr("ddptui.run.session.Launcher.start", lambda self: None)
+    failure = RankFailureInfo(rank=1, exit_code=1)
+    assert session._restart(LaunchResult(1, failure=failure)) is True
+    assert session.restart_lines == [
+        "restart 1/2: rank 1 exited with code 1; the script starts again, from its own "
+        "checkpoint if it keeps one"
+    ]
+
+
 def test_a_foreign_checkpoint_is_refused(tmp_path):
     import torch
 

@@ -362,6 +362,8 @@ _TENSORBOARD = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
 _WANDB = "wandb.sdk.wandb_run"
 #: FSDP2's package: ``fully_shard`` says the mesh a model's gradients are synchronized over.
 _FSDP = "torch.distributed.fsdp"
+#: torch's distributed checkpoint's state dicts: making an optimizer's state steps it once.
+_CHECKPOINT_STATE = "torch.distributed.checkpoint.state_dict"
 #: Tensor parallelism's package: ``parallelize_module`` says the ranks that share batches.
 _TENSOR_PARALLEL = "torch.distributed.tensor.parallel"
 #: MMEngine's runners (OpenMMLab's training loop: mmpretrain, mmdet, mmseg...) by module.
@@ -753,6 +755,8 @@ class Instrument:
         #: What each loss is multiplied by as it is reported: the ranks FSDP sums this rank's
         #: gradients over (see _summed_gradients), else 1.
         self._loss_factor = 1
+        #: Inside torch's making of an optimizer's state (see _attach_checkpoint_state).
+        self._making_state = 0
         #: With DDP, samples that iterator gave before this step and no step took: a batch
         #: drawn ahead of its step (timm's prefetcher) is the next step's (see _finish_step).
         self._drawn_ahead = 0
@@ -957,6 +961,7 @@ class Instrument:
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_fully_shard,
+            self._attach_checkpoint_state,
             self._attach_jit,
             self._attach_backward,
             self._attach_dist_autograd,
@@ -1124,6 +1129,33 @@ class Instrument:
         their batches (see :meth:`_data_parallel`)."""
         self._when_imported(_FSDP, self._follow_fully_shard)
         self._when_imported(_TENSOR_PARALLEL, self._follow_parallelize)
+
+    def _attach_checkpoint_state(self, torch: Any) -> None:
+        """Follow ``torch.distributed.checkpoint.state_dict`` from its import on: loading an
+        optimizer's state into a fresh optimizer (``set_optimizer_state_dict``, and getting
+        one's before its first step) first steps it once with zero gradients and a zero
+        learning rate to make its state (``_init_optim_state``). That is no training step:
+        torchtitan, restarted from its checkpoint, read a first step with no loss and no
+        samples, and one step more than it took."""
+        self._when_imported(_CHECKPOINT_STATE, self._follow_checkpoint_state)
+
+    def _follow_checkpoint_state(self, module: Any) -> None:
+        original = getattr(module, "_init_optim_state", None)
+        if not callable(original):
+            return
+
+        @functools.wraps(original)
+        def _init_optim_state(*args: Any, **kwargs: Any) -> Any:
+            self._making_state += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._making_state -= 1
+
+        self._follow(
+            "torch.distributed.checkpoint's optimizer state", module,
+            _init_optim_state=_init_optim_state,
+        )  # fmt: skip
 
     def _follow_parallelize(self, module: Any) -> None:
         # ``device_mesh`` may come second in place; None: torch's current mesh, not read here
@@ -3144,6 +3176,8 @@ class Instrument:
 
     def _opt_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
+        if self._making_state:  # no training step (see _attach_checkpoint_state)
+            return None
         self._opt_depth += 1
         self._opt_seen = True
         if self.disabled or self._opt_depth > 1:  # a step inside a step: the outer one counts
@@ -3171,6 +3205,8 @@ class Instrument:
 
     def _opt_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
+        if self._making_state:
+            return None
         if self._opt_depth > 1:  # the end of a step inside a step
             self._opt_depth -= 1
             return None

@@ -870,7 +870,11 @@ class RunSession:
                 self._refuse(problem)
                 return False
         number = self.attempt + 1
-        where = "from scratch"
+        # A script keeps checkpoints of its own that ddptui does not know (torchtitan
+        # loaded its step 15 and went on at 16, where this line said "from scratch").
+        where = "the script starts again, from its own checkpoint if it keeps one"
+        if not self.cfg.script:
+            where = "from scratch"
         if resume is not None:
             where = f"resuming from {os.path.basename(resume)}"
             where += f" (epoch {epoch})" if epoch is not None else ""
