@@ -1055,6 +1055,31 @@ def test_loading_an_optimizers_state_from_a_checkpoint_is_no_step(inst):
     assert inst.fake.logs[-1]["step_time"] == pytest.approx(0.005 + 0.010 + 0.020 + 0.001)
 
 
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_fresh_optimizer_stepped_at_a_zero_learning_rate_before_any_backward_is_no_step(
+    inst, fresh
+):
+    """torchtitan's own copy of it (``init_optim_state``): zero gradients, every learning rate
+    0, a step. An optimizer with a state already, or a step after a backward (a warmup from a
+    learning rate of 0), is a training step."""
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.01))
+    if not fresh:
+        train_step(model, opt, clock)
+    for group in opt.param_groups:
+        group["lr"] = torch.tensor(0.0)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad()
+    losses = [train_step(model, opt, clock).item() for _ in range(2)]  # warmup: lr 0
+    inst.flush()
+    logs = inst.fake.logs if fresh else inst.fake.logs[2:]
+    assert [log["loss"] for log in logs] == pytest.approx(losses)
+    assert len(inst.fake.logs) == (2 if fresh else 4)
+
+
 @pytest.mark.parametrize("chunks", [2, 8, 12])
 def test_a_loss_computed_in_chunks_is_their_total(inst, chunks):
     """torchtitan's ``ChunkedLossWrapper``: ``backward()`` on each chunk's loss, then on

@@ -69,7 +69,7 @@ def sampler(shuffle=True, cls=DistributedSampler, size=10):
 
 
 _WEIGHTS = torch.nn.Linear(1, 1)
-_OPTIMIZER = torch.optim.SGD(_WEIGHTS.parameters(), lr=0.0)
+_OPTIMIZER = torch.optim.SGD(_WEIGHTS.parameters(), lr=0.1)  # no gradients: no change
 
 
 def trained(s, n=1):

@@ -362,8 +362,6 @@ _TENSORBOARD = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
 _WANDB = "wandb.sdk.wandb_run"
 #: FSDP2's package: ``fully_shard`` says the mesh a model's gradients are synchronized over.
 _FSDP = "torch.distributed.fsdp"
-#: torch's distributed checkpoint's state dicts: making an optimizer's state steps it once.
-_CHECKPOINT_STATE = "torch.distributed.checkpoint.state_dict"
 #: Tensor parallelism's package: ``parallelize_module`` says the ranks that share batches.
 _TENSOR_PARALLEL = "torch.distributed.tensor.parallel"
 #: MMEngine's runners (OpenMMLab's training loop: mmpretrain, mmdet, mmseg...) by module.
@@ -755,7 +753,9 @@ class Instrument:
         #: What each loss is multiplied by as it is reported: the ranks FSDP sums this rank's
         #: gradients over (see _summed_gradients), else 1.
         self._loss_factor = 1
-        #: Inside torch's making of an optimizer's state (see _attach_checkpoint_state).
+        #: ``backward()`` calls since the last step ended (see _making_state).
+        self._backwards = 0
+        #: Inside an optimizer step that only makes its state (see _makes_state): its depth.
         self._making_state = 0
         #: With DDP, samples that iterator gave before this step and no step took: a batch
         #: drawn ahead of its step (timm's prefetcher) is the next step's (see _finish_step).
@@ -961,7 +961,6 @@ class Instrument:
             self._attach_optimizer,
             self._attach_ddp,
             self._attach_fully_shard,
-            self._attach_checkpoint_state,
             self._attach_jit,
             self._attach_backward,
             self._attach_dist_autograd,
@@ -1129,33 +1128,6 @@ class Instrument:
         their batches (see :meth:`_data_parallel`)."""
         self._when_imported(_FSDP, self._follow_fully_shard)
         self._when_imported(_TENSOR_PARALLEL, self._follow_parallelize)
-
-    def _attach_checkpoint_state(self, torch: Any) -> None:
-        """Follow ``torch.distributed.checkpoint.state_dict`` from its import on: loading an
-        optimizer's state into a fresh optimizer (``set_optimizer_state_dict``, and getting
-        one's before its first step) first steps it once with zero gradients and a zero
-        learning rate to make its state (``_init_optim_state``). That is no training step:
-        torchtitan, restarted from its checkpoint, read a first step with no loss and no
-        samples, and one step more than it took."""
-        self._when_imported(_CHECKPOINT_STATE, self._follow_checkpoint_state)
-
-    def _follow_checkpoint_state(self, module: Any) -> None:
-        original = getattr(module, "_init_optim_state", None)
-        if not callable(original):
-            return
-
-        @functools.wraps(original)
-        def _init_optim_state(*args: Any, **kwargs: Any) -> Any:
-            self._making_state += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._making_state -= 1
-
-        self._follow(
-            "torch.distributed.checkpoint's optimizer state", module,
-            _init_optim_state=_init_optim_state,
-        )  # fmt: skip
 
     def _follow_parallelize(self, module: Any) -> None:
         # ``device_mesh`` may come second in place; None: torch's current mesh, not read here
@@ -3024,6 +2996,7 @@ class Instrument:
 
     def _backward_call(self, tensor: Any) -> None:
         self.hook_calls += 1
+        self._backwards += 1
         self._opt_depth = 0
         if self.disabled:
             return
@@ -3176,7 +3149,10 @@ class Instrument:
 
     def _opt_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
-        if self._making_state:  # no training step (see _attach_checkpoint_state)
+        if self._making_state or (
+            not self._backwards and not self._opt_depth and _makes_state(optimizer)
+        ):
+            self._making_state += 1  # a step inside it is part of it
             return None
         self._opt_depth += 1
         self._opt_seen = True
@@ -3206,6 +3182,7 @@ class Instrument:
     def _opt_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         self.hook_calls += 1
         if self._making_state:
+            self._making_state -= 1
             return None
         if self._opt_depth > 1:  # the end of a step inside a step
             self._opt_depth -= 1
@@ -3327,7 +3304,7 @@ class Instrument:
         (which keeps its list), or not the step's (a joined optimizer's)."""
         if self._losses:
             self._losses = []
-        self._loss_count = self._folded = 0
+        self._loss_count = self._folded = self._backwards = 0
         self._summed_losses = False
         if self._loss_divisors:
             self._loss_divisors.clear()  # no new list on every step
@@ -3861,6 +3838,29 @@ def _loss_mean(losses: list[float], scale: LossScale, count: int) -> float:
         return losses[-1] * factor
     mean = _mean(losses) if count == len(losses) else sum(losses) / count
     return mean * summed * factor
+
+
+def _makes_state(optimizer: Any) -> bool:
+    """Whether an optimizer step, with no ``backward()`` since the last step, only makes the
+    optimizer's state: a fresh optimizer (no state yet) stepped with every learning rate 0.
+    torch's distributed checkpoint does so to have a state to load a checkpoint into, or to
+    save (``_init_optim_state``: zero gradients, zero learning rate), and torchtitan with a
+    copy of its own: its restarted attempt read a first step with no loss and no samples,
+    one step more than it took. Reads no device tensor; never raises."""
+    try:
+        if optimizer.state:
+            return False
+        rates = [group["lr"] for group in optimizer.param_groups]
+        return bool(rates) and all(
+            type(lr) in (int, float)
+            and lr == 0
+            or getattr(lr, "device", None) is not None
+            and lr.device.type == "cpu"
+            and lr == 0
+            for lr in rates
+        )
+    except Exception:
+        return False
 
 
 def _fsdp_ranks(fsdp: Any) -> int | None:
