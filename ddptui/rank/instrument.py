@@ -487,7 +487,7 @@ class CudaStepRead:
         self._marks = marks  # [("start", ev0), (phase, ev1), ...]: phase = ev(i-1) -> ev(i)
         self._losses = losses  # pinned host copies (or floats already read)
         self._custom = custom
-        self._scale = scale  # what each loss was divided by (see _finish_step)
+        self._scale = scale  # accumulation and loss factor (see _finish_step)
         self._count = count  # the losses they hold (a folded sum holds several)
 
     def query(self) -> bool:
@@ -3808,9 +3808,9 @@ def _optimizer_key(optimizer: Any) -> int:
 
 
 def _mean_item(values: list[Any], scale: LossScale, count: int) -> float | None:
-    """The mean of a step's ``count`` CPU losses (``values``: the tensors, the first maybe
-    the sum of several, see ``Instrument._keep_loss``), times ``scale`` (each was divided by
-    it: see ``_finish_step``); None if one cannot be read."""
+    """A step's loss from its ``count`` CPU losses (``values``: the tensors, the first maybe
+    the sum of several, see ``Instrument._keep_loss``), made as :func:`_loss_mean` says with
+    ``scale`` (see ``_finish_step``); None if one cannot be read."""
     try:
         return _loss_mean([float(value.item()) for value in values], scale, count)
     except Exception:
@@ -3851,16 +3851,17 @@ def _makes_state(optimizer: Any) -> bool:
         if optimizer.state:
             return False
         rates = [group["lr"] for group in optimizer.param_groups]
-        return bool(rates) and all(
-            type(lr) in (int, float)
-            and lr == 0
-            or getattr(lr, "device", None) is not None
-            and lr.device.type == "cpu"
-            and lr == 0
-            for lr in rates
-        )
+        return bool(rates) and all(_zero_rate(lr) for lr in rates)
     except Exception:
         return False
+
+
+def _zero_rate(lr: Any) -> bool:
+    """A learning rate of 0: a number, or a 0-dim CPU tensor (one on a device is not read)."""
+    if type(lr) in (int, float):
+        return lr == 0
+    device = getattr(lr, "device", None)
+    return device is not None and device.type == "cpu" and lr.dim() == 0 and bool(lr == 0)
 
 
 def _fsdp_ranks(fsdp: Any) -> int | None:
