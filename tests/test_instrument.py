@@ -749,7 +749,7 @@ def test_on_a_gpu_every_micro_batch_is_in_the_loss_and_at_most_max_losses_go_to_
     copies = []
     to_host = inst._to_host
     monkeypatch.setattr(inst, "_to_host", lambda value: copies.append(value) or to_host(value))
-    micro, undivided = 21, []
+    micro, undivided = 2 * instrument.MAX_LOSSES + 5, []
     for _ in range(micro):
         loss = model(torch.randn(3, 4)).pow(2).mean()
         undivided.append(loss.item())
@@ -773,7 +773,7 @@ def test_losses_that_cannot_be_folded_leave_the_first_ones_to_stand_for_the_step
     assert inst._loss_divisors == [None]  # each divisor once
     inst._forget_losses()
     distinct = inst._loss_divisors
-    for divisor in range(50):
+    for divisor in range(2 * instrument.MAX_LOSSES):
         inst._keep_loss(torch.tensor(1.0), float(divisor))
     assert len(distinct) == instrument.MAX_LOSSES + 1  # more cannot all be the count
 
@@ -1012,24 +1012,28 @@ class _TotalOfChunks(torch.autograd.Function):
         return gathered * grad, None, None
 
 
-def _chunked_loss_step(model, head, opt, x, chunks):
-    """One step of torchtitan's chunked loss: the head's loss on each chunk of the hidden
-    states, each chunk's ``backward()`` at once (into a detached leaf), then ``backward()``
-    on their total, which carries the gathered gradient on through the model. Returns the
-    total."""
+def _chunked_loss_step(model, head, opt, batches, chunks):
+    """One step of torchtitan's chunked loss over micro-batches: for each, the head's loss on
+    each chunk of the hidden states (divided by the step's samples), each chunk's
+    ``backward()`` at once (into a detached leaf), then ``backward()`` on their total, which
+    carries the gathered gradient on through the model. Returns the totals' sum."""
     opt.zero_grad()
-    hidden = model(x)
-    total = torch.zeros(())
-    gathered = []
-    for part in hidden.detach().chunk(chunks):
-        part.requires_grad_(True)
-        loss = head(part).pow(2).sum() / len(x)
-        total = total + loss.detach()
-        loss.backward()
-        gathered.append(part.grad)
-    _TotalOfChunks.apply(hidden, torch.cat(gathered), total).backward()
+    samples = sum(len(x) for x in batches)
+    step_loss = 0.0
+    for x in batches:
+        hidden = model(x)
+        total = torch.zeros(())
+        gathered = []
+        for part in hidden.detach().chunk(chunks):
+            part.requires_grad_(True)
+            loss = head(part).pow(2).sum() / samples
+            total = total + loss.detach()
+            loss.backward()
+            gathered.append(part.grad)
+        _TotalOfChunks.apply(hidden, torch.cat(gathered), total).backward()
+        step_loss += total.item()
     opt.step()
-    return total.item()
+    return step_loss
 
 
 def test_loading_an_optimizers_state_from_a_checkpoint_is_no_step(inst):
@@ -1080,18 +1084,19 @@ def test_a_fresh_optimizer_stepped_at_a_zero_learning_rate_before_any_backward_i
     assert len(inst.fake.logs) == (2 if fresh else 4)
 
 
-@pytest.mark.parametrize("chunks", [2, 8, 12])
-def test_a_loss_computed_in_chunks_is_their_total(inst, chunks):
+@pytest.mark.parametrize("chunks, micro", [(2, 1), (8, 1), (8, 2), (3, 4), (70, 1)])
+def test_a_loss_computed_in_chunks_is_their_total(inst, chunks, micro):
     """torchtitan's ``ChunkedLossWrapper``: ``backward()`` on each chunk's loss, then on
-    their total: the step's loss is the total (0.87 was read where its log said 8.0: the
-    mean of 8 parts and their sum), folded or not (12 chunks: more than MAX_LOSSES)."""
+    their total, for each micro-batch: the step's loss is the totals' sum (0.87 was read where
+    its log said 8.0: the mean of 8 parts and their sum; with 2 micro-batches, 0.90 for
+    8.09), folded or not (70 chunks: more than MAX_LOSSES)."""
     clock = inst.fake_clock
     torch.manual_seed(0)
     model = Net(clock)
     head = torch.nn.Linear(1, 3)
     opt = timed_sgd([*model.parameters(), *head.parameters()], clock)
-    x = torch.randn(24, 4)
-    totals = [_chunked_loss_step(model, head, opt, x, chunks) for _ in range(3)]
+    batches = [torch.randn(70, 4) for _ in range(micro)]
+    totals = [_chunked_loss_step(model, head, opt, batches, chunks) for _ in range(3)]
     inst.flush()
     assert [log["loss"] for log in inst.fake.logs] == pytest.approx(totals, rel=1e-5)
     assert model.first.weight.grad is not None and model.first.weight.grad.abs().sum() > 0
@@ -1102,6 +1107,8 @@ def test_losses_of_whose_last_is_not_their_sum_are_averaged():
     that is only near the others' sum): their mean, as before."""
     mean = instrument._loss_mean
     assert mean([0.25, 0.5, 0.75], (1, 1), 3) == 0.75
+    assert mean([0.25, 0.5, 0.75, 0.125, 0.25, 0.375], (1, 1), 6) == 1.125  # two micro-batches
+    assert mean([0.25, 0.5, 0.75, 0.125, 0.25], (1, 1), 5) == 0.375  # no total last: a mean
     assert mean([0.25, 0.5, 0.75], (1, 2), 3) == 1.5  # the rank's factor still applies
     assert mean([1.5, 1.5], (1, 1), 9) == 1.5  # 8 folded into the first, then their total
     assert mean([0.5, 0.75], (1, 1), 2) == 0.625  # two: a mean (a + b is no total of one)

@@ -164,8 +164,10 @@ MAX_PENDING_HOST = 4096
 #: Loss tensors kept per step (gradient accumulation): at this many, the next one first folds
 #: them into their sum (one stack and sum on their device, once per this many micro-batches),
 #: so that every micro-batch's loss is in the step's mean and a GPU step copies at most this
-#: many to the host. nanoGPT accumulates 40 a step on one GPU; its mean was of the first 8.
-MAX_LOSSES = 8
+#: many to the host. nanoGPT accumulates 40 a step on one GPU; its mean was of the first 8. Up
+#: to this many the step's losses stay apart, so that parts and their totals can be told (see
+#: :func:`_loss_mean`): torchtitan's chunked loss sends 9 a micro-batch, 18 with 2 of them.
+MAX_LOSSES = 64
 #: How a step's losses make its loss (see :func:`_loss_mean`): what each was divided by for
 #: their accumulation (1, or their number), and the rank's loss factor.
 LossScale = tuple[int, int]
@@ -3827,17 +3829,38 @@ def _host_loss(copies: list[Any], scale: LossScale, count: int) -> float | None:
 def _loss_mean(losses: list[float], scale: LossScale, count: int) -> float:
     """The step's loss from its ``count`` losses, whose values (some of them sums) are
     ``losses``: their mean times the accumulation's ``scale[0]`` (unfolded, exactly their
-    mean), or, where the last is the sum of the others (their total after its parts), the
-    last; times ``scale[1]``, the rank's loss factor.
+    mean), or, where they are parts each run of which its total follows, the totals' sum
+    (each a micro-batch's share of the step's, as its parts are shares of it: torchtitan
+    divides every micro-batch's by the step's tokens); times ``scale[1]``, the rank's loss
+    factor.
 
     torchtitan's chunked loss calls ``backward()`` on each chunk's loss (its part of the
     step's) as it computes it, then on their total, which carries the gradients on through
     the model: 0.87 was read where its log said 8.0 (9 losses' mean, 8 parts and their sum)."""
     summed, factor = scale
-    if count > 2 and _total_of_parts(losses):
-        return losses[-1] * factor
+    if count > 2:
+        if count == len(losses):
+            totals = _totals(losses)
+        else:  # folded: a total only after all the parts, the first of them a folded sum
+            totals = losses[-1:] if _sum_of(losses[-1], losses[:-1]) else []
+        if totals:
+            return math.fsum(totals) * factor
     mean = _mean(losses) if count == len(losses) else sum(losses) / count
     return mean * summed * factor
+
+
+def _totals(losses: list[float]) -> list[float]:
+    """The totals, where ``losses`` are parts each run of which (two or more) its total
+    follows (torchtitan's chunks, then their total, for each micro-batch), else []."""
+    totals: list[float] = []
+    run: list[float] = []
+    for value in losses:
+        if len(run) > 1 and _sum_of(value, run):
+            totals.append(value)
+            run = []
+        else:
+            run.append(value)
+    return totals if not run else []
 
 
 def _makes_state(optimizer: Any) -> bool:
@@ -3873,12 +3896,11 @@ def _fsdp_ranks(fsdp: Any) -> int | None:
         return None
 
 
-def _total_of_parts(losses: list[float]) -> bool:
-    """Whether the last of ``losses`` (two or more: the first may be a folded sum) is the sum
-    of the others, to float32's rounding, and not zero."""
-    total = losses[-1]
-    parts = math.fsum(losses[:-1])
-    return total != 0 and math.isfinite(total) and abs(total - parts) <= 1e-5 * abs(total)
+def _sum_of(total: float, parts: list[float]) -> bool:
+    """Whether ``total`` is the sum of ``parts``, to float32's rounding, and not zero."""
+    return (
+        total != 0 and math.isfinite(total) and abs(total - math.fsum(parts)) <= 1e-5 * abs(total)
+    )
 
 
 def _mean(values: Iterable[float]) -> float:
