@@ -3842,7 +3842,7 @@ def _loss_mean(losses: list[float], scale: LossScale, count: int) -> float:
         if count == len(losses):
             totals = _totals(losses)
         else:  # folded: a total only after all the parts, the first of them a folded sum
-            totals = losses[-1:] if _sum_of(losses[-1], losses[:-1]) else []
+            totals = losses[-1:] if _sum_of(losses[-1], math.fsum(losses[:-1])) else []
         if totals:
             return math.fsum(totals) * factor
     mean = _mean(losses) if count == len(losses) else sum(losses) / count
@@ -3853,14 +3853,14 @@ def _totals(losses: list[float]) -> list[float]:
     """The totals, where ``losses`` are parts each run of which (two or more) its total
     follows (torchtitan's chunks, then their total, for each micro-batch), else []."""
     totals: list[float] = []
-    run: list[float] = []
+    parts, run = 0, 0.0  # the parts since the last total, and their sum
     for value in losses:
-        if len(run) > 1 and _sum_of(value, run):
+        if parts > 1 and _sum_of(value, run):
             totals.append(value)
-            run = []
+            parts, run = 0, 0.0
         else:
-            run.append(value)
-    return totals if not run else []
+            parts, run = parts + 1, run + value
+    return totals if not parts else []
 
 
 def _makes_state(optimizer: Any) -> bool:
@@ -3896,11 +3896,9 @@ def _fsdp_ranks(fsdp: Any) -> int | None:
         return None
 
 
-def _sum_of(total: float, parts: list[float]) -> bool:
-    """Whether ``total`` is the sum of ``parts``, to float32's rounding, and not zero."""
-    return (
-        total != 0 and math.isfinite(total) and abs(total - math.fsum(parts)) <= 1e-5 * abs(total)
-    )
+def _sum_of(total: float, parts: float) -> bool:
+    """Whether ``total`` is ``parts`` (their sum), to float32's rounding, and not zero."""
+    return total != 0 and math.isfinite(total) and abs(total - parts) <= 1e-5 * abs(total)
 
 
 def _mean(values: Iterable[float]) -> float:

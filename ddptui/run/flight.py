@@ -313,6 +313,7 @@ def _gathers_mended(entries: list[dict], config: Mapping[str, dict]) -> list[dic
     rank alike, where ``all_gather_into_tensor`` and ``all_gather`` record ``[2, 16, 8]``;
     the analyzer takes each for a size mismatch, and stops pairing after 10. Only that
     shape, of a group of more ranks, is mended (to ``[ranks, 16, 8]``)."""
+    sizes: dict[str, int] = {}  # each group's ranks, read once
     for e in entries:
         inputs, outputs = e.get("input_sizes"), e.get("output_sizes")
         if (
@@ -322,13 +323,14 @@ def _gathers_mended(entries: list[dict], config: Mapping[str, dict]) -> list[dic
             or outputs[0] != [1, *inputs[0]]
         ):
             continue
-        group = config.get(e["process_group"][0]) or {}
-        try:
-            ranks = len(json.loads(group.get("ranks", "")))
-        except (TypeError, ValueError):
-            continue
-        if ranks > 1:
-            e["output_sizes"] = [[ranks, *inputs[0]]]
+        name = e["process_group"][0]
+        if name not in sizes:
+            try:
+                sizes[name] = len(json.loads((config.get(name) or {}).get("ranks", "")))
+            except (TypeError, ValueError):
+                sizes[name] = 0
+        if sizes[name] > 1:
+            e["output_sizes"] = [[sizes[name], *inputs[0]]]
     return entries
 
 
