@@ -98,6 +98,18 @@ SPECS = {
             world_size=1,
             cost=1.5,
         ),
+        # facebookresearch/pycls forks its workers (mp.start_processes, start_method="fork"):
+        # a forked worker ends in os._exit, where no exit handler runs.
+        RunSpec(
+            "spawner_fork",
+            "spawn_workers.py",
+            args=lambda w: [
+                *("--dist-url", f"tcp://127.0.0.1:{free_port()}"),
+                *("--start-method", "fork"),
+            ],
+            world_size=1,
+            cost=1.5,
+        ),
         RunSpec(
             "spawner_raise",
             "spawn_workers.py",
@@ -378,7 +390,8 @@ def test_imagenet_per_rank_losses_average_to_the_scripts_reduced_loss(run):
 
 
 @pytest.mark.parametrize(
-    "run_name", ["spawner", "slurm_node", "process_workers", "process_workers_spawn"]
+    "run_name",
+    ["spawner", "spawner_fork", "slurm_node", "process_workers", "process_workers_spawn"],
 )
 def test_spawned_workers_are_the_ranks(run):
     """ddptui started one process; the workers it spawned formed the process group: they are
@@ -388,6 +401,22 @@ def test_spawned_workers_are_the_ranks(run):
     assert sorted(last) == [0, 1], run.describe()
     assert {e.get("world_size") for e in last.values()} == {2}
     assert last[0]["pid"] != last[1]["pid"]
+
+
+@pytest.mark.parametrize("run_name", ["spawner", "spawner_fork"])
+def test_each_spawned_worker_reports_its_own_end_and_its_last_epoch(run):
+    """mp.spawn's workers and workers forked by ``mp.start_processes(start_method="fork")``
+    (facebookresearch/pycls): each rank ends ``finished`` from its own process, every epoch
+    ended on both. A forked worker ends in ``os._exit``: its ranks stayed ``started`` to the
+    end of the run, and its last epoch was never sent."""
+    workers = {rank: own["pid"] for rank, own in run.facts.items()}
+    statuses = [e for e in run.events if e["kind"] == "status" and e["state"] != "started"]
+    assert {e["rank"]: (e["pid"], e["state"]) for e in statuses} == {
+        rank: (pid, "finished") for rank, pid in workers.items()
+    }, run.describe()
+    epochs = sorted((e["rank"], e["epoch"]) for e in run.events if e["kind"] == "epoch")
+    assert epochs == [(rank, epoch) for rank in (0, 1) for epoch in (0, 1)], run.describe()
+    assert [r["state"] for r in run.summary["ranks"]] == ["finished", "finished"]
 
 
 @pytest.mark.parametrize("run_name", ["rpc_trainers"])

@@ -71,7 +71,13 @@ def spawned_worker(
     # step); it sends nothing until the worker's process group names its rank.
     get_reporter()
     inst = install()
-    return _reporting_failure(inst, fn, index, *args)
+    result = _reporting_failure(inst, fn, index, *args)
+    # A forked worker (``start_processes(..., start_method="fork")``, as facebookresearch/pycls
+    # starts them) ends in ``os._exit``, where no exit handler runs: its last steps, its last
+    # epoch and its end are sent here, as a Process worker's are (the exit handlers then find
+    # them sent). A forked worker's last steps, last epoch and end were never sent.
+    _worker_ended(inst)
+    return result
 
 
 def _become_worker() -> None:

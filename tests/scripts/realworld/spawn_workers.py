@@ -4,6 +4,7 @@
 one process), on CPU and gloo. Written for ddptui's tests; no ddptui import.
 
     python spawn_workers.py [--nprocs 2] [--dist-url tcp://127.0.0.1:23456] [--epochs 2]
+                            [--start-method fork]
 
 CPU edit: the number of workers is ``--nprocs`` (the original spawns one per visible GPU).
 ``init_process_group`` is imported by name at the top, as pytorch/examples'
@@ -34,6 +35,12 @@ parser.add_argument("--epochs", default=2, type=int)
 parser.add_argument("--steps", default=10, type=int, help="steps per epoch")
 parser.add_argument("-b", "--batch-size", default=8, type=int, help="per worker")
 parser.add_argument("-p", "--print-freq", default=5, type=int)
+parser.add_argument(
+    "--start-method",
+    default=None,
+    help="start the workers with mp.start_processes and this method (facebookresearch/pycls "
+    "forks them: start_method='fork'); mp.spawn when not given",
+)
 
 
 class AverageMeter:
@@ -48,7 +55,15 @@ class AverageMeter:
 def main():
     args = parser.parse_args()
     args.world_size = args.nprocs
-    mp.spawn(main_worker, nprocs=args.nprocs, args=(args.world_size, args))
+    if args.start_method is None:
+        mp.spawn(main_worker, nprocs=args.nprocs, args=(args.world_size, args))
+    else:
+        mp.start_processes(
+            main_worker,
+            args=(args.world_size, args),
+            nprocs=args.nprocs,
+            start_method=args.start_method,
+        )
 
 
 def main_worker(gpu, world_size, args):
@@ -88,7 +103,9 @@ def main_worker(gpu, world_size, args):
                     f"Loss {losses.val:.4f} ({losses.avg:.4f})",
                     flush=True,
                 )
-    report(dist.get_rank(), dist.get_world_size(), steps, last_loss, epoch_steps)
+    report(
+        dist.get_rank(), dist.get_world_size(), steps, last_loss, epoch_steps, pid=os.getpid()
+    )
     dist.destroy_process_group()
 
 
