@@ -103,9 +103,7 @@ def main_worker(gpu, world_size, args):
                     f"Loss {losses.val:.4f} ({losses.avg:.4f})",
                     flush=True,
                 )
-    report(
-        dist.get_rank(), dist.get_world_size(), steps, last_loss, epoch_steps, pid=os.getpid()
-    )
+    report(dist.get_rank(), dist.get_world_size(), steps, last_loss, epoch_steps, pid=os.getpid())
     dist.destroy_process_group()
 
 
