@@ -1013,6 +1013,26 @@ def test_a_backward_waits_in_the_gradient_all_reduce_only_where_a_ddp_module_is(
     assert classify(barrier + backward[3:], ddp=False).collective == "barrier"
 
 
+def test_a_script_waiting_on_an_async_collectives_work_waits_in_a_collective():
+    """``work = dist.all_reduce(t, async_op=True); work.wait()``: the wait is C++, and the
+    innermost Python frame was the script's own line ("outside any collective"). ddptui's
+    ``Work.wait`` stands in it; where torch's code called it, that code's collective is named."""
+    from ddptui.rank import frames
+    from ddptui.rank.frames import Frame, classify
+
+    own = frames._PACKAGE + "/rank/instrument.py"
+    wait = Frame(own, 2600, frames.ASYNC_WAIT)
+    script = [Frame(SCRIPT, 73, "scaled_all_reduce"), *(Frame(*f) for f in BOTTOM)]
+    info = classify([wait, *script])
+    assert (info.in_collective, info.collective) == (True, "an async collective's wait()")
+    assert info.where == "scaled_all_reduce (train.py:73)"
+    zero = Frame(f"{TORCH}/distributed/optim/zero_redundancy_optimizer.py", 900, "_sync_params")
+    assert classify([wait, zero, *script]).collective == "_sync_params"
+    # ddptui's other frames are none of it; nor is a function of that name elsewhere
+    assert not classify([Frame(own, 10, "clock"), *script]).in_collective
+    assert not classify([Frame("/x/mine.py", 3, frames.ASYNC_WAIT), *script]).in_collective
+
+
 def test_classify_stack_reads_the_main_thread_not_helpers():
     helper = [("/usr/lib/python3.11/threading.py", 331, "wait"), ("/x/worker.py", 5, "run")]
     main = [(f"{TORCH}/distributed/distributed_c10d.py", 4000, "barrier"), *BOTTOM]

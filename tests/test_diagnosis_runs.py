@@ -139,6 +139,29 @@ def test_hang_is_named_with_stacks_and_torn_down(tmp_path, thread):
     assert "diagnosis: rank 1 hung outside any collective" in replay.stdout
 
 
+def test_a_rank_waiting_on_an_async_collectives_work_waits_in_a_collective(tmp_path):
+    """``dist.all_reduce(t, async_op=True).wait()`` (facebookresearch/pycls all-reduces its
+    loss and errors so), rank 1 stopped just before it: rank 0 waits in that wait, C++ beneath
+    the script's line. It read "rank 0 hung outside any collective … while no rank waits in a
+    collective", and rank 1 the same: two ranks hung on their own where one waits for the
+    other."""
+    env = {"PLAIN_EPOCHS": "3", "PLAIN_STEPS": "5", "PLAIN_HANG_RANK": "1", "PLAIN_HANG_EPOCH": "2"}
+    env["PLAIN_ASYNC_METRIC"] = "1"
+    proc, summary = ddptui_run(tmp_path / "run", "spawn", env, "--hang-timeout", "5")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert summary["outcome"] == "hung"
+    stack = classify_stack(summary["stacks"]["0"])
+    assert (stack.in_collective, stack.collective) == (True, "an async collective's wait()")
+    assert stack.where.startswith("main (plain_ddp.py:")
+    named = first_per_rank(summary["diagnoses"])
+    assert named[0]["cause"] == "collective", summary["diagnoses"]
+    assert "rank 1 hung outside any collective" in named[1]["detail"]
+    assert "while rank 0 waits in a collective (an async collective's wait())" in proc.stdout
+    assert "rank 0 hung outside" not in proc.stdout
+    flight = [d["detail"] for d in summary["diagnoses"] if "never entered" in d["detail"]]
+    assert flight and flight[0].startswith("rank 1 never entered all_reduce #"), flight
+
+
 #: What rank 0 moves through the test's FIFO (see :func:`run_with_a_pipe`).
 PIPE_BYTES = 10 * 1024 * 1024
 

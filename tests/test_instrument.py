@@ -340,6 +340,29 @@ def test_collectives_the_script_calls_are_comm_not_the_phase_they_interrupt(inst
     assert sum(second["phases"][p] for p in PHASES) == pytest.approx(second["step_time"])
 
 
+def test_waiting_on_an_async_collectives_work_is_comm(inst):
+    """``dist.all_reduce(t, async_op=True)`` returns at once; the wait is in ``work.wait()``
+    (facebookresearch/pycls's loss and errors): that wait is ``comm``, as a collective's call
+    is, not the phase it interrupts, and ``Work.wait`` is ddptui's for it."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from ddptui.rank import frames
+
+    assert c10d.Work.wait.__name__ == frames.ASYNC_WAIT
+    clock, opt, collective, loss = _second_step_forward(inst)
+    wait = inst._wait_wrapper(lambda work: clock.advance(0.009) or True)
+    assert wait(object()) is True  # the work's wait: 9 ms, what the original returns
+    opt.zero_grad()
+    loss.backward()
+    clock.advance(0.001)
+    opt.step()
+    inst.flush()
+    second = inst.fake.logs[1]
+    assert second["phases"]["comm"] == pytest.approx(0.009)
+    assert second["phases"]["backward"] == pytest.approx(0.020)  # as without it
+    assert sum(second["phases"][p] for p in PHASES) == pytest.approx(second["step_time"])
+
+
 def test_a_collective_another_thread_calls_is_not_the_steps_comm(inst):
     """A collective called from another thread while the step computes (a compression hook's
     callback, an async checkpoint's): the stepping thread did not wait in it. Timed, it was

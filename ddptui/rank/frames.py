@@ -99,6 +99,13 @@ DDP_FILE = "torch/nn/parallel/distributed.py"
 #: Code a collective's call passes through between its Python function and the wait (the
 #: dispatcher of torch's functional collectives): skipped, as if not there.
 _PASS_THROUGH = ("/torch/_ops.py",)
+#: The function of ddptui's that stands for ``Work.wait`` (an async collective's wait, called by
+#: the script: ``dist.all_reduce(t, async_op=True).wait()``), and its file: a frame of it,
+#: innermost, is a wait in that collective (the wait itself is C++, no frame of its own).
+ASYNC_WAIT = "async_collective_wait"
+_ASYNC_WAIT_FILE = "/ddptui/rank/instrument.py"
+#: What such a wait is called where no frame of torch's beneath it names its collective.
+ASYNC_WAIT_LABEL = "an async collective's wait()"
 #: Python's import machinery: a thread with its frames inside is importing a module (whose
 #: top-level code may call helpers of torch.distributed), not waiting.
 _IMPORTING = "<frozen importlib"
@@ -205,6 +212,12 @@ def classify(frames: list[Frame] | tuple[Frame, ...], ddp: bool = True) -> Stack
         return StackInfo(False, None, where, tuple(frames))
     for i, frame in enumerate(inner):
         path = frame.file.replace("\\", "/")
+        if frame.func == ASYNC_WAIT and path.endswith(_ASYNC_WAIT_FILE):
+            # torch's code that called it (ZeroRedundancyOptimizer's) names the collective;
+            # called by the script, the wait is what there is to say
+            caller = inner[i + 1] if i + 1 < len(inner) else None
+            named = caller and _collective(caller, caller.file.replace("\\", "/"), ddp)
+            return StackInfo(True, named or ASYNC_WAIT_LABEL, where, tuple(frames))
         collective = _collective(frame, path, ddp)
         if collective is not None:
             if path.endswith(DDP_FILE):  # ``DDP buffers broadcast``, not its helper's name

@@ -2479,6 +2479,37 @@ class Instrument:
             self._patch(c10d, name, wrapper)
             if dist.__dict__.get(name) is original:
                 self._patch(dist, name, wrapper)
+        work = getattr(c10d, "Work", None)
+        wait = getattr(work, "__dict__", {}).get("wait")
+        if wait is not None and callable(wait):
+            self._follow("an async collective's wait", work, wait=self._wait_wrapper(wait))
+
+    def _wait_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``Work.wait`` as the script calls it on an async collective's work (``work =
+        dist.all_reduce(t, async_op=True)`` … ``work.wait()``; facebookresearch/pycls all-reduces
+        its loss and errors so): a frame of ddptui's on the rank's stack while it waits, which
+        says it waits in a collective (:data:`ddptui.rank.frames.ASYNC_WAIT`), and the wait's
+        time ``comm``, as a collective's call is. The wait is C++ beneath the script's own
+        line: a rank blocked there read "hung outside any collective", beside its peer that
+        never entered the all-reduce, both called hung on their own."""
+        inst = self
+
+        def async_collective_wait(work: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if (
+                inst._in_collective
+                or inst.disabled
+                or inst._cuda is not None
+                or (inst._step_thread is not None and get_ident() != inst._step_thread)
+            ):
+                return original(work, *args, **kwargs)
+            start = inst.clock()
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                inst._collective_time(start)
+
+        async_collective_wait.__doc__ = original.__doc__
+        return async_collective_wait
 
     def _attach_spawn(self, torch: Any) -> None:
         """Workers the script spawns with ``torch.multiprocessing`` are instrumented too, and

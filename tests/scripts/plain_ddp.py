@@ -6,6 +6,9 @@ Fault injection through environment variables (rank R, epochs counted from 1):
 * ``PLAIN_SLOW_COMPUTE_RANK=R``, ``PLAIN_EXTRA_MATMULS=N``: rank R runs N extra matmuls
   between forward and backward.
 * ``PLAIN_HANG_RANK=R``, ``PLAIN_HANG_EPOCH=E``: rank R stops for good at the start of E.
+* ``PLAIN_ASYNC_METRIC=1``: after each step the loss is all-reduced with ``async_op=True``
+  and its work waited on (facebookresearch/pycls's ``scaled_all_reduce``); with
+  ``PLAIN_HANG_RANK``, rank R stops just before that all-reduce in the first step of E.
 * ``PLAIN_FAIL_RANK=R``, ``PLAIN_FAIL_EPOCH=E``: rank R raises at the start of epoch E.
 
 * ``PLAIN_UPLOAD_RANK=R``, ``PLAIN_UPLOAD_TO=FIFO``, ``PLAIN_UPLOAD_BYTES=N``: after the
@@ -143,6 +146,7 @@ def main():
     else:
         model = DistributedDataParallel(model)
     step_s = float(os.environ.get("PLAIN_STEP_S", "0"))
+    async_metric = os.environ.get("PLAIN_ASYNC_METRIC") == "1"
     p2p_steps = 0
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if os.environ.get("PLAIN_NO_SAMPLER") == "1":  # every rank the whole data, alike
@@ -158,7 +162,8 @@ def main():
     for epoch in range(1, EPOCHS + 1):
         if sampler is not None:
             sampler.set_epoch(epoch)
-        if rank == env_int("PLAIN_HANG_RANK") and epoch == env_int("PLAIN_HANG_EPOCH"):
+        hangs = rank == env_int("PLAIN_HANG_RANK") and epoch == env_int("PLAIN_HANG_EPOCH")
+        if hangs and not async_metric:
             stall_forever()
         if rank == env_int("PLAIN_FAIL_RANK") and epoch == env_int("PLAIN_FAIL_EPOCH"):
             raise RuntimeError(f"injected failure on rank {rank} at epoch {epoch}")
@@ -170,6 +175,11 @@ def main():
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if async_metric:  # the step's loss averaged over the ranks, as pycls does
+                if hangs:
+                    stall_forever()
+                metric = loss.detach().clone()
+                dist.all_reduce(metric, async_op=True).wait()
             if os.environ.get("PLAIN_P2P") == "1" and rank < 2:
                 peer = torch.zeros(4)
                 op = dist.isend if rank == 0 else dist.irecv
