@@ -38,7 +38,9 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 #: above all: pytorch/examples, timm, torchvision's references, MoCo, VICReg; ``--num_epochs``,
 #: ``--max_epochs``; HF's ``--num_train_epochs``; Lightning's ``--trainer.max_epochs`` and
 #: Hydra's ``trainer.max_epochs=N`` by their last dotted part; SpeechBrain's
-#: ``--number_of_epochs``).
+#: ``--number_of_epochs``; yacs's ``KEY VALUE`` pairs, ``OPTIM.MAX_EPOCH 100`` in
+#: facebookresearch/pycls and ``SOLVER.MAX_EPOCH`` in SlowFast, by their last part in lower
+#: case).
 EPOCH_NAMES = frozenset(
     {
         "epochs",
@@ -49,6 +51,7 @@ EPOCH_NAMES = frozenset(
         "nepochs",
         "max-epochs",
         "max_epochs",
+        "max_epoch",
         "total-epochs",
         "total_epochs",
         "train-epochs",
@@ -65,8 +68,10 @@ _MAX_FLAG = 80
 
 def epochs_in_args(args: object) -> tuple[int, str] | None:
     """How many epochs a script's own arguments say it runs, and the argument that says it
-    (``(90, "--epochs")``): the last of ``--epochs N``, ``--epochs=N`` or ``epochs=N`` under
-    one of :data:`EPOCH_NAMES` (argparse keeps the last), a whole number in 1..1,000,000 (a
+    (``(90, "--epochs")``): the last of ``--epochs N``, ``--epochs=N``, ``epochs=N`` or a
+    yacs pair ``OPTIM.MAX_EPOCH N`` (a dotted key in capitals, then its value: yacs's
+    ``merge_from_list``) under one of :data:`EPOCH_NAMES` (argparse keeps the last), a whole
+    number in 1..1,000,000 (a
     fractional ``--num_train_epochs 2.5`` says no whole count); None when none says it.
     Arguments after a bare ``--`` are the script's positionals, not options. ``args`` is
     untrusted (a run directory's ``config.json``): anything but a list of strings is none."""
@@ -79,13 +84,15 @@ def epochs_in_args(args: object) -> tuple[int, str] | None:
             break
         flag, eq, value = arg.partition("=")
         dashed = flag.startswith("-")
+        yacs = not dashed and not eq and "." in flag and flag.isupper()
         if not eq:
-            if not dashed or i + 1 >= len(items):
+            if not (dashed or yacs) or i + 1 >= len(items):
                 continue
             value = items[i + 1]
         if len(flag) > _MAX_FLAG:
             continue  # a Hydra path of any length is no name the console should repeat
         name = flag.lstrip("-+").rsplit(".", 1)[-1]
+        name = name.lower() if yacs else name
         if name not in EPOCH_NAMES or (not dashed and "." not in flag and flag.lstrip("+") != name):
             continue
         text = value.strip()
@@ -93,7 +100,7 @@ def epochs_in_args(args: object) -> tuple[int, str] | None:
             continue
         number = int(text)
         if 1 <= number <= _MAX_SCRIPT_EPOCHS:
-            found = (number, flag if dashed else flag + "=")
+            found = (number, flag if dashed or yacs else flag + "=")
     return found
 
 

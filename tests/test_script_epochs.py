@@ -46,6 +46,14 @@ from ddptui.runfiles import RunDir
         (["a" * 100 + ".epochs=3"], None),  # a name too long to repeat on the console
         (["\x1b[31m.epochs=3"], (3, "\x1b[31m.epochs=")),  # the console escapes it
         ([], None),
+        # yacs's KEY VALUE pairs (facebookresearch/pycls, SlowFast): a dotted key in capitals
+        (["--cfg", "c.yaml", "NUM_GPUS", "2", "OPTIM.MAX_EPOCH", "3"], (3, "OPTIM.MAX_EPOCH")),
+        (["SOLVER.MAX_EPOCH", "196", "TRAIN.BATCH_SIZE", "64"], (196, "SOLVER.MAX_EPOCH")),
+        (["OPTIM.MAX_EPOCH", "3.5"], None),
+        (["OPTIM.MAX_EPOCH"], None),
+        (["optim.max_epoch", "3"], None),  # not yacs's: a positional pair of anything
+        (["MAX_EPOCH", "3"], None),  # no dotted key: a positional
+        (["OPTIM.WARMUP_EPOCHS", "5", "OPTIM.MAX_EPOCH", "9"], (9, "OPTIM.MAX_EPOCH")),
     ],
 )
 def test_the_epochs_a_script_is_told(args, found):
