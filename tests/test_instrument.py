@@ -340,6 +340,25 @@ def test_collectives_the_script_calls_are_comm_not_the_phase_they_interrupt(inst
     assert sum(second["phases"][p] for p in PHASES) == pytest.approx(second["step_time"])
 
 
+def test_a_loss_the_script_changes_after_its_step_is_read_as_it_was_at_the_step(inst):
+    """facebookresearch/pycls all-reduces each step's loss in place after the optimizer's
+    step (a sum, then times 1/ranks) for its log. The drainer read the tensor later, racing
+    that: a rank's own loss, the ranks' mean or, between the two, their sum, step to step
+    (one step read 3.6318 on rank 1 and 1.8159 on rank 0). Read when the step ends, as a
+    GPU's loss is copied then."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    owns = []
+    for _ in range(3):
+        loss = train_step(model, opt, clock)
+        owns.append(loss.item())
+        with torch.no_grad():
+            loss.mul_(2.0)  # the all-reduce's sum over two ranks, before its scaling
+    inst.flush()
+    assert [log["loss"] for log in inst.fake.logs] == pytest.approx(owns)
+
+
 def test_waiting_on_an_async_collectives_work_is_comm(inst):
     """``dist.all_reduce(t, async_op=True)`` returns at once; the wait is in ``work.wait()``
     (facebookresearch/pycls's loss and errors): that wait is ``comm``, as a collective's call

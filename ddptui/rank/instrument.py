@@ -3348,7 +3348,7 @@ class Instrument:
         training step, now or ``at`` (a time already passed): hand it to the drainer."""
         self._step_thread = get_ident()
         losses = self._losses
-        loss: tuple[list[Any], int] | None = None  # CPU: the loss tensors, read off the path
+        loss: Any = None  # CPU: the loss tensors, then the step's loss read from them
         # Gradient accumulation that divides each micro-batch's loss by their number
         # (``loss = loss / accumulation_steps``, nanoGPT's and most scripts' way), or by the
         # items of the whole window (the HF Trainer's): the step's loss is the sum of what went
@@ -3369,7 +3369,7 @@ class Instrument:
             # Copies to pinned memory, queued before the step's last event: read together.
             host_losses = [self._to_host(value) for value in losses]
         elif losses:
-            loss = (losses, scale, held)  # read by the drainer: .item() costs microseconds
+            loss = (losses, scale, held)  # read below, or a GPU's copied (no DDP module)
         # After a closure's backward the optimizer updates: ``optimizer``, not ``data``.
         self._transition("closure_post" if self._closure_now else "opt_post", "data", at)
         self._closure_loop, self._closure_now = self._closure_now, False
@@ -3401,16 +3401,24 @@ class Instrument:
                     phases["other"] += extra
             if custom:
                 phases = {**phases, **custom} if phases is not None else dict(custom)
-            read = (phases, loss)
-            if cuda:
-                self._marks = self._marks[-1:]
-            elif losses and not self._ddp_seen:  # a GPU's loss to the host behind its kernels
+            on_gpu = None
+            if losses and not cuda and not self._ddp_seen:  # a GPU's loss, no DDP module
                 on_gpu = [value.device for value in losses if value.device.type == "cuda"]
-                if on_gpu:
-                    copies = [self._to_host(value) for value in losses]
-                    event = self.torch.cuda.Event()
-                    event.record(self.torch.cuda.current_stream(on_gpu[-1]))
-                    read = LossRead(event, copies, phases, scale, held)
+            if cuda:
+                read = (phases, loss)
+                self._marks = self._marks[-1:]
+            elif on_gpu:  # to the host behind its kernels
+                copies = [self._to_host(value) for value in losses]
+                event = self.torch.cuda.Event()
+                event.record(self.torch.cuda.current_stream(on_gpu[-1]))
+                read = LossRead(event, copies, phases, scale, held)
+            else:
+                # A CPU's losses read now (a microsecond each), as they are when the step
+                # ends, as a GPU's are copied then: read later by the drainer, a script's own
+                # in-place all-reduce of its loss after the step raced it (facebookresearch/
+                # pycls's ``scaled_all_reduce``: a rank's own loss, the ranks' mean or, between
+                # the sum and its scaling, twice the mean, from step to step).
+                read = (phases, _mean_item(*loss) if loss is not None else None)
         self._acc = _NO_PHASES.copy()
         self._step_wait = None
         self._steps_ended += 1
@@ -3555,8 +3563,6 @@ class Instrument:
                     phases, loss = read
                     if len(pending) > MAX_PENDING_HOST:  # the drainer far behind: the oldest
                         phases = loss = None  # goes without its values
-                    elif loss is not None:
-                        loss = _mean_item(*loss)
                 else:  # a GPU step's: once the device has passed its events
                     try:
                         if read.query():
