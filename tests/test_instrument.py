@@ -1039,6 +1039,42 @@ def test_a_plain_optimizer_without_ddp_still_makes_steps(inst):
     assert last["step_time"] == pytest.approx(0.005 + 0.010 + 0.020 + 0.001 + 0.003)
 
 
+def test_a_loss_sent_through_torch_autograd_backward_is_the_steps(inst):
+    """huggingface/picotron's pipeline schedule calls ``torch.autograd.backward(output,
+    grad_tensors=grad)``: on its last stage the output is the loss (and no gradient), on the
+    others an activation with the gradient the next stage sent. Its last stage's loss read
+    ``--`` throughout; an activation's backward is no loss; several roots at once are the
+    terms of one objective (summed); ``Tensor.backward``, which calls it, counts once."""
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    expected = []
+    for how in ("loss", "activation", "terms", "tensor"):
+        clock.advance(0.005)
+        out = model(torch.randn(6, 4))
+        opt.zero_grad()
+        if how == "loss":
+            loss = out.pow(2).mean()
+            torch.autograd.backward(loss)
+            expected.append(loss.item())
+        elif how == "activation":
+            torch.autograd.backward(out, grad_tensors=torch.ones_like(out))
+            expected.append(None)
+        elif how == "terms":
+            first, second = out.pow(2).mean(), out.abs().mean()
+            torch.autograd.backward([first, second])
+            expected.append(first.item() + second.item())
+        else:
+            loss = out.pow(2).mean()
+            loss.backward()  # through torch.autograd.backward: one loss, not two
+            expected.append(loss.item())
+        opt.step()
+    inst.flush()
+    losses = [log.get("loss") for log in inst.fake.logs]
+    assert losses[1] is None
+    assert [losses[0], *losses[2:]] == pytest.approx([expected[0], *expected[2:]])
+
+
 class _TotalOfChunks(torch.autograd.Function):
     """torchtitan's bridge (``_DecoderOutputGradientBackProp``): the chunks' losses are
     summed detached; its backward hands the hidden states the gradient they gathered."""
@@ -2380,8 +2416,8 @@ def test_a_step_the_grad_scaler_skips_is_a_step(inst, bad, backward):
     step on inf or NaN gradients. Each iteration is still one step, of its own samples and
     time, with its own loss; skipped steps ran into the next (a step of 3 iterations, 9
     samples), and a run whose every step was skipped showed no step at all.
-    ``torch.autograd.backward(loss)`` instead of ``loss.backward()``: no loss is seen, the
-    steps are the same."""
+    ``torch.autograd.backward(loss)`` instead of ``loss.backward()``: the same steps and
+    losses (no loss was seen there until huggingface/picotron's pipeline schedule)."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = timed_sgd(model.parameters(), clock)
@@ -2397,7 +2433,7 @@ def test_a_step_the_grad_scaler_skips_is_a_step(inst, bad, backward):
             torch.autograd.backward(scaler.scale(loss))
         scaler.step(opt)
         scaler.update()
-        losses.append(loss.item() if backward == "tensor" else None)
+        losses.append(loss.item())
     assert scaler.get_scale() == 1024.0 / 2 ** len(bad)  # the steps were skipped
     inst.flush()
     logs = inst.fake.logs
@@ -4251,6 +4287,41 @@ def test_a_tensor_parallel_split_says_the_ranks_that_train_distinct_batches(inst
         ("data_parallel", {"group_size": 4}),
         ("data_parallel", {"group_size": 2}),
     ]
+
+
+def test_a_training_samplers_replicas_fewer_than_the_world_say_its_data_parallel_ranks(
+    inst, monkeypatch
+):
+    """huggingface/picotron shards its data over its data-parallel ranks only
+    (``DistributedSampler(num_replicas=dp_world_size)``), its pipeline stages each drawing
+    the same batches: 2 stages read 480 samples for the 240 its pipeline trained. A training
+    pass over such a sampler says so once; an evaluation's (under no_grad) does not, nor a
+    sampler over the whole world."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    clock = inst.fake_clock
+    model = Net(clock)
+    opt = timed_sgd(model.parameters(), clock)
+    data = [torch.randn(4) for _ in range(8)]
+
+    def loader(replicas):
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            data, num_replicas=replicas, rank=0, shuffle=False
+        )
+        return torch.utils.data.DataLoader(data, batch_size=2, sampler=sampler)
+
+    def train_on(batches):
+        for x in batches:
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+    train_on(loader(4))  # the whole world: nothing to say
+    with torch.no_grad():
+        for x in loader(1):  # an evaluation's: not the training data
+            model(x)
+    assert inst.fake.notes == []
+    train_on(loader(2))
+    train_on(loader(2))
+    assert inst.fake.notes == [("data_parallel", {"group_size": 2})]
 
 
 def test_a_ddp_module_over_part_of_the_world_says_its_data_parallel_ranks(inst, monkeypatch):

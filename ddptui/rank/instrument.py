@@ -80,8 +80,8 @@ up to the hooks' own cost (about a microsecond each). Step time is the interval 
 optimizer steps; an iteration that steps several optimizers on one batch (a GAN: DCGAN's
 ``optimizerD.step()`` then ``optimizerG.step()``) is one step, which the first ends, where
 the script draws its batches from a DataLoader (see ``_joins``); the others' time is the next
-step's. The loss is the mean of the 0-dim tensors ``backward()`` was called on in the step
-(None when ``backward`` is reached another way, e.g. ``torch.autograd.backward``); when each
+step's. The loss is the mean of the 0-dim tensors ``backward()`` (or
+``torch.autograd.backward``) was called on in the step; when each
 was divided by their number (gradient accumulation written ``loss = loss /
 accumulation_steps``: the quotient's autograd node, ``DivBackward0``, holds that number on the
 host), the mean before the division, which is the loss the script has; the sum of the
@@ -1230,6 +1230,18 @@ class Instrument:
 
         reporter_module.get_reporter().note("data_parallel", group_size=size)
 
+    def _sampler_replicas(self, it: Any) -> None:
+        """A training pass's first batch came from DataLoader iterator ``it``: where its
+        DistributedSampler splits the data over fewer replicas than the world's ranks
+        (``num_replicas`` the data-parallel degree, as huggingface/picotron's loader makes it
+        beside its pipeline, tensor and context parallel ranks), the other ranks train on the
+        same batches: said as :meth:`_data_parallel` says a DDP module's smaller group.
+        picotron with 2 pipeline stages read 480 samples for the 240 its pipeline trained."""
+        sampler = getattr(getattr(it, "_index_sampler", None), "sampler", None)
+        replicas = getattr(sampler, "num_replicas", None) if sampler is not None else None
+        if type(replicas) is int and replicas >= 1 and hasattr(sampler, "set_epoch"):
+            self._data_parallel(replicas)
+
     def _world_size(self) -> int | None:
         """The world of this rank's default process group (None before it forms)."""
         dist = getattr(self.torch, "distributed", None)
@@ -1246,6 +1258,8 @@ class Instrument:
         # losses was read twice and the two added up (as the terms of one objective): twice
         # its own, 5.54 where its learner had 2.77.
         inside = threading.local()
+        #: Backwards under way, in any thread (see ``autograd_backward``).
+        running = [0]
 
         @functools.wraps(original)
         def backward(tensor: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -1253,13 +1267,54 @@ class Instrument:
                 return original(tensor, *args, **kwargs)
             before(tensor)
             inside.backward = True
+            running[0] += 1
             try:
                 return original(tensor, *args, **kwargs)
             finally:
+                running[0] -= 1
                 inside.backward = False
                 after()
 
         self._patch(torch.Tensor, "backward", backward)
+
+        # ``torch.autograd.backward(tensors, grad_tensors)`` is a backward too: a pipeline
+        # stage's (huggingface/picotron's 1F1B schedule calls it on the last stage's loss, and
+        # on the others' activations with the gradients the next stage sent back). Its losses
+        # read none before: the last stage's loss was ``--`` from the first step to the last.
+        # ``Tensor.backward`` calls it (passed on), and so does a reentrant activation
+        # checkpoint's backward, inside another backward, maybe on autograd's own thread
+        # (passed on: no backward of the step's).
+        autograd = sys.modules.get("torch.autograd")
+        autograd_original = getattr(autograd, "__dict__", {}).get("backward")
+        if autograd_original is None or not callable(autograd_original):
+            return
+        tensor_class, inst = torch.Tensor, self
+
+        @functools.wraps(autograd_original)
+        def autograd_backward(tensors: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if getattr(inside, "backward", False) or running[0]:
+                return autograd_original(tensors, *args, **kwargs)
+            if isinstance(tensors, tensor_class):
+                roots = [tensors]
+            elif isinstance(tensors, list | tuple):
+                roots = [root for root in tensors if isinstance(root, tensor_class)]
+            else:
+                roots = []
+            for root in roots:
+                before(root)
+            if len(roots) > 1:  # their gradients are summed: the terms of one objective
+                inst._summed_losses = True
+            inside.backward = True
+            running[0] += 1
+            try:
+                return autograd_original(tensors, *args, **kwargs)
+            finally:
+                running[0] -= 1
+                inside.backward = False
+                if roots:
+                    after()
+
+        self._patch(autograd, "backward", autograd_backward)
 
     # A model that spans processes over torch's RPC (pytorch/examples' ``ddp_rpc``: a DDP
     # module on each trainer, an embedding table on a parameter server) trains with
@@ -1472,6 +1527,7 @@ class Instrument:
                 self._between_passes()  # another epoch: the time between them is none's
             self._loader_pass(key)
             self._check_restart(it, ended)
+            self._sampler_replicas(it)
             if self._pass_length is None:
                 length, limit = _pass_length(it), self._pass_limit
                 if limit:  # an IterableDataset's too, which has no length
