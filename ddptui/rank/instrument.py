@@ -1260,20 +1260,29 @@ class Instrument:
         inside = threading.local()
         #: Backwards under way, in any thread (see ``autograd_backward``).
         running = [0]
+        inst = self
+
+        def followed(call: Any, tensors: Any, roots: list[Any], args: Any, kwargs: Any) -> Any:
+            """``call(tensors, …)``, a backward of ``roots`` (the losses when 0-dim)."""
+            for root in roots:
+                before(root)
+            if len(roots) > 1:  # their gradients are summed: the terms of one objective
+                inst._summed_losses = True
+            inside.backward = True
+            running[0] += 1
+            try:
+                return call(tensors, *args, **kwargs)
+            finally:
+                running[0] -= 1
+                inside.backward = False
+                if roots:
+                    after()
 
         @functools.wraps(original)
         def backward(tensor: Any, /, *args: Any, **kwargs: Any) -> Any:
             if getattr(inside, "backward", False):
                 return original(tensor, *args, **kwargs)
-            before(tensor)
-            inside.backward = True
-            running[0] += 1
-            try:
-                return original(tensor, *args, **kwargs)
-            finally:
-                running[0] -= 1
-                inside.backward = False
-                after()
+            return followed(original, tensor, [tensor], args, kwargs)
 
         self._patch(torch.Tensor, "backward", backward)
 
@@ -1288,7 +1297,7 @@ class Instrument:
         autograd_original = getattr(autograd, "__dict__", {}).get("backward")
         if autograd_original is None or not callable(autograd_original):
             return
-        tensor_class, inst = torch.Tensor, self
+        tensor_class = torch.Tensor
 
         @functools.wraps(autograd_original)
         def autograd_backward(tensors: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -1300,19 +1309,7 @@ class Instrument:
                 roots = [root for root in tensors if isinstance(root, tensor_class)]
             else:
                 roots = []
-            for root in roots:
-                before(root)
-            if len(roots) > 1:  # their gradients are summed: the terms of one objective
-                inst._summed_losses = True
-            inside.backward = True
-            running[0] += 1
-            try:
-                return autograd_original(tensors, *args, **kwargs)
-            finally:
-                running[0] -= 1
-                inside.backward = False
-                if roots:
-                    after()
+            return followed(autograd_original, tensors, roots, args, kwargs)
 
         self._patch(autograd, "backward", autograd_backward)
 
