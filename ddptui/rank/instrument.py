@@ -2537,6 +2537,16 @@ class Instrument:
         if wait is not None and callable(wait):
             self._follow("an async collective's wait", work, wait=self._wait_wrapper(wait))
 
+    def _untimed(self) -> bool:
+        """Whether a collective (or an async one's wait) called now goes untimed: inside
+        another, with the hooks off, on a GPU rank, or from a thread other than the step's."""
+        return (
+            self._in_collective
+            or self.disabled
+            or self._cuda is not None
+            or (self._step_thread is not None and get_ident() != self._step_thread)
+        )
+
     def _wait_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``Work.wait`` as the script calls it on an async collective's work (``work =
         dist.all_reduce(t, async_op=True)`` … ``work.wait()``; facebookresearch/pycls all-reduces
@@ -2548,12 +2558,7 @@ class Instrument:
         inst = self
 
         def async_collective_wait(work: Any, /, *args: Any, **kwargs: Any) -> Any:
-            if (
-                inst._in_collective
-                or inst.disabled
-                or inst._cuda is not None
-                or (inst._step_thread is not None and get_ident() != inst._step_thread)
-            ):
+            if inst._untimed():
                 return original(work, *args, **kwargs)
             start = inst.clock()
             try:
@@ -2633,12 +2638,7 @@ class Instrument:
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if (
-                inst._in_collective
-                or inst.disabled
-                or inst._cuda is not None
-                or (inst._step_thread is not None and get_ident() != inst._step_thread)
-            ):
+            if inst._untimed():
                 return original(*args, **kwargs)
             inst._in_collective = True
             start = inst.clock()
