@@ -530,6 +530,24 @@ def _frames(*names, path="/venv/lib/python3.11/site-packages/torch/nn/parallel/d
             "DDP setup, from main_vicreg.py:142",
         ),
         (
+            # the bucket order's broadcast, issued from C++ beneath the second forward's
+            # _pre_forward (jik876/hifi-gan's rank 1 while rank 0 validated)
+            _frames("_pre_forward", "forward"),
+            "DDP bucket rebuild, from main_vicreg.py:142",
+        ),
+        (
+            # Join's all_reduce inside _pre_forward is not the rebuild
+            [
+                {
+                    "name": "all_reduce",
+                    "filename": "/v/torch/distributed/distributed_c10d.py",
+                    "line": 1,
+                }
+            ]
+            + _frames("_check_global_requires_backward_grad_sync", "_pre_forward"),
+            "DDP bucket, from main_vicreg.py:142",
+        ),
+        (
             _frames("_engine_run_backward", path="/venv/site-packages/torch/autograd/graph.py"),
             "DDP bucket, from main_vicreg.py:142",
         ),

@@ -94,6 +94,11 @@ DDP_PURPOSES = {
     "_sync_params_and_buffers": "DDP setup",
     "_verify_param_shape_across_processes": "DDP setup",
 }
+#: DDP's functions that wait in C++ beneath them, innermost on a stack or in a recorded one, by
+#: what they wait for: ``_pre_forward`` rebuilds the gradient buckets once, at the second
+#: forward, broadcasting their order from rank 0 (hifi-gan's rank 1 waiting there while rank 0
+#: validated read "in DDP _pre_forward").
+DDP_NATIVE = {"_pre_forward": "DDP bucket rebuild"}
 #: The file of DDP's Python code (its frames, on a stack or in a trace).
 DDP_FILE = "torch/nn/parallel/distributed.py"
 #: Code a collective's call passes through between its Python function and the wait (the
@@ -119,6 +124,8 @@ def _collective(frame: Frame, path: str, ddp: bool = True) -> str | None:
     if "/torch/distributed/" in path:
         return frame.func
     if path.endswith(DDP_FILE):
+        if frame.func in DDP_NATIVE:
+            return f"{DDP_NATIVE[frame.func]} broadcast"
         return None if frame.func in _DDP_PLUMBING else f"DDP {frame.func}"
     if "/torch/autograd/" in path and frame.func in ("_engine_run_backward", "backward"):
         return "DDP gradient all-reduce, in backward" if ddp else None

@@ -36,7 +36,7 @@ from typing import Any
 
 from ddptui.formatting import ranks_text
 from ddptui.rank.flight_recorder import REQUEST, group_label, socket_path
-from ddptui.rank.frames import DDP_FILE, ddp_purpose, is_library, traceback_files
+from ddptui.rank.frames import DDP_FILE, DDP_NATIVE, ddp_purpose, is_library, traceback_files
 from ddptui.run.collector import listening, stale_private_dirs
 from ddptui.runfiles import trace_name
 
@@ -456,13 +456,15 @@ def _user_frame(frames: list[dict]) -> str | None:
 def _ddp_part(frames: list[dict]) -> str | None:
     """Which of DDP's collectives a recorded stack issued: ``DDP buffers`` (the broadcast
     before each forward, where a rank waits for a slower peer: facebookresearch/vicreg's
-    wait read "DDP bucket"), ``DDP setup`` (the constructor's), ``DDP bucket`` (its reducer:
+    wait read "DDP bucket"), ``DDP setup`` (the constructor's), ``DDP bucket rebuild`` (the
+    order of its buckets, broadcast at the second forward), ``DDP bucket`` (its reducer:
     from autograd's backward, a gradient hook, or DDP otherwise); None: not DDP's."""
     ddp = False
-    for f in frames:
+    for i, f in enumerate(frames):
         path = f["filename"].replace("\\", "/")
         if path.endswith(DDP_FILE):
-            part = ddp_purpose([f["name"]])
+            # innermost: DDP's own C++ issued it (its bucket rebuild)
+            part = ddp_purpose([f["name"]]) or (DDP_NATIVE.get(f["name"]) if i == 0 else None)
             if part:
                 return part
             ddp = True
