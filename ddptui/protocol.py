@@ -279,7 +279,8 @@ class Note(Event, tag="note"):
     ``first_batch``: this rank, in a world of several, trains from a DataLoader with no
     DistributedSampler (torch's ``RandomSampler`` or ``SequentialSampler`` over a map-style
     dataset); ``digest`` is a hash of the first batch it drew (its tensors' dtypes, shapes and
-    first values), which the ranks' notes compare.
+    first values) and of what its first training forward took of it (a rank's own slice of
+    one batch is other work), which the ranks' notes compare.
 
     ``local_rank_arg``: the script's argument parser has a ``--local_rank`` option
     (``--local-rank`` where ``dashed``) that no launcher passed it: it read ``read`` (None:

@@ -307,6 +307,68 @@ def test_an_evaluation_pass_is_its_own_phase(inst):
     assert trained > 0.02
 
 
+@pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
+def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_training(inst, where):
+    """facebookresearch/dlrm evaluates every ``--test-freq`` batches, in the middle of its
+    training pass and at its end, with grad on and its DDP modules in training mode: a
+    pass of forwards over its test loader and never a backward. Its 200 test batches were
+    taken for an epoch of their own (2 epochs read ``epoch 4``) and for the next step's
+    samples and time (51,456 samples in 7.5 s). A pass of two batches or more with no
+    backward, before another loader draws, is an evaluation now: no epoch, no samples, its
+    time ``eval``, out of the step's."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    train, test = _loader([6] * 4), _loader([50] * 3)
+
+    def evaluate():
+        for x, _ in test:  # grad on, the model in training mode: 10 ms a forward
+            model(x)
+
+    for _ in range(2):  # epochs
+        for i, (x, _) in enumerate(train):
+            clock.advance(0.005)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            if (where == "mid_epoch" and i == 1) or (where == "epoch_end" and i == 3):
+                evaluate()
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["epoch"] for log in logs] == [0] * 4 + [1] * 4
+    assert [log["samples"] for log in logs] == [6] * 8
+    after = [2, 6] if where == "mid_epoch" else [4]  # the steps after an evaluation
+    for step, log in enumerate(logs):
+        eval_s = log["phases"]["eval"]
+        if step in after and where == "mid_epoch":  # three forwards, their draws' time
+            assert eval_s == pytest.approx(0.030)
+        else:  # between two passes: no step's time at all
+            assert eval_s == 0.0
+        trained = sum(log["phases"][p] for p in PHASES if p != "eval")
+        assert log["step_time"] == pytest.approx(trained)
+        assert log["step_time"] < 0.045
+
+
+def test_ddp_modules_in_series_take_the_same_samples_once(inst):
+    """facebookresearch/dlrm's bottom and top MLPs are two DDP modules: the bottom one takes
+    the rank's 128 of the batch's dense features, the top one the interaction of its output
+    with the embeddings (not the bottom one's output itself), 128 rows again: a step read
+    256 samples. A step's samples are the most one module took; one module's micro-batches
+    still add up."""
+    clock = inst.fake_clock
+    bottom, top = DistributedDataParallel(Net(clock)), DistributedDataParallel(Net(clock))
+    opt = timed_sgd([*bottom.parameters(), *top.parameters()], clock)
+    for micro in (1, 1, 2):
+        opt.zero_grad()
+        for _ in range(micro):
+            x = torch.randn(8, 4)
+            z = bottom(x).expand(8, 4) + x  # the interaction: another tensor, the same rows
+            top(z).pow(2).mean().backward()
+        opt.step()
+    inst.flush()
+    assert [log["samples"] for log in inst.fake.logs] == [8, 8, 16]
+
+
 def _second_step_forward(inst):
     """One training step, then the second's data wait (5 ms) and forward: the clock, the
     optimizer, a collective that takes 7 ms (wrapped as torch's are) and the loss."""
@@ -571,6 +633,36 @@ def test_two_training_loaders_drawn_each_step_count_both_and_the_larger_ones_epo
     assert [log["samples"] for log in logs] == [12] * 9
     # the labeled sampler's passes come every 2 steps, the unlabeled one's every 6
     assert [log["epoch"] for log in logs] == [0] * 6 + [1] * 3
+
+
+@pytest.mark.parametrize("part", ["whole", "slice"])
+def test_the_first_batch_is_noted_as_the_first_training_forward_takes_it(inst, monkeypatch, part):
+    """facebookresearch/dlrm draws the whole global batch on every rank (its embedding
+    tables are split over the ranks) and feeds its DDP modules the rank's slice of it; its 2
+    CPU ranks, the same batch drawn, were told that they "compute the same gradients and 2 do
+    the work of one". The first batch's note goes out at the first training forward now, its
+    digest with the forward's inputs: the whole batch on two ranks, one digest; each its own
+    slice, two (the rule on a GPU: tests/test_same_batches.py)."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)  # as the digest sees it
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4))
+
+    def noted():
+        return [numbers["digest"] for code, numbers in inst.fake.notes if code == "first_batch"]
+
+    for rank in range(2):  # the two ranks' first steps, as each would take them
+        inst._batch_noted = False
+        torch.manual_seed(0)  # one seed on every rank: the same batches
+        (x,) = next(iter(torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)))
+        assert len(noted()) == rank  # not at the draw: at the forward
+        opt.zero_grad()
+        model(x[rank * 4 : rank * 4 + 4] if part == "slice" else x).pow(2).mean().backward()
+        opt.step()
+        assert len(noted()) == rank + 1
+    first, second = noted()
+    assert (first == second) == (part == "whole")
 
 
 def test_modules_frozen_and_thawed_by_phase_keep_their_steps(inst):

@@ -14,7 +14,12 @@ from torch.utils.data import (
 )
 
 from ddptui import protocol
-from ddptui.rank.first_batch import DIGEST_VALUES, first_batch_digest
+from ddptui.rank.first_batch import (
+    DIGEST_VALUES,
+    batch_rows,
+    first_batch_digest,
+    trained_digest,
+)
 from ddptui.run.diagnosis import Diagnoser, same_batches_diagnosis
 from ddptui.run.state import RunState
 
@@ -113,6 +118,33 @@ def test_the_digest_reads_a_bounded_head_of_each_tensor(world, monkeypatch):
 def test_no_digest_of_a_batch_without_tensors(world, batch):
     it = iter(DataLoader(data(), batch_size=4))
     assert first_batch_digest(torch, it, batch) is None
+
+
+def test_the_digest_a_rank_trains_on_holds_what_its_forward_took(world):
+    """facebookresearch/dlrm: every rank draws the whole batch and feeds its DDP modules its
+    own slice. On the CPU the forward's inputs are hashed with the batch: the whole batch
+    fed alike, one digest on every rank; each rank's slice, one each. On a device (here the
+    meta device: unread, as a GPU's would be) fewer rows than the batch is a part of it, and
+    there is no evidence either way: None; as many rows, the batch's digest."""
+    batch = torch.randn(8, 6)
+    digest = first_batch_digest(torch, iter(DataLoader(data(), batch_size=8)), (batch,))
+    assert batch_rows(torch, (batch, torch.arange(8))) == 8
+    assert batch_rows(torch, {"x": torch.tensor(1.0)}) is None
+    assert batch_rows(torch, "text") is None
+
+    def trained(*args, **kwargs):
+        return trained_digest(torch, digest, 8, args, kwargs)
+
+    whole = trained(batch)
+    assert whole == trained(batch.clone()) and whole != digest
+    assert 0 <= whole <= protocol.MAX_DIGEST
+    assert trained(batch[:4]) != trained(batch[4:])
+    assert trained(x=batch[:4]) == trained(x=batch[:4].clone())
+    assert trained() == digest and trained("no tensor", 3) == digest  # nothing to read
+    on_device = torch.empty(8, 6, device="meta")
+    assert trained(on_device[:4]) is None
+    assert trained(on_device) == digest
+    assert trained_digest(torch, digest, None, (on_device[:4],), {}) == digest
 
 
 def _state(digests, world=2):

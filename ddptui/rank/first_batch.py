@@ -6,10 +6,19 @@ or ``SequentialSampler`` gives every rank the whole dataset; seeded alike (the u
 ``torch.manual_seed(seed)`` on every rank) or not shuffled, every rank draws the same
 batches, DDP averages identical gradients, and the world does one rank's work (kubeflow's
 PyTorch MNIST example). The rank sends the digest of its first training batch (a
-``first_batch`` note); the dashboard compares them (``diagnosis.same_batches_diagnosis``).
-A sampler of any other kind (a DistributedSampler, a script's or a framework's own) and an
-IterableDataset (which shards itself, or not) send nothing, as does a batch on a GPU (reading
-it would wait for the device).
+``first_batch`` note) with what its first training forward took of it (:func:`trained_digest`);
+the dashboard compares them (``diagnosis.same_batches_diagnosis``). A sampler of any other
+kind (a DistributedSampler, a script's or a framework's own) and an IterableDataset (which
+shards itself, or not) send nothing, as does a batch on a GPU (reading it would wait for the
+device).
+
+The same batch is not the same work where each rank trains on its own part of it:
+facebookresearch/dlrm draws the whole global batch on every rank (its embedding tables are
+split over the ranks, each looking its tables up for the whole batch) and feeds its DDP
+modules the rank's slice (``get_my_slice``); its 2 CPU ranks were told that they "compute the
+same gradients and 2 do the work of one". So the forward's inputs count too: hashed with the
+batch where they are on the CPU; on a GPU (unread: that would wait for the device), fewer rows
+than the batch drew is a part of it, and nothing is said.
 """
 
 from __future__ import annotations
@@ -40,25 +49,74 @@ def first_batch_digest(torch: Any, it: Any, batch: Any) -> int | None:
             return None
         if not _whole_dataset(torch, it):
             return None
-        digest = hashlib.blake2b(digest_size=8)
-        hashed = 0
-        for tensor in _tensors(torch.Tensor, batch, DIGEST_DEPTH):
-            if tensor.device.type != "cpu" or tensor.is_sparse:
-                return None
-            head = tensor.detach()
-            if head.dim():  # its first samples, as many as hold DIGEST_VALUES values
-                head = head[: max(1, DIGEST_VALUES // max(1, math.prod(head.shape[1:])))]
-            values = head.reshape(-1)[:DIGEST_VALUES].contiguous()
-            digest.update(f"{values.dtype}{tuple(tensor.shape)}".encode())
-            digest.update(values.view(torch.uint8).numpy().tobytes())
-            hashed += 1
-            if hashed == DIGEST_TENSORS:
-                break
-        if not hashed:
-            return None
-        return int.from_bytes(digest.digest(), "big") & MAX_DIGEST
+        return _digest(torch, _first_tensors(torch, batch))
     except Exception:  # a batch or a torch not as expected: no evidence, nothing said
         return None
+
+
+def batch_rows(torch: Any, batch: Any) -> int | None:
+    """The rows (samples, dim 0) of the batch's first tensor; None without one. Never raises."""
+    try:
+        for tensor in _tensors(torch.Tensor, batch, DIGEST_DEPTH):
+            return int(tensor.shape[0]) if tensor.dim() else None
+    except Exception:
+        pass
+    return None
+
+
+def trained_digest(
+    torch: Any, digest: int, rows: int | None, args: tuple, kwargs: dict
+) -> int | None:
+    """The first batch's ``digest`` (a batch of ``rows`` samples) as the rank trained on it:
+    with the digest of its first training forward's tensor inputs (``args``, ``kwargs``)
+    where they are on the CPU, so that ranks which feed their DDP modules their own part of
+    one batch send different digests; where they are on a GPU, None if the forward took fewer
+    rows than the batch holds (a part of it: which part is unread), else the batch's digest.
+    Never raises."""
+    try:
+        tensors = _first_tensors(torch, (args, kwargs), DIGEST_DEPTH + 1)
+        if not tensors:
+            return digest
+        if all(tensor.device.type == "cpu" and not tensor.is_sparse for tensor in tensors):
+            taken = _digest(torch, tensors)
+            if taken is None:
+                return None
+            both = hashlib.blake2b(f"{digest}:{taken}".encode(), digest_size=8).digest()
+            return int.from_bytes(both, "big") & MAX_DIGEST
+        lead = tensors[0]
+        if rows is not None and lead.dim() and lead.shape[0] < rows:
+            return None
+        return digest
+    except Exception:  # inputs not as expected: no evidence, nothing said
+        return None
+
+
+def _first_tensors(torch: Any, value: Any, depth: int = DIGEST_DEPTH) -> list[Any]:
+    """The first :data:`DIGEST_TENSORS` tensors of ``value``."""
+    found = []
+    for tensor in _tensors(torch.Tensor, value, depth):
+        found.append(tensor)
+        if len(found) == DIGEST_TENSORS:
+            break
+    return found
+
+
+def _digest(torch: Any, tensors: list[Any]) -> int | None:
+    """A hash of the tensors' dtypes, shapes and first values; None without a tensor, or with
+    one not on the CPU (reading it would wait for the device) or sparse."""
+    if not tensors:
+        return None
+    digest = hashlib.blake2b(digest_size=8)
+    for tensor in tensors:
+        if tensor.device.type != "cpu" or tensor.is_sparse:
+            return None
+        head = tensor.detach()
+        if head.dim():  # its first samples, as many as hold DIGEST_VALUES values
+            head = head[: max(1, DIGEST_VALUES // max(1, math.prod(head.shape[1:])))]
+        values = head.reshape(-1)[:DIGEST_VALUES].contiguous()
+        digest.update(f"{values.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(values.view(torch.uint8).numpy().tobytes())
+    return int.from_bytes(digest.digest(), "big") & MAX_DIGEST
 
 
 def _whole_dataset(torch: Any, it: Any) -> bool:

@@ -733,7 +733,8 @@ class Instrument:
         self._iter_event: Any = None  # on a GPU, a CUDA event recorded then
         self._fwd_seen = False
         self._ddp_seen = False
-        self._samples = 0
+        self._samples = 0  # the most samples one module's forwards took (_add_samples)
+        self._module_samples: dict[int | None, int] = {}
         #: The tensors the step's training forwards of DDP modules returned (weak), so far.
         self._outputs: list[weakref.ref] = []
         # Without DDP (FSDP, a plain model, a script that wraps only on GPU) no forward is
@@ -839,6 +840,10 @@ class Instrument:
         self._loader_steps_sent = False
         self._pass_batches = 0
         self._pass_ended = False
+        #: A training pass begun since the last backward: its iterator's id, the backwards
+        #: and steps counted when it began, when it did and what its first batch changed
+        #: (see _untrained_pass), until another loader's draw.
+        self._suspect: tuple[int, int, float, dict[str, Any]] | None = None
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
         # drawn from a DataLoader since the last step ended, whether that step drew any, the
@@ -917,6 +922,8 @@ class Instrument:
         self._modules_followed: set[str] = set()
         self._wandb_attached = False
         self._batch_noted = False  # the first training batch was looked at (_note_first_batch)
+        #: Its digest and rows, until the next training forward (_note_trained_batch).
+        self._batch_digest: tuple[int, int | None] | None = None
         #: Numbers a SummaryWriter was given after an evaluation pass, and the epoch training
         #: was in: the pass's evaluation once training goes on (see _tensorboard_logged).
         self._tensorboard_numbers: tuple[int | None, dict[str, Any]] | None = None
@@ -1517,11 +1524,23 @@ class Instrument:
         ``it``, waited for from ``began`` to ``ended``: the pass (the epoch) and the step's
         draws."""
         key = id(it)
+        suspect = self._suspect
+        if suspect is not None and suspect[0] != key:
+            self._suspect = None
+            if suspect[1] == self._backwards + self._steps_ended and self._pass_batches > 1:
+                self._untrained_pass(suspect[2], suspect[3], began)
         if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
             if not self._batch_noted:
                 self._note_first_batch(it, batch)
             if self._passes >= 0 and (self._pass_ended or self._pass_batches > 1):
                 self._between_passes()  # another epoch: the time between them is none's
+            undo = {name: getattr(self, name) for name in _PASS_STATE}
+            undo["_module_samples"] = self._module_samples.copy()
+            if self._cuda is None:
+                undo["_acc"] = self._acc.copy()
+            else:
+                undo["_marks"] = list(self._marks)
+            self._suspect = (key, self._backwards + self._steps_ended, began, undo)
             self._loader_pass(key)
             self._check_restart(it, ended)
             self._sampler_replicas(it)
@@ -1562,13 +1581,38 @@ class Instrument:
         if batch is None or self.disabled or not self._models or not self.holds_ddp():
             return  # None: a batch drawn in eval mode, known as training's later
         self._batch_noted = True
-        from ddptui.rank.first_batch import first_batch_digest
+        from ddptui.rank.first_batch import batch_rows, first_batch_digest
 
         digest = first_batch_digest(self.torch, it, batch)
+        if digest is not None:  # sent with what the next training forward takes of it
+            self._batch_digest = (digest, batch_rows(self.torch, batch))
+
+    def _note_trained_batch(self, args: tuple, kwargs: dict) -> None:
+        """The first training forward since the first batch's digest: the note goes out with
+        what the forward took (see :func:`ddptui.rank.first_batch.trained_digest`)."""
+        (digest, rows), self._batch_digest = self._batch_digest, None
+        from ddptui.rank.first_batch import trained_digest
+
+        digest = trained_digest(self.torch, digest, rows, args, kwargs)
         if digest is not None:
             from ddptui.rank import reporter as reporter_module
 
             reporter_module.get_reporter().note("first_batch", digest=digest)
+
+    def _untrained_pass(self, began: float, undo: dict[str, Any], end: float) -> None:
+        """The pass whose first batch came at ``began`` drew two batches or more, with no
+        backward nor step since, and another loader draws now (at ``end``): it was an
+        evaluation with grad on and its modules in training mode (forwards, never a
+        backward), not a training pass. What its first batch changed is undone (the epoch,
+        the step's samples and draws) and its time, from its first batch to now, is
+        ``eval``, out of the step's time (on a GPU, out of the step's time only).
+        facebookresearch/dlrm evaluates so, every ``--test-freq`` batches in the middle of its
+        epoch: its 200 test batches were taken for an epoch of their own (2 epochs read
+        ``epoch 4``) and for the next step's samples and time (51,456 samples in 7.5 s)."""
+        for name, value in undo.items():
+            setattr(self, name, value)
+        if self._mark is not None:  # after a step began: the span is its evaluation
+            self._eval_start, self._eval_end = began, end
 
     def _loader_pass(self, it: int) -> None:
         """A training pass over a DataLoader began (its iterator's first batch, ``it`` its id,
@@ -2876,7 +2920,11 @@ class Instrument:
         if first:
             self._step_start = now
         if not self._closure_repeat:
-            self._samples += _forward_samples(self.torch.Tensor, args, kwargs, self._outputs)
+            samples = _forward_samples(self.torch.Tensor, args, kwargs, self._outputs)
+            if samples:
+                self._add_samples(self._fwd_ddp, samples)
+        if self._batch_digest is not None:  # once a run
+            self._note_trained_batch(args, kwargs)
         if not self._first_released and self._pending:
             self._release_first()
 
@@ -3163,9 +3211,22 @@ class Instrument:
         else:  # its batch: a training pass's (the epoch's, its length)
             self._training_draw(it, *draw[1:])
         if self._ddp_seen:
-            self._samples += samples
+            self._add_samples(key, samples)
         elif draw is None:  # no training forward seen yet: the samples are the draws'
             self._loader_samples += samples
+
+    def _add_samples(self, module: int | None, samples: int) -> None:
+        """A training forward of DDP module ``module`` (its id; None: a module DDP wraps,
+        called without it) took ``samples``: the step's are the most any one module took
+        over its forwards (several micro-batches add up). Modules in series see the same
+        samples: facebookresearch/dlrm's bottom and top MLPs, two DDP modules fed the rank's
+        slice of 128 of a batch of 256 (the top one its interaction's output, not the bottom
+        one's), counted 256 a step."""
+        taken = self._module_samples
+        total = taken.get(module, 0) + samples
+        taken[module] = total
+        if total > self._samples:
+            self._samples = total
 
     def _backward_return(self) -> None:
         if self._eval_grad is not None and not self.disabled:
@@ -3382,6 +3443,7 @@ class Instrument:
         self._forget_losses()
         self._scaled = None
         self._samples = self._plain_samples = 0
+        self._module_samples.clear()
         self._outputs.clear()
         self._fwd_seen = False
 
@@ -3505,6 +3567,7 @@ class Instrument:
         elif drawn <= 0:
             samples = self._plain_samples  # a module trained without DDP (_watch_plain)
         self._samples = self._loader_samples = self._plain_samples = 0
+        self._module_samples.clear()
         self._outputs.clear()
         if self._length_it is not None and self._steps_ended <= 2:
             # The second step's draws from that pass (the first's may include a batch
@@ -3857,6 +3920,33 @@ class _SamplerPasses:
         self.passes = 0
         self.told = False
         self.trained = False
+
+
+#: What a training pass's first batch changes, kept until the pass proves it trains (see
+#: Instrument._untrained_pass).
+_PASS_STATE = (
+    "_passes",
+    "_epoch",
+    "_pass_it",
+    "_pass_batches",
+    "_pass_ended",
+    "_pass_began",
+    "_pass_length",
+    "_length_it",
+    "_length_draws",
+    "_samples",
+    "_loader_samples",
+    "_draws",
+    "_loader_data",
+    "_drawn_ahead",
+    "_fwd_seen",
+    "_ddp_seen",
+    "_step_wait",
+    "_first_draw",
+    "_mark",
+    "_seg",
+    "_step_start",
+)
 
 
 def _resolve(seg: str, nxt: str) -> str:
