@@ -308,14 +308,20 @@ def test_an_evaluation_pass_is_its_own_phase(inst):
 
 
 @pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
-def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_training(inst, where):
+def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_training(
+    inst, where, tmp_path
+):
     """facebookresearch/dlrm evaluates every ``--test-freq`` batches, in the middle of its
     training pass and at its end, with grad on and its DDP modules in training mode: a
     pass of forwards over its test loader and never a backward. Its 200 test batches were
     taken for an epoch of their own (2 epochs read ``epoch 4``) and for the next step's
     samples and time (51,456 samples in 7.5 s). A pass of two batches or more with no
     backward, before another loader draws, is an evaluation now: no epoch, no samples, its
-    time ``eval``, out of the step's."""
+    time ``eval``, out of the step's; and the accuracy it logs to TensorBoard then (dlrm's
+    ``Test/Acc``), before the training loader draws again, is the evaluation's."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = timed_sgd(model.parameters(), clock)
@@ -324,6 +330,7 @@ def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_trainin
     def evaluate():
         for x, _ in test:  # grad on, the model in training mode: 10 ms a forward
             model(x)
+        writer.add_scalar("Test/Acc", 0.5, 1)
 
     for _ in range(2):  # epochs
         for i, (x, _) in enumerate(train):
@@ -333,9 +340,11 @@ def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_trainin
             opt.step()
             if (where == "mid_epoch" and i == 1) or (where == "epoch_end" and i == 3):
                 evaluate()
-    inst.flush()
+    inst.at_exit()  # the last evaluation's accuracy, at the end
+    writer.close()
     logs = inst.fake.logs
     assert [log["epoch"] for log in logs] == [0] * 4 + [1] * 4
+    assert [(e["epoch"], float(e["accuracy"])) for e in inst.fake.evals] == [(0, 0.5), (1, 0.5)]
     assert [log["samples"] for log in logs] == [6] * 8
     after = [2, 6] if where == "mid_epoch" else [4]  # the steps after an evaluation
     for step, log in enumerate(logs):

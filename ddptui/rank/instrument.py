@@ -842,7 +842,7 @@ class Instrument:
         self._pass_ended = False
         #: A training pass begun since the last backward: its iterator's id, the backwards
         #: and steps counted when it began, when it did and what its first batch changed
-        #: (see _untrained_pass), until another loader's draw.
+        #: (see _untrained_pass), until another loader's draw or a step's end.
         self._suspect: tuple[int, int, float, dict[str, Any]] | None = None
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
@@ -1740,15 +1740,32 @@ class Instrument:
         with the other numbers as its extras; numbers named for training (``train_loss``) are
         left out. Once per pass; never once the script reports its own evaluations, nor
         inside an HF Trainer's or Lightning's evaluation (reported as theirs)."""
-        if self.disabled or self.explicit_eval or not self._evaluated:
+        if self.disabled or self.explicit_eval:
             return
-        if not isinstance(values, dict) or self._in_framework_eval():
+        evaluated, epoch = self._after_evaluation()
+        if not evaluated or not isinstance(values, dict) or self._in_framework_eval():
             return
         try:
-            if self._logged_eval(self._logged_numbers(values, {}), self._epoch):
+            if self._logged_eval(self._logged_numbers(values, {}), epoch):
                 self._evaluated = False
         except Exception as exc:
             self._fail(exc)
+
+    def _after_evaluation(self) -> tuple[bool, int | None]:
+        """Whether an evaluation pass ran since the last training forward, and the epoch
+        training is in: a pass of DDP forwards not training, or a pass of two batches or more
+        drawn with grad on and no backward since it began (see :meth:`_untrained_pass`; dlrm
+        logs its test accuracy to TensorBoard before its training loader draws again)."""
+        if self._evaluated:
+            return True, self._epoch
+        suspect = self._suspect
+        if (
+            suspect is not None
+            and suspect[1] == self._backwards + self._steps_ended
+            and self._pass_batches > 1
+        ):
+            return True, suspect[3]["_epoch"]
+        return False, self._epoch
 
     def _in_framework_eval(self) -> bool:
         """An HF Trainer's or Lightning's evaluation is under way: it reports its pass itself
@@ -1812,7 +1829,8 @@ class Instrument:
 
         @functools.wraps(scalar)
         def add_scalar(writer: Any, /, *args: Any, **kwargs: Any) -> Any:
-            if inst._evaluated:  # cheap where training logs its loss each step
+            # cheap where training logs its loss each step (no pass begun since the last)
+            if inst._evaluated or inst._suspect is not None:
                 tag = kwargs.get("tag", args[0] if args else None)
                 value = kwargs.get("scalar_value", args[1] if len(args) > 1 else None)
                 inst._tensorboard_logged({tag: value})
@@ -1820,7 +1838,7 @@ class Instrument:
 
         @functools.wraps(scalars)
         def add_scalars(writer: Any, /, *args: Any, **kwargs: Any) -> Any:
-            if inst._evaluated:
+            if inst._evaluated or inst._suspect is not None:
                 main = kwargs.get("main_tag", args[0] if args else None)
                 values = kwargs.get("tag_scalar_dict", args[1] if len(args) > 1 else None)
                 if isinstance(values, dict):
@@ -1837,11 +1855,14 @@ class Instrument:
         accuracy in turn: they are kept, with the epoch training is in, and become the pass's
         evaluation (:meth:`_logged_eval`) when training goes on, or the process ends (the
         last epoch's); unless a framework or the script reports it meanwhile."""
-        if self.disabled or self.explicit_eval or not self._evaluated or self._in_framework_eval():
+        if self.disabled or self.explicit_eval or self._in_framework_eval():
+            return
+        evaluated, epoch = self._after_evaluation()
+        if not evaluated:
             return
         try:
             if self._tensorboard_numbers is None:
-                self._tensorboard_numbers = (self._epoch, {})
+                self._tensorboard_numbers = (epoch, {})
             self._logged_numbers(values, self._tensorboard_numbers[1])
         except Exception as exc:
             self._fail(exc)
@@ -3585,6 +3606,7 @@ class Instrument:
         if self._joined:
             self._joined = set()
         self._fwd_seen = False
+        self._suspect = None  # a pass with a step in it trains
         self._step_start = now
         if self._last_pass is not None:  # the sampler of the pass started last fed this step
             self._last_pass.trained = True
