@@ -307,7 +307,7 @@ def test_an_evaluation_pass_is_its_own_phase(inst):
     assert trained > 0.02
 
 
-@pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
+@pytest.mark.parametrize("where", ["before", "mid_epoch", "epoch_end"])
 def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_training(
     inst, where, tmp_path
 ):
@@ -318,7 +318,9 @@ def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_trainin
     samples and time (51,456 samples in 7.5 s). A pass of two batches or more with no
     backward, before another loader draws, is an evaluation now: no epoch, no samples, its
     time ``eval``, out of the step's; and the accuracy it logs to TensorBoard then (dlrm's
-    ``Test/Acc``), before the training loader draws again, is the evaluation's."""
+    ``Test/Acc``), before the training loader draws again, is the evaluation's. Before the
+    first step too, where the training loader's iterator may take the dead test one's id
+    (it did in a run of this order: the pass is its iterator itself now, held weakly)."""
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(str(tmp_path))
@@ -328,10 +330,13 @@ def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_trainin
     train, test = _loader([6] * 4), _loader([50] * 3)
 
     def evaluate():
-        for x, _ in test:  # grad on, the model in training mode: 10 ms a forward
+        for i, (x, _) in enumerate(test):  # grad on, the model training: 10 ms a forward
             model(x)
-        writer.add_scalar("Test/Acc", 0.5, 1)
+            if i == 2:  # logged before its iterator goes, whose id the next one takes
+                writer.add_scalar("Test/Acc", 0.5, 1)
 
+    if where == "before":
+        evaluate()
     for _ in range(2):  # epochs
         for i, (x, _) in enumerate(train):
             clock.advance(0.005)
@@ -344,7 +349,8 @@ def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_trainin
     writer.close()
     logs = inst.fake.logs
     assert [log["epoch"] for log in logs] == [0] * 4 + [1] * 4
-    assert [(e["epoch"], float(e["accuracy"])) for e in inst.fake.evals] == [(0, 0.5), (1, 0.5)]
+    evals = [(None, 0.5)] if where == "before" else [(0, 0.5), (1, 0.5)]  # None: no epoch yet
+    assert [(e["epoch"], float(e["accuracy"])) for e in inst.fake.evals] == evals
     assert [log["samples"] for log in logs] == [6] * 8
     after = [2, 6] if where == "mid_epoch" else [4]  # the steps after an evaluation
     for step, log in enumerate(logs):

@@ -840,10 +840,10 @@ class Instrument:
         self._loader_steps_sent = False
         self._pass_batches = 0
         self._pass_ended = False
-        #: A training pass begun since the last backward: its iterator's id, the backwards
+        #: A training pass begun since the last backward: its iterator (weak), the backwards
         #: and steps counted when it began, when it did and what its first batch changed
         #: (see _untrained_pass), until another loader's draw or a step's end.
-        self._suspect: tuple[int, int, float, dict[str, Any]] | None = None
+        self._suspect: tuple[weakref.ref, int, float, dict[str, Any]] | None = None
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
         # drawn from a DataLoader since the last step ended, whether that step drew any, the
@@ -1525,7 +1525,7 @@ class Instrument:
         draws."""
         key = id(it)
         suspect = self._suspect
-        if suspect is not None and suspect[0] != key:
+        if suspect is not None and suspect[0]() is not it:  # (an id may be a dead one's)
             self._suspect = None
             if suspect[1] == self._backwards + self._steps_ended and self._pass_batches > 1:
                 self._untrained_pass(suspect[2], suspect[3], began)
@@ -1540,7 +1540,7 @@ class Instrument:
                 undo["_acc"] = self._acc.copy()
             else:
                 undo["_marks"] = list(self._marks)
-            self._suspect = (key, self._backwards + self._steps_ended, began, undo)
+            self._suspect = (weakref.ref(it), self._backwards + self._steps_ended, began, undo)
             self._loader_pass(key)
             self._check_restart(it, ended)
             self._sampler_replicas(it)
