@@ -364,6 +364,67 @@ def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_trainin
         assert log["step_time"] < 0.045
 
 
+@pytest.mark.parametrize("grad", [True, False])
+def test_an_evaluation_pass_does_not_take_back_the_epoch_told_after_it(inst, grad):
+    """pytorch/examples' minGPT-ddp shape: each epoch ``set_epoch`` on the training sampler,
+    its pass, then ``set_epoch`` on the test sampler and a pass of forwards over it, drawn
+    with grad on (the loop turns it off around the forward, or never: dlrm's). Undoing the
+    evaluation pass's first batch took the next epoch's ``set_epoch`` back with it: its
+    steps read the epoch before (CI read 20 steps of epoch 1, 10 of them epoch 2's)."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    samplers = [
+        torch.utils.data.distributed.DistributedSampler(range(n), num_replicas=1, rank=0)
+        for n in (12, 6)
+    ]
+    train, test = (
+        torch.utils.data.DataLoader(
+            [torch.randn(4) for _ in range(len(s))], batch_size=3, sampler=s
+        )
+        for s in samplers
+    )
+    for epoch in (1, 2):
+        samplers[0].set_epoch(epoch)
+        for x in train:
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        samplers[1].set_epoch(epoch)
+        for x in test:
+            with torch.set_grad_enabled(grad):
+                model(x)
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["epoch"] for log in logs] == [1] * 4 + [2] * 4
+    assert [log["samples"] for log in logs] == [3] * 8
+
+
+def test_batches_of_two_loaders_drawn_before_a_steps_forward_are_no_evaluation(inst):
+    """The other side of dlrm's evaluation: a step that draws two batches from one loader
+    and one from another before its forward and backward (a pass begun with two draws and no
+    forward yet) trains on all three: its pass, epoch and samples stand."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    two, one = _loader([4] * 4), _loader([2] * 6)
+    ones = iter(one)
+    for _ in range(2):  # epochs of the first loader
+        batches = iter(two)
+        for first, second in zip(batches, batches, strict=True):
+            extra = next(ones)
+            opt.zero_grad()
+            model(torch.cat([first[0], second[0], extra[0]])).pow(2).mean().backward()
+            opt.step()
+    inst.flush()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [10] * 4
+    # (the second loader's first pass counts as one of the passes that number epochs here,
+    # where no sampler is told its epoch: one more, the same on every step)
+    assert [log["epoch"] - logs[0]["epoch"] for log in logs] == [0, 0, 1, 1]
+    assert all(log["phases"]["eval"] == 0.0 for log in logs)
+
+
 def test_ddp_modules_in_series_take_the_same_samples_once(inst):
     """facebookresearch/dlrm's bottom and top MLPs are two DDP modules: the bottom one takes
     the rank's 128 of the batch's dense features, the top one the interaction of its output

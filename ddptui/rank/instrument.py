@@ -819,6 +819,7 @@ class Instrument:
         # one over the most samples (see _told_epoch).
         self._epoch_sampler: Any = None
         self._epoch_size = 0
+        self._epoch_tells = 0  # the epochs so told, ever (see _untrained_pass)
         # Without a DistributedSampler told its epoch or an accelerate loader, the epoch is
         # the training passes over a DataLoader (see _loader_pass): the passes counted (-1:
         # none yet), and the batches the current one gave and whether it ran to its end.
@@ -840,10 +841,12 @@ class Instrument:
         self._loader_steps_sent = False
         self._pass_batches = 0
         self._pass_ended = False
-        #: A training pass begun since the last backward: its iterator (weak), the backwards
-        #: and steps counted when it began, when it did and what its first batch changed
-        #: (see _untrained_pass), until another loader's draw or a step's end.
-        self._suspect: tuple[weakref.ref, int, float, dict[str, Any]] | None = None
+        #: A training pass begun since the last step: its iterator (weak), the backwards and
+        #: training forwards counted when it began, when it did and what its first batch
+        #: changed (see _untrained_pass), until another loader's draw or a step's end.
+        self._suspect: tuple[weakref.ref, int, int, float, dict[str, Any]] | None = None
+        self._grad_calls = 0  # backward() calls, and training forwards (_forward_start), ever
+        self._fwd_calls = 0
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
         # drawn from a DataLoader since the last step ended, whether that step drew any, the
@@ -1427,6 +1430,7 @@ class Instrument:
         self._epoch_size = size
         self._epoch = epoch
         self._epoch_told = True
+        self._epoch_tells += 1
         self._loader_epoch = None  # the script's own word: an accelerate pass no more
 
     def _attach_sampler(self, torch: Any) -> None:
@@ -1527,8 +1531,8 @@ class Instrument:
         suspect = self._suspect
         if suspect is not None and suspect[0]() is not it:  # (an id may be a dead one's)
             self._suspect = None
-            if suspect[1] == self._backwards + self._steps_ended and self._pass_batches > 1:
-                self._untrained_pass(suspect[2], suspect[3], began)
+            if self._untrained(suspect):
+                self._untrained_pass(suspect[3], suspect[4], began)
         if getattr(it, "_num_yielded", None) == 1:  # a training pass's first batch
             if not self._batch_noted:
                 self._note_first_batch(it, batch)
@@ -1540,7 +1544,7 @@ class Instrument:
                 undo["_acc"] = self._acc.copy()
             else:
                 undo["_marks"] = list(self._marks)
-            self._suspect = (weakref.ref(it), self._backwards + self._steps_ended, began, undo)
+            self._suspect = (weakref.ref(it), self._grad_calls, self._fwd_calls, began, undo)
             self._loader_pass(key)
             self._check_restart(it, ended)
             self._sampler_replicas(it)
@@ -1608,9 +1612,13 @@ class Instrument:
         ``eval``, out of the step's time (on a GPU, out of the step's time only).
         facebookresearch/dlrm evaluates so, every ``--test-freq`` batches in the middle of its
         epoch: its 200 test batches were taken for an epoch of their own (2 epochs read
-        ``epoch 4``) and for the next step's samples and time (51,456 samples in 7.5 s)."""
+        ``epoch 4``) and for the next step's samples and time (51,456 samples in 7.5 s).
+        An epoch a sampler was told since stands: minGPT-ddp's next ``set_epoch``, taken
+        back, put its second epoch's steps in the first."""
+        told = undo["_epoch_tells"] != self._epoch_tells
         for name, value in undo.items():
-            setattr(self, name, value)
+            if not (told and name == "_epoch"):  # a set_epoch since: the script's word
+                setattr(self, name, value)
         if self._mark is not None:  # after a step began: the span is its evaluation
             self._eval_start, self._eval_end = began, end
 
@@ -1759,13 +1767,19 @@ class Instrument:
         if self._evaluated:
             return True, self._epoch
         suspect = self._suspect
-        if (
-            suspect is not None
-            and suspect[1] == self._backwards + self._steps_ended
-            and self._pass_batches > 1
-        ):
-            return True, suspect[3]["_epoch"]
+        if suspect is not None and self._untrained(suspect):
+            return True, suspect[4]["_epoch"]
         return False, self._epoch
+
+    def _untrained(self, suspect: tuple[weakref.ref, int, int, float, dict[str, Any]]) -> bool:
+        """Whether the pass begun at ``suspect`` (see :attr:`_suspect`) drew two batches or
+        more and made two training forwards or more, with no backward since it began (a
+        step's two batches of one loader, drawn before its forward, are no evaluation)."""
+        return (
+            suspect[1] == self._grad_calls
+            and self._fwd_calls - suspect[2] > 1
+            and self._pass_batches > 1
+        )
 
     def _in_framework_eval(self) -> bool:
         """An HF Trainer's or Lightning's evaluation is under way: it reports its pass itself
@@ -2930,6 +2944,7 @@ class Instrument:
             self._seg = "closure"
         self._opt_depth = 0
         self._ddp_seen = True
+        self._fwd_calls += 1
         self._fwd_seen = True
         if self._tensorboard_numbers is not None:
             self._tensorboard_eval()  # before the epoch below moves on
@@ -3152,6 +3167,7 @@ class Instrument:
     def _backward_call(self, tensor: Any) -> None:
         self.hook_calls += 1
         self._backwards += 1
+        self._grad_calls += 1
         self._opt_depth = 0
         if self.disabled:
             return
@@ -3949,6 +3965,7 @@ class _SamplerPasses:
 _PASS_STATE = (
     "_passes",
     "_epoch",
+    "_epoch_tells",
     "_pass_it",
     "_pass_batches",
     "_pass_ended",
