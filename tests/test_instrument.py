@@ -307,9 +307,10 @@ def test_an_evaluation_pass_is_its_own_phase(inst):
     assert trained > 0.02
 
 
+@pytest.mark.parametrize("grad", [True, False])
 @pytest.mark.parametrize("where", ["before", "mid_epoch", "epoch_end"])
-def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_training(
-    inst, where, tmp_path
+def test_an_evaluation_drawn_with_grad_on_and_the_model_training_is_no_pass_of_training(
+    inst, where, grad, tmp_path
 ):
     """facebookresearch/dlrm evaluates every ``--test-freq`` batches, in the middle of its
     training pass and at its end, with grad on and its DDP modules in training mode: a
@@ -330,8 +331,9 @@ def test_an_evaluation_with_grad_on_and_the_model_training_is_no_pass_of_trainin
     train, test = _loader([6] * 4), _loader([50] * 3)
 
     def evaluate():
-        for i, (x, _) in enumerate(test):  # grad on, the model training: 10 ms a forward
-            model(x)
+        for i, (x, _) in enumerate(test):  # drawn with grad on, the model training
+            with torch.set_grad_enabled(grad):  # off around its forwards: minGPT-ddp's
+                model(x)  # 10 ms a forward
             if i == 2:  # logged before its iterator goes, whose id the next one takes
                 writer.add_scalar("Test/Acc", 0.5, 1)
 
@@ -370,7 +372,9 @@ def test_an_evaluation_pass_does_not_take_back_the_epoch_told_after_it(inst, gra
     its pass, then ``set_epoch`` on the test sampler and a pass of forwards over it, drawn
     with grad on (the loop turns it off around the forward, or never: dlrm's). Undoing the
     evaluation pass's first batch took the next epoch's ``set_epoch`` back with it: its
-    steps read the epoch before (CI read 20 steps of epoch 1, 10 of them epoch 2's)."""
+    steps read the epoch before (CI read 20 steps of epoch 1, 10 of them epoch 2's). And
+    with grad off around the forwards (minGPT-ddp's), the pass was the next step's forward
+    (0.6 s of a 0.07 s step, its rate a tenth): an evaluation, as with grad on."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = timed_sgd(model.parameters(), clock)
@@ -398,6 +402,11 @@ def test_an_evaluation_pass_does_not_take_back_the_epoch_told_after_it(inst, gra
     logs = inst.fake.logs
     assert [log["epoch"] for log in logs] == [1] * 4 + [2] * 4
     assert [log["samples"] for log in logs] == [3] * 8
+    # The evaluation's two forwards (10 ms each) are not the next epoch's first step's: every
+    # step a forward, a backward and an optimizer step (33 ms). Between two passes, as any
+    # time there, they are no step's (see test_the_time_between_two_epochs_is_no_steps).
+    assert [log["step_time"] for log in logs] == pytest.approx([0.033] * 8, abs=1e-6)
+    assert all(log["phases"]["eval"] == 0.0 for log in logs)
 
 
 def test_batches_of_two_loaders_drawn_before_a_steps_forward_are_no_evaluation(inst):

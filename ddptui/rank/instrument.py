@@ -845,7 +845,7 @@ class Instrument:
         #: training forwards counted when it began, when it did and what its first batch
         #: changed (see _untrained_pass), until another loader's draw or a step's end.
         self._suspect: tuple[weakref.ref, int, int, float, dict[str, Any]] | None = None
-        self._grad_calls = 0  # backward() calls, and training forwards (_forward_start), ever
+        self._grad_calls = 0  # backward() calls, and forwards (with grad or without), ever
         self._fwd_calls = 0
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
@@ -1773,8 +1773,11 @@ class Instrument:
 
     def _untrained(self, suspect: tuple[weakref.ref, int, int, float, dict[str, Any]]) -> bool:
         """Whether the pass begun at ``suspect`` (see :attr:`_suspect`) drew two batches or
-        more and made two training forwards or more, with no backward since it began (a
-        step's two batches of one loader, drawn before its forward, are no evaluation)."""
+        more and made two forwards or more, with no backward since it began (a step's two
+        batches of one loader, drawn before its forward, are no evaluation). With grad on
+        (dlrm's) or off: pytorch/examples' minGPT-ddp draws its test batches with grad on
+        and turns it off around each forward, its model training; that pass was the next
+        epoch's first step's ``forward`` (0.6 s of a 0.07 s step)."""
         return (
             suspect[1] == self._grad_calls
             and self._fwd_calls - suspect[2] > 1
@@ -2903,6 +2906,8 @@ class Instrument:
         before its context encoder and predictor train). Its time is the step's forward,
         where it had been taken out of the step as an evaluation (a third of ijepa's step
         time read ``eval``, and the step's rate was over the rest)."""
+        if start:
+            self._fwd_calls += 1
         if self._mark is None:
             return  # before the first training step: not part of any step
         if self._seg == "forward" and not self._training_fwd:
