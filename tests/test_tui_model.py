@@ -586,11 +586,26 @@ def test_the_evaluation_chart_draws_a_loss_when_no_accuracy_comes(evals, title, 
     class Chart(AccuracyChart):
         plt = plot
 
-    assert Chart().draw(chart_data(state)) is True
-    assert ("title", (title,)) in plot.calls
+    chart = Chart()
+    assert chart.draw(chart_data(state)) is True
+    assert chart._titles[0] == title
     assert ("xticks", (xticks,)) in plot.calls
     drawn = next(args for name, args in plot.calls if name == "scatter")
     assert drawn[0] == ([0.0, 0.5, 1.0] if title.startswith("eval loss") else [1.0, 2.0])
+
+
+def test_a_chart_title_too_wide_for_its_chart_gives_way_to_a_shorter_one():
+    """plotext leaves out a title wider than its plot: at 120 columns the accuracy chart of
+    a run with no evaluation (38 columns) showed an empty box with no title at all."""
+    from ddptui.tui.widgets.charts import fit_title
+
+    long = "eval accuracy — none reported (ddptui.log_eval(epoch=…, accuracy=…) reports one)"
+    titles = (long, "eval accuracy — none reported", "eval accuracy")
+    assert fit_title(titles, 120) == long
+    assert fit_title(titles, 38) == "eval accuracy — none reported"
+    assert fit_title(titles, 29) == "eval accuracy — none reported"  # 29 cells: "—" is one
+    assert fit_title(titles, 28) == "eval accuracy"
+    assert fit_title(titles, 5) == "eval accuracy"  # the shortest, where none fits
 
 
 @pytest.mark.parametrize(

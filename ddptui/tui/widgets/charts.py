@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rich.cells import cell_len
+from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 from ddptui.tui.model import ChartData
@@ -21,12 +23,26 @@ class _Chart(PlotextPlot):
 
     def on_mount(self) -> None:
         self._signature: Any = None
+        self._titles: tuple[str, ...] = ()
         self._plot_empty()
+
+    def set_title(self, *titles: str) -> None:
+        """The chart's title: the first of ``titles`` (longest first) that fits its width
+        when drawn. plotext leaves out a title wider than the plot: at 120 columns the
+        accuracy chart's hint (80 characters in a 38-column chart) left an empty box with
+        no word of what it was."""
+        self._titles = titles
+
+    def render(self) -> RenderResult:
+        if self._titles:
+            self.plt.title(fit_title(self._titles, self.size.width))
+        return super().render()
 
     def _plot_empty(self, message: str = "no data yet") -> None:
         plt = self.plt
         plt.clear_figure()
-        plt.title(f"{self.title} — {message}")
+        short = message.split(" (", 1)[0]  # the hint in parentheses left out where it must
+        self.set_title(f"{self.title} — {message}", f"{self.title} — {short}", self.title)
         self.refresh()
 
     def show(self, data: ChartData) -> None:
@@ -36,7 +52,7 @@ class _Chart(PlotextPlot):
         self._signature = signature
         plt = self.plt
         plt.clear_figure()
-        plt.title(self.title)
+        self.set_title(self.title)
         if not self.draw(data):
             self._plot_empty(self.empty_message(data))
             return
@@ -51,6 +67,11 @@ class _Chart(PlotextPlot):
 
     def draw(self, data: ChartData) -> bool:  # pragma: no cover - overridden
         raise NotImplementedError
+
+
+def fit_title(titles: tuple[str, ...], width: int) -> str:
+    """The first of ``titles`` no wider than ``width`` cells, else the last (the shortest)."""
+    return next((title for title in titles if cell_len(title) <= width), titles[-1])
 
 
 def _tail_signature(xs: list[float], ys: list[float]) -> tuple:
@@ -95,14 +116,14 @@ class LossChart(_Chart):
                         color=RANK_COLORS[rank % len(RANK_COLORS)],
                     )
                     drawn = True
-            plt.title("loss per step, per rank")
+            self.set_title("loss per step, per rank", "loss, per rank")
             return drawn
         xs, ys = data.mean_loss
         if not xs:
             return False
         plt.plot(xs, ys, marker="braille", color="cyan")
         restarts = f", {len(data.restarts)} restarts (red)" if data.restarts else ""
-        plt.title(f"loss per step (mean of ranks){restarts}")
+        self.set_title(f"loss per step (mean of ranks){restarts}", f"loss{restarts}", "loss")
         return True
 
 
@@ -146,7 +167,7 @@ class AccuracyChart(_Chart):
             limits = accuracy_limits(values)
             if limits is not None:
                 plt.ylim(*limits)
-        plt.title(f"eval {what} per epoch: {values[-1]:.4f}")
+        self.set_title(f"eval {what} per epoch: {values[-1]:.4f}", f"{what} {values[-1]:.4f}")
         return True
 
 
