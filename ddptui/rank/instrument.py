@@ -842,10 +842,12 @@ class Instrument:
         self._pass_batches = 0
         self._pass_ended = False
         #: A training pass begun since the last step: its iterator (weak), the backwards and
-        #: training forwards counted when it began, when it did and what its first batch
-        #: changed (see _untrained_pass), until another loader's draw or a step's end.
+        #: forwards counted when it began, when it did and what its first batch changed (see
+        #: _untrained_pass), until another loader's draw or a step's end.
         self._suspect: tuple[weakref.ref, int, int, float, dict[str, Any]] | None = None
-        self._grad_calls = 0  # backward() calls, and forwards (with grad or without), ever
+        # backward() calls and forwards (with grad or without) ever: never reset, unlike
+        # _backwards, which a joined optimizer's losses forget in the middle of a pass
+        self._grad_calls = 0
         self._fwd_calls = 0
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
