@@ -58,8 +58,12 @@ def test_after_a_hangup_the_streams_that_were_the_terminal_write_nowhere(tmp_pat
     assert (tmp_path / "err").read_text() == "kept\n"
 
 
-def _controlling_terminal() -> None:  # in the child: the pty on fd 0 becomes its terminal
+def _controlling_terminal() -> None:
+    """In the child: the pty on fd 0 becomes its terminal, and SIGHUP is taken as a user at a
+    terminal has it (a suite run under ``nohup`` hands its children SIGHUP ignored, which
+    ddptui respects: it would outlive the hangup by design)."""
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.mark.slow

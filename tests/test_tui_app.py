@@ -221,6 +221,17 @@ async def test_a_signal_stops_the_live_run_as_interrupted_and_exits_with_its_cod
     terminal that is gone); the handlers ddptui found are put back."""
     exits, quieted = [], []
     monkeypatch.setattr(app_module, "quiet_lost_terminal", lambda: quieted.append(True))
+    inherited = signal.getsignal(sig)
+    # As a user at a terminal has it: a suite run under nohup inherits SIGHUP ignored, which
+    # the dashboard respects (it leaves an ignored SIGHUP alone by design).
+    signal.signal(sig, signal.SIG_DFL)
+    try:
+        await _signal_stops_the_live_run(tmp_path, sig, exits, quieted)
+    finally:
+        signal.signal(sig, inherited)
+
+
+async def _signal_stops_the_live_run(tmp_path, sig, exits, quieted) -> None:
     before = signal.getsignal(sig)
     app = _app(tmp_path)
     app.deps.catch_signals = True
