@@ -305,6 +305,13 @@ class HeadlessConsole:
             # with the error (a DataLoader worker's traceback was printed twice)
             described = failure.describe(short=bool(failure.stderr_tail))
             self.line(f"FAILED: {described}{set_off}")
+            if session.result is not None and session.result.exit_code == 0:
+                # the script started its ranks itself and joined them without a look at how they
+                # ended: plain torchrun exits 0 here, so the user is told why ddptui does not
+                self.line(
+                    "the script's own process exited 0 (it does not check how its workers "
+                    "ended); ddptui exits 1: a rank failed"
+                )
             if session.restart_refused:
                 self.line(f"not restarted: {session.restart_refused}")
             if failure.stderr_tail:

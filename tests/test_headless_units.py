@@ -459,6 +459,26 @@ def test_the_failed_line_is_the_errors_head_where_the_log_tail_follows(tmp_path)
             assert f"FAILED: rank 0 exited with code 1: {wrapped}\n" in text
 
 
+def test_a_failure_the_scripts_own_process_exited_0_after_says_so(tmp_path):
+    """harveyp123/Pytorch-DDP-Example starts a ``Process`` per rank and joins them without a
+    look at their exit codes: a rank raised, its peer lost it, the script exited 0, and plain
+    torchrun with it. ddptui says the run failed (exit 1) and says why its code differs."""
+    from ddptui.run.launcher import LaunchResult
+    from ddptui.run.state import RankFailureInfo
+
+    for code in (0, 1):
+        session = _ended_session(tmp_path / str(code), stepped=True)
+        session.result = LaunchResult(code)
+        failure = RankFailureInfo(rank=1, error="RuntimeError: fault at epoch 1 batch 10")
+        session.state.set_outcome("failed", failure, now=3.0)
+        out = io.StringIO()
+        HeadlessConsole(out, tty=False).summary(session, 100.0)
+        text = out.getvalue()
+        assert "FAILED: rank 1 failed: RuntimeError: fault at epoch 1 batch 10\n" in text
+        said = "the script's own process exited 0 (it does not check how its workers ended)"
+        assert (said in text) is (code == 0)
+
+
 def test_a_failed_rank_is_one_line_as_it_fails():
     """torch.load's error is six lines (its advice after the fault): each failed rank printed
     it whole, and the run's end again, burying the run's own lines. The fault's line, marked
