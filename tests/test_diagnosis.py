@@ -979,6 +979,43 @@ def test_a_rank_importing_names_the_module(module_file, user, where):
     assert imported(frames[: len(frames) - len(below)]) == where.removeprefix("import ")
 
 
+def test_a_rank_in_torch_compile_says_so_and_a_compiled_forward_does_not():
+    """rasbt/LLMs-from-scratch's DDP script compiles its model: its ranks read ``preparing``
+    at ``calc_loss_batch (train_ddp.py:265)`` for 40 s of its first forward, and at the
+    modules compilation imports. Dynamo's ``convert_frame.py`` is on a stack only while it
+    compiles (the stacks below as torch 2.15 has them); a compiled forward run again is the
+    script's work, as before."""
+    from ddptui.rank.frames import Frame, classify
+
+    compiled_call = [
+        Frame(f"{TORCH}/_dynamo/eval_frame.py", 1265, "compile_wrapper"),
+        Frame(f"{TORCH}/nn/modules/module.py", 1798, "_call_impl"),
+        Frame(f"{TORCH}/nn/modules/module.py", 1787, "_wrapped_call_impl"),
+        Frame(f"{TORCH}/_dynamo/eval_frame.py", 563, "__call__"),
+    ]
+    compiling = [
+        Frame(f"{TORCH}/_inductor/compile_fx.py", 900, "compile_fx"),
+        Frame(f"{TORCH}/_dynamo/output_graph.py", 3230, "call_user_compiler"),
+        Frame(f"{TORCH}/_dynamo/symbolic_convert.py", 2218, "run"),
+        Frame(f"{TORCH}/_dynamo/convert_frame.py", 2169, "_compile"),
+        Frame(f"{TORCH}/_dynamo/convert_frame.py", 2714, "__call__"),
+    ]
+    below = [Frame(*f) for f in BOTTOM]
+    info = classify([*compiling, *compiled_call, *below])
+    assert (info.in_collective, info.where) == (False, "torch.compile (train.py:80)")
+    # a module that compiling imports: still torch.compile's time
+    importing = [Frame(f"{TORCH}/_inductor/codegen/cpp.py", 5, "<module>"), Frame(*_IMPORT)]
+    info = classify([*importing, *compiling, *compiled_call, *below])
+    assert info.where == "torch.compile (train.py:80)"
+    # a compiled forward run again: the script's frame, as any forward's
+    running = [Frame(f"{TORCH}/_dynamo/eval_frame.py", 1552, "_fn"), *compiled_call]
+    info = classify([Frame(f"{TORCH}/nn/functional.py", 10, "linear"), *running, *below])
+    assert (info.in_collective, info.where) == (False, "main (train.py:80)")
+    # Windows paths too
+    windows = [Frame(f.file.replace("/", "\\"), f.line, f.func) for f in compiling]
+    assert classify([*windows, *below]).where == "torch.compile (train.py:80)"
+
+
 def test_an_import_not_yet_in_a_module_keeps_the_frame():
     """Importlib searching the path (a slow filesystem), no module's code run yet: the
     script's frame, as before."""

@@ -114,6 +114,9 @@ ASYNC_WAIT_LABEL = "an async collective's wait()"
 #: Python's import machinery: a thread with its frames inside is importing a module (whose
 #: top-level code may call helpers of torch.distributed), not waiting.
 _IMPORTING = "<frozen importlib"
+#: torch.compile's frame conversion (Dynamo's ``_compile``): on a stack only while a frame is
+#: traced and compiled (a compiled frame run again passes through ``eval_frame.py`` alone).
+_COMPILING = "/torch/_dynamo/convert_frame.py"
 
 
 def _collective(frame: Frame, path: str, ddp: bool = True) -> str | None:
@@ -212,6 +215,11 @@ def classify(frames: list[Frame] | tuple[Frame, ...], ddp: bool = True) -> Stack
     shown = user or next((f for f in frames if not f.file.startswith("<")), frames[0])
     where = shown.short
     inner = frames[: frames.index(user)] if user is not None else frames
+    if any(f.file.replace("\\", "/").endswith(_COMPILING) for f in inner):
+        # torch.compile at work: seconds to minutes in its first forward, where the stack's
+        # frame of the script (and the modules compiling imports) said nothing of it
+        where = "torch.compile" + (f" ({user.place})" if user else "")
+        return StackInfo(False, None, where, tuple(frames))
     if any(f.file.startswith(_IMPORTING) for f in inner):  # a module being imported
         module = imported(inner)
         if module is not None:
