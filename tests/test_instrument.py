@@ -1591,29 +1591,90 @@ def test_an_evaluation_begins_with_the_wait_for_its_first_batch(inst):
     assert second["data"] == pytest.approx(0.005)
 
 
+def test_an_evaluations_loader_closing_is_the_evaluations_not_the_next_steps(inst):
+    """rasbt/LLMs-from-scratch's DDP script evaluates every 5 steps on one batch of its
+    training loader and one of its validation loader, each with 4 workers, and ``break``s:
+    each loader's workers shut down after the evaluation's last forward, and that was the
+    next step's ``other`` (1.44 s of a 4.0 s step, 0.4-0.7 s of 2 s ones). A pass run to its
+    end shuts them down inside its last ``next()``. Both are the evaluation's now; a training
+    loader's end stays the training's."""
+    from torch.utils.data import dataloader
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+
+    class Closing(torch.utils.data.Sampler):  # its end takes the workers' shutdown
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            yield from range(self.n)
+            clock.advance(0.300)
+
+        def __len__(self):
+            return self.n
+
+    class Workers:  # a multi-worker iterator already shut down: the wrapper's own timing
+        _shutdown = True
+
+    data = [torch.randn(8, 4)] * 2
+    for left in ("ran out", "left"):
+        train_step(model, opt, clock)
+        model.eval()
+        with torch.no_grad():
+            loader = torch.utils.data.DataLoader(
+                data, batch_size=None, sampler=Closing(2), collate_fn=lambda x: x
+            )
+            for i, x in enumerate(loader):
+                if left == "left" and i == 1:
+                    break
+                model(x)  # 10 ms each
+            if left == "left":
+                clock.advance(0.250)  # the pass left: its iterator's workers shut down
+                dataloader._MultiProcessingDataLoaderIter._shutdown_workers(Workers())
+        model.train()
+    train_step(model, opt, clock)
+    inst.flush()
+    ran_out, left = (log["phases"] for log in inst.fake.logs[1:3])
+    assert ran_out["eval"] == pytest.approx(0.010 + 0.010 + 0.300)
+    assert left["eval"] == pytest.approx(0.010 + 0.250)
+    for phases in (ran_out, left):
+        assert phases["other"] == pytest.approx(0.001)  # its clipping, no more
+    # with no evaluation open (the training's loaders), a shutdown changes nothing
+    assert inst._eval_start is None and inst._eval_end is None
+    dataloader._MultiProcessingDataLoaderIter._shutdown_workers(Workers())
+    assert inst._eval_start is None and inst._eval_end is None
+
+
 def test_an_evaluation_of_a_model_no_ddp_module_wraps_is_out_of_the_next_step(inst):
     """YOLOv5's ``train.py`` validates its EMA copy (no DDP module) under inference mode, on
     rank 0 only: no evaluation forward is seen, and its 81 s were the next step's (the run's
     rate 0.76 samples/s where its steps made 27). Its batches drawn with grad off say it: from
-    the first draw's wait to the last draw's end, ``eval``; the last batch's forward and the
-    metrics after it stay the step's."""
+    the first draw's wait to the last draw's end, ``eval``, or to the pass's end where it ran
+    out (the loop's last ``next()``, after the last batch's forward); the metrics after it stay
+    the step's, and so does the last batch's forward of a pass left before its end."""
     clock = inst.fake_clock
     model = DistributedDataParallel(Net(clock))
     opt = timed_sgd(model.parameters(), clock)
     ema = Net(clock)  # a copy, not wrapped
-    train_step(model, opt, clock)
-    with torch.inference_mode():
-        for x, _ in _slow_loader(clock, [8, 8, 8], first_s=0.400):
-            ema(x)  # 0.010 each
-    clock.advance(0.050)  # its metrics, its checkpoint
+    for ran_out in (True, False):
+        train_step(model, opt, clock)
+        with torch.inference_mode():
+            for i, (x, _) in enumerate(_slow_loader(clock, [8, 8, 8], first_s=0.400)):
+                ema(x)  # 0.010 each
+                if i == 2 and not ran_out:
+                    break
+        clock.advance(0.050)  # its metrics, its checkpoint
     train_step(model, opt, clock)
     inst.flush()
-    second = inst.fake.logs[1]
-    assert second["phases"]["eval"] == pytest.approx(0.400 + 0.010 + 0.004 + 0.010 + 0.004)
-    # the last forward, the metrics, and the next batch's wait: the step's, as before
-    assert second["phases"]["data"] == pytest.approx(0.010 + 0.050 + 0.005)
-    trained = sum(second["phases"][p] for p in PHASES if p != "eval")
-    assert second["step_time"] == pytest.approx(trained)
+    for log, ran_out in zip(inst.fake.logs[1:3], (True, False), strict=True):
+        last = 0.010 if ran_out else 0.0  # the last batch's forward: the pass's, if it ran out
+        assert log["phases"]["eval"] == pytest.approx(0.400 + 0.010 + 0.004 + 0.010 + 0.004 + last)
+        # the metrics and the next batch's wait: the step's, as before
+        assert log["phases"]["data"] == pytest.approx(0.010 - last + 0.050 + 0.005)
+        trained = sum(log["phases"][p] for p in PHASES if p != "eval")
+        assert log["step_time"] == pytest.approx(trained)
 
 
 def test_one_batch_drawn_with_grad_off_before_a_training_forward_is_no_evaluation(inst):

@@ -1489,6 +1489,8 @@ class Instrument:
             except StopIteration:
                 if id(it) == inst._pass_it:  # the training pass ran to its end
                     inst._pass_ended = True
+                elif inst._eval_end is not None:
+                    inst._evaluation_closed()  # an evaluation's pass ran to its end
                 raise
             if inst._eval_draw():  # an evaluation's batch
                 if inst._mark is not None:
@@ -1508,6 +1510,33 @@ class Instrument:
             return batch
 
         self._patch(iterator, "__next__", __next__)
+        workers = getattr(dataloader, "_MultiProcessingDataLoaderIter", None)
+        shutdown = getattr(workers, "_shutdown_workers", None)
+        if shutdown is not None:
+
+            @functools.wraps(shutdown)
+            def _shutdown_workers(it: Any, /) -> None:
+                try:
+                    shutdown(it)
+                finally:
+                    if inst._eval_end is not None:
+                        inst._evaluation_closed()
+
+            self._patch(workers, "_shutdown_workers", _shutdown_workers)
+
+    def _evaluation_closed(self) -> None:
+        """An evaluation's loader closed: it ran out, or the pass left it (rasbt's
+        LLMs-from-scratch evaluates every 5 steps on one batch of each loader, each with 4
+        workers, and ``break``s), and its workers were shut down. That wait is the
+        evaluation's too: it was the next step's ``other`` (0.4-1.4 s of a 1.5 s step there),
+        as an evaluation ends with its last forward or draw. Only with grad off or the models
+        in eval mode, as its draws were: a training loader's end is no evaluation's. Never
+        raises (it runs in an iterator's ``__del__``, at the interpreter's exit too)."""
+        try:
+            if self._eval_start is not None and self._mark is not None and self._eval_draw():
+                self._eval_end = self.clock()
+        except Exception:  # noqa: BLE001 - nothing of ddptui's may fail a script's loader
+            pass
 
     def _evaluation_drew(self) -> None:
         """A batch was drawn with grad off, in an evaluation pass begun since the last
