@@ -1595,9 +1595,10 @@ def test_an_evaluations_loader_closing_is_the_evaluations_not_the_next_steps(ins
     """rasbt/LLMs-from-scratch's DDP script evaluates every 5 steps on one batch of its
     training loader and one of its validation loader, each with 4 workers, and ``break``s:
     each loader's workers shut down after the evaluation's last forward, and that was the
-    next step's ``other`` (1.44 s of a 4.0 s step, 0.4-0.7 s of 2 s ones). A pass run to its
-    end shuts them down inside its last ``next()``. Both are the evaluation's now; a training
-    loader's end stays the training's."""
+    next step's ``other`` (1.44 s of a 4.0 s step, 0.4-0.7 s of 2 s ones), and so was the
+    making of each loader's iterator, which forks its workers. A pass run to its end shuts
+    them down inside its last ``next()``. All of it is the evaluation's now; with no
+    evaluation open (a training loader's end), a shutdown changes nothing."""
     from torch.utils.data import dataloader
 
     clock = inst.fake_clock
@@ -1618,14 +1619,17 @@ def test_an_evaluations_loader_closing_is_the_evaluations_not_the_next_steps(ins
     class Workers:  # a multi-worker iterator already shut down: the wrapper's own timing
         _shutdown = True
 
+    class Starting(torch.utils.data.DataLoader):  # its iterator forks its workers
+        def _get_iterator(self):
+            clock.advance(0.200)
+            return super()._get_iterator()
+
     data = [torch.randn(8, 4)] * 2
     for left in ("ran out", "left"):
         train_step(model, opt, clock)
         model.eval()
         with torch.no_grad():
-            loader = torch.utils.data.DataLoader(
-                data, batch_size=None, sampler=Closing(2), collate_fn=lambda x: x
-            )
+            loader = Starting(data, batch_size=None, sampler=Closing(2), collate_fn=lambda x: x)
             for i, x in enumerate(loader):
                 if left == "left" and i == 1:
                     break
@@ -1637,8 +1641,8 @@ def test_an_evaluations_loader_closing_is_the_evaluations_not_the_next_steps(ins
     train_step(model, opt, clock)
     inst.flush()
     ran_out, left = (log["phases"] for log in inst.fake.logs[1:3])
-    assert ran_out["eval"] == pytest.approx(0.010 + 0.010 + 0.300)
-    assert left["eval"] == pytest.approx(0.010 + 0.250)
+    assert ran_out["eval"] == pytest.approx(0.200 + 0.010 + 0.010 + 0.300)
+    assert left["eval"] == pytest.approx(0.200 + 0.010 + 0.250)
     for phases in (ran_out, left):
         assert phases["other"] == pytest.approx(0.001)  # its clipping, no more
     # with no evaluation open (the training's loaders), a shutdown changes nothing

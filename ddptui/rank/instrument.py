@@ -1496,8 +1496,13 @@ class Instrument:
                 if inst._mark is not None:
                     if inst._eval_start is None:
                         # the evaluation began with the wait for its first batch (its loader's
-                        # workers starting: 5.9 s of moco's validation was the next step's)
-                        inst._eval_start = began
+                        # workers starting: 5.9 s of moco's validation was the next step's),
+                        # or with its iterator's making where this is its first: a loader
+                        # that forks its workers there (4 of rasbt's, 0.2-0.3 s each pass)
+                        made, mark = inst._iter_at, inst._mark
+                        first = getattr(it, "_num_yielded", None) == 1
+                        fresh = first and made is not None and mark <= made <= began
+                        inst._eval_start = made if fresh else began
                     if not inst._grad_enabled():
                         inst._evaluation_drew()
                 if not inst.disabled and inst._grad_enabled():
