@@ -1011,6 +1011,18 @@ def test_a_rank_in_torch_compile_says_so_and_a_compiled_forward_does_not():
     running = [Frame(f"{TORCH}/_dynamo/eval_frame.py", 1552, "_fn"), *compiled_call]
     info = classify([Frame(f"{TORCH}/nn/functional.py", 10, "linear"), *running, *below])
     assert (info.in_collective, info.where) == (False, "main (train.py:80)")
+    # importing Dynamo (a rank's first optimizer does, through torch's ``_disable_dynamo``):
+    # its convert_frame.py's module code runs, nothing compiles. The ddptui demo's ranks read
+    # "torch.compile (synthetic.py:36)" at ``torch.optim.Adam(...)``.
+    dynamo_import = [
+        Frame(f"{TORCH}/_dynamo/convert_frame.py", 40, "<module>"),
+        Frame(*_IMPORT),
+        Frame(f"{TORCH}/_dynamo/__init__.py", 3, "<module>"),
+        Frame(*_IMPORT),
+        Frame(f"{TORCH}/_compile.py", 30, "inner"),
+    ]
+    info = classify([*dynamo_import, *below])
+    assert info.where == "import torch._dynamo (train.py:80)"
     # Windows paths too
     windows = [Frame(f.file.replace("/", "\\"), f.line, f.func) for f in compiling]
     assert classify([*windows, *below]).where == "torch.compile (train.py:80)"

@@ -114,8 +114,10 @@ ASYNC_WAIT_LABEL = "an async collective's wait()"
 #: Python's import machinery: a thread with its frames inside is importing a module (whose
 #: top-level code may call helpers of torch.distributed), not waiting.
 _IMPORTING = "<frozen importlib"
-#: torch.compile's frame conversion (Dynamo's ``_compile``): on a stack only while a frame is
-#: traced and compiled (a compiled frame run again passes through ``eval_frame.py`` alone).
+#: torch.compile's frame conversion (Dynamo's ``_compile``): its functions are on a stack only
+#: while a frame is traced and compiled (a compiled frame run again passes through
+#: ``eval_frame.py`` alone); its ``<module>`` is ``import torch._dynamo``, which a rank's first
+#: optimizer does (torch's ``_disable_dynamo``), compiling nothing.
 _COMPILING = "/torch/_dynamo/convert_frame.py"
 
 
@@ -215,7 +217,7 @@ def classify(frames: list[Frame] | tuple[Frame, ...], ddp: bool = True) -> Stack
     shown = user or next((f for f in frames if not f.file.startswith("<")), frames[0])
     where = shown.short
     inner = frames[: frames.index(user)] if user is not None else frames
-    if any(f.file.replace("\\", "/").endswith(_COMPILING) for f in inner):
+    if any(f.func != "<module>" and f.file.replace("\\", "/").endswith(_COMPILING) for f in inner):
         # torch.compile at work: seconds to minutes in its first forward, where the stack's
         # frame of the script (and the modules compiling imports) said nothing of it
         where = "torch.compile" + (f" ({user.place})" if user else "")
