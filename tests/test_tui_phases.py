@@ -73,6 +73,30 @@ async def test_run_screen_shows_phases_and_diagnoses():
         assert "rank   1" in shown and "rank 1 straggler: input" in shown
 
 
+async def test_phase_bars_show_after_a_diagnosis_alone_had_the_panel():
+    """rasbt/LLMs-from-scratch's DDP script in the dashboard: while its ranks compiled, a
+    diagnosis alone had the panel (one line), the screen limited the panel to that line, and
+    once the bars came (three lines) they did not fit it: the panel drew nothing, hid, and a
+    hidden panel was given no lines, so its bars never showed (2 runs of 4; ``ddptui attach``
+    on the same run showed them)."""
+    source = replay(FINISHED_RUN)
+    source.state.phase_history = RunState("r", 3).phase_history  # no phases yet
+    source.recorded_diagnoses = ["rank 0 has made no step for 25 s"]
+    app = primed_app("replay", replay_source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        panel = screen.query_one(PhasePanel)
+        assert panel.display and panel.max_lines == 1
+        source.recorded_diagnoses = []
+        source.state.phase_history = _state_with_phases().phase_history
+        for _ in range(3):
+            screen.refresh_slow()
+            await pilot.pause()
+        assert panel.display
+        assert "rank   0" in str(panel.content) and "rank   1" in str(panel.content)
+
+
 def _source_with_phases(ranks: int):
     from tests.tui_fixtures.nodes import multi_node_source
 

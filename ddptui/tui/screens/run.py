@@ -387,7 +387,9 @@ class RunScreen(Screen):
         fixed = sum(w.outer_size.height for w in self._fixed if w.display)
         room = height - fixed - self.charts_min_lines()
         table = min(TABLE_MAX_LINES, len(self._table.lines) + 1)
-        phases = min(PHASES_MAX_LINES, self._phases.wanted_lines) if self._phases.display else 0
+        # What the panel wants, shown or not: bars that did not fit the lines a diagnosis alone
+        # had left it drew nothing and hid it, and a hidden panel given no lines stayed hidden
+        phases = min(PHASES_MAX_LINES, self._phases.wanted_lines)
         if table + phases > room:
             phases = min(phases, max(PHASES_MIN_LINES, room // 3))
             table = max(TABLE_MIN_LINES, room - phases)

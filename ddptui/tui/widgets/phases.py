@@ -84,7 +84,8 @@ class PhasePanel(QuietStatic):
 
     #: Lines the panel may take (None: as many as it wants); set with :meth:`limit`.
     max_lines: int | None = None
-    #: Lines the panel's content wants, as of its latest drawing (0 while hidden).
+    #: Lines the panel's content wants, as of its latest drawing (0: nothing to show), whether
+    #: or not the lines it was given let it draw them.
     wanted_lines: int = 0
 
     def limit(self, lines: int) -> bool:
