@@ -64,8 +64,12 @@ def prestarted_by(ddptui_pid: int) -> list[psutil.Process]:
 
 
 def read_events(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The events of ``run_dir`` recorded so far: its complete lines. Read while the run
+    writes, the last line may be half written (a CI run failed decoding
+    ``{"kind":"beat",...,"v`` in ``wait_for_steps``): it is the next read's."""
+    text = (Path(run_dir) / "events.jsonl").read_text()
+    lines = text.split("\n")[:-1]  # after the last newline: nothing, or a line being written
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def wait_for_steps(run_dir: Path, more_than: int, timeout: float = 90.0) -> str:
