@@ -1533,7 +1533,7 @@ class Instrument:
         """An evaluation's loader closed: it ran out, or the pass left it (rasbt's
         LLMs-from-scratch evaluates every 5 steps on one batch of each loader, each with 4
         workers, and ``break``s), and its workers were shut down. That wait is the
-        evaluation's too: it was the next step's ``other`` (0.4-1.4 s of a 1.5 s step there),
+        evaluation's too: it was the next step's ``other`` (0.40-0.50 s, median, of 2 s steps),
         as an evaluation ends with its last forward or draw. Only with grad off or the models
         in eval mode, as its draws were: a training loader's end is no evaluation's. Never
         raises (it runs in an iterator's ``__del__``, at the interpreter's exit too)."""
