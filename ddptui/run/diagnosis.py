@@ -135,13 +135,20 @@ class PhaseHistory:
         self.clock = clock
         #: Per rank, its window: one tuple of shares per step, in :data:`PHASES` order.
         self._shares: dict[int, deque[tuple[float, ...]]] = {}
-        #: Per rank, its medians in :data:`PHASES` order and when they were computed. Steps
-        #: come in far more often than medians are read (256 ranks at 10 steps/s is 2,560
-        #: steps a second; the phase bars and the straggler rule read every rank about once a
-        #: second), so a step only appends (and marks the rank in :attr:`_changed`) and a read
-        #: sorts the window's columns, once per change; a reader that accepts medians a little
+        #: Per rank, the steps come since its window was last read, as they came: (their
+        #: phases, how many steps they stand for), the last :attr:`window` of them. Steps come
+        #: in far more often than the window is read (256 ranks at 10 steps/s is 2,560 steps
+        #: a second; the phase bars and the straggler rule read every rank about once a
+        #: second), so a step is only kept here, and a read makes the shares of those come
+        #: since, in one loop (:meth:`_settle`): made one by one as each step came, in the
+        #: pump between a frame's events, they cost 10 us a step at 256 ranks, a quarter of
+        #: the pump's time, and more than half of that is the call's own.
+        self._new: dict[int, deque[tuple[Mapping[str, float], int]]] = {}
+        #: Per rank, its medians in :data:`PHASES` order and when they were computed: a read
+        #: sorts the window's columns once per change; a reader that accepts medians a little
         #: old (the bars) takes the straggler rule's, computed a moment before.
         self._medians: dict[int, tuple[tuple[float, ...], float]] = {}
+        #: Ranks whose window changed since their medians were computed.
         self._changed: set[int] = set()
         #: Per rank whose window holds an event of several steps (a very fast script's, see
         #: ``protocol.Step.steps``), how many steps each of its window's events stands for.
@@ -149,37 +156,54 @@ class PhaseHistory:
 
     def add(self, rank: int, phases: Mapping[str, float] | None, steps: int = 1) -> None:
         """One step's (or one explicit log's) phases in seconds; ``steps``: how many steps
-        they are the sums of."""
-        if not phases:
+        they are the sums of. Kept as they are (not copied: an event's phases are not
+        changed after it came) until the window is read."""
+        if not phases or self.window <= 0:  # a window of no steps keeps none
             return
-        get = phases.get
-        seconds = [get(p, 0.0) for p in PHASES]
-        # Every phase a float, none negative and their sum finite (no NaN, no infinity): taken
-        # as received, checked at C speed (2,560 steps a second at 256 ranks). Otherwise each
-        # value is cleaned by itself (_seconds).
-        if not (
-            set(map(type, seconds)) == _FLOAT
-            and (total := sum(seconds)) < _INF
-            and min(seconds) >= 0.0
-        ):
-            seconds = [_seconds(value) for value in seconds]
-            total = sum(seconds)
-        if total <= 0 or self.window <= 0:  # a window of no steps keeps none
+        new = self._new.get(rank)
+        if new is None:
+            new = self._new[rank] = deque(maxlen=self.window)
+        new.append((phases, steps))
+
+    def _settle(self, rank: int) -> None:
+        """The steps come since the rank's window was last read, into it as shares."""
+        new = self._new.pop(rank, None)
+        if not new:
             return
         window = self._shares.get(rank)
         if window is None:
             window = self._shares[rank] = deque(maxlen=self.window)
         counts = self._counts.get(rank)
-        if counts is None and steps > 1:
-            counts = self._counts[rank] = deque([1] * len(window), maxlen=self.window)
-        if counts is not None:
-            counts.append(steps)
-        window.append(tuple([value / total for value in seconds]))
-        self._changed.add(rank)
+        for phases, steps in new:
+            get = phases.get
+            seconds = [get(p, 0.0) for p in PHASES]
+            # Every phase a float, none negative and their sum finite (no NaN, no infinity):
+            # taken as received, checked at C speed. Otherwise each value is cleaned by
+            # itself (_seconds).
+            if not (
+                set(map(type, seconds)) == _FLOAT
+                and (total := sum(seconds)) < _INF
+                and min(seconds) >= 0.0
+            ):
+                seconds = [_seconds(value) for value in seconds]
+                total = sum(seconds)
+            if total <= 0:
+                continue
+            if counts is None and steps > 1:
+                counts = self._counts[rank] = deque([1] * len(window), maxlen=self.window)
+            if counts is not None:
+                counts.append(steps)
+            window.append(tuple([value / total for value in seconds]))
+            self._changed.add(rank)
+
+    def _settle_all(self) -> None:
+        for rank in list(self._new):
+            self._settle(rank)
 
     def covered(self) -> int:
         """The most steps a rank's window stands for: what the medians are over (the window's
         length, or more where a very fast script's events each hold several steps)."""
+        self._settle_all()
         if not self._shares:
             return 0
         counts = self._counts
@@ -189,19 +213,21 @@ class PhaseHistory:
         )
 
     def steps(self, rank: int) -> int:
+        self._settle(rank)
         return len(self._shares.get(rank, ()))
 
     def ranks(self) -> list[int]:
+        self._settle_all()
         return sorted(self._shares)
 
     def median_shares(self, rank: int, max_age: float | None = None) -> dict[str, float]:
         """Median share of the step per built-in phase over the window: of the window as it
         is, or (``max_age``) as it was at most that many seconds ago, when computed then."""
         cached = self._medians.get(rank)
-        if cached is not None and (
-            rank not in self._changed
-            or (max_age is not None and self.clock() - cached[1] <= max_age)
-        ):
+        if cached is not None and max_age is not None and self.clock() - cached[1] <= max_age:
+            return dict(zip(PHASES, cached[0], strict=True))
+        self._settle(rank)
+        if cached is not None and rank not in self._changed:
             return dict(zip(PHASES, cached[0], strict=True))
         window = self._shares.get(rank)
         if not window:

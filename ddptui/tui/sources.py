@@ -30,11 +30,21 @@ from ddptui.runfiles import RunDir
 
 #: How long one pump waits for events; also how quickly a stop request is noticed.
 PUMP_TIMEOUT_S = 0.1
-#: While events flow, pumps are at least this far apart: each pump (a write to events.jsonl,
-#: the lock, the launcher's poll) then takes a batch instead of a few events (256 ranks at
-#: 10 steps/s: ~20 pumps a second instead of ~100). The screen refreshes at 3 to 4.5 Hz: what
-#: waits up to 50 ms more still shows in the same refresh, or the next.
+#: While events flow, the driving thread pumps when the screen is about to draw
+#: (:meth:`LiveSource.catch_up`), and at least this often when nothing draws (another screen
+#: in front): each pump then takes what came since the last frame, a few times a second.
+#: Pumping 20 times a second (50 ms apart, as before) cost twice the CPU for the same events:
+#: each pump comes to its code and data after a sleep, out of the CPU's caches, and 26 events
+#: processed 50 ms apart cost 24 us each against 8-12 us one after the other (the 8-rank
+#: bench's events, offline). Events wait in the socket meanwhile; a frame shows every event
+#: that came before it, not only those of the last pump 0-50 ms before it.
+PUMP_PARK_S = 0.5
+#: Where no frame asked for a pump within PUMP_PARK_S (no screen draws this run: it is behind
+#: another, or nothing shows it), pumps while events flow are at least this far apart, so
+#: that each takes a batch instead of a few events.
 PUMP_MIN_INTERVAL_S = 0.05
+#: The most a frame waits for the pump it asked for (it draws what is there after that).
+CATCH_UP_S = 0.1
 
 
 class RunSource:
@@ -142,6 +152,15 @@ class LiveSource(RunSource):
         self.driver: threading.Thread | None = None
         self._abandoned = False
         self._interrupted: int | None = None
+        #: Set to have the driving thread pump now (a frame is due, or a stop asked for).
+        self._wake = threading.Event()
+        #: The driving thread waits for :attr:`_wake` between pumps while events flow.
+        self._parked = False
+        #: When a frame last asked for a pump (:meth:`catch_up`), on the monotonic clock.
+        self._asked_at = float("-inf")
+        #: Pumps done so far, under the condition a frame waits on (see catch_up).
+        self._pumps = 0
+        self._pumped = threading.Condition()
 
     def locked(self) -> contextlib.AbstractContextManager[Any]:
         return self.session.locked()
@@ -166,12 +185,50 @@ class LiveSource(RunSource):
     def request_stop(self) -> None:
         """Ask the driving thread to stop every worker (returns at once)."""
         self._stop.set()
+        self._wake.set()
 
     def interrupt(self, exit_code: int) -> None:
         """As :meth:`request_stop`, for a signal to ddptui: the run ends ``interrupted``
         with ``exit_code`` (128 + the signal), as ``ddptui --no-ui``'s does."""
         self._interrupted = exit_code
         self._stop.set()
+        self._wake.set()
+
+    def catch_up(self, timeout: float = CATCH_UP_S) -> None:
+        """Before a frame is drawn (from the screen's thread): if the driving thread waits
+        between pumps, have it pump what has come since, and wait for that (up to
+        ``timeout``), so that the frame shows every event that came before it. Returns at
+        once when the driving thread is pumping, or waiting on the socket with nothing
+        come."""
+        self._asked_at = time.monotonic()
+        if not self._parked or threading.current_thread() is self.driver:
+            return
+        with self._pumped:
+            seen = self._pumps
+            self._wake.set()
+            self._pumped.wait_for(lambda: self._pumps != seen or self.done.is_set(), timeout)
+
+    def _pumped_once(self) -> None:
+        with self._pumped:
+            self._pumps += 1
+            self._pumped.notify_all()
+
+    def _park(self, began: float, cancelled: Callable[[], bool]) -> None:
+        """Between pumps while events flow (the last began at ``began``): while a screen
+        draws the run, until its next frame is due, at most :data:`PUMP_PARK_S`; else until
+        :data:`PUMP_MIN_INTERVAL_S` after the last pump began. A stop asked for ends the wait
+        at once, a cancelled worker within :data:`PUMP_TIMEOUT_S`, as before."""
+        drawn = time.monotonic() - self._asked_at < PUMP_PARK_S
+        self._parked = drawn
+        try:
+            deadline = time.monotonic() + PUMP_PARK_S if drawn else began + PUMP_MIN_INTERVAL_S
+            while not self._wake.is_set() and not cancelled():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._wake.wait(min(left, PUMP_TIMEOUT_S))
+        finally:
+            self._parked = False
 
     def _halt(self) -> LaunchResult | None:
         if self._interrupted is None:
@@ -185,6 +242,7 @@ class LiveSource(RunSource):
         if self._gentle.is_set():
             self._stop.set()
         self._gentle.set()
+        self._wake.set()
 
     def abandon(self) -> bool:
         """If no thread drives this source yet, make sure none ever will and mark it done
@@ -233,12 +291,15 @@ class LiveSource(RunSource):
                 if self._stop.is_set() or cancelled() or (overdue is not None and overdue()):
                     self.result = self._halt()
                     break
+                asked = self._wake.is_set()
+                self._wake.clear()
                 began = time.monotonic()
-                if self.session.pump(PUMP_TIMEOUT_S):
-                    pause = PUMP_MIN_INTERVAL_S - (time.monotonic() - began)
-                    if pause > 0:
-                        time.sleep(pause)
+                # Asked (a frame is due): what is there now, without waiting for more.
+                pumped = self.session.pump(0.0 if asked else PUMP_TIMEOUT_S)
+                self._pumped_once()
                 self.result = self.session.poll()
+                if pumped and self.result is None:
+                    self._park(began, cancelled)
         except Exception as exc:  # a launch that cannot start: say why on screen
             self.error = f"{type(exc).__name__}: {exc}"
             with contextlib.suppress(Exception):
@@ -247,4 +308,5 @@ class LiveSource(RunSource):
             with contextlib.suppress(Exception):
                 self.session.close()
             self.done.set()
+            self._pumped_once()  # a frame waiting for a pump waits no more
         return self.result

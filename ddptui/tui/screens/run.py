@@ -251,6 +251,8 @@ class RunScreen(Screen):
         if not self._redraw_timers:  # not drawing yet (see _start_drawing)
             return
         source = self.source
+        if isinstance(source, LiveSource):
+            source.catch_up()  # what came since the last pump, in this frame
         with source.locked():
             frame = run_frame(source.state, source.now())
         self.frame = frame
