@@ -5,7 +5,9 @@ ranks) copies what the header and table need out of the RunState (under the sour
 updates the widgets; slower timers do the same for the charts (``chart_hz``, 0.5 Hz: plotext is
 the costliest thing on screen) and for the phase bars, system panel and logs (``panel_hz``,
 1 Hz). Events themselves never trigger a redraw, so 16 ranks at 50 steps/s cost about what 2
-ranks at 1 step/s do.
+ranks at 1 step/s do. Each header and table refresh first has a live run's driving thread pump
+what came since its last pump (``LiveSource.catch_up``): while a screen draws the run, that
+thread pumps once a frame, so that the frame shows every event that came before it.
 """
 
 from __future__ import annotations
