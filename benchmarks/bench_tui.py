@@ -10,7 +10,9 @@ Measured, over ``--repeat`` runs (3 by default; the range is printed):
 * CPU of the dashboard process (all its threads: pump, monitor sampler, UI), as a percent of
   one core: its CPU seconds (user + system) per second of a steady window, so that other load
   on the machine does not count; with ``--ingest-only`` the same for an ingest-only process
-  (the same session pumped with no UI), to show what the UI itself costs;
+  (the same session pumped with no UI), to show what the UI itself costs, and with
+  ``--headless`` for ``ddptui --no-ui`` (its own loop and console, the console's lines to
+  /dev/null) on the same feed;
 * delay from an event's sending (the rank's, its ``t``) to the first screen refresh that shows
   it (median, p95, max): the time it waited in the socket for the pump thread to take it, and
   then for the screen (before, from its taking: what the pump's interval added was not seen);
@@ -256,6 +258,13 @@ def _child_in(args: argparse.Namespace, FeedSession: type, run_dir: Path) -> Non
         run_id="bench",
         backend="gloo",
     )
+    if args.headless:  # ``ddptui --no-ui``'s own loop and console, on the same feed
+        from ddptui import headless
+
+        headless.RunSession = FeedSession
+        with open(os.devnull, "w") as out:
+            headless.run_headless(cfg, out=out)
+        return
     if args.ingest_only:
         session = FeedSession(cfg)
         session.start()
@@ -452,6 +461,11 @@ def main() -> None:
     parser.add_argument(
         "--ingest-only", action="store_true", help="also measure the session with no UI"
     )
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        help="also measure ddptui --no-ui (its loop and console, the console to /dev/null)",
+    )
     parser.add_argument("--py-spy", action="store_true", help=PY_SPY_HELP)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--feed", nargs=6, help=argparse.SUPPRESS)
@@ -486,15 +500,18 @@ def main() -> None:
         f"{args.refresh_hz:g} Hz, {args.repeat} x {args.seconds:g} s window, "
         f"{os.cpu_count()} CPUs"
     )
-    runs, ingest = [], []
+    runs, ingest, headless = [], [], []
     refs: list[float] = []  # this machine's speed beside each run
     for i in range(args.repeat):
         refs.append(machine_ref.reference_ms())
-        if args.ingest_only:
-            cpu, out = run_child([*common, "--ingest-only"], args.seconds, pty_mode=False)
-            out.unlink(missing_ok=True)
-            out.with_suffix(".sent.json").unlink(missing_ok=True)
-            ingest.append(cpu)
+        for flag, into in (("--ingest-only", ingest), ("--headless", headless)):
+            if getattr(args, flag[2:].replace("-", "_")):
+                cpu, out = run_child([*common, flag], args.seconds, pty_mode=False)
+                out.unlink(missing_ok=True)
+                out.with_suffix(".sent.json").unlink(missing_ok=True)
+                into.append(cpu)
+        if headless:
+            print(f"run {i + 1}/{args.repeat}: ddptui --no-ui {headless[-1]:.1f} % of one core")
         run = one_run(common, args.seconds)
         if run is None:
             print("no measurements: the dashboard did not run (see the child's output)")
@@ -502,6 +519,8 @@ def main() -> None:
         runs.append(run)
         print(run_line(i, args.repeat, run, ingest), flush=True)
     print_ranges(runs, GOAL_CPU, GOAL_P95_MS, ingest)
+    if headless:
+        print(f"  CPU, ddptui --no-ui: {min(headless):.1f}-{max(headless):.1f} % of one core")
     print(machine_ref.line(refs))
 
 
