@@ -677,6 +677,7 @@ def test_while_events_flow_the_headless_loop_pumps_a_batch_at_a_time(tmp_path, m
     cfg = build_config({"run_dir": str(tmp_path / "run"), "backend": "gloo"}, Machine(0, "none", 2))
     out = io.StringIO()
     assert headless.run_headless(cfg, out=out) == 0
-    # 1.5 s at one pump every 0.25 s: 6 or 7 (as each came: hundreds)
-    assert 3 <= len(pumped) <= 1.5 / headless.PUMP_EVERY_S + 3, len(pumped)
+    assert headless.PUMP_EVERY_S == 0.25
+    # 1.5 s at one pump every 0.25 s: 6 or 7 (as each came: thousands)
+    assert 3 <= len(pumped) <= 12, len(pumped)
     assert "finished" in out.getvalue()
