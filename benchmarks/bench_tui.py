@@ -504,8 +504,11 @@ def main() -> None:
     refs: list[float] = []  # this machine's speed beside each run
     for i in range(args.repeat):
         refs.append(machine_ref.reference_ms())
-        for flag, into in (("--ingest-only", ingest), ("--headless", headless)):
-            if getattr(args, flag[2:].replace("-", "_")):
+        for wanted, flag, into in (
+            (args.ingest_only, "--ingest-only", ingest),
+            (args.headless, "--headless", headless),
+        ):
+            if wanted:
                 cpu, out = run_child([*common, flag], args.seconds, pty_mode=False)
                 out.unlink(missing_ok=True)
                 out.with_suffix(".sent.json").unlink(missing_ok=True)

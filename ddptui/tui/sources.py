@@ -30,9 +30,9 @@ from ddptui.runfiles import RunDir
 
 #: How long one pump waits for events; also how quickly a stop request is noticed.
 PUMP_TIMEOUT_S = 0.1
-#: While events flow, the driving thread pumps when the screen is about to draw
-#: (:meth:`LiveSource.catch_up`), and at least this often when nothing draws (another screen
-#: in front): each pump then takes what came since the last frame, a few times a second.
+#: While events flow and a screen draws the run, the driving thread pumps when the screen is
+#: about to draw (:meth:`LiveSource.catch_up`), waiting at most this long for it between
+#: pumps: each pump then takes what came since the last frame, a few times a second.
 #: Pumping 20 times a second (50 ms apart, as before) cost twice the CPU for the same events:
 #: each pump comes to its code and data after a sleep, out of the CPU's caches, and 26 events
 #: processed 50 ms apart cost 24 us each against 8-12 us one after the other (the 8-rank
