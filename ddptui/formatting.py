@@ -161,8 +161,12 @@ def amp_label(config: dict) -> str:
     return f"amp {config.get('amp') or 'off'}"
 
 
-def fmt_num(value: float | None, spec: str = ".4f") -> str:
-    """``value`` in ``spec``; ``--`` when unknown (``nan`` and ``inf`` are shown as such)."""
+def fmt_num(value: float | None, spec: str = "z.4f") -> str:
+    """``value`` in ``spec``; ``--`` when unknown (``nan`` and ``inf`` are shown as such).
+    The default's ``z`` shows a value that rounds to zero as ``0.0000``, not ``-0.0000``: a
+    script's loss of ``-0.0`` (pytorch/examples' ``multigpu_torchrun.py``, whose
+    ``cross_entropy`` over one class is always zero) read ``-0.0000`` in its rank's row and
+    ``0.0000`` in the header (the ranks' mean, ``0.0``)."""
     return "--" if value is None else format(value, spec)
 
 

@@ -176,6 +176,22 @@ def test_run_frame_formats_ranks_and_flags_problems():
     assert frame.status == "running" and frame.epoch == "1/2"
 
 
+@pytest.mark.parametrize(
+    ("loss", "shown"),
+    [(-0.0, "0.0000"), (-0.00004, "0.0000"), (0.0, "0.0000"), (-1.5, "-1.5000")],
+)
+def test_a_loss_that_rounds_to_zero_reads_zero_in_its_row_and_the_header(loss, shown):
+    """pytorch/examples' multigpu_torchrun.py: its cross_entropy over one class is -0.0 on
+    every step; the rank rows read "-0.0000" beside the header's "loss 0.0000". A negative
+    loss that does not round to zero keeps its sign."""
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(_step(rank, 1, 0.1, loss=loss), now=0.1)
+    frame = run_frame(state, now=0.2)
+    assert [row.loss for row in frame.rows] == [shown, shown]
+    assert f"loss {shown}" in frame.summary, frame.summary
+
+
 @pytest.mark.parametrize("later", [0.0, 0.5, 3.0, 30.0])
 def test_the_header_rate_is_the_runs_global_rate_whatever_the_ranks_states(later):
     """The frame sums the rates it shows per rank; that sum is the run's global rate: the
