@@ -2060,6 +2060,39 @@ def test_a_batch_drawn_with_a_new_iterator_each_step_is_no_epoch(inst):
     assert [log["epoch"] for log in inst.fake.logs] == [0, 0, 0, 5, 5, 5]
 
 
+def test_an_iterator_that_takes_a_dead_passs_address_is_not_that_pass(inst):
+    """The passes are told apart by their iterators, and CPython gives a new object the
+    address of one just freed: a step's batch drawn with ``next(iter(loader))`` leaves its
+    iterator to die at once, and an evaluation's iterator made next may take its address
+    (here until one has, and a step has come after it), so the end of the evaluation's pass
+    was read as that training pass's end, and the next step's pass counted as an epoch:
+    epoch 1 from then on, for steps that make none. The evaluation's end was lost with it."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    loader, evaluation = _loader([4, 4, 4]), _loader([7, 7])
+    reused, steps = False, 0
+    while steps < 100:
+        steps += 1
+        it = iter(loader)
+        x, _ = next(it)
+        dead, it = id(it), None  # as ``next(iter(loader))`` leaves it
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        if reused:  # a step after it
+            break
+        with torch.no_grad():
+            passing = iter(evaluation)
+            reused = id(passing) == dead
+            for x, _ in passing:
+                model(x)
+            passing = None
+    inst.flush()
+    assert reused, "no iterator took a dead one's address: the case is not made"
+    assert [log["epoch"] for log in inst.fake.logs] == [0] * steps
+
+
 def test_with_ddp_the_forwards_count_the_samples_up_to_the_batches_drawn(inst):
     """A contrastive script (SimCLR's two views of each batch) or a GAN runs its DDP module
     more than once a batch: the batch counts once. A batch drawn ahead of its step (a fetcher

@@ -824,7 +824,10 @@ class Instrument:
         # the training passes over a DataLoader (see _loader_pass): the passes counted (-1:
         # none yet), and the batches the current one gave and whether it ran to its end.
         self._passes = -1
-        self._pass_it = 0  # the id of the iterator of the current pass
+        # The iterator of the current pass, weakly: an id would be a dead iterator's for the
+        # next object CPython puts at its address (an evaluation's iterator made after a
+        # step's ``next(iter(loader))``, whose pass end then read as the training pass's).
+        self._pass_it: weakref.ref | None = None
         #: Batches in the first training pass over a DataLoader (0: it has no length), read
         #: once: with the batches a step draws, an epoch's length (_finish_step), sent with
         #: the steps (_deliver) while they are the hooks' own (see explicit_log).
@@ -835,7 +838,7 @@ class Instrument:
         #: That pass's iterator (until the second step ends) and the batches drawn from it
         #: in the step under way: a step that also draws from another loader (a second
         #: dataset zipped with the first) makes one step of that pass, not two.
-        self._length_it: int | None = None
+        self._length_it: weakref.ref | None = None  # (weakly, as _pass_it)
         self._length_draws = 0
         self._loader_steps = 0  # to send
         self._loader_steps_sent = False
@@ -1487,7 +1490,8 @@ class Instrument:
             try:
                 batch = original(it)
             except StopIteration:
-                if id(it) == inst._pass_it:  # the training pass ran to its end
+                pass_it = inst._pass_it
+                if pass_it is not None and pass_it() is it:  # the training pass ran to its end
                     inst._pass_ended = True
                 elif inst._eval_end is not None:
                     inst._evaluation_closed()  # an evaluation's pass ran to its end
@@ -1563,7 +1567,6 @@ class Instrument:
         """A training batch (``batch``) of ``size`` samples came from DataLoader iterator
         ``it``, waited for from ``began`` to ``ended``: the pass (the epoch) and the step's
         draws."""
-        key = id(it)
         suspect = self._suspect
         if suspect is not None and suspect[0]() is not it:  # (an id may be a dead one's)
             self._suspect = None
@@ -1580,8 +1583,9 @@ class Instrument:
                 undo["_acc"] = self._acc.copy()
             else:
                 undo["_marks"] = list(self._marks)
-            self._suspect = (weakref.ref(it), self._grad_calls, self._fwd_calls, began, undo)
-            self._loader_pass(key)
+            ref = weakref.ref(it)
+            self._suspect = (ref, self._grad_calls, self._fwd_calls, began, undo)
+            self._loader_pass(ref)
             self._check_restart(it, ended)
             self._sampler_replicas(it)
             if self._pass_length is None:
@@ -1589,12 +1593,13 @@ class Instrument:
                 if limit:  # an IterableDataset's too, which has no length
                     length = min(length or limit, limit)
                 self._pass_length = length
-                self._length_it = key
+                self._length_it = ref
         if self._mark is None and self._first_draw is None:  # before the first step
             self._first_draw = ended
         self._pass_batches += 1
         self._draws += 1
-        if key == self._length_it:
+        length_it = self._length_it
+        if length_it is not None and length_it() is it:
             self._length_draws += 1
         data = id(getattr(it, "_dataset", it))
         if data != self._loader_data:
@@ -1658,9 +1663,9 @@ class Instrument:
         if self._mark is not None:  # after a step began: the span is its evaluation
             self._eval_start, self._eval_end = began, end
 
-    def _loader_pass(self, it: int) -> None:
-        """A training pass over a DataLoader began (its iterator's first batch, ``it`` its id,
-        not an evaluation's: see :meth:`_eval_draw`). Where no
+    def _loader_pass(self, it: weakref.ref) -> None:
+        """A training pass over a DataLoader began (its iterator's first batch, ``it`` a weak
+        reference to it, not an evaluation's: see :meth:`_eval_draw`). Where no
         DistributedSampler was told an epoch (timm's ``train.py`` or pytorch/examples'
         ImageNet script on one device, a script sharding an IterableDataset itself), the epoch
         is the pass of the accelerate loader the batch came through (the HF Trainer in one
