@@ -2396,6 +2396,34 @@ def test_without_a_data_loader_a_second_optimizer_after_the_step_joins_its_itera
     assert [log["loss"] for log in logs] == pytest.approx(losses)
 
 
+@pytest.mark.parametrize("ddp", [False, True])
+def test_without_a_data_loader_a_model_and_optimizer_made_anew_step_on_their_own(inst, ddp):
+    """A script that trains one model, then another in its place (a next stage, or the
+    next configuration it compares, each on made-up data: no DataLoader): the new
+    optimizer is no second optimizer of the last step's iteration, the old one being gone.
+    Each new model's first step joined the last model's step and was lost: 13 steps of 18,
+    five of them of twice a step's time, with one batch's samples. Without DDP, the samples
+    are the forwards of the module each optimizer trains, counted from its second step (as
+    the first model's)."""
+    clock = inst.fake_clock
+    wrap = DistributedDataParallel if ddp else (lambda module: module)
+    for _ in range(6):
+        model = wrap(Net(clock))
+        opt = timed_sgd(model.parameters(), clock)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 4)).pow(2).mean().backward()
+            opt.step()
+        model = opt = None
+        gc.collect()  # (what a model's reference cycles wait for)
+    inst.at_exit()
+    logs = inst.fake.logs
+    assert [log["samples"] for log in logs] == [4] * 18 if ddp else [0, 4, 4] * 6
+    times = [log["step_time"] for log in logs]
+    assert times[1:] == pytest.approx([0.033] * 17)
+    assert times[0] == (pytest.approx(0.033) if ddp else None)  # (no beginning seen)
+
+
 @pytest.mark.parametrize(
     ("bad_d", "bad_g"),
     [((), ()), ((0,), ()), ((0, 1, 2), ()), ((0, 1, 2), (0, 1, 2)), ((), (1,))],

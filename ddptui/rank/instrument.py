@@ -862,6 +862,9 @@ class Instrument:
         self._draws = 0
         self._step_drew = False
         self._step_ender = 0
+        #: That optimizer, weakly: once it is gone, the next optimizer is no other optimizer
+        #: of that step's iteration (see _joins).
+        self._ender_ref: weakref.ref | None = None
         self._joined: set[int] = set()
         self._drew_from = 0  # the dataset the last step drew from (0: it drew none)
         self._steady_draws = False
@@ -3430,6 +3433,9 @@ class Instrument:
             else:
                 if not self._plain_looked and not self._models and not self._draws:
                     self._watch_plain(optimizer)
+                ender = self._ender_ref
+                if ender is None or ender() is not optimizer:
+                    self._ender_ref = _weak(optimizer)
                 self._finish_step(key)
         except Exception as exc:
             self._fail(exc)
@@ -3509,6 +3515,16 @@ class Instrument:
         counted 20 steps to rank 1's 10, every other one with the reference's loss. Two
         optimizers that take turns, an iteration each, would count as one step in two."""
         if self._draws:
+            return False
+        ender = self._ender_ref
+        if ender is not None and ender() is None:
+            # The optimizer that ended the last step is gone: an optimizer made anew (with
+            # its model: a script's next stage, or the next configuration it compares on
+            # made-up data), not another optimizer of that step's iteration. Each new
+            # model's first step joined the last model's step, and was lost (its samples
+            # too). Without DDP, the module the new optimizer trains is watched in turn.
+            self._ender_ref, self._step_ender = None, 0
+            self._plain_looked = False
             return False
         if key == self._step_ender or key in self._joined:
             return self._steady_draws and self._several_optimizers
@@ -4072,6 +4088,14 @@ def _optimizer_key(optimizer: Any) -> int:
         return id(optimizer.param_groups[0]["params"][0])
     except Exception:  # no parameter groups, or none in the first: the object itself
         return id(optimizer)
+
+
+def _weak(value: Any) -> weakref.ref | None:
+    """A weak reference to ``value``; None where it takes none."""
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return None
 
 
 def _mean_item(values: list[Any], scale: LossScale, count: int) -> float | None:
