@@ -1,7 +1,7 @@
 """A rank under ddptui vs the same script under plain torchrun: time from launch to the first
 step and peak RSS per rank, printed as ratios measured in one run (not a test).
 
-Run: python benchmarks/bench_startup.py [--rounds N] [--steps N]
+Run: python benchmarks/bench_startup.py [--rounds N] [--steps N] [--models N --width W]
 
 The script is ``benchmarks/startup_ddp.py`` (plain DDP, gloo, 2 ranks on the CPU, no ddptui
 import). Arms, interleaved and rotated each round so a busy machine weighs on all alike:
@@ -16,6 +16,11 @@ included). Printed: medians over the rounds (range in brackets), the ratios ddpt
 (goal: <= 1.05 on both), the phases of launch -> first step per arm (where ddptui's extra
 goes), and what ddptui's rank-side imports cost on top of ``import torch`` (time and memory,
 and which heavy modules they pull in).
+
+``--models N --width W``: each rank trains N models one after another, each let go before the
+next is made (a fold after a fold), with W hidden features: the peak RSS ratio then says
+whether a rank under ddptui lets each model's memory go as plain torch does (sixty-third
+session: the gradient watch kept every DDP module's parameters to the end).
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ def arm_command(arm: str, run_dir: Path) -> list[str]:
     return ddptui + (["--no-instrument"] if arm == "ddptui --no-instrument" else [])
 
 
-def run_arm(arm: str, steps: int, workdir: Path) -> dict:
+def run_arm(arm: str, steps: int, workdir: Path, models: int = 1, width: int = 128) -> dict:
     """Launch one arm once; the ranks' records, with ``launch`` (wall time just before start)."""
     out = workdir / "out"
     out.mkdir(parents=True)
@@ -78,6 +83,7 @@ def run_arm(arm: str, steps: int, workdir: Path) -> dict:
     if arm == "plain":
         cmd += ["--nproc-per-node", str(WORLD), str(SCRIPT)]
     env = {**os.environ, "STARTUP_OUT": str(out), "STARTUP_STEPS": str(steps)}
+    env |= {"STARTUP_MODELS": str(models), "STARTUP_WIDTH": str(width)}
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for nproc > 1; same for both
     # Plain torchrun leaves a torchelastic_* log directory in the temporary folder at every
     # launch (60 of them from two runs of 30 rounds): each arm's go in its own, removed.
@@ -250,6 +256,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds of every arm (default 3)")
     p.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
     p.add_argument(
+        "--models", type=int, default=1, help="models trained one after another (default 1)"
+    )
+    p.add_argument("--width", type=int, default=128, help="their hidden features (default 128)")
+    p.add_argument(
         "--no-instrument-arm",
         action="store_true",
         help="also run ddptui --no-instrument (what the hooks cost)",
@@ -271,7 +281,8 @@ def main() -> None:
             order = arms[n % len(arms) :] + arms[: n % len(arms)]
             for arm in order:
                 work = Path(tmp) / f"{n}-{arm.replace(' ', '_')}"
-                results[arm].append(figures(run_arm(arm, args.steps, work)))
+                run = run_arm(arm, args.steps, work, args.models, args.width)
+                results[arm].append(figures(run))
                 print(
                     f"round {n + 1}/{args.rounds} {arm}: first step "
                     f"{results[arm][-1]['first step (s)']:.2f} s",
@@ -287,7 +298,9 @@ def main() -> None:
             )
     cores = len(os.sched_getaffinity(0))
     print(
-        f"\n{WORLD} CPU ranks, gloo, {args.steps} steps, {args.rounds} rounds; {cores} usable "
+        f"\n{WORLD} CPU ranks, gloo, {args.steps} steps"
+        + (f" of each of {args.models} models of width {args.width}" if args.models > 1 else "")
+        + f", {args.rounds} rounds; {cores} usable "
         f"cores, load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
         "(a loaded machine: read the ratios, not the seconds)"
     )

@@ -5,7 +5,10 @@ start, torch imported, the process group ready and the first step done, its peak
 (``ru_maxrss`` at exit: the whole process, so ddptui's rank-side code is counted when it runs
 the script), and which heavy modules the process holds at its first step.
 
-Sizes: ``STARTUP_STEPS`` (default 20), batch 32 of 64 features.
+Sizes: ``STARTUP_STEPS`` (default 20), batch 32 of 64 features. ``STARTUP_MODELS`` (default
+1): models trained one after another, each of ``STARTUP_STEPS`` steps and let go before the next
+is made (a fold after a fold), with ``STARTUP_WIDTH`` hidden features (default 128): the peak
+RSS then says whether a rank lets each model's memory go, as plain torch does.
 """
 
 import time
@@ -62,24 +65,29 @@ def main():
     dist.init_process_group("gloo")
     t_group = time.time()
     rank = dist.get_rank()
-    model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
     steps = int(os.environ.get("STARTUP_STEPS", "20"))
+    width = int(os.environ.get("STARTUP_WIDTH", "128"))
     t_first = None
     loaded = {}
-    for _ in range(steps):
-        x = torch.randn(32, 64, generator=gen)
-        loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if t_first is None:
-            t_first = time.time()
-            loaded = {name: name in sys.modules for name in WATCHED}
-            loaded["ddptui_modules"] = sum(m.startswith("ddptui") for m in sys.modules)
+    for _ in range(int(os.environ.get("STARTUP_MODELS", "1"))):
+        model = DistributedDataParallel(
+            torch.nn.Sequential(
+                torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+            )
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(steps):
+            x = torch.randn(32, 64, generator=gen)
+            loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if t_first is None:
+                t_first = time.time()
+                loaded = {name: name in sys.modules for name in WATCHED}
+                loaded["ddptui_modules"] = sum(m.startswith("ddptui") for m in sys.modules)
+        model = opt = loss = None  # let go, as a script that makes the next one does
     dist.destroy_process_group()
     out = os.environ.get("STARTUP_OUT")
     if out:

@@ -2424,6 +2424,28 @@ def test_without_a_data_loader_a_model_and_optimizer_made_anew_step_on_their_own
     assert times[0] == (pytest.approx(0.033) if ddp else None)  # (no beginning seen)
 
 
+def test_a_model_the_script_lets_go_of_goes_with_its_parameters(inst):
+    """A script that trains one DDP model after another (a fold after a fold, a stage
+    after a stage) lets each go: its parameters, a GPU's memory, go with it, as without
+    ddptui. The gradient watch kept every DDP module's parameters to the end of the run,
+    and the parameter the first backward's gradient was read from stayed too."""
+    clock = inst.fake_clock
+    params = []
+    for _ in range(3):
+        model = DistributedDataParallel(Net(clock))
+        params.append([weakref.ref(p) for p in model.parameters()])
+        opt = timed_sgd(model.parameters(), clock)
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(4, 4)).pow(2).mean().backward()
+            opt.step()
+        model = opt = None
+        gc.collect()  # (DDP's reference cycles)
+    inst.at_exit()
+    assert [[ref() is None for ref in refs] for refs in params] == [[True] * 4] * 3
+    assert [log["samples"] for log in inst.fake.logs] == [4] * 6
+
+
 @pytest.mark.parametrize(
     ("bad_d", "bad_g"),
     [((), ()), ((0,), ()), ((0, 1, 2), ()), ((0, 1, 2), (0, 1, 2)), ((), (1,))],

@@ -636,6 +636,15 @@ class _GradWatch:
             handle.remove()
         self.handles = {}
 
+    def release(self) -> None:
+        """Its DDP module is gone: let go of the parameters (the script may have let go of
+        them too: a model trained after another, a fold after a fold, whose memory, a GPU's,
+        the watch kept). The hooks stay on those the script still holds (removed here, from a
+        weak reference's callback that the collector may run in the middle of autograd's
+        calls to them, they could break its loop over them); they no longer count."""
+        self.params = []
+        self.last = None
+
     def arm_all(self) -> None:
         self.remove()
         self.kept = None
@@ -715,6 +724,9 @@ class Instrument:
         self._ddp_forward: Any = None  # DistributedDataParallel.forward, as torch has it
         self._fwd_ddp: int | None = None  # the DDP module whose training forward runs
         self._watches: dict[int, _GradWatch] = {}
+        #: (id, its inner module's id) of watched DDP modules gone since the last watch():
+        #: what is kept by those ids goes before a new module may be given one of them.
+        self._gone: list[tuple[int, int]] = []
         self._cuda: Any = None  # torch.device of the DDP module when it lives on CUDA
         # the step in progress
         self._seg = "data"
@@ -2833,16 +2845,52 @@ class Instrument:
                 inner.register_forward_pre_hook(_ModuleHook(self._inner_pre), with_kwargs=True),
                 inner.register_forward_hook(_ModuleHook(self._inner_post)),
             ]
-            self._outer_posts[id(ddp)] = outer_post
-            self._outer_pres[id(ddp)] = outer_pre
-            self._inner_owner[id(inner)] = weakref.ref(ddp)
+            self._forget_gone()
+            key, inner_key = id(ddp), id(inner)
+            self._outer_posts[key] = outer_post
+            self._outer_pres[key] = outer_pre
+            self._inner_owner[inner_key] = weakref.ref(ddp)
             self._models = [ref for ref in self._models if ref() is not None]
-            self._models.append(weakref.ref(ddp))
+            self._models.append(weakref.ref(ddp, self._on_gone(key, inner_key)))
             param = next(iter(inner.parameters()), None)
             if param is not None and param.device.type == "cuda":
                 self._cuda = param.device
         except Exception as exc:
             self._fail(exc)
+
+    def _on_gone(self, key: int, inner_key: int) -> Callable[[Any], None]:
+        """The callback for when the DDP module ``key`` (its inner module ``inner_key``) is
+        gone: its gradient watch lets go of its parameters at once (it kept every model a
+        script made, a fold after a fold, alive to the end), and the rest it left, kept by
+        those ids, goes at the next :meth:`watch` (a callback may run in any thread, at any
+        allocation: it changes no dict another loop may be going over)."""
+
+        def gone(_: Any) -> None:
+            watch = self._watches.get(key)
+            if watch is not None:
+                watch.release()
+            self._gone.append((key, inner_key))
+
+        return gone
+
+    def _forget_gone(self) -> None:
+        """What was kept by the id of a DDP module now gone goes: CPython gives a new object
+        the address of one freed, and a new DDP module took a dead one's watch (the dead
+        one's parameters' hooks: its own gradients never seen) and its hooks' records."""
+        gone = self._gone
+        while gone:
+            key, inner_key = gone.pop()
+            self._watches.pop(key, None)
+            self._outer_posts.pop(key, None)
+            self._outer_pres.pop(key, None)
+            self._active.discard(key)
+            self._eval_trainers.discard(key)
+            self._direct_checked.discard(inner_key)
+            owner = self._inner_owner.get(inner_key)
+            if owner is not None and owner() is None:
+                del self._inner_owner[inner_key]
+            if self._fwd_ddp == key:
+                self._fwd_ddp = None
 
     def holds_ddp(self) -> bool:
         """Whether a DDP module these hooks watch is alive (the heartbeat's question: without
@@ -3348,8 +3396,8 @@ class Instrument:
         one."""
         for key in self._active:
             watch = self._watches.get(key)
-            if watch is None or watch.last is None:
-                continue
+            if watch is None or watch.last is None or watch.last >= len(watch.params):
+                continue  # (or a released watch: its module is gone)
             param = watch.params[watch.last]
             grad = param.grad
             if grad is not None:
@@ -3389,6 +3437,7 @@ class Instrument:
             return None
         self._opt_depth += 1
         self._opt_seen = True
+        self._grad_left = None  # (read only while no optimizer is seen; it held a parameter)
         if self.disabled or self._opt_depth > 1:  # a step inside a step: the outer one counts
             return None
         if self._rank_unknown:
