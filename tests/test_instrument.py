@@ -2424,6 +2424,22 @@ def test_without_a_data_loader_a_model_and_optimizer_made_anew_step_on_their_own
     assert times[0] == (pytest.approx(0.033) if ddp else None)  # (no beginning seen)
 
 
+def test_without_ddp_or_a_data_loader_an_optimizer_made_each_step_counts_each_batch_once(inst):
+    """A plain model, batches it makes itself, an optimizer made anew each step (the last
+    one gone each time): the module it trains is watched once, each step's batch counted
+    once, whichever optimizer steps it."""
+    clock = inst.fake_clock
+    model = Net(clock)
+    for _ in range(5):
+        opt = timed_sgd(model.parameters(), clock)
+        opt.zero_grad()
+        model(torch.randn(4, 4)).pow(2).mean().backward()
+        opt.step()
+        opt = None
+    inst.at_exit()
+    assert [log["samples"] for log in inst.fake.logs] == [0, 4, 4, 4, 4]
+
+
 def test_a_model_the_script_lets_go_of_goes_with_its_parameters(inst):
     """A script that trains one DDP model after another (a fold after a fold, a stage
     after a stage) lets each go: its parameters, a GPU's memory, go with it, as without

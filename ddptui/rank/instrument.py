@@ -761,8 +761,10 @@ class Instrument:
         #: Neither (no DDP module, no DataLoader: karpathy/nanochat's token generator and
         #: optimizer that syncs the gradients): the training forwards of the module the first
         #: step's optimizer trains (``trained.trained_root``, looked for once), counted by a
-        #: pre-hook of its own from the second step on.
+        #: pre-hook of its own from the second step on (looked for again once that optimizer
+        #: is gone: see _joins), each module watched once.
         self._plain_looked = False
+        self._plain_roots: Any = weakref.WeakSet()
         self._plain_samples = 0
         self._data_parallel_said: int | None = None  # the least said (see _data_parallel)
         #: What each loss is multiplied by as it is reported: the ranks FSDP sums this rank's
@@ -3495,7 +3497,8 @@ class Instrument:
         module its optimizer trains (see :mod:`ddptui.rank.trained`), if one is found."""
         self._plain_looked = True
         root = trained.trained_root(self.torch.nn.Module, optimizer)
-        if root is not None:
+        if root is not None and root not in self._plain_roots:
+            self._plain_roots.add(root)
             self._handles += [
                 root.register_forward_pre_hook(_ModuleHook(self._plain_pre), with_kwargs=True),
                 root.register_forward_hook(_ModuleHook(self._plain_post)),
