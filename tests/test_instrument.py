@@ -2396,6 +2396,24 @@ def test_without_a_data_loader_a_second_optimizer_after_the_step_joins_its_itera
     assert [log["loss"] for log in logs] == pytest.approx(losses)
 
 
+def _models_one_after_another(clock, wrap, models, steps):
+    """Train ``models`` models (``wrap(Net)``) of ``steps`` steps each on batches made up,
+    one after another, each let go before the next is made; weak references to each one's
+    parameters."""
+    params = []
+    for _ in range(models):
+        model = wrap(Net(clock))
+        params.append([weakref.ref(p) for p in model.parameters()])
+        opt = timed_sgd(model.parameters(), clock)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(4, 4)).pow(2).mean().backward()
+            opt.step()
+        model = opt = None
+        gc.collect()  # (what a model's reference cycles wait for: DDP's)
+    return params
+
+
 @pytest.mark.parametrize("ddp", [False, True])
 def test_without_a_data_loader_a_model_and_optimizer_made_anew_step_on_their_own(inst, ddp):
     """A script that trains one model, then another in its place (a next stage, or the
@@ -2405,17 +2423,8 @@ def test_without_a_data_loader_a_model_and_optimizer_made_anew_step_on_their_own
     five of them of twice a step's time, with one batch's samples. Without DDP, the samples
     are the forwards of the module each optimizer trains, counted from its second step (as
     the first model's)."""
-    clock = inst.fake_clock
     wrap = DistributedDataParallel if ddp else (lambda module: module)
-    for _ in range(6):
-        model = wrap(Net(clock))
-        opt = timed_sgd(model.parameters(), clock)
-        for _ in range(3):
-            opt.zero_grad()
-            model(torch.randn(4, 4)).pow(2).mean().backward()
-            opt.step()
-        model = opt = None
-        gc.collect()  # (what a model's reference cycles wait for)
+    _models_one_after_another(inst.fake_clock, wrap, models=6, steps=3)
     inst.at_exit()
     logs = inst.fake.logs
     assert [log["samples"] for log in logs] == [4] * 18 if ddp else [0, 4, 4] * 6
@@ -2445,18 +2454,7 @@ def test_a_model_the_script_lets_go_of_goes_with_its_parameters(inst):
     after a stage) lets each go: its parameters, a GPU's memory, go with it, as without
     ddptui. The gradient watch kept every DDP module's parameters to the end of the run,
     and the parameter the first backward's gradient was read from stayed too."""
-    clock = inst.fake_clock
-    params = []
-    for _ in range(3):
-        model = DistributedDataParallel(Net(clock))
-        params.append([weakref.ref(p) for p in model.parameters()])
-        opt = timed_sgd(model.parameters(), clock)
-        for _ in range(2):
-            opt.zero_grad()
-            model(torch.randn(4, 4)).pow(2).mean().backward()
-            opt.step()
-        model = opt = None
-        gc.collect()  # (DDP's reference cycles)
+    params = _models_one_after_another(inst.fake_clock, DistributedDataParallel, models=3, steps=2)
     inst.at_exit()
     assert [[ref() is None for ref in refs] for refs in params] == [[True] * 4] * 3
     assert [log["samples"] for log in inst.fake.logs] == [4] * 6
