@@ -2433,6 +2433,29 @@ def test_without_a_data_loader_a_model_and_optimizer_made_anew_step_on_their_own
     assert times[0] == (pytest.approx(0.033) if ddp else None)  # (no beginning seen)
 
 
+def test_a_ddp_module_let_go_of_within_a_step_leaves_the_steps_counted(inst):
+    """The DDP module goes between its forward and the backward (the script keeps its inner
+    module and trains that on): the watch has let go of its parameters, whose hooks still
+    fire. Reading a gradient from the released watch raised IndexError, and the
+    instrumentation turned itself off: no step at all."""
+    clock = inst.fake_clock
+    net = Net(clock)
+    model = DistributedDataParallel(net)
+    loss = model(torch.randn(4, 4)).pow(2).mean()
+    model = None
+    gc.collect()
+    loss.backward()
+    opt = timed_sgd(net.parameters(), clock)
+    opt.step()
+    for _ in range(2):
+        opt.zero_grad()
+        net(torch.randn(4, 4)).pow(2).mean().backward()
+        opt.step()
+    inst.at_exit()
+    assert not inst.disabled
+    assert [log["samples"] for log in inst.fake.logs] == [4, 4, 4]
+
+
 def test_without_ddp_or_a_data_loader_an_optimizer_made_each_step_counts_each_batch_once(inst):
     """A plain model, batches it makes itself, an optimizer made anew each step (the last
     one gone each time): the module it trains is watched once, each step's batch counted
