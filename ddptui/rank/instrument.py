@@ -1445,10 +1445,7 @@ class Instrument:
         leader = self._epoch_sampler() if self._epoch_sampler is not None else None
         if leader is not None and leader is not sampler and size < self._epoch_size:
             return  # a smaller loader's passes (a labeled subset, a validation set)
-        try:
-            self._epoch_sampler = weakref.ref(sampler)
-        except TypeError:  # a sampler that takes no weak reference: none leads
-            self._epoch_sampler = None
+        self._epoch_sampler = _weak(sampler)  # (None: it takes no weak reference, none leads)
         self._epoch_size = size
         self._epoch = epoch
         self._epoch_told = True
@@ -3565,7 +3562,10 @@ class Instrument:
         well. udit4code/Pytorch-Distributed-101's manual data-parallel SGD steps a
         single-process reference model's optimizer on rank 0 after each step: rank 0
         counted 20 steps to rank 1's 10, every other one with the reference's loss. Two
-        optimizers that take turns, an iteration each, would count as one step in two."""
+        optimizers that take turns, an iteration each, would count as one step in two.
+
+        Where the optimizer that ended the last step is gone, no: that step's optimizer is
+        forgotten here (and, without DDP, the module the next one trains is looked for)."""
         if self._draws:
             return False
         ender = self._ender_ref
