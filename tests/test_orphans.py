@@ -173,6 +173,12 @@ if __name__ == "__main__":
 """
 
 
+def _cmdline(process: psutil.Process) -> list[str]:
+    with contextlib.suppress(psutil.Error, OSError):
+        return process.cmdline()
+    return []
+
+
 def test_the_processes_still_running_are_named_by_their_script_or_their_parent(tmp_path):
     """What a lingering note names: a script's process by its file, a spawned
     ``multiprocessing`` child by its parent; zombies and the resource tracker are left out."""
@@ -182,6 +188,8 @@ def test_the_processes_still_running_are_named_by_their_script_or_their_parent(t
     try:
         assert proc.stdout.readline().strip() == "started"
         tree = psutil.Process(proc.pid).children(recursive=True)
+        # a spawn start() returns without waiting for the child's exec: read it once done
+        assert wait_until(lambda: all(_cmdline(p) for p in tree), 30, interval=0.05)
         launcher = Launcher.__new__(Launcher)  # only its processes matter here
         launcher._run_processes = lambda: {p.pid: None for p in [psutil.Process(proc.pid), *tree]}
         running = launcher.still_running()
@@ -193,3 +201,14 @@ def test_the_processes_still_running_are_named_by_their_script_or_their_parent(t
             with contextlib.suppress(psutil.Error, OSError):
                 p.kill()
         proc.wait(10)
+
+
+def test_a_process_in_its_exec_is_named_by_its_program(monkeypatch):
+    """A process with no command line to read (a multiprocessing child in its exec, read the
+    moment its parent's start() returned on a loaded machine) is named by its program, not
+    "?"."""
+    me = psutil.Process()
+    monkeypatch.setattr(psutil.Process, "cmdline", lambda self: [])
+    launcher = Launcher.__new__(Launcher)
+    launcher._run_processes = lambda: {me.pid: None}
+    assert launcher.still_running() == [(me.pid, me.name())]

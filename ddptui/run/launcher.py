@@ -270,6 +270,8 @@ class Launcher:
                 if proc.status() == psutil.STATUS_ZOMBIE:
                     continue
                 words, parent = proc.cmdline(), proc.ppid()
+                if not words:  # in its exec (no command line to read for a moment): its name
+                    words = [proc.name()]
             except (psutil.Error, OSError):
                 continue
             line = " ".join(words)
