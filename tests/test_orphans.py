@@ -188,8 +188,11 @@ def test_the_processes_still_running_are_named_by_their_script_or_their_parent(t
     try:
         assert proc.stdout.readline().strip() == "started"
         tree = psutil.Process(proc.pid).children(recursive=True)
-        # a spawn start() returns without waiting for the child's exec: read it once done
-        assert wait_until(lambda: all(_cmdline(p) for p in tree), 30, interval=0.05)
+        # a spawn start() returns without waiting for the child's exec (until it is done, the
+        # child's command line is its parent's, then for a moment none): read it after
+        assert wait_until(
+            lambda: all("multiprocessing" in " ".join(_cmdline(p)) for p in tree), 30, interval=0.05
+        )
         launcher = Launcher.__new__(Launcher)  # only its processes matter here
         launcher._run_processes = lambda: {p.pid: None for p in [psutil.Process(proc.pid), *tree]}
         running = launcher.still_running()
