@@ -2803,6 +2803,31 @@ def test_a_step_the_grad_scaler_skips_is_a_step(inst, bad, backward):
                for i, log in enumerate(logs[1:], 1))  # fmt: skip
 
 
+def test_a_loss_that_takes_a_dropped_scaled_losss_address_is_its_own(inst):
+    """``GradScaler.scale``'s result is followed to the ``backward()`` called on it, where
+    the unscaled loss stands for it. One made and dropped unused (a script that scales a
+    number to log it) leaves its address to the next tensor CPython makes: the loss
+    backwarded next, when it took that address (here until one has), was read as the dropped
+    one's unscaled value, not its own."""
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    reused, losses = False, []
+    while not reused and len(losses) < 200:
+        x = torch.randn(3, 4)
+        dropped = id(scaler.scale(torch.tensor(100.0)))  # scaled and let go at once
+        loss = model(x).pow(2).mean()
+        reused = id(loss) == dropped
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    inst.flush()
+    assert reused, "no loss took a dropped scaled one's address: the case is not made"
+    assert [log["loss"] for log in inst.fake.logs] == pytest.approx(losses)
+
+
 def test_a_closure_step_as_lightning_runs_it_has_each_phase_where_it_happens(inst):
     """``optimizer.step(closure)``, PyTorch Lightning's loop: forward and backward run inside
     the optimizer step. The batch wait and the framework's prelude are ``data``, the update
