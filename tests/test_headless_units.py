@@ -681,3 +681,60 @@ def test_while_events_flow_the_headless_loop_pumps_a_batch_at_a_time(tmp_path, m
     # 1.5 s at one pump every 0.25 s: 6 or 7 (as each came: thousands)
     assert 3 <= len(pumped) <= 12, len(pumped)
     assert "finished" in out.getvalue()
+
+
+def test_sigterm_while_ddptui_handles_its_own_errors_still_ends_the_run(tmp_path, monkeypatch):
+    """The teardown signals raise :class:`Interrupted` wherever the main thread is. Raised
+    inside a part of the loop that says ddptui's own errors and goes on (applying an event,
+    printing), it was taken for one of them: the signal was spent, the run went on, and
+    ddptui outlived its SIGTERM (a test waited 30 s for it under a loaded suite). It ends the
+    run, exit 143."""
+    import io
+    import os
+    import signal
+    import time
+
+    from ddptui import headless, protocol
+    from ddptui.run.launcher import LaunchResult
+    from ddptui.run.session import RunSession
+
+    class Launcher:  # no process: ends by itself after 5 s, or when stopped
+        def start(self) -> None:
+            self.ends = time.monotonic() + 5.0
+
+        def poll(self) -> LaunchResult | None:
+            return LaunchResult(0) if time.monotonic() > self.ends else None
+
+        def stop(self, grace: float | None = None) -> LaunchResult:
+            return LaunchResult(0, stopped=True)
+
+    pumps = [0]
+
+    class Signalled(RunSession):
+        def _new_launcher(self):
+            return Launcher()
+
+        def pump(self, timeout: float = 0.1):
+            pumps[0] += 1
+            events = [protocol.Step(run=self.cfg.run_id, rank=0, t=time.time(), seq=n, step=n)
+                      for n in (pumps[0],)]  # fmt: skip
+            if pumps[0] == 3:
+                apply = self.state.apply
+
+                def apply_signalled(event, now=None):  # SIGTERM comes while one is applied
+                    self.state.apply = apply
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.5)  # the handler runs here
+                    apply(event, now)
+
+                self.state.apply = apply_signalled
+            self._record(events)
+            return events
+
+    monkeypatch.setattr(headless, "RunSession", Signalled)
+    cfg = build_config({"run_dir": str(tmp_path / "run"), "backend": "gloo"}, Machine(0, "none", 2))
+    out = io.StringIO()
+    began = time.monotonic()
+    assert headless.run_headless(cfg, out=out) == 128 + signal.SIGTERM, out.getvalue()
+    assert time.monotonic() - began < 4.0
+    assert "interrupted (SIGTERM)" in out.getvalue()

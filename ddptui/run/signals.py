@@ -55,8 +55,13 @@ def quiet_lost_terminal() -> None:
         os.close(null)
 
 
-class Interrupted(Exception):
-    """Ctrl-C, SIGTERM or SIGHUP reached ddptui: stop the run, exit 128 + the signal's number."""
+class Interrupted(BaseException):
+    """Ctrl-C, SIGTERM or SIGHUP reached ddptui: stop the run, exit 128 + the signal's number.
+
+    A BaseException, as KeyboardInterrupt is: the handler raises it wherever the main thread
+    is, and the parts of the loop that say ddptui's own errors and go on (``except
+    Exception``: applying an event, printing) took it for one of them. The signal was spent,
+    the guard disarmed, and ddptui outlived its SIGTERM."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
