@@ -1,6 +1,7 @@
 """Headless pieces that need no real run: preflight, console lines."""
 
 import io
+import time
 
 import msgspec
 
@@ -8,6 +9,7 @@ from ddptui import protocol
 from ddptui.formatting import fmt_epoch
 from ddptui.headless import HeadlessConsole, eval_summary, gpu_preflight, progress_line
 from ddptui.run.config import build_config
+from ddptui.run.launcher import LaunchResult
 from ddptui.run.machine import Machine
 from ddptui.run.state import RunState
 from ddptui.tui.model import run_frame
@@ -637,6 +639,22 @@ def test_an_output_that_went_away_is_said_once_and_never_raised(capsys):
     ]
 
 
+class _LauncherFor:
+    """A launcher of no process whose run ends by itself ``seconds`` after it starts."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def start(self) -> None:
+        self.ends = time.monotonic() + self.seconds
+
+    def poll(self) -> LaunchResult | None:
+        return LaunchResult(0) if time.monotonic() > self.ends else None
+
+    def stop(self, grace: float | None = None) -> LaunchResult:
+        return LaunchResult(0, stopped=True)
+
+
 def test_while_events_flow_the_headless_loop_pumps_a_batch_at_a_time(tmp_path, monkeypatch):
     """``ddptui --no-ui`` pumps at most every PUMP_EVERY_S while events flow (each pump then
     takes a batch): pumped as each message came, hundreds of pumps a second each found their
@@ -645,24 +663,13 @@ def test_while_events_flow_the_headless_loop_pumps_a_batch_at_a_time(tmp_path, m
     import time
 
     from ddptui import headless, protocol
-    from ddptui.run.launcher import LaunchResult
     from ddptui.run.session import RunSession
-
-    class Launcher:  # no process: the run ends a second and a half after it starts
-        def start(self) -> None:
-            self.ends = time.monotonic() + 1.5
-
-        def poll(self) -> LaunchResult | None:
-            return LaunchResult(0) if time.monotonic() > self.ends else None
-
-        def stop(self, grace: float | None = None) -> LaunchResult:
-            return LaunchResult(0, stopped=True)
 
     pumped: list[int] = []
 
     class Flowing(RunSession):  # a step on every pump, as a busy run has one waiting
         def _new_launcher(self):
-            return Launcher()
+            return _LauncherFor(1.5)  # the run ends a second and a half after it starts
 
         def pump(self, timeout: float = 0.1):
             n = len(pumped) + 1
@@ -695,24 +702,13 @@ def test_sigterm_while_ddptui_handles_its_own_errors_still_ends_the_run(tmp_path
     import time
 
     from ddptui import headless, protocol
-    from ddptui.run.launcher import LaunchResult
     from ddptui.run.session import RunSession
-
-    class Launcher:  # no process: ends by itself after 5 s, or when stopped
-        def start(self) -> None:
-            self.ends = time.monotonic() + 5.0
-
-        def poll(self) -> LaunchResult | None:
-            return LaunchResult(0) if time.monotonic() > self.ends else None
-
-        def stop(self, grace: float | None = None) -> LaunchResult:
-            return LaunchResult(0, stopped=True)
 
     pumps = [0]
 
     class Signalled(RunSession):
         def _new_launcher(self):
-            return Launcher()
+            return _LauncherFor(5.0)  # ends by itself after 5 s, or when stopped
 
         def pump(self, timeout: float = 0.1):
             pumps[0] += 1
