@@ -799,7 +799,7 @@ class Instrument:
         #: module trains in eval mode.
         self._mode_draw: tuple[weakref.ref, int, float, float] | None = None
         # (the scaled loss, weakly; the unscaled loss, the number it was divided by, if any)
-        self._scaled: tuple[weakref.ref | None, Any, float | str | None] | None = None
+        self._scaled: tuple[weakref.ref, Any, float | str | None] | None = None
         # The step's losses: how many backward() calls had one (the list keeps MAX_LOSSES),
         # and what each recorded one was divided by (None: not a division by a CPU number;
         # WINDOW: a mean over the accumulation window, see _divisor).
@@ -3260,7 +3260,8 @@ class Instrument:
         if isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
             # by a weak reference: a scaled loss dropped unused leaves its address to the
             # next tensor made, maybe the loss backwarded next (read as the dropped one's)
-            self._scaled = (_weak(scaled), outputs.detach(), _divisor(outputs))
+            ref = _weak(scaled)
+            self._scaled = (ref, outputs.detach(), _divisor(outputs)) if ref is not None else None
 
     def _backward_call(self, tensor: Any) -> None:
         self.hook_calls += 1
@@ -3281,7 +3282,7 @@ class Instrument:
             if tensor.dim() == 0:
                 self._loss_count += 1
                 scaled = self._scaled
-                if scaled is not None and scaled[0] is not None and scaled[0]() is tensor:
+                if scaled is not None and scaled[0]() is tensor:
                     self._keep_loss(scaled[1], scaled[2])
                 else:
                     # Detached: the loss is read a step or more later (by the drainer), and
