@@ -659,9 +659,6 @@ def test_while_events_flow_the_headless_loop_pumps_a_batch_at_a_time(tmp_path, m
     """``ddptui --no-ui`` pumps at most every PUMP_EVERY_S while events flow (each pump then
     takes a batch): pumped as each message came, hundreds of pumps a second each found their
     code and data out of the CPU's caches (3.9 % of a core against 1.2 %, bench_tui.py)."""
-    import io
-    import time
-
     from ddptui import headless, protocol
     from ddptui.run.session import RunSession
 
@@ -696,10 +693,8 @@ def test_sigterm_while_ddptui_handles_its_own_errors_still_ends_the_run(tmp_path
     printing), it was taken for one of them: the signal was spent, the run went on, and
     ddptui outlived its SIGTERM (a test waited 30 s for it under a loaded suite). It ends the
     run, exit 143."""
-    import io
     import os
     import signal
-    import time
 
     from ddptui import headless, protocol
     from ddptui.run.session import RunSession
@@ -712,8 +707,8 @@ def test_sigterm_while_ddptui_handles_its_own_errors_still_ends_the_run(tmp_path
 
         def pump(self, timeout: float = 0.1):
             pumps[0] += 1
-            events = [protocol.Step(run=self.cfg.run_id, rank=0, t=time.time(), seq=n, step=n)
-                      for n in (pumps[0],)]  # fmt: skip
+            n = pumps[0]
+            events = [protocol.Step(run=self.cfg.run_id, rank=0, t=time.time(), seq=n, step=n)]
             if pumps[0] == 3:
                 apply = self.state.apply
 
