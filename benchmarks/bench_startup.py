@@ -11,11 +11,11 @@ import). Arms, interleaved and rotated each round so a busy machine weighs on al
 - ``ddptui --no-instrument``: the same without the zero-code hooks (what instrumentation costs).
 
 Each rank reports wall-clock times of its script's start, torch imported, process group ready
-and first step, and its peak RSS (``ru_maxrss``: the whole rank process, ddptui's rank side
-included). Printed: medians over the rounds (range in brackets), the ratios ddptui / plain
-(goal: <= 1.05 on both), the phases of launch -> first step per arm (where ddptui's extra
-goes), and what ddptui's rank-side imports cost on top of ``import torch`` (time and memory,
-and which heavy modules they pull in).
+and first step, the page faults between those two, and its peak RSS (``ru_maxrss``: the whole
+rank process, ddptui's rank side included). Printed: medians over the rounds (range in
+brackets), the ratios ddptui / plain (goal: <= 1.05 on both), the phases of launch -> first
+step per arm (where ddptui's extra goes), and what ddptui's rank-side imports cost on top of
+``import torch`` (time and memory, and which heavy modules they pull in).
 
 ``--models N --width W``: each rank trains N models one after another, each let go before the
 next is made (a fold after a fold), with W hidden features: the peak RSS ratio then says
@@ -56,6 +56,12 @@ PHASES = (
     ("torch -> process group", "torch_imported", "group_ready"),
     ("group -> first step", "group_ready", "first_step"),
 )
+#: Rank 0's minor page faults from the process group to the first step: DDP's constructor
+#: imports ``torch._dynamo`` there, and where the interpreter's frame stack grows and shrinks
+#: across a chunk's end at every import, each crossing maps fresh memory (see
+#: ``ddptui.rank.headroom``): 15,000 more faults and 0.08-0.1 s under ddptui until the
+#: sixty-fifth session.
+FAULTS = "page faults, group -> first step"
 #: What the rank side of ddptui imports (the rank entry, the reporter, the hooks).
 RANK_SIDE = ("ddptui.rank.entry", "ddptui.rank.reporter", "ddptui.rank.instrument")
 HEAVY = ("torchvision", "textual", "rich", "psutil", "msgspec", "zmq", "numpy", "yaml")
@@ -163,6 +169,7 @@ def figures(record: dict) -> dict:
     for name, start, end in PHASES:
         begin = launch if start is None else rank0[start]
         out[name] = rank0[end] - begin
+    out[FAULTS] = rank0["faults_group_to_first_step"]
     out["modules"] = rank0["modules"]
     out["torch before script"] = rank0["torch_before_script"]
     out["exit"] = record["exit"]
@@ -306,7 +313,7 @@ def main() -> None:
     )
     keys = ["first step (s)", "peak RSS/rank (MiB)", "launch -> exit (s)"]
     keys += ["launcher process CPU (s)"]
-    keys += [name for name, _, _ in PHASES]
+    keys += [name for name, _, _ in PHASES] + [FAULTS]
     width = max(len(k) for k in keys)
     print(f"{'median (range)':{width}}  " + "  ".join(f"{arm:>24}" for arm in arms))
     for key in keys:

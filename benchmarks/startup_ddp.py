@@ -1,7 +1,8 @@
 """A small plain DDP script for ``bench_startup.py``: no ddptui import, run as torchrun runs it.
 
 Each rank writes ``rank-<RANK>.json`` into ``$STARTUP_OUT``: wall-clock times of the script's
-start, torch imported, the process group ready and the first step done, its peak RSS
+start, torch imported, the process group ready and the first step done, the page faults
+(minor: memory mapped and touched) between those last two, its peak RSS
 (``ru_maxrss`` at exit: the whole process, so ddptui's rank-side code is counted when it runs
 the script), and which heavy modules the process holds at its first step.
 
@@ -64,6 +65,7 @@ def ancestors(depth=3):
 def main():
     dist.init_process_group("gloo")
     t_group = time.time()
+    faults_group = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(rank)
     steps = int(os.environ.get("STARTUP_STEPS", "20"))
@@ -85,6 +87,7 @@ def main():
             opt.step()
             if t_first is None:
                 t_first = time.time()
+                faults_first = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 loaded = {name: name in sys.modules for name in WATCHED}
                 loaded["ddptui_modules"] = sum(m.startswith("ddptui") for m in sys.modules)
         model = opt = loss = None  # let go, as a script that makes the next one does
@@ -99,6 +102,7 @@ def main():
             "torch_imported": T_TORCH,
             "group_ready": t_group,
             "first_step": t_first,
+            "faults_group_to_first_step": faults_first - faults_group,
             "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "modules": loaded,
             "ancestors": ancestors(),

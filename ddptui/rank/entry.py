@@ -46,6 +46,7 @@ from ddptui.constants import (
 )
 from ddptui.rank import flight_recorder, heartbeat, spawned, world
 from ddptui.rank.cpus import threads_per_rank
+from ddptui.rank.headroom import with_headroom
 from ddptui.rank.instrument import install
 from ddptui.rank.local_rank import watch as watch_local_rank_option
 from ddptui.runfiles import RunDir
@@ -194,6 +195,7 @@ def local_rank_args(environ: Mapping[str, str] = os.environ) -> list[str]:
     return [f"{flag}={int(local_rank)}"]
 
 
+@with_headroom  # the script's frames in one chunk of the frame stack, however deep
 def run_target(
     module: str | None, script: str | None, args: list[str], run_module: str | None = None
 ) -> int:
@@ -202,7 +204,10 @@ def run_target(
 
     A non-zero exit and an uncaught exception are reported as this rank's failure (error and
     traceback); the exception propagates. A script or user module gets ``FLAG=LOCAL_RANK``
-    before its arguments where ``--local-rank-arg`` asked for it (:func:`local_rank_args`)."""
+    before its arguments where ``--local-rank-arg`` asked for it (:func:`local_rank_args`).
+
+    Its frame reserves room on the frame stack (:mod:`ddptui.rank.headroom`): the target's
+    calls, at whatever depth, never map and unmap the stack's chunks as they go."""
     undo = None
     if not module:
         given = local_rank_args()
