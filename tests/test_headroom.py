@@ -12,16 +12,18 @@ import pytest
 
 from ddptui.rank.headroom import with_headroom
 
+#: Calls of the probe's function at each depth.
+CALLS = 2000
 #: A script that calls a function many times at each depth of its calls and prints the most
 #: page faults those calls made at any depth: where the calls cross the end of one of the frame
 #: stack's chunks, each call maps a fresh chunk and unmaps it on return. The function's frame
 #: (64 locals) is larger than the descent's, so that at the deepest depth whose frame still
 #: fits in a chunk, it cannot.
 PROBE = (
-    """
+    f"""
 import resource
 
-CALLS = 2000
+CALLS = {CALLS}
 
 
 def leaf():
@@ -42,7 +44,6 @@ def at_depth(n):
 print(max(at_depth(n) for n in range(300)))
 """
 )
-CALLS = 2000
 
 
 def _worst_faults(tmp_path: Path, through_entry: bool) -> int:
