@@ -3284,13 +3284,22 @@ class Instrument:
                 scaled = self._scaled
                 if scaled is not None and scaled[0]() is tensor:
                     self._keep_loss(scaled[1], scaled[2])
+                elif tensor.is_cpu and type(tensor) is self.torch.Tensor:
+                    # A CPU's loss is read now, as its backward begins: one tensor call here
+                    # (torch's dispatch just ran for the loss itself), where a detach here
+                    # and a read at the step's end were two, the second after the optimizer's
+                    # kernels had pushed torch's code out of the caches (5.5 us of a 3 ms
+                    # SmallCNN step). A script's own in-place all-reduce of its loss after the
+                    # step (facebookresearch/pycls's ``scaled_all_reduce``) comes later still:
+                    # the rank's own loss is read. The divisor is read from the graph.
+                    self._keep_loss(float(tensor.item()), _divisor(tensor))
                 else:
-                    # Detached: the loss is read a step or more later (by the drainer), and
-                    # the tensor itself would keep the step's whole autograd graph alive until
-                    # then. Keeping 16 such losses, with no hooks at all, cost 30 to 570 us of
-                    # a 3 ms SmallCNN step on CPU (five processes, three of them 67-85 us);
-                    # detached ones, nothing measurable. The divisor is read now, from the
-                    # graph, while it is there.
+                    # Detached: the loss is read at the step's end (a GPU's copied then, read
+                    # by the drainer), and the tensor itself would keep the step's whole
+                    # autograd graph alive until then. Keeping 16 such losses, with no hooks
+                    # at all, cost 30 to 570 us of a 3 ms SmallCNN step on CPU (five
+                    # processes, three of them 67-85 us); detached ones, nothing measurable.
+                    # The divisor is read now, from the graph, while it is there.
                     self._keep_loss(tensor.detach(), _divisor(tensor))
             self._scaled = None
         except Exception as exc:
@@ -3304,10 +3313,15 @@ class Instrument:
         if len(losses) >= MAX_LOSSES:
             torch = self.torch
             try:
-                stacked = torch.stack(losses)
-                total = stacked.sum(dtype=torch.promote_types(stacked.dtype, torch.float32))
+                if all(type(value) is float for value in losses):  # read already (the CPU's)
+                    total = math.fsum(losses)
+                else:
+                    stacked = torch.stack(losses)
+                    total = stacked.sum(dtype=torch.promote_types(stacked.dtype, torch.float32))
             except Exception:
-                total = None  # losses on two devices: the first MAX_LOSSES stand for the step
+                # losses on two devices, or read and not: the first MAX_LOSSES stand for the
+                # step
+                total = None
             if total is None:
                 return
             self._folded += len(losses) - 1
@@ -3672,9 +3686,13 @@ class Instrument:
                 phases = {**phases, **custom} if phases is not None else dict(custom)
             on_gpu = None
             if losses and not cuda and not self._ddp_seen:  # a GPU's loss, no DDP module
-                on_gpu = [value.device for value in losses if value.device.type == "cuda"]
+                on_gpu = [
+                    value.device
+                    for value in losses
+                    if type(value) is not float and value.device.type == "cuda"
+                ]
             if cuda:
-                read = (phases, loss)
+                read = (phases, None, None, 0)
                 self._marks = self._marks[-1:]
             elif on_gpu:  # to the host behind its kernels
                 copies = [self._to_host(value) for value in losses]
@@ -3687,7 +3705,18 @@ class Instrument:
                 # in-place all-reduce of its loss after the step raced it (facebookresearch/
                 # pycls's ``scaled_all_reduce``: a rank's own loss, the ranks' mean or, between
                 # the sum and its scaling, twice the mean, from step to step).
-                read = (phases, _mean_item(*loss) if loss is not None else None)
+                # (A plain tensor's was read as its backward began: a float here.) Only the
+                # values are read on the step's path; the drainer makes the step's loss.
+                values: list[float] | None = None
+                if loss is not None:
+                    if len(losses) == 1 and type(losses[0]) is float:
+                        values = losses  # most steps: the list is the step's to keep
+                    else:
+                        try:
+                            values = [v if type(v) is float else float(v.item()) for v in losses]
+                        except Exception:
+                            values = None
+                read = (phases, values, scale, held)
         self._acc = _NO_PHASES.copy()
         self._step_wait = None
         self._steps_ended += 1
@@ -3762,6 +3791,8 @@ class Instrument:
         """A step's loss on its way to the host: a GPU's copied into pinned memory behind the
         kernels that made it (read once the device has passed the copy), a host's read now
         (it costs nothing)."""
+        if type(value) is float:  # read as its backward began (see _backward_call)
+            return value
         if value.device.type != "cuda":
             return float(value.item())
         host = self.torch.empty((), dtype=value.dtype, pin_memory=True)
@@ -3831,7 +3862,8 @@ class Instrument:
                 if read is None:
                     phases = loss = None
                 elif type(read) is tuple:  # on the host already
-                    phases, loss = read
+                    phases, values, scale, held = read
+                    loss = _host_loss(values, scale, held) if values else None
                     if len(pending) > MAX_PENDING_HOST:  # the drainer far behind: the oldest
                         phases = loss = None  # goes without its values
                 else:  # a GPU step's: once the device has passed its events
@@ -4153,21 +4185,16 @@ def _weak(value: Any) -> weakref.ref | None:
         return None
 
 
-def _mean_item(values: list[Any], scale: LossScale, count: int) -> float | None:
-    """A step's loss from its ``count`` CPU losses (``values``: the tensors, the first maybe
-    the sum of several, see ``Instrument._keep_loss``), made as :func:`_loss_mean` says with
-    ``scale`` (see ``_finish_step``); None if one cannot be read."""
-    try:
-        return _loss_mean([float(value.item()) for value in values], scale, count)
-    except Exception:
-        return None
-
-
 def _host_loss(copies: list[Any], scale: LossScale, count: int) -> float | None:
     """A step's loss from its host copies (pinned tensors the device has filled, or floats
-    read already): as :func:`_mean_item`; None without any."""
-    losses = [h if type(h) is float else float(h.item()) for h in copies]
-    return _loss_mean(losses, scale, count) if losses else None
+    read already: a CPU's, see ``Instrument._backward_call``): :func:`_loss_mean` of their
+    values; None without any, or where one cannot be read or they make none (``fsum`` of an
+    inf and a -inf raises)."""
+    try:
+        losses = [h if type(h) is float else float(h.item()) for h in copies]
+        return _loss_mean(losses, scale, count) if losses else None
+    except Exception:
+        return None
 
 
 def _loss_mean(losses: list[float], scale: LossScale, count: int) -> float:
