@@ -802,9 +802,13 @@ class Instrument:
         self._scaled: tuple[weakref.ref, Any, float | str | None] | None = None
         # The step's losses: how many backward() calls had one (the list keeps MAX_LOSSES),
         # and what each recorded one was divided by (None: not a division by a CPU number;
-        # WINDOW: a mean over the accumulation window, see _divisor).
+        # WINDOW: a mean over the accumulation window, see _divisor; UNREAD: not read).
         self._loss_count = 0
         self._loss_divisors: list[float | str | None] = []  # each value once (see _keep_loss)
+        # Whether a step of this run had more than one loss (gradient accumulation, or terms
+        # of one objective): until one has, a step's first loss's divisor is not read (its
+        # graph costs 5.5 us of a 3 ms SmallCNN step to read, and one loss needs none).
+        self._several_losses = False
         # How many losses the folded first entry of ``_losses`` holds beyond one (their sum).
         self._folded = 0
         # The step's micro-batches went through the HF Trainer's ``training_step``: their
@@ -3292,7 +3296,7 @@ class Instrument:
                     # SmallCNN step). A script's own in-place all-reduce of its loss after the
                     # step (facebookresearch/pycls's ``scaled_all_reduce``) comes later still:
                     # the rank's own loss is read. The divisor is read from the graph.
-                    self._keep_loss(float(tensor.item()), _divisor(tensor))
+                    self._keep_loss(float(tensor.item()), self._divisor_of(tensor))
                 else:
                     # Detached: the loss is read at the step's end (a GPU's copied then, read
                     # by the drainer), and the tensor itself would keep the step's whole
@@ -3300,10 +3304,18 @@ class Instrument:
                     # at all, cost 30 to 570 us of a 3 ms SmallCNN step on CPU (five
                     # processes, three of them 67-85 us); detached ones, nothing measurable.
                     # The divisor is read now, from the graph, while it is there.
-                    self._keep_loss(tensor.detach(), _divisor(tensor))
+                    self._keep_loss(tensor.detach(), self._divisor_of(tensor))
             self._scaled = None
         except Exception as exc:
             self._fail(exc)
+
+    def _divisor_of(self, loss: Any) -> float | str | None:
+        """:func:`_divisor` of the step's loss just counted; UNREAD for a step's first while
+        no step of the run has had more than one (they are read from the second on: the
+        first step that accumulates takes its first micro-batch's as its others')."""
+        if self._loss_count > 1 or self._several_losses:
+            return _divisor(loss)
+        return UNREAD
 
     def _keep_loss(self, loss: Any, divisor: float | str | None) -> None:
         """One micro-batch's loss into the step's (see :data:`MAX_LOSSES`), and what it was
@@ -3642,8 +3654,10 @@ class Instrument:
             # several losses of one batch: the terms of one objective, which their gradients
             # add up to (DCGAN's discriminator: its loss on real, then on generated images)
             or self._draws == 1
-            or all(d == count or d is WINDOW for d in divisors)
+            or all(d == count or d is WINDOW or d is UNREAD for d in divisors)
         )
+        if count > 1:
+            self._several_losses = True
         scale = (count if summed else 1, self._loss_factor)
         held = len(losses) + self._folded  # the losses the list holds (see _keep_loss)
         self._forget_losses()
@@ -4330,6 +4344,9 @@ def _metric_named(names: Iterable[Any], words: frozenset[str]) -> Any:
 #: every rank, then multiplies it by the world size, so that the micro-batches' losses add up
 #: to the step's mean loss (the figure it logs).
 WINDOW = "window"
+#: A step's first loss's divisor, not read while no step of the run had several losses
+#: (``Instrument._divisor_of``): taken as its step's others'.
+UNREAD = "unread"
 
 
 #: Most trailing multiplications and divisions of a loss :func:`_divisor` looks through.
