@@ -3288,7 +3288,11 @@ class Instrument:
                 scaled = self._scaled
                 if scaled is not None and scaled[0]() is tensor:
                     self._keep_loss(scaled[1], scaled[2])
-                elif tensor.is_cpu and type(tensor) is self.torch.Tensor:
+                elif (
+                    tensor.is_cpu
+                    and type(tensor) is self.torch.Tensor
+                    and tensor.is_floating_point()  # (a complex one is read as it was)
+                ):
                     # A CPU's loss is read now, as its backward begins: one tensor call here
                     # (torch's dispatch just ran for the loss itself), where a detach here
                     # and a read at the step's end were two, the second after the optimizer's
@@ -3714,13 +3718,13 @@ class Instrument:
                 event.record(self.torch.cuda.current_stream(on_gpu[-1]))
                 read = LossRead(event, copies, phases, scale, held)
             else:
-                # A CPU's losses read now (a microsecond each), as they are when the step
-                # ends, as a GPU's are copied then: read later by the drainer, a script's own
-                # in-place all-reduce of its loss after the step raced it (facebookresearch/
-                # pycls's ``scaled_all_reduce``: a rank's own loss, the ranks' mean or, between
-                # the sum and its scaling, twice the mean, from step to step).
-                # (A plain tensor's was read as its backward began: a float here.) Only the
-                # values are read on the step's path; the drainer makes the step's loss.
+                # A CPU's losses: a plain tensor's read as its backward began (a float
+                # here), any other's read now, as it is when the step ends. Read later by the
+                # drainer, a script's own in-place all-reduce of its loss after the step raced
+                # it (facebookresearch/pycls's ``scaled_all_reduce``: a rank's own loss, the
+                # ranks' mean or, between the sum and its scaling, twice the mean, from step
+                # to step). Only the values are read on the step's path; the drainer makes
+                # the step's loss of them.
                 values: list[float] | None = None
                 if loss is not None:
                     if len(losses) == 1 and type(losses[0]) is float:
