@@ -3647,7 +3647,6 @@ class Instrument:
         training step, now or ``at`` (a time already passed): hand it to the drainer."""
         self._step_thread = get_ident()
         losses = self._losses
-        loss: Any = None  # CPU: the loss tensors, then the step's loss read from them
         # Gradient accumulation that divides each micro-batch's loss by their number
         # (``loss = loss / accumulation_steps``, nanoGPT's and most scripts' way), or by the
         # items of the whole window (the HF Trainer's): the step's loss is the sum of what went
@@ -3669,8 +3668,6 @@ class Instrument:
         if cuda:
             # Copies to pinned memory, queued before the step's last event: read together.
             host_losses = [self._to_host(value) for value in losses]
-        elif losses:
-            loss = (losses, scale, held)  # read below, or a GPU's copied (no DDP module)
         # After a closure's backward the optimizer updates: ``optimizer``, not ``data``.
         self._transition("closure_post" if self._closure_now else "opt_post", "data", at)
         self._closure_loop, self._closure_now = self._closure_now, False
@@ -3680,7 +3677,7 @@ class Instrument:
         step_time = max(0.0, now - start - self._eval_spent) if start is not None else None
         self._eval_spent = 0.0
         custom = self._custom
-        read: Any  # a CudaStepRead or LossRead (a GPU), or (phases, loss tensors) on the CPU
+        read: Any  # a CudaStepRead or LossRead (a GPU), or (phases, loss values, scale, held)
         if cuda and len(self._marks) > 1:
             read = CudaStepRead(self._marks, host_losses, custom, scale, held)
             self._marks = [("start", self._marks[-1][1])]
@@ -3726,14 +3723,13 @@ class Instrument:
                 # to step). Only the values are read on the step's path; the drainer makes
                 # the step's loss of them.
                 values: list[float] | None = None
-                if loss is not None:
-                    if len(losses) == 1 and type(losses[0]) is float:
-                        values = losses  # most steps: the list is the step's to keep
-                    else:
-                        try:
-                            values = [v if type(v) is float else float(v.item()) for v in losses]
-                        except Exception:
-                            values = None
+                if len(losses) == 1 and type(losses[0]) is float:
+                    values = losses  # most steps: the list is the step's to keep
+                elif losses:
+                    try:
+                        values = _host_values(losses)
+                    except Exception:
+                        values = None
                 read = (phases, values, scale, held)
         self._acc = _NO_PHASES.copy()
         self._step_wait = None
@@ -4209,10 +4205,15 @@ def _host_loss(copies: list[Any], scale: LossScale, count: int) -> float | None:
     values; None without any, or where one cannot be read or they make none (``fsum`` of an
     inf and a -inf raises)."""
     try:
-        losses = [h if type(h) is float else float(h.item()) for h in copies]
+        losses = _host_values(copies)
         return _loss_mean(losses, scale, count) if losses else None
     except Exception:
         return None
+
+
+def _host_values(copies: list[Any]) -> list[float]:
+    """The values of host losses: floats read already, or host tensors read now."""
+    return [h if type(h) is float else float(h.item()) for h in copies]
 
 
 def _loss_mean(losses: list[float], scale: LossScale, count: int) -> float:
