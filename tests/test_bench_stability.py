@@ -180,6 +180,31 @@ def test_no_efficiency_is_printed_from_noisy_step_times(tmp_path):
     assert len(md_rows) == 2 and all(cells[2].strip("*").startswith("-- (") for cells in md_rows)
 
 
+def test_the_steps_a_run_needs_for_its_own_interval_are_the_ones_it_needs():
+    need = benchmath.steps_for_interval()
+    assert need == 32  # 25 counted after a warm-up of 7
+    assert benchmath.run_interval(_steps(_tight(need))).source == "steps"
+    assert benchmath.run_interval(_steps(_tight(need - 1))).source == "none"
+
+
+def test_a_figure_with_no_interval_says_how_to_get_one_and_one_with_an_interval_does_not():
+    short = [bench.ConfigResult(_planned(1), [_measured(_tight(30), ranks=1)])]
+    rows = bench.build_rows(short, cores=2)
+    assert "no interval" in bench_report.table_cells(rows[0])[1]
+    note = "(--steps 32 or more) or --repeat 2 or more"
+    table = bench_report.format_table(rows)
+    assert table[-1].startswith("no interval: a single run's own takes at least 32 steps a rank")
+    assert table[-1].endswith(note)
+    md = bench_report.markdown_text(rows, "ddptui bench", ["about"])
+    line = next(line for line in md.splitlines() if line.startswith("no interval: "))
+    assert f"\n\n{line}\n" in md and line.endswith(note)  # a paragraph of its own
+
+    longer = [bench.ConfigResult(_planned(1), [_measured(_tight(32), ranks=1)])]
+    rows = bench.build_rows(longer, cores=2)
+    assert "no interval" not in "\n".join(bench_report.format_table(rows))
+    assert "no interval" not in bench_report.markdown_text(rows, "ddptui bench", ["about"])
+
+
 # -- --until-stable -------------------------------------------------------------------------------
 def _runner(tmp_path, until_stable):
     plan = (_planned(1), _planned(2))

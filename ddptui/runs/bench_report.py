@@ -138,6 +138,19 @@ def table_cells(row: Row) -> tuple[str, ...]:
     )
 
 
+def no_interval_note(measured: Sequence[Row]) -> list[str]:
+    """Why a figure says ``no interval``, and how to get one: a line, where one does."""
+    if not any(r.rate is not None and r.rate.source == benchmath.FROM_NOTHING for r in measured):
+        return []
+    need = benchmath.steps_for_interval()
+    after = benchmath.MIN_WINDOWS * benchmath.WINDOW_STEPS
+    return [
+        f"no interval: a single run's own takes at least {need} steps a rank ({after} after its"
+        f" warm-up, {benchmath.MIN_WINDOWS} windows of {benchmath.WINDOW_STEPS}); run longer"
+        f" (--steps {need} or more) or --repeat 2 or more"
+    ]
+
+
 def format_table(rows: Sequence[Row]) -> list[str]:
     """The console table: measured configurations, then the others with why."""
     shown = [r for r in rows if r.status == "measured"]
@@ -152,6 +165,7 @@ def format_table(rows: Sequence[Row]) -> list[str]:
             if n == 0:
                 lines.append("  ".join("-" * w for w in widths))
         lines.append("* fastest")
+        lines += no_interval_note(shown)
     else:
         lines.append("no configuration was measured")
     notes = [r for r in shown if r.reason]
@@ -224,6 +238,8 @@ def markdown_text(rows: Sequence[Row], heading: str, about: Sequence[str]) -> st
                 cells[0] += " \\*"
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "\\* fastest", ""]
+        for note in no_interval_note(measured):  # a paragraph of its own
+            lines += [note, ""]
     others = [r for r in rows if r.status != "measured"]
     if others:
         lines.append("Not measured:")

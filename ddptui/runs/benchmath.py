@@ -64,6 +64,15 @@ def warmup_count(n_steps: int) -> int:
     return min(n, max(MIN_WARMUP_STEPS, math.ceil(WARMUP_FRACTION * n)))
 
 
+def steps_for_interval() -> int:
+    """The fewest steps a rank must run for one run's own interval: enough that what is left
+    after its warm-up fills MIN_WINDOWS windows of WINDOW_STEPS steps (32 as set)."""
+    n = MIN_WINDOWS * WINDOW_STEPS
+    while n - warmup_count(n) < MIN_WINDOWS * WINDOW_STEPS:
+        n += 1
+    return n
+
+
 def _timed(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 

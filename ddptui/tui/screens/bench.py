@@ -24,7 +24,7 @@ from textual_plotext import PlotextPlot
 
 from ddptui.formatting import fmt_duration, printable
 from ddptui.runs.bench import BenchOptions, BenchRunner, Cancelled, Row
-from ddptui.runs.bench_report import about_lines, table_cells, write_results
+from ddptui.runs.bench_report import about_lines, no_interval_note, table_cells, write_results
 from ddptui.tui.model import NARROW_BELOW
 from ddptui.tui.widgets.text import as_text
 
@@ -81,7 +81,7 @@ class BenchScreen(Screen):
     DEFAULT_CSS = """
     BenchScreen #bench-title { height: auto; padding: 0 1; }
     BenchScreen #bench-progress-row { height: 1; padding: 0 1; }
-    BenchScreen #bench-now { height: 1; padding: 0 1; color: $text-muted; }
+    BenchScreen #bench-now { height: auto; max-height: 4; padding: 0 1; color: $text-muted; }
     BenchScreen #bench-table { height: auto; max-height: 60%; padding: 0 1; }
     BenchScreen SamplesChart { height: 1fr; min-height: 8; }
     """
@@ -214,7 +214,9 @@ class BenchScreen(Screen):
         if self.done.is_set():
             verdict = {0: "done", 130: "stopped"}.get(self.code, "done, with failures")
             tail = f": {self.error}" if self.error else ""
-            return f"bench {verdict}{tail} — results in {self.opts.bench_dir} (q quits)"
+            measured = [r for r in self.runner.rows() if r.status == "measured"]
+            notes = "".join(f"\n{note}" for note in no_interval_note(measured))
+            return f"bench {verdict}{tail} — results in {self.opts.bench_dir} (q quits){notes}"
         current = self.current
         if current is None:
             return "starting…"
