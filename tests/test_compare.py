@@ -4,6 +4,7 @@ overlaid curves."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -28,9 +29,32 @@ def test_two_runs_that_differ_in_amp_name_the_difference(capsys):
     assert rows["final"] == ["accuracy", "0.9750", "0.9725"]
     assert rows["best"] == ["accuracy", "0.9750", "(epoch", "3)", "0.9725", "(epoch", "3)"]
     assert rows["failure"] == ["--", "--"]
-    label, *samples = rows["steady"]  # "steady samples/s": the bench's rule, not the mean
-    assert label == "samples/s" and len(samples) == 2
-    assert all(float(s.replace(",", "")) > 0 for s in samples)
+    # "steady samples/s": the bench's rule, not the mean, with the run's own interval
+    steady = next(line for line in out if line.startswith("steady samples/s"))
+    figures = re.findall(r"([\d,]+) ±(\d+)%( unstable)?", steady)
+    assert len(figures) == 2 and all(int(f[0].replace(",", "")) > 0 for f in figures)
+    assert all((int(f[1]) > 10) == bool(f[2]) for f in figures)  # wider than ±10 %: unstable
+    assert not any(line.startswith("no interval") for line in out)
+
+
+def test_a_run_too_short_for_its_own_interval_says_so(tmp_path, capsys):
+    shutil.copytree(AMP_OFF, tmp_path / "short")
+    events = (tmp_path / "short" / "events.jsonl").read_text().splitlines()
+    steps = {0: 0, 1: 0}
+    kept = []
+    for line in events:
+        event = json.loads(line)
+        if event["kind"] == "step":
+            steps[event["rank"]] += 1
+            if steps[event["rank"]] > 31:  # one step fewer than an interval of its own needs
+                continue
+        kept.append(line)
+    (tmp_path / "short" / "events.jsonl").write_text("\n".join(kept) + "\n")
+    assert compare.main(["--no-ui", str(AMP_OFF), str(tmp_path / "short")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    steady = next(line for line in out if line.startswith("steady samples/s"))
+    assert steady.count("±") == 1 and steady.endswith(" no interval unstable")
+    assert out[-1].startswith("no interval: a single run's own takes at least 32 steps a rank")
 
 
 def test_a_failed_run_shows_its_failure(capsys):

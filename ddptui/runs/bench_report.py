@@ -80,18 +80,8 @@ def _mib(values: dict[int, int]) -> str:
 
 
 #: How an unstable figure is marked in the table, the dashboard and bench.md.
-UNSTABLE = "unstable"
-
-
-def _rate(spread: benchmath.Spread | None) -> str:
-    """``1,500 ±4%``; an unstable figure says so (``209 ±37% unstable``); a figure with no
-    interval at all says that (``209 no interval``)."""
-    if spread is None:
-        return "--"
-    text = f"{spread.median:,.0f}"
-    width = spread.half_width
-    text += " no interval" if width is None else f" ±{width:.0%}"
-    return text if spread.stable else f"{text} {UNSTABLE}"
+UNSTABLE = benchmath.UNSTABLE
+_rate = benchmath.rate_text
 
 
 def _pct(value: float | None) -> str:
@@ -143,12 +133,8 @@ def no_interval_note(measured: Sequence[Row]) -> list[str]:
     if not any(r.rate is not None and r.rate.source == benchmath.FROM_NOTHING for r in measured):
         return []
     need = benchmath.steps_for_interval()
-    after = benchmath.MIN_WINDOWS * benchmath.WINDOW_STEPS
-    return [
-        f"no interval: a single run's own takes at least {need} steps a rank ({after} after its"
-        f" warm-up, {benchmath.MIN_WINDOWS} windows of {benchmath.WINDOW_STEPS}); run longer"
-        f" (--steps {need} or more) or --repeat 2 or more"
-    ]
+    how = f"; run longer (--steps {need} or more) or --repeat 2 or more"
+    return [benchmath.no_interval_line() + how]
 
 
 def format_table(rows: Sequence[Row]) -> list[str]:

@@ -73,6 +73,15 @@ def steps_for_interval() -> int:
     return n
 
 
+def no_interval_line() -> str:
+    """Why a run's figure has no interval of its own."""
+    return (
+        f"no interval: a single run's own takes at least {steps_for_interval()} steps a rank"
+        f" ({MIN_WINDOWS * WINDOW_STEPS} after its warm-up, {MIN_WINDOWS} windows of"
+        f" {WINDOW_STEPS})"
+    )
+
+
 def _timed(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 
@@ -182,6 +191,22 @@ class Spread:
     @property
     def stable(self) -> bool:
         return self.is_stable()
+
+
+#: How an unstable figure is marked wherever it is shown (the bench's table, its dashboard
+#: and bench.md, ``ddptui compare``).
+UNSTABLE = "unstable"
+
+
+def rate_text(figure: Spread | None) -> str:
+    """``1,500 ±4%``; an unstable figure says so (``209 ±37% unstable``); a figure with no
+    interval at all says that (``209 no interval unstable``); ``--`` for none."""
+    if figure is None:
+        return "--"
+    text = f"{figure.median:,.0f}"
+    width = figure.half_width
+    text += " no interval" if width is None else f" ±{width:.0%}"
+    return text if figure.stable else f"{text} {UNSTABLE}"
 
 
 def spread(values: Iterable[float | None]) -> Spread | None:

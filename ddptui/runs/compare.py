@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ddptui.commands import UsageError, command_main, fail, no_terminal
-from ddptui.formatting import fmt_duration, fmt_num, fmt_per_s
+from ddptui.formatting import fmt_duration, fmt_num
 from ddptui.run.rundir import RunDirError, iter_events, load_run
 from ddptui.runs import benchmath
 
@@ -49,7 +49,12 @@ class RunFacts:
     config: dict[str, Any]
     state: Any  # RunState
     summary: dict[str, Any]
-    samples_per_s: float | None
+    #: The bench's steady-state samples/s with the run's own interval (benchmath.run_interval).
+    rate: benchmath.Spread | None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        return self.rate.median if self.rate is not None else None
 
     @property
     def outcome(self) -> str:
@@ -99,7 +104,7 @@ def load_facts(run_dir: str | Path) -> RunFacts:
     config, state, summary = load_run(path)
     by_rank = benchmath.group_steps(benchmath.step_points(iter_events(path, state.run_id)))
     return RunFacts(
-        path, path.name or str(path), config, state, summary, benchmath.run_rate(by_rank)
+        path, path.name or str(path), config, state, summary, benchmath.run_interval(by_rank)
     )
 
 
@@ -162,8 +167,10 @@ def comparison_rows(runs: list[RunFacts]) -> list[tuple[str, list[str]]]:
         ("best accuracy", [best(r) for r in runs]),
         ("time", [fmt_duration(r.duration_s) for r in runs]),
         # The bench's steady state (see benchmath), not the mean over the run that the run's
-        # own summary and last line give: the two differ, and the row says which it is.
-        ("steady samples/s", [fmt_per_s(r.samples_per_s) for r in runs]),
+        # own summary and last line give: the two differ, and the row says which it is. With
+        # the run's own interval, as the bench shows it: two figures 17 % apart from runs of
+        # ±24 % each are no difference to act on.
+        ("steady samples/s", [benchmath.rate_text(r.rate) for r in runs]),
         ("failure", [r.failure or "--" for r in runs]),
         ("restarts", ["--" if r.restarts is None else str(r.restarts) for r in runs]),
     ]
@@ -189,6 +196,8 @@ def format_comparison(runs: list[RunFacts]) -> list[str]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
+    if any(r.rate is not None and r.rate.source == benchmath.FROM_NOTHING for r in runs):
+        lines.append(benchmath.no_interval_line())
     return lines
 
 
