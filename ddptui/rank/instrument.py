@@ -3877,7 +3877,10 @@ class Instrument:
                     phases = loss = None
                 elif type(read) is tuple:  # on the host already
                     phases, values, scale, held = read
-                    loss = _host_loss(values, scale, held) if values else None
+                    # Made when sent (_sent_loss): an event of several fast steps sends only
+                    # its last step's loss, and making every step's cost the drainer a third
+                    # of its time, with the GIL held.
+                    loss = (values, scale, held) if values else None
                     if len(pending) > MAX_PENDING_HOST:  # the drainer far behind: the oldest
                         phases = loss = None  # goes without its values
                 else:  # a GPU step's: once the device has passed its events
@@ -3945,7 +3948,11 @@ class Instrument:
             phases = {}
             for member in group:
                 _add_into(phases, member[3])
-        loss = next((member[4] for member in reversed(group) if member[4] is not None), None)
+        loss = None
+        for member in reversed(group):
+            loss = _sent_loss(member[4])
+            if loss is not None:
+                break
         self._deliver(
             epoch,
             sum(member[1] for member in group),
@@ -3963,7 +3970,7 @@ class Instrument:
         samples: int,
         step_time: float | None,
         phases: dict[str, float] | None,
-        loss: float | None,
+        loss: float | tuple[Any, ...] | None,  # a tuple: made when sent (_sent_loss)
         now: float,
         wall: float,
         steps: int = 1,
@@ -3973,6 +3980,7 @@ class Instrument:
                 _add_into(self._carry, phases)
             self._withheld += samples
             return
+        loss = _sent_loss(loss)
         self._samples_sent += samples
         get_reporter = self._get_reporter
         if get_reporter is None:
@@ -4209,6 +4217,12 @@ def _host_loss(copies: list[Any], scale: LossScale, count: int) -> float | None:
         return _loss_mean(losses, scale, count) if losses else None
     except Exception:
         return None
+
+
+def _sent_loss(loss: Any) -> float | None:
+    """A pending step's loss as it is sent: made from its host values (``_send_ready`` keeps
+    them, ``(values, scale, count)``, until then), or as it is (a float, None)."""
+    return _host_loss(*loss) if type(loss) is tuple else loss
 
 
 def _host_values(copies: list[Any]) -> list[float]:
