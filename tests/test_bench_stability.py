@@ -180,6 +180,21 @@ def test_no_efficiency_is_printed_from_noisy_step_times(tmp_path):
     assert len(md_rows) == 2 and all(cells[2].strip("*").startswith("-- (") for cells in md_rows)
 
 
+@pytest.mark.parametrize(
+    ("figure", "base", "text"),
+    [
+        (_pm(1380, 0.05), _pm(1000, 0.05), "+38%"),  # 1,311-1,449 against 950-1,050
+        (_pm(1170, 0.1), _pm(1000, 0.1), "+17% (intervals overlap)"),  # 1,053 against 1,100
+        (_pm(800, 0.02), _pm(1000, 0.02), "-20%"),
+        (Spread(1200, 1200, 1200, 1, "none"), _pm(1000, 0.02), "+20% (no interval)"),
+        (_pm(1000, 0.02), Spread(0, 0, 0, 1, "steps"), "--"),
+        (None, _pm(1000, 0.02), "--"),
+    ],
+)
+def test_a_difference_says_whether_the_intervals_are_apart(figure, base, text):
+    assert benchmath.difference_text(figure, base) == text
+
+
 def test_the_steps_a_run_needs_for_its_own_interval_are_the_ones_it_needs():
     need = benchmath.steps_for_interval()
     assert need == 32  # 25 counted after a warm-up of 7

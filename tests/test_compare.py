@@ -35,6 +35,9 @@ def test_two_runs_that_differ_in_amp_name_the_difference(capsys):
     assert len(figures) == 2 and all(int(f[0].replace(",", "")) > 0 for f in figures)
     assert all((int(f[1]) > 10) == bool(f[2]) for f in figures)  # wider than ±10 %: unstable
     assert not any(line.startswith("no interval") for line in out)
+    # Against the first run: bf16's figure is within what either run swung (both ±20 % or more)
+    versus = next(line for line in out if line.startswith("vs the first"))
+    assert re.fullmatch(r"vs the first\s+--\s+[+-]\d+% \(intervals overlap\)", versus)
 
 
 def test_a_run_too_short_for_its_own_interval_says_so(tmp_path, capsys):

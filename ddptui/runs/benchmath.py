@@ -209,6 +209,21 @@ def rate_text(figure: Spread | None) -> str:
     return text if figure.stable else f"{text} {UNSTABLE}"
 
 
+def difference_text(figure: Spread | None, base: Spread | None) -> str:
+    """How ``figure`` differs from ``base``, and whether that can be acted on: ``+38%``
+    where their intervals are apart, ``+17% (intervals overlap)`` where they are not (the
+    difference is within what either run swung), ``(no interval)`` where one has none;
+    ``--`` without both figures."""
+    if figure is None or base is None or not base.median > 0:
+        return "--"
+    text = f"{figure.median / base.median - 1:+.0%}"
+    if figure.half_width is None or base.half_width is None:
+        return f"{text} (no interval)"
+    if figure.low <= base.high and base.low <= figure.high:
+        return f"{text} (intervals overlap)"
+    return text
+
+
 def spread(values: Iterable[float | None]) -> Spread | None:
     """Median and range of the measured (non-None, finite) values; None when there are none."""
     kept = [float(v) for v in values if v is not None and math.isfinite(v)]

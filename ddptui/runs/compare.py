@@ -171,6 +171,11 @@ def comparison_rows(runs: list[RunFacts]) -> list[tuple[str, list[str]]]:
         # the run's own interval, as the bench shows it: two figures 17 % apart from runs of
         # ±24 % each are no difference to act on.
         ("steady samples/s", [benchmath.rate_text(r.rate) for r in runs]),
+        # Each run's against the first's, and whether the two intervals are apart.
+        (
+            "vs the first",
+            ["--", *(benchmath.difference_text(r.rate, runs[0].rate) for r in runs[1:])],
+        ),
         ("failure", [r.failure or "--" for r in runs]),
         ("restarts", ["--" if r.restarts is None else str(r.restarts) for r in runs]),
     ]
