@@ -130,7 +130,7 @@ def table_cells(row: Row) -> tuple[str, ...]:
 
 def no_interval_note(measured: Sequence[Row]) -> list[str]:
     """Why a figure says ``no interval``, and how to get one: a line, where one does."""
-    if not any(r.rate is not None and r.rate.source == benchmath.FROM_NOTHING for r in measured):
+    if not benchmath.any_without_interval(r.rate for r in measured):
         return []
     need = benchmath.steps_for_interval()
     how = f"; run longer (--steps {need} or more) or --repeat 2 or more"

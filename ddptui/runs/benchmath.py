@@ -209,6 +209,11 @@ def rate_text(figure: Spread | None) -> str:
     return text if figure.stable else f"{text} {UNSTABLE}"
 
 
+def any_without_interval(figures: Iterable[Spread | None]) -> bool:
+    """Whether any of ``figures`` is one run's with no interval of its own (too short)."""
+    return any(f is not None and f.source == FROM_NOTHING for f in figures)
+
+
 def difference_text(figure: Spread | None, base: Spread | None) -> str:
     """How ``figure`` differs from ``base``, and whether that can be acted on: ``+38%``
     where their intervals are apart, ``+17% (intervals overlap)`` where they are not (the

@@ -53,10 +53,6 @@ class RunFacts:
     rate: benchmath.Spread | None
 
     @property
-    def samples_per_s(self) -> float | None:
-        return self.rate.median if self.rate is not None else None
-
-    @property
     def outcome(self) -> str:
         return str(self.summary.get("outcome") or self.state.outcome or "?")
 
@@ -201,7 +197,7 @@ def format_comparison(runs: list[RunFacts]) -> list[str]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
-    if any(r.rate is not None and r.rate.source == benchmath.FROM_NOTHING for r in runs):
+    if benchmath.any_without_interval(r.rate for r in runs):
         lines.append(benchmath.no_interval_line())
     return lines
 
