@@ -79,11 +79,6 @@ def _mib(values: dict[int, int]) -> str:
     return f"{high:,.0f} MiB" if round(low) == round(high) else f"{low:,.0f}–{high:,.0f} MiB"
 
 
-#: How an unstable figure is marked in the table, the dashboard and bench.md.
-UNSTABLE = benchmath.UNSTABLE
-_rate = benchmath.rate_text
-
-
 def _pct(value: float | None) -> str:
     return "--" if value is None else f"{value:.0%}"
 
@@ -119,7 +114,7 @@ TABLE_HEADERS = (
 def table_cells(row: Row) -> tuple[str, ...]:
     return (
         row.planned.label + (" *" if row.fastest else ""),
-        _rate(row.rate),
+        benchmath.rate_text(row.rate),
         _efficiency(row),
         _secs(row.time_to_first_step),
         _mib(row.rss),
@@ -249,7 +244,8 @@ def about_lines(opts: BenchOptions) -> list[str]:
         "first step of each later epoch excluded. ± is a "
         f"{benchmath.CONFIDENCE:.0%} interval: over the repeats (their range below five), or, "
         "for one run, over the rates of its windows of steps; wider than "
-        f"±{benchmath.STABLE_SPREAD:.0%}: {UNSTABLE}. efficiency: samples/s / (world size x "
+        f"±{benchmath.STABLE_SPREAD:.0%}: {benchmath.UNSTABLE}. "
+        "efficiency: samples/s / (world size x "
         "samples/s at world size 1, same other options), only from two stable figures and "
         "never above what the cores can give (else -- and why). first step: launch to the "
         "first step. Memory: peak per rank (its process tree).",
@@ -275,7 +271,10 @@ def write_results(bench_dir: Path, rows: Sequence[Row], about: Sequence[str]) ->
 def _describe(m: Measurement) -> str:
     if not m.ok:
         return m.problem or "not measured"
-    parts = [f"{_rate(_run_figure(m))} samples/s", f"first step {_secs(m.time_to_first_step)}"]
+    parts = [
+        f"{benchmath.rate_text(_run_figure(m))} samples/s",
+        f"first step {_secs(m.time_to_first_step)}",
+    ]
     if m.accuracy is not None:
         parts.append(f"accuracy {m.accuracy:.4f}")
     if m.note:
