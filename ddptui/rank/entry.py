@@ -49,6 +49,7 @@ from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.headroom import with_headroom
 from ddptui.rank.instrument import install
 from ddptui.rank.local_rank import watch as watch_local_rank_option
+from ddptui.rank.quiet_import import import_quietly
 from ddptui.runfiles import RunDir
 
 _PR_SET_PDEATHSIG = 1
@@ -123,10 +124,9 @@ def prepare_rank(run_dir: str | None, rank: int, local_world_size: int) -> None:
     # threads, and the Flight Recorder's terminate handler (below) needs the C++ runtime torch
     # brings (without it, an innocent rank that gloo aborts leaves no trace to name the
     # culprit with). A script that imports torch pays nothing more for it.
+    # Loaded with the collector paused, and then frozen out of its sight (quiet_import).
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+        import_quietly("torch").set_num_threads(threads)
     install()  # the zero-code hooks, unless switched off
     # Its stacks on a signal or request; its trace on request and on gloo's abort.
     flight_recorder.serve_rank(run_dir, rank)
@@ -261,6 +261,7 @@ def exit_after_success(code: int) -> None:
     open is flushed, then the process ends without native destructors.
     """
     atexit._run_exitfuncs()
+    gc.unfreeze()  # what the rank froze (torch's import, a script's gc.freeze) listed too
     for obj in gc.get_objects():  # what interpreter shutdown would have flushed
         # type(), not isinstance(): isinstance reads ``__class__``, which some objects compute
         # (torch's deprecated ``reduce_op`` warns when touched). The C base ``_io._IOBase``,

@@ -26,6 +26,7 @@ from ddptui.rank.cpus import threads_per_rank
 from ddptui.rank.entry import die_with_parent, spawn_worker
 from ddptui.rank.flight_recorder import SOCKET_DIR_ENV
 from ddptui.rank.net import free_port
+from ddptui.rank.quiet_import import import_quietly
 from ddptui.run.prestart import PRESTARTED, PRESTARTED_NOTE
 from ddptui.runfiles import write_json_atomic
 
@@ -189,7 +190,7 @@ def _end_ranks(ranks: list, grace: float) -> None:
 
 
 def run_torchrun(opts: argparse.Namespace, args: list[str]) -> int:
-    from torch.distributed import run as torchrun
+    torchrun = import_quietly("torch.distributed.run")  # the prestarted driver has it already
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     target = ["-m", "ddptui.rank.entry"]
@@ -262,7 +263,7 @@ def prestarted() -> int:
     ddptui gets ready, then run the command line it sends on stdin, with its environment,
     logging to its log file. Ends at once when stdin closes without one."""
     try:
-        import torch.distributed.run  # noqa: F401  # the seconds that overlap ddptui's start
+        import_quietly("torch.distributed.run")  # the seconds that overlap ddptui's start
     except Exception:
         pass  # run_torchrun imports it again; its error goes to the run's log then
     line = sys.stdin.buffer.readline()
