@@ -21,7 +21,6 @@ def module_dir(tmp_path, monkeypatch):
     yield write
     for name in names:
         sys.modules.pop(name, None)
-    gc.unfreeze()  # what a test froze goes back to the collector
 
 
 def test_the_import_runs_with_the_collector_paused_and_what_it_loaded_is_frozen(module_dir):
