@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from ddptui.run import quiet_gc
 from ddptui.run import session as session_module
 from ddptui.run.config import build_config
 from ddptui.run.launcher import LaunchResult
@@ -48,6 +49,21 @@ def test_a_collector_set_otherwise_is_left_as_it_is(threshold, enabled):
     quiet_collector()
     assert gc.get_threshold() == threshold
     assert gc.isenabled() is enabled
+
+
+class Held:
+    """An object the collector tracks."""
+
+
+def test_what_the_process_holds_at_the_first_call_only_is_frozen(monkeypatch):
+    monkeypatch.setattr(quiet_gc, "_frozen", False)
+    before = Held()
+    quiet_collector()
+    after = Held()
+    quiet_collector()
+    tracked = gc.get_objects()
+    assert not any(obj is before for obj in tracked)  # frozen: no full collection scans it
+    assert any(obj is after for obj in tracked)  # a later call froze nothing more
 
 
 class IdleLauncher:
