@@ -95,6 +95,19 @@ def diagnosis_line(diagnosis: Diagnosis) -> str:
     return f"{label}: {diagnosis.detail}"
 
 
+def _busy_ranks(views: list) -> str:
+    """Which ranks prepare (or evaluate), and where the one the others wait for is: one at
+    work (not in a collective), seen where it is."""
+    first = min(views, key=lambda v: (bool(v.waiting), not v.frame, v.rank))
+    where = f" at {first.frame}" if first.frame else ""
+    if first.waiting:
+        where = f" waiting in {first.waiting}{where}"
+    if first.spawned:
+        where = f": spawned {counted(first.spawned, 'worker')}, waiting for their process group"
+    who = f"rank {first.rank}" if len(views) == 1 else f"{len(views)} ranks, rank {first.rank}"
+    return who + where
+
+
 def progress_line(state: RunState, now: float) -> str:
     """One line of live status, shared by the periodic print and the terminal bar."""
     last = state.last_eval
@@ -106,21 +119,11 @@ def progress_line(state: RunState, now: float) -> str:
         fmt_eval(last),
         f"ETA {fmt_eta(state, now)}",
     ]
-    preparing = [v for v in state.ranks.values() if v.activity == "preparing"]
-    if preparing and not state.outcome:
-        # the rank the others wait for: one at work (not in a collective), seen where it is
-        first = min(preparing, key=lambda v: (bool(v.waiting), not v.frame, v.rank))
-        where = f" at {first.frame}" if first.frame else ""
-        if first.waiting:
-            where = f" waiting in {first.waiting}{where}"
-        if first.spawned:
-            where = f": spawned {counted(first.spawned, 'worker')}, waiting for their process group"
-        who = (
-            f"rank {first.rank}"
-            if len(preparing) == 1
-            else f"{len(preparing)} ranks, rank {first.rank}"
-        )
-        parts.append(f"preparing ({who}{where})")
+    if not state.outcome:
+        for activity in ("preparing", "evaluating"):
+            busy = [v for v in state.ranks.values() if v.activity == activity]
+            if busy:
+                parts.append(f"{activity} ({_busy_ranks(busy)})")
     problems = state.health(now)
     if problems:
         parts.append("; ".join(f"rank {r} {why}" for r, why in sorted(problems.items())))

@@ -262,6 +262,67 @@ def test_a_preparing_line_names_the_rank_the_others_wait_for():
     )
 
 
+def _beat(rank, seq, evaluations, frame="validate (main.py:383)"):
+    return protocol.Beat(
+        run="r", rank=rank, t=0.0, seq=seq, frame=frame, cpu=1.0, evaluations=evaluations
+    )
+
+
+def test_a_rank_that_only_evaluates_reads_evaluating_not_preparing():
+    """pytorch/examples' ImageNet ``main.py --evaluate``: no step at all, evaluation batches
+    from the start; it read ``preparing (2 ranks, rank 0 at run_validate (main.py:383))``."""
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(
+            protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started", pid=9), now=0.0
+        )
+    for rank in (0, 1):
+        state.apply(_beat(rank, 1, 0, frame="main (main.py:140)"), now=0.5)
+    assert "preparing (2 ranks, rank 0 at main (main.py:140))" in progress_line(state, 0.6)
+    for rank in (0, 1):
+        state.apply(_beat(rank, 1, 12), now=1.5)
+    line = progress_line(state, 1.6)
+    assert "evaluating (2 ranks, rank 0 at validate (main.py:383))" in line
+    assert "preparing" not in line
+    # the count stands still (a long forward, a stall): no longer said to evaluate
+    state.apply(_beat(1, 1, 12), now=2.5)
+    assert "evaluating (rank 0 at validate (main.py:383))" in progress_line(state, 2.6)
+    assert "preparing (rank 1 at validate (main.py:383))" in progress_line(state, 2.6)
+    assert state.ranks[0].evaluations == 12 and state.ranks[1].activity == "preparing"
+
+
+def test_an_evaluation_between_steps_reads_evaluating_until_the_next_step():
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(
+            protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started", pid=9), now=0.0
+        )
+    state.apply(_beat(0, 1, 0), now=0.5)
+    state.apply(step(0, 1, 1), now=1.0)
+    state.apply(step(1, 1, 1), now=1.0)
+    # rank 0's count grew, but it stepped since its last beat: training, not (yet) evaluating
+    state.apply(_beat(0, 1, 5), now=1.5)
+    assert state.ranks[0].activity == "started"
+    state.apply(_beat(0, 1, 40), now=2.5)  # no step since the last beat: evaluating
+    assert state.ranks[0].activity == "evaluating"
+    assert "evaluating (rank 0 at validate (main.py:383))" in progress_line(state, 2.6)
+    rows = {row.rank: row for row in run_frame(state, 2.6).rows}
+    assert rows[0].state == "evaluating" and rows[0].where == "validate (main.py:383)"
+    assert rows[1].state == "started" and rows[1].where == ""
+    state.apply(step(0, 2, 1), now=3.0)  # the next step ends it at once
+    assert state.ranks[0].activity == "started"
+    assert "evaluating" not in progress_line(state, 3.1)
+    # a new attempt's process counts from 0 again: its first evaluation batches are seen
+    state.apply(
+        protocol.Status(run="r", rank=0, t=0.0, seq=0, state="started", pid=10, attempt=1),
+        now=4.0,
+    )
+    assert state.ranks[0].evaluations == 0
+    restarted = protocol.Beat(run="r", rank=0, t=0.0, seq=0, cpu=1.0, evaluations=3, attempt=1)
+    state.apply(restarted, now=4.5)
+    assert state.ranks[0].activity == "evaluating"
+
+
 def test_no_evaluation_is_said_plainly_with_how_to_add_one():
     state = RunState("r", 1)
     assert eval_summary(state, script=False) == "no evaluation received"

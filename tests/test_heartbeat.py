@@ -329,3 +329,41 @@ def test_a_beat_says_when_the_rank_holds_no_ddp_module_and_the_run_state_keeps_i
     assert state.ranks[0].no_ddp is True
     state.apply(beats[1])
     assert state.ranks[0].no_ddp is False
+
+
+def test_a_beat_carries_the_evaluation_batches_and_a_bad_source_reads_zero(monkeypatch):
+    """The hooks' count of evaluation batches goes out with every beat (and the last one at
+    exit), over the real wire; a source that fails or says something else than a count
+    never fails a beat: 0."""
+    from ddptui import protocol
+    from ddptui.rank.reporter import Reporter
+    from ddptui.run.collector import Collector
+    from tests.helpers import drain
+
+    monkeypatch.setattr(heartbeat, "_collectives", None)
+    counts = iter([7, -3, "9", 2**70])
+
+    def source():
+        value = next(counts, None)
+        if value is None:
+            raise RuntimeError("gone")
+        return value
+
+    heartbeat.set_evaluations_source(source)
+    try:
+        with Collector("r", world_size=1) as collector:
+            rep = Reporter(collector.endpoint, "r", rank=0)
+            try:
+                beat = heartbeat.Heartbeat(rep, interval=3600)
+                for _ in range(4):
+                    beat.beat()
+                beat.last()  # the source raises now
+                rep.flush()
+                got = drain(collector, lambda events: len(events) >= 5)
+            finally:
+                rep.close()
+    finally:
+        heartbeat.set_evaluations_source(None)
+    beats = [e for e in got if type(e) is protocol.Beat]
+    assert [b.evaluations for b in beats] == [7, 0, 0, 0, 0]
+    assert heartbeat.evaluations() == 0  # no source: 0

@@ -434,6 +434,39 @@ def test_batches_of_two_loaders_drawn_before_a_steps_forward_are_no_evaluation(i
     assert all(log["phases"]["eval"] == 0.0 for log in logs)
 
 
+def test_evaluation_batches_are_counted_for_the_heartbeat_and_training_steps_are_not(inst):
+    """What a beat says of evaluation (``evaluations``): forwards with grad off or in eval
+    mode, before any step too (ImageNet's ``--evaluate``), and batches drawn for them; a
+    training step, its loader's batches and its own forwards count nothing."""
+    from ddptui.rank import heartbeat
+
+    clock = inst.fake_clock
+    model = DistributedDataParallel(Net(clock))
+    opt = timed_sgd(model.parameters(), clock)
+    assert instrument.evaluations() == 0
+    with torch.no_grad():  # evaluating before any training step
+        model(torch.randn(5, 4))
+        model(torch.randn(5, 4))
+    assert inst.evaluations == 2 and heartbeat.evaluations() == 2
+    loader = _loader([3] * 4)
+    for x, _ in loader:  # training: its draws and forwards count nothing
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    assert inst.evaluations == 2
+    model.eval()
+    model(torch.randn(5, 4))  # eval mode, grad on: an evaluation forward too
+    model.train()
+    with torch.no_grad():
+        for x, _ in _loader([2] * 3):  # each batch drawn, and its forward
+            model(x)
+    assert inst.evaluations == 2 + 1 + 3 * 2
+    train_step(model, opt, clock)
+    assert inst.evaluations == 9
+    instrument.uninstall()
+    assert instrument.evaluations() == 0  # no hooks: nothing to say
+
+
 def test_ddp_modules_in_series_take_the_same_samples_once(inst):
     """facebookresearch/dlrm's bottom and top MLPs are two DDP modules: the bottom one takes
     the rank's 128 of the batch's dense features, the top one the interaction of its output

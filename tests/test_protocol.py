@@ -225,3 +225,16 @@ def test_implausible_events(event, world_size, why):
         assert reason is None
     else:
         assert reason is not None and reason.startswith(why)
+
+
+def test_a_beats_evaluation_count_round_trips_and_an_older_beat_reads_zero():
+    beat = protocol.Beat(frame="validate (main.py:383)", steps=3, evaluations=41, **BASE)
+    assert protocol.decode_batch(protocol.encode_batch([beat])) == [beat]
+    assert protocol.from_json(protocol.to_json(beat)) == beat
+    # a run recorded before the field: its beats read 0 evaluation batches
+    older = b'{"kind":"beat","v":1,"run":"r1","rank":0,"t":1.0,"seq":0,"steps":3}'
+    assert protocol.from_json(older).evaluations == 0
+    for bad in (-1, 1.5, "2", True):  # a count, or nothing at all
+        raw = msgspec.msgpack.encode([{"kind": "beat", "evaluations": bad, **BASE}])
+        with pytest.raises(protocol.InvalidEvent):
+            protocol.decode_batch(raw)

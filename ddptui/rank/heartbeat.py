@@ -43,6 +43,7 @@ _quiet: Callable[[], bool] | None = None
 _then: Callable[[], None] | None = None
 _ddp_source: Callable[[], bool] | None = None
 _thread_source: Callable[[], int | None] | None = None
+_evaluations_source: Callable[[], int] | None = None
 _beat: Heartbeat | None = None
 
 
@@ -64,6 +65,24 @@ def set_thread_source(source: Callable[[], int | None] | None) -> None:
     whose optimizer steps end the rank's steps (the instrumentation's), None before a step."""
     global _thread_source
     _thread_source = source
+
+
+def set_evaluations_source(source: Callable[[], int] | None) -> None:
+    """Where beats learn how many evaluation batches the rank has run (the hooks': see
+    ``Instrument.evaluations``); None: not known (sent as 0)."""
+    global _evaluations_source
+    _evaluations_source = source
+
+
+def evaluations() -> int:
+    """The evaluation batches the rank has run so far, by its source (0 without one)."""
+    if _evaluations_source is None:
+        return 0
+    try:
+        count = _evaluations_source()
+    except Exception:  # a beat never fails for it
+        return 0
+    return count if type(count) is int and count >= 0 else 0
 
 
 def steps_thread() -> int | None:
@@ -361,6 +380,7 @@ class Heartbeat:
             collectives=_marks(),
             io=None if io is None else io + self.socket_moved(stack),
             ddp=ddp,
+            evaluations=evaluations(),
         )
 
     def socket_moved(self, stack: str | None) -> int:
@@ -395,6 +415,7 @@ class Heartbeat:
                 cpu=process_cpu(children),
                 collectives=_marks(),
                 io=None if io is None else io + self._socket_moved,
+                evaluations=evaluations(),
             )
         except Exception:  # telemetry never takes a rank down, nor its exit
             pass

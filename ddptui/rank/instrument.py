@@ -304,12 +304,20 @@ def install(environ: dict[str, str] | None = None, force: bool = False) -> Instr
     # itself (without, a spawned worker with no DDP module read as waiting in one).
     heartbeat.set_ddp_source(ddp_possible)
     heartbeat.set_thread_source(_steps_thread)
+    heartbeat.set_evaluations_source(evaluations)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "Tensor"):
         inst.attach(torch)
     else:
         sys.meta_path.insert(0, _TorchImportWatcher(inst.attach))
     return inst
+
+
+def evaluations() -> int:
+    """Evaluation batches this rank has run so far (:attr:`Instrument.evaluations`; 0
+    without the hooks): the heartbeat's source."""
+    inst = _instrument
+    return inst.evaluations if inst is not None else 0
 
 
 def _steps_thread() -> int | None:
@@ -870,6 +878,13 @@ class Instrument:
         # _backwards, which a joined optimizer's losses forget in the middle of a pass
         self._grad_calls = 0
         self._fwd_calls = 0
+        #: Evaluation batches ever: forwards of a DDP module (or of a plain model watched)
+        #: with grad off or in eval mode that are no step's own, and batches drawn from a
+        #: DataLoader for them. Read by the heartbeat (see
+        #: :func:`evaluations`): where it grew between two beats and no step ended, the
+        #: rank evaluates (ddptui shows ``evaluating``, not ``preparing`` nor a bare rate).
+        #: Only evaluation paths count it: nothing on a training step's path.
+        self.evaluations = 0
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
         # drawn from a DataLoader since the last step ended, whether that step drew any, the
@@ -1515,6 +1530,7 @@ class Instrument:
                     inst._evaluation_closed()  # an evaluation's pass ran to its end
                 raise
             if inst._eval_draw():  # an evaluation's batch
+                inst.evaluations += 1
                 if inst._mark is not None:
                     if inst._eval_start is None:
                         # the evaluation began with the wait for its first batch (its loader's
@@ -2991,9 +3007,10 @@ class Instrument:
             self._acc["eval"] += spent
         self._eval_spent += spent
 
-    def _eval_forward(self, start: bool, trains: bool = False) -> None:
+    def _eval_forward(self, start: bool, trains: bool = False, counted: bool = True) -> None:
         """An evaluation forward of a DDP module begins (``start``) or ends; ``trains``: the
-        module's mode says it trains, only grad is off.
+        module's mode says it trains, only grad is off; ``counted``: one of
+        :attr:`evaluations` (not the inner module's, whose DDP module's forward counted).
 
         Such a forward after the step drew its training batch, with no evaluation begun, is
         the step's own: a target or teacher network run under ``torch.no_grad()`` on the
@@ -3004,6 +3021,8 @@ class Instrument:
         if start:
             self._fwd_calls += 1
         if self._mark is None:
+            if start and counted:  # before the first step: an evaluation all the same
+                self.evaluations += 1
             return  # before the first training step: not part of any step
         if self._seg == "forward" and not self._training_fwd:
             return  # in (or after) the step's own forward with grad off
@@ -3018,6 +3037,8 @@ class Instrument:
             return
         now = self.clock()
         if start:
+            if counted:
+                self.evaluations += 1
             if self._eval_start is None:  # the pass's first forward
                 self._eval_start = now
         else:
@@ -3138,8 +3159,8 @@ class Instrument:
                 self._training_fwd = True  # the inner module called without DDP
                 self._fwd_ddp = None
                 self._forward_start(args, kwargs, "forward")
-            else:  # ``model.module(x)`` to evaluate
-                self._eval_forward(True, module.training)
+            else:  # ``model.module(x)`` to evaluate, or inside a DDP module's evaluation
+                self._eval_forward(True, module.training, counted=False)
         except Exception as exc:
             self._fail(exc)
         return None

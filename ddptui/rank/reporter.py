@@ -661,9 +661,11 @@ class Reporter:
         collectives: list[dict[str, Any]] | None = None,
         io: int | None = None,
         ddp: bool | None = None,
+        evaluations: int = 0,
     ) -> None:
         """Send a heartbeat (see :mod:`ddptui.rank.heartbeat`); callable from any thread.
-        ``ddp`` False: the rank holds no DDP module (sent only then)."""
+        ``ddp`` False: the rank holds no DDP module (sent only then). ``evaluations``: the
+        evaluation batches run so far."""
         if self._socket is None:
             return
         marks = []
@@ -691,6 +693,7 @@ class Reporter:
             steps=self.steps_logged,
             collectives=marks,
             ddp=False if ddp is False else None,
+            evaluations=evaluations if type(evaluations) is int and 0 <= evaluations < 2**63 else 0,
         )
 
     def log_eval(self, **values: Any) -> None:

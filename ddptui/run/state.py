@@ -257,6 +257,14 @@ class RankView:
     no_ddp: bool = False
     #: When the last beat arrived (None: the rank sends none).
     beat_at: float | None = None
+    #: The evaluation batches the rank had run at its last beat (``Beat.evaluations``).
+    evaluations: int = 0
+    #: Where the rank's steps stood (:meth:`_step_mark`) at its last beat, and, when that
+    #: beat found its evaluation batches grown with no step since the beat before, where
+    #: they stood then (None: it did not): the rank evaluates until a step comes (see
+    #: :attr:`activity`).
+    _beat_mark: tuple = field(default=(0, None), repr=False)
+    _evaluating_mark: tuple | None = field(default=None, repr=False)
     #: Workers this process spawned (``spawned`` note): it only waits for them, silent, until
     #: one of them announces itself under this rank (0: it spawned none).
     spawned: int = 0
@@ -292,10 +300,29 @@ class RankView:
 
     @property
     def activity(self) -> str:
-        """The state to show: ``preparing`` for a live rank that has not stepped yet."""
-        if self.state == "started" and self.step == 0:
-            return "preparing"
-        return self.state
+        """The state to show: ``evaluating`` for a live rank that ran evaluation batches and
+        no step between its last two beats (an evaluation pass, or a run that only evaluates:
+        pytorch/examples' ImageNet ``--evaluate``), until its next step; ``preparing`` for
+        one that has not stepped yet."""
+        if self.state != "started":
+            return self.state
+        if self._evaluating_mark is not None and self._evaluating_mark == self._step_mark():
+            return "evaluating"
+        return "preparing" if self.step == 0 else self.state
+
+    def _step_mark(self) -> tuple[int, float | None]:
+        """Where the rank's steps stand: another step event changes it (its number, or the
+        time it came)."""
+        return self.step, self.last_step_at
+
+    def note_evaluations(self, evaluations: int) -> None:
+        """A beat's count of evaluation batches (see :attr:`activity`). A count that went
+        back is another process's under this rank (a restart, a spawned worker): it counts
+        from there."""
+        mark = self._step_mark()
+        grew = evaluations > self.evaluations
+        self._evaluating_mark = mark if grew and mark == self._beat_mark else None
+        self._beat_mark, self.evaluations = mark, evaluations
 
     @property
     def still_for(self) -> float | None:
@@ -615,6 +642,9 @@ class RunState:
         view.samples_per_s = None
         view.recent_step_times.clear()
         view.forget_rates()
+        # A new process: its evaluation batches count from 0, and it has not stepped yet.
+        view.evaluations, view._evaluating_mark = 0, None
+        view._beat_mark = view._step_mark()
         view._comm_key = None  # a new process group: its progress starts again
 
     # -- applying events ------------------------------------------------------------------
@@ -803,6 +833,7 @@ class RunState:
                 view._comm_key, view._comm_steps = started, ev.steps
             elif ev.steps - view._comm_steps > view.steps_without_comm:
                 view.steps_without_comm = ev.steps - view._comm_steps
+        view.note_evaluations(ev.evaluations)
         view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
         view.no_ddp = ev.ddp is False
         view._digest, view.collectives = ev.digest, marks

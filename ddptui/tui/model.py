@@ -334,14 +334,14 @@ STILL_SHOWN_S = 5.0
 
 
 def where_cell(view: RankView, ended: bool) -> str:
-    """The rank's frame, while it prepares or stands still (live runs only)."""
+    """The rank's frame, while it prepares, evaluates or stands still (live runs only)."""
     if not ended and view.state == "started" and view.spawned:
         # until their group forms (fits the column)
         return f"spawned {counted(view.spawned, 'worker')}"
     if ended or view.state != "started" or not view.frame:
         return ""
     still = view.still_for or 0.0
-    if view.activity != "preparing" and still < STILL_SHOWN_S:
+    if view.activity not in ("preparing", "evaluating") and still < STILL_SHOWN_S:
         return ""
     waits = f"{view.waiting} ← " if view.waiting else ""
     return f"{waits}{view.frame}"
@@ -377,6 +377,7 @@ SEVERITY = (
     "stopped",
     "pending",
     "preparing",
+    "evaluating",
     "started",
     "finished",
 )

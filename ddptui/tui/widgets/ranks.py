@@ -62,6 +62,7 @@ def fit_columns(columns: tuple[str, ...], widths: list[int], room: int) -> tuple
 STATE_STYLE = {
     "pending": "dim",
     "preparing": "cyan",
+    "evaluating": "magenta",
     "started": "green",
     "finished": "bold green",
     "failed": "bold red",
