@@ -1,6 +1,7 @@
 """The rank table's collective column and the rank that falls behind, live, from the Flight
 Recorder progress in every rank's heartbeat (pure: RunState + the table model)."""
 
+import msgspec
 import pytest
 
 from ddptui import protocol
@@ -115,6 +116,25 @@ def test_a_rank_that_has_not_started_what_the_others_wait_in_is_behind():
     assert severity(row) == "behind" and row.collective == "#16 ✓"
     assert frame.rows[0].collective == "all_reduce #17 …"
     assert 2 in frame.problems
+
+
+def test_a_rank_that_evaluates_while_the_others_wait_is_not_behind():
+    """nanoGPT's rank 0 evaluates alone (every ``eval_interval`` steps) while rank 1 waits in
+    the next step's all-reduce: rank 0 reads ``evaluating``, not ``⚠ behind``."""
+    state = announced(2)
+    stuck_at(state, 1, 206, 205, "all_reduce")
+    for i, t in enumerate((1.0, 3.0, 5.0)):
+        mark = beat(0, i + 1, 205, 205, digest=f"d{i}")
+        state.apply(msgspec.structs.replace(mark, evaluations=50 * (i + 1)), now=t)
+    assert state.ranks[0].activity == "evaluating"
+    assert behind_ranks(state) == {}
+    frame = run_frame(state, 5.0)
+    assert frame.rows[0].state == "evaluating" and 0 not in frame.problems
+    assert frame.rows[1].collective == "all_reduce #206 …"
+    stands = msgspec.structs.replace(beat(0, 4, 205, 205, digest="d9"), evaluations=150)
+    state.apply(stands, now=7.0)  # its count stands: no longer evaluating
+    state.apply(beat(1, 4, 206, 205, "all_reduce"), now=7.0)
+    assert behind_ranks(state) == {0: "behind: at #205 while rank 1 wait(s) in all_reduce #206"}
 
 
 def test_no_one_is_behind_in_a_moving_run_or_before_the_others_waited_a_beat():

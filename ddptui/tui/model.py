@@ -302,7 +302,10 @@ def failed_in_collective(view: RankView) -> bool:
 def behind_ranks(state: RunState) -> dict[int, str]:
     """Live ranks that have not started a collective other ranks wait in (for at least
     :data:`BEHIND_AFTER_S`), per process group: rank -> ``behind: …`` (a rank table problem).
-    From the heartbeats' Flight Recorder progress; ranks without it are left out."""
+    From the heartbeats' Flight Recorder progress; ranks without it are left out, and so is
+    a rank that evaluates (:attr:`RankView.activity`): nanoGPT's rank 0 evaluates alone while
+    the others wait in the next step's all-reduce, by design, and read ``⚠ behind`` for it.
+    The others' collective cells still say what they wait in."""
     live = {r: v for r, v in state.ranks.items() if v.state == "started" and v.collectives}
     waits: dict[tuple[str, str | None], dict[int, tuple[int, str | None]]] = {}
     for rank, view in live.items():
@@ -324,7 +327,7 @@ def behind_ranks(state: RunState) -> dict[int, str]:
                 for m in view.collectives
                 if m[0] == group and m[4] == backend and m[2] is not None
             ]
-            if mine and mine[0][2] < top and rank not in out:
+            if mine and mine[0][2] < top and rank not in out and view.activity != "evaluating":
                 out[rank] = f"behind: at #{mine[0][2]} while {who} wait(s) in {what}"
     return out
 
