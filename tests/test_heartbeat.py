@@ -298,31 +298,22 @@ def test_a_beat_says_when_the_rank_holds_no_ddp_module_and_the_run_state_keeps_i
     """The hooks know whether a DDP module is alive: a beat says False when none is (a
     ``backward()`` in that rank's stack is then its own work, for the hang diagnosis too),
     and nothing when one may be (no hooks to say, or one watched)."""
-    from ddptui import protocol
-    from ddptui.rank.reporter import Reporter
-    from ddptui.run.collector import Collector
     from ddptui.run.state import RunState
 
     monkeypatch.setattr(heartbeat, "_collectives", None)
-    from tests.helpers import drain
 
     holds = [False]
+
+    def twice(beat):
+        beat.beat()
+        holds[0] = True
+        beat.beat()
+
     heartbeat.set_ddp_source(lambda: holds[0])
     try:
-        with Collector("r", world_size=1) as collector:
-            rep = Reporter(collector.endpoint, "r", rank=0)
-            try:
-                beat = heartbeat.Heartbeat(rep, interval=3600)
-                beat.beat()
-                holds[0] = True
-                beat.beat()
-                rep.flush()
-                got = drain(collector, lambda events: len(events) >= 2)
-            finally:
-                rep.close()
+        beats = _beats_sent(twice, 2)
     finally:
         heartbeat.set_ddp_source(None)
-    beats = [e for e in got if type(e) is protocol.Beat]
     assert [b.ddp for b in beats] == [False, None]
     state = RunState("r", 1)
     state.apply(beats[0])
@@ -335,10 +326,6 @@ def test_a_beat_carries_the_evaluation_batches_and_a_bad_source_reads_zero(monke
     """The hooks' count of evaluation batches goes out with every beat (and the last one at
     exit), over the real wire; a source that fails or says something else than a count
     never fails a beat: 0."""
-    from ddptui import protocol
-    from ddptui.rank.reporter import Reporter
-    from ddptui.run.collector import Collector
-    from tests.helpers import drain
 
     monkeypatch.setattr(heartbeat, "_collectives", None)
     counts = iter([7, -3, "9", 2**70])
@@ -349,21 +336,34 @@ def test_a_beat_carries_the_evaluation_batches_and_a_bad_source_reads_zero(monke
             raise RuntimeError("gone")
         return value
 
+    def four_and_the_last(beat):
+        for _ in range(4):
+            beat.beat()
+        beat.last()  # the source raises now
+
     heartbeat.set_evaluations_source(source)
     try:
-        with Collector("r", world_size=1) as collector:
-            rep = Reporter(collector.endpoint, "r", rank=0)
-            try:
-                beat = heartbeat.Heartbeat(rep, interval=3600)
-                for _ in range(4):
-                    beat.beat()
-                beat.last()  # the source raises now
-                rep.flush()
-                got = drain(collector, lambda events: len(events) >= 5)
-            finally:
-                rep.close()
+        beats = _beats_sent(four_and_the_last, 5)
     finally:
         heartbeat.set_evaluations_source(None)
-    beats = [e for e in got if type(e) is protocol.Beat]
     assert [b.evaluations for b in beats] == [7, 0, 0, 0, 0]
     assert heartbeat.evaluations() == 0  # no source: 0
+
+
+def _beats_sent(send, count):
+    """The beats a :class:`heartbeat.Heartbeat` sends through ``send(heartbeat)``, over the
+    real wire (a reporter to a collector), once ``count`` events have arrived."""
+    from ddptui import protocol
+    from ddptui.rank.reporter import Reporter
+    from ddptui.run.collector import Collector
+    from tests.helpers import drain
+
+    with Collector("r", world_size=1) as collector:
+        rep = Reporter(collector.endpoint, "r", rank=0)
+        try:
+            send(heartbeat.Heartbeat(rep, interval=3600))
+            rep.flush()
+            got = drain(collector, lambda events: len(events) >= count)
+        finally:
+            rep.close()
+    return [e for e in got if type(e) is protocol.Beat]
