@@ -46,13 +46,23 @@ def test_a_collector_switched_off_stays_off(module_dir):
         gc.enable()
 
 
-def test_a_failed_import_raises_freezes_nothing_and_turns_the_collector_back_on(module_dir):
-    name = module_dir("qi_broken", "HELD = [[] for _ in range(50)]\nraise ImportError('no')\n")
+def test_a_failed_import_raises_freezes_nothing_and_turns_the_collector_back_on(
+    module_dir, monkeypatch
+):
+    # What the module made outlives it (held by ``sys.qi_held``), as a partly run import's
+    # side effects may. The freeze count alone cannot say "nothing frozen": a frozen object
+    # that dies leaves it (2 fewer once under .ci/run), and a wrongful freeze would add every
+    # object the worker tracks, thousands.
+    monkeypatch.setattr(sys, "qi_held", None, raising=False)
+    body = "import sys\nsys.qi_held = HELD = [[] for _ in range(50)]\nraise ImportError('no')\n"
+    name = module_dir("qi_broken", body)
     before = gc.get_freeze_count()
     with pytest.raises(ImportError, match="no"):
         import_quietly(name)
     assert gc.isenabled()
-    assert gc.get_freeze_count() == before
+    assert gc.get_freeze_count() <= before
+    held = sys.qi_held
+    assert any(obj is held for obj in gc.get_objects())  # still in the collector's view
 
 
 def test_a_module_already_loaded_is_returned_without_freezing(module_dir):
@@ -60,4 +70,4 @@ def test_a_module_already_loaded_is_returned_without_freezing(module_dir):
     __import__(name)
     before = gc.get_freeze_count()
     assert import_quietly(name) is sys.modules[name]
-    assert gc.get_freeze_count() == before
+    assert gc.get_freeze_count() <= before  # (a frozen object may die meanwhile)
