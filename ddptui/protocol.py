@@ -147,9 +147,10 @@ class Beat(Event, tag="beat"):
     io: NonNegInt | None = None
     #: Steps the rank has taken so far (0: still preparing).
     steps: NonNegInt = 0
-    #: Evaluation batches the rank has run so far (forwards with grad off or in eval mode,
-    #: and the batches drawn for them), by its hooks: grown since its last beat with no step
-    #: between, the rank evaluates. 0 without the hooks (and in older runs' beats).
+    #: Evaluation batches the rank has run so far, by its hooks (its DDP module's forwards
+    #: with grad off or in eval mode, and the batches drawn for them): grown since its last
+    #: beat with no step between, the rank evaluates. 0 without the hooks (and in older
+    #: runs' beats).
     evaluations: NonNegInt = 0
     collectives: Annotated[list[CollectiveMark], msgspec.Meta(max_length=MAX_BEAT_GROUPS)] = []
 

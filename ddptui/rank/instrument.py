@@ -880,10 +880,10 @@ class Instrument:
         self._fwd_calls = 0
         #: Evaluation batches ever: forwards of a DDP module (or of a plain model watched)
         #: with grad off or in eval mode that are no step's own, and batches drawn from a
-        #: DataLoader for them. Read by the heartbeat (see
-        #: :func:`evaluations`): where it grew between two beats and no step ended, the
-        #: rank evaluates (ddptui shows ``evaluating``, not ``preparing`` nor a bare rate).
-        #: Only evaluation paths count it: nothing on a training step's path.
+        #: DataLoader for them. Read by the heartbeat (see :func:`evaluations`): where it
+        #: grew between two beats and no step ended, the rank evaluates (ddptui shows
+        #: ``evaluating``, not ``preparing`` nor a bare rate). Only evaluation paths count
+        #: it: nothing on a training step's path.
         self.evaluations = 0
         # One iteration, several optimizers (a GAN's discriminator and generator, DCGAN's
         # ``optimizerD.step()`` then ``optimizerG.step()`` on one batch): training batches
