@@ -676,3 +676,46 @@ def test_replayed_diagnoses_with_odd_ranks_are_read(tmp_path):
     ]
     summary_path.write_text(json.dumps(summary))
     assert ReplaySource.load(run_dir).diagnoses() == ["new", "rank 3 failed first"]
+
+
+def test_an_ended_runs_table_shows_each_ranks_mean_step_time_beside_its_mean_rate():
+    """nanoGPT's rank 1 waited 5.2 s in its last step for rank 0's final evaluation: the ended
+    table read ``5.21 s`` for it (the latest steps' mean) beside rank 0's ``12.4 ms``, under
+    the same rate. Ended, a rank's step time is its mean over the run, read as its rate is
+    (without the waits for ranks that were not stepping); live, its latest steps' mean."""
+    from ddptui import protocol
+    from ddptui.run.state import RunState
+    from ddptui.tui.model import run_frame
+
+    state = RunState("r", 2)
+    for rank in (0, 1):
+        state.apply(protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started"), now=0.0)
+    t = 0.0
+    for step in range(1, 101):
+        t += 0.005
+        for rank in (0, 1):
+            wait = 5.2 if (rank == 1 and step == 100) else 0.0
+            state.apply(
+                protocol.Step(
+                    run="r",
+                    rank=rank,
+                    t=t,
+                    seq=step,
+                    step=step,
+                    samples=4,
+                    samples_per_s=4 / (0.005 + wait),
+                    step_time=0.005 + wait,
+                    phases={"forward": 0.004, "comm": 0.001 + wait},  # DDP: in lock-step
+                ),
+                now=t + wait,
+            )
+    live = {row.rank: row for row in run_frame(state, t + 5.3).rows}
+    assert live[1].shown_step_s > 1.0  # live: its latest steps, the long one among them
+    for rank in (0, 1):
+        state.apply(protocol.Status(run="r", rank=rank, t=0.0, seq=101, state="finished"), now=6.0)
+    state.set_outcome("finished", now=6.0)
+    rows = {row.rank: row for row in run_frame(state, 6.0).rows}
+    assert rows[0].shown_step_s == pytest.approx(0.005)
+    assert rows[1].shown_step_s == pytest.approx(0.005)  # the wait was rank 0's, not its own
+    assert rows[0].step_time == rows[1].step_time == "5.0 ms"
+    assert rows[0].samples_per_s == rows[1].samples_per_s == "800"

@@ -201,10 +201,12 @@ class RankView:
     samples_total: int = 0
     samples_per_s: float | None = None
     step_time: float | None = None
-    #: The steps that said how long they took: their samples and their time, summed over the
-    #: run (every attempt), for the rank's mean rate once the run has ended.
+    #: The steps that said how long they took: their samples, their time and how many they
+    #: were, summed over the run (every attempt), for the rank's mean rate and step time once
+    #: the run has ended.
     samples_timed: int = 0
     time_stepping: float = 0.0
+    steps_timed: int = 0
     #: Of those, each attempt's first timed step (its warm-up: CUDA's context, cuDNN's
     #: autotuning, torch.compile's compilation; nanoGPT compiled took 15.5 s in its first
     #: step on an H200 and 4.2 s in its 300 others): their samples and time, summed.
@@ -760,6 +762,7 @@ class RunState:
             view.recent_step_times.append(each)
             view.time_stepping += ev.step_time
             view.samples_timed += ev.samples
+            view.steps_timed += count
             # One step of the run is one step number of one attempt on every rank (after a
             # restart the ranks' earlier steps may differ: the one killed first did fewer).
             key = (view.attempt, ev.step)
@@ -1091,6 +1094,17 @@ class RunState:
         if view.samples_timed and view.time_stepping > 0.0:
             return view.samples_timed / self._stepping_time(view.time_stepping, after_first=False)
         return view.rate_over_run()
+
+    def rank_step_time_over_run(self, view: RankView) -> float | None:
+        """A rank's mean step time over the run, as :meth:`rank_rate_over_run` reads its time
+        (without the waits inside its steps for ranks that were not stepping): once a run has
+        ended, its table's step time beside its mean rate. The latest steps' mean it showed
+        there was whatever the run's last seconds held: nanoGPT's rank 1 read 5.21 s, its
+        last step's wait for rank 0's final evaluation, beside rank 0's 12.4 ms. None where
+        no step said its time."""
+        if view.steps_timed <= 0 or view.time_stepping <= 0.0:
+            return None
+        return self._stepping_time(view.time_stepping, after_first=False) / view.steps_timed
 
     def rank_rate_after_first_step(self, view: RankView) -> float | None:
         """:meth:`rank_rate_over_run` without each attempt's first step (its warm-up), as

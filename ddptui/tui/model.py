@@ -193,7 +193,10 @@ def run_frame(state: RunState, now: float) -> RunFrame:
         shown_state = view.activity
         # Live: what the rank keeps up at present (a pause decays it); ended: its mean rate.
         rate = state.rank_rate_over_run(view) if state.outcome else view.rate_at(now)
-        recent_step = view.recent_step_time()
+        # Live: its latest steps' mean time; ended: its mean over the run, as its rate.
+        recent_step = (
+            state.rank_step_time_over_run(view) if state.outcome else view.recent_step_time()
+        )
         rows.append(
             RankRow(
                 node=view.node,
