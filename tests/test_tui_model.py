@@ -69,9 +69,18 @@ def test_global_throughput_sums_ranks_and_carries_slow_ranks_forward():
     assert global_throughput([[], []], 0.0) == ([], [])
 
 
-def paused_run(before: int, after: int, step: float = 0.07, pause: float = 20.0) -> RunState:
+def paused_run(
+    before: int,
+    after: int,
+    step: float = 0.07,
+    pause: float = 20.0,
+    samples: int = 32,
+    waiter: int | None = None,
+) -> RunState:
     """Two ranks stepping every ``step`` s, ``before`` steps, a pause of ``pause`` s (rank 0
-    evaluates; nanoGPT), then ``after`` steps."""
+    evaluates; nanoGPT), then ``after`` steps. ``waiter``: a rank whose next step holds the
+    pause (its wait in the all-reduce for rank 0, whose evaluation is out of its own step),
+    every step's phases then saying DDP's lock-step."""
     state = RunState("r", 2)
     for rank in (0, 1):
         status = protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started")
@@ -79,17 +88,21 @@ def paused_run(before: int, after: int, step: float = 0.07, pause: float = 20.0)
     state.started_at = 0.0
     t = 0.0
     for i in range(1, before + after + 1):
-        t += step + (pause if i == before + 1 else 0.0)
+        paused = i == before + 1
+        t += step + (pause if paused else 0.0)
         for rank in (0, 1):
+            took = step + (pause if paused and rank == waiter else 0.0)
+            phases = None if waiter is None else {"forward": 0.8 * step, "comm": took - 0.8 * step}
             event = protocol.Step(
                 run="r",
                 rank=rank,
                 t=t,
                 seq=i,
                 step=i,
-                samples=32,
-                step_time=step,
-                samples_per_s=32 / step,
+                samples=samples,
+                step_time=took,
+                samples_per_s=samples / took,
+                phases=phases,
             )
             state.apply(event, now=t)
     return state
@@ -684,32 +697,10 @@ def test_an_ended_runs_table_shows_each_ranks_mean_step_time_beside_its_mean_rat
     the same rate. Ended, a rank's step time is its mean over the run, read as its rate is
     (without the waits for ranks that were not stepping); live, its latest steps' mean."""
     from ddptui import protocol
-    from ddptui.run.state import RunState
     from ddptui.tui.model import run_frame
 
-    state = RunState("r", 2)
-    for rank in (0, 1):
-        state.apply(protocol.Status(run="r", rank=rank, t=0.0, seq=0, state="started"), now=0.0)
-    t = 0.0
-    for step in range(1, 101):
-        t += 0.005
-        for rank in (0, 1):
-            wait = 5.2 if (rank == 1 and step == 100) else 0.0
-            state.apply(
-                protocol.Step(
-                    run="r",
-                    rank=rank,
-                    t=t,
-                    seq=step,
-                    step=step,
-                    samples=4,
-                    samples_per_s=4 / (0.005 + wait),
-                    step_time=0.005 + wait,
-                    phases={"forward": 0.004, "comm": 0.001 + wait},  # DDP: in lock-step
-                ),
-                now=t + wait,
-            )
-    live = {row.rank: row for row in run_frame(state, t + 5.3).rows}
+    state = paused_run(99, 1, step=0.005, pause=5.2, samples=4, waiter=1)
+    live = {row.rank: row for row in run_frame(state, state.last_event_at).rows}
     assert live[1].shown_step_s > 1.0  # live: its latest steps, the long one among them
     for rank in (0, 1):
         state.apply(protocol.Status(run="r", rank=rank, t=0.0, seq=101, state="finished"), now=6.0)
