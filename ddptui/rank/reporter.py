@@ -661,7 +661,7 @@ class Reporter:
         collectives: list[dict[str, Any]] | None = None,
         io: int | None = None,
         ddp: bool | None = None,
-        evaluations: int = 0,
+        evaluations: Any = 0,
     ) -> None:
         """Send a heartbeat (see :mod:`ddptui.rank.heartbeat`); callable from any thread.
         ``ddp`` False: the rank holds no DDP module (sent only then). ``evaluations``: the
@@ -689,11 +689,11 @@ class Reporter:
             waiting=waiting[:128] if waiting else None,
             digest=digest[:32] if digest else None,
             cpu=cpu if cpu is not None and 0.0 <= cpu <= protocol.MAX_SECONDS else None,
-            io=io if type(io) is int and 0 <= io < 2**63 else None,
+            io=_count(io),
             steps=self.steps_logged,
             collectives=marks,
             ddp=False if ddp is False else None,
-            evaluations=evaluations if type(evaluations) is int and 0 <= evaluations < 2**63 else 0,
+            evaluations=_count(evaluations) or 0,
         )
 
     def log_eval(self, **values: Any) -> None:
@@ -750,6 +750,11 @@ class Reporter:
         )
         self._epoch_samples = 0
         self._epoch_open = False
+
+
+def _count(value: Any) -> int | None:
+    """A count as the wire takes it (an int, not a bool, from 0 to 2**63 - 1), else None."""
+    return value if type(value) is int and 0 <= value < 2**63 else None
 
 
 def _seq_or_none(value: Any) -> int | None:
