@@ -290,7 +290,9 @@ class Note(Event, tag="note"):
     ``local_rank_arg``: the script's argument parser has a ``--local_rank`` option
     (``--local-rank`` where ``dashed``) that no launcher passed it: it read ``read`` (None:
     no whole number, its default None say) where the rank's ``LOCAL_RANK`` is
-    ``local_rank``. Said beside a failure only.
+    ``local_rank``. Said beside a failure only. Sent again with ``read`` equal to
+    ``local_rank`` once the script has set the option's attribute to it itself (timm's
+    ``train.py``): the note is taken back.
 
     ``alone``: this rank, launched as one of a world of several, took its first training step
     with no process group (``torch.distributed`` not initialized, no RPC agent): it trains by

@@ -10,6 +10,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -211,7 +212,7 @@ def test_the_parsers_of_the_rank_are_looked_at_until_one_has_the_option(monkeypa
     LOCAL_RANK nothing is watched; a note that cannot be sent changes nothing."""
     before = argparse.ArgumentParser.__dict__["parse_known_args"]
     notes = []
-    undo = watch(lambda code, **numbers: notes.append((code, numbers)), {"LOCAL_RANK": "1"})
+    undo = watch(lambda code, **numbers: notes.append((code, numbers)), {"LOCAL_RANK": "1"}).undo
     try:
         assert argparse.ArgumentParser.__dict__["parse_known_args"] is not before
         monkeypatch.setattr(sys, "argv", ["train.py"])
@@ -227,17 +228,134 @@ def test_the_parsers_of_the_rank_are_looked_at_until_one_has_the_option(monkeypa
     assert argparse.ArgumentParser.__dict__["parse_known_args"] is before
     for environ in ({}, {"LOCAL_RANK": "x"}, {"LOCAL_RANK": "-1"}, {"LOCAL_RANK": "٣"},
                     {"LOCAL_RANK": "1" * 400}):  # fmt: skip
-        watch(lambda *a, **k: notes.append(a), environ)()
+        watch(lambda *a, **k: notes.append(a), environ).undo()
         assert argparse.ArgumentParser.__dict__["parse_known_args"] is before
 
     def refuse(code, **numbers):
         raise OSError("no socket")
 
-    undo = watch(refuse, {"LOCAL_RANK": "0"})
+    undo = watch(refuse, {"LOCAL_RANK": "0"}).undo
     try:
         assert _parser("--local_rank", type=int).parse_args([]).local_rank is None
     finally:
         undo()
+
+
+def test_a_note_is_taken_back_once_the_script_sets_the_option_to_its_local_rank():
+    """timm's ``train.py``: ``--local_rank`` (default 0) parsed, then ``args.local_rank`` set
+    from LOCAL_RANK by the script itself. The note sent at the parse is taken back (the same
+    note, ``read`` equal to ``local_rank``, without announcing the rank again) once the
+    namespace holds LOCAL_RANK; once only. A value still wrong, or a namespace gone, takes
+    nothing back; nor does a note that could not be sent."""
+    notes = []
+
+    def note(code, announce=True, **numbers):
+        notes.append((code, announce, numbers))
+
+    watched = watch(note, {"LOCAL_RANK": "1"})
+    try:
+        args = _parser("--local_rank", type=int, default=0).parse_args([])
+        wrong = {"local_rank": 1, "read": 0, "dashed": False}
+        assert notes == [("local_rank_arg", True, wrong)]
+        watched.settle()
+        args.local_rank = 2  # still not its LOCAL_RANK
+        watched.settle()
+        args.local_rank = "1"  # nor a whole number
+        watched.settle()
+        assert len(notes) == 1
+        args.local_rank = 1  # what timm's init_distributed_device does
+        watched.settle()
+        watched.settle()
+        assert notes[1:] == [("local_rank_arg", False, {**wrong, "read": 1})]
+    finally:
+        watched.undo()
+
+    notes.clear()
+    watched = watch(note, {"LOCAL_RANK": "1"})
+    try:
+        args = _parser("--local-rank", type=int, default=0).parse_args([])
+        del args  # the script let its namespace go
+        watched.settle()
+        assert [numbers for _, _, numbers in notes] == [
+            {"local_rank": 1, "read": 0, "dashed": True}
+        ]
+    finally:
+        watched.undo()
+
+    def refuse(code, **numbers):
+        raise OSError("no socket")
+
+    watched = watch(refuse, {"LOCAL_RANK": "1"})
+    try:
+        args = _parser("--local_rank", type=int, default=0).parse_args([])
+        args.local_rank = 1
+        watched.settle()  # nothing was sent: nothing to take back, and no error
+    finally:
+        watched.undo()
+
+
+def test_the_rank_entry_looks_again_before_the_failure_it_reports(tmp_path, monkeypatch):
+    """In the rank: the look again comes before the failure's report, so that the session
+    has the note as it stands when the failure arrives; the heartbeat looks before each beat
+    while the script runs, and no longer once it has ended."""
+    from ddptui.constants import ENDPOINT_ENV
+    from ddptui.rank import heartbeat
+
+    said = []
+    monkeypatch.setattr(entry, "_note", lambda code, announce=True, **n: said.append(n["read"]))
+    monkeypatch.setattr(entry, "report_failure", lambda error, trace: said.append(error))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv(ENDPOINT_ENV, "ipc:///nowhere")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv(LOCAL_RANK_ARG_ENV, raising=False)
+    script, seen = tmp_path / "train.py", tmp_path / "checked.txt"
+    for sets_it, expected in ((True, [0, 1, "ValueError: device_ids"]),
+                              (False, [0, "ValueError: device_ids"])):  # fmt: skip
+        said.clear()
+        script.write_text(
+            "import argparse, os, sys\n"
+            "from ddptui.rank import heartbeat\n"
+            "p = argparse.ArgumentParser()\n"
+            "p.add_argument('--local_rank', type=int, default=0)\n"
+            "args = p.parse_args()\n"
+            f"if {sets_it}:\n"
+            "    args.local_rank = int(os.environ['LOCAL_RANK'])\n"
+            f"open({str(seen)!r}, 'w').write(str(heartbeat._before_beat is not None))\n"
+            "raise ValueError('device_ids')\n"
+        )
+        with pytest.raises(ValueError):
+            entry.run_target(None, str(script), [])
+        assert said == expected
+        assert seen.read_text() == "True"  # while it ran
+        assert heartbeat._before_beat is None
+
+
+def test_the_heartbeat_runs_its_check_before_each_beat_and_survives_its_error():
+    from ddptui.rank import heartbeat
+
+    order = []
+
+    class Reporter:
+        def beat(self, **values):
+            order.append("beat")
+
+    def check():
+        order.append("check")
+        raise RuntimeError("the script's namespace broke")
+
+    heartbeat.set_before_beat(check)
+    beat = heartbeat.Heartbeat(Reporter(), interval=0.01)
+    try:
+        beat.start()
+        deadline = time.monotonic() + 10
+        while order.count("beat") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        beat.stop()
+        heartbeat.set_before_beat(None)
+        beat._thread.join(5)
+    assert order[:4] == ["check", "beat", "check", "beat"]
 
 
 def test_the_hint_names_the_option_and_what_it_read():
@@ -285,6 +403,38 @@ def test_a_failed_run_whose_ranks_read_no_local_rank_says_so_on_its_headline(tmp
         assert crash[0].startswith("ranks 0 and 1 failed with the same error")
         assert ("rank 1's script has a --local_rank option" in crash[0]) is hinted
         assert not any("--local_rank option" in detail for detail in crash[1:])
+
+
+def test_a_note_taken_back_gives_no_hint_to_another_ranks_failure(tmp_path):
+    """timm's shape, its rank 0 failing alone (rank 1 stopped by torchrun, no failure of its
+    own to report): rank 1's note stood beside rank 0's crash until rank 1 took it back."""
+    from ddptui import protocol
+    from ddptui.run.session import RunSession
+    from ddptui.run.state import RankFailureInfo
+
+    for taken_back, hinted in ((False, True), (True, False)):
+        raw = {
+            "script": str(SCRIPTS / "launch_era_optional.py"),
+            "run_dir": str(tmp_path / f"r{hinted}"),
+        }
+        session = RunSession(build_config(raw, CPU))
+        run = session.cfg.run_id
+        note = dict(run=run, rank=1, code="local_rank_arg", local_rank=1, dashed=False)
+        events = [
+            protocol.Status(run=run, rank=0, t=1.0, seq=0, state="started"),
+            protocol.Status(run=run, rank=1, t=1.0, seq=0, state="started"),
+            protocol.Note(**note, t=1.0, seq=1, read=0),
+            *([protocol.Note(**note, t=2.0, seq=2, read=1)] if taken_back else []),
+            protocol.Status(run=run, rank=0, t=3.0, seq=1, state="failed",
+                            error="RuntimeError: no data"),
+        ]  # fmt: skip
+        for event in events:
+            session.state.apply(event)
+        failure = RankFailureInfo(rank=0, exit_code=1, error="RuntimeError", stderr_tail=())
+        session.state.set_outcome("failed", failure)
+        session._diagnose_crash()
+        crash = [d.detail for d in session.diagnoser.diagnoses if d.cause == "crash"]
+        assert ("rank 1's script has a --local_rank option" in crash[0]) is hinted, crash
 
 
 @pytest.mark.slow

@@ -149,11 +149,11 @@ def announce() -> None:
         pass
 
 
-def _note(code: str, **numbers: int | bool | None) -> None:
-    """Send a note of this rank's (a no-op when nobody listens)."""
+def _note(code: str, *, announce: bool = True, **numbers: int | bool | None) -> None:
+    """Send a note of this rank's (a no-op when nobody listens); see ``Reporter.note``."""
     from ddptui.rank.reporter import get_reporter  # loaded on use: keeps the entry light
 
-    get_reporter().note(code, **numbers)
+    get_reporter().note(code, announce=announce, **numbers)
 
 
 def report_failure(error: str, trace: str | None) -> None:
@@ -208,12 +208,19 @@ def run_target(
 
     Its frame reserves room on the frame stack (:mod:`ddptui.rank.headroom`): the target's
     calls, at whatever depth, never map and unmap the stack's chunks as they go."""
-    undo = None
+    watched = None
     if not module:
         given = local_rank_args()
         args = [*given, *args]
         if not given and os.environ.get(ENDPOINT_ENV):  # its parser read, for a failure's hint
-            undo = watch_local_rank_option(_note)
+            watched = watch_local_rank_option(_note)
+            heartbeat.set_before_beat(watched.settle)  # the script may set it itself
+
+    def failed(error: str, trace: str | None) -> None:
+        if watched is not None:  # the note as it stands now, before the failure it goes with
+            watched.settle()
+        report_failure(error, trace)
+
     try:
         if module:
             code = _exit_code(importlib.import_module(module).main(args))
@@ -236,17 +243,19 @@ def run_target(
         code = _exit_code(exc.code)
         if code:
             detail = exc.code if isinstance(exc.code, str) else f"SystemExit: {exc.code}"
-            report_failure(detail, traceback.format_exc())
+            failed(detail, traceback.format_exc())
         return code
     except BaseException as exc:
-        report_failure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
         raise
     finally:
         flight_recorder.remove_terminate_trace()  # native teardown aborts as it would
-        if undo is not None:
-            undo()
+        if watched is not None:  # a last look, for another rank's failure to come
+            watched.settle()
+            watched.undo()
+            heartbeat.set_before_beat(None)
     if code:
-        report_failure(f"exited with code {code}", None)
+        failed(f"exited with code {code}", None)
     return code
 
 

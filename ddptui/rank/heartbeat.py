@@ -44,6 +44,7 @@ _then: Callable[[], None] | None = None
 _ddp_source: Callable[[], bool] | None = None
 _thread_source: Callable[[], int | None] | None = None
 _evaluations_source: Callable[[], int] | None = None
+_before_beat: Callable[[], None] | None = None
 _beat: Heartbeat | None = None
 
 
@@ -72,6 +73,13 @@ def set_evaluations_source(source: Callable[[], int] | None) -> None:
     ``Instrument.evaluations``); None: not known (sent as 0)."""
     global _evaluations_source
     _evaluations_source = source
+
+
+def set_before_beat(check: Callable[[], None] | None) -> None:
+    """A check run on the heartbeat's thread before each beat (its errors are dropped): the
+    local-rank watch looks again at what the script's parser read (``local_rank.settle``)."""
+    global _before_beat
+    _before_beat = check
 
 
 def evaluations() -> Any:
@@ -429,6 +437,11 @@ class Heartbeat:
                     # Its workers (multiprocessing.Process) are the ranks now; it only waits.
                     _go_quiet(self, self.reporter)
                     return
+                if _before_beat is not None:
+                    try:
+                        _before_beat()
+                    except Exception:  # a beat never fails for it
+                        pass
                 self.beat()
             except Exception:  # telemetry never takes a rank down
                 pass
@@ -485,10 +498,11 @@ def last() -> None:
 
 def _forget_after_fork() -> None:
     """A forked child (a worker the script started) has no heartbeat thread: it starts its own
-    when it has a rank. Nor has it moved anything yet: its kernel counters start at 0, and
+    when it has a rank, and no check before its beats. Nor has it moved anything yet: its kernel counters start at 0, and
     its parent's totals, kept, hid its own I/O until it had moved as much."""
-    global _beat, _own_reads, _last_io
+    global _beat, _own_reads, _last_io, _before_beat
     _beat = None
+    _before_beat = None  # the parent's check, of what the parent parsed
     _own_reads = _last_io = 0
     _child_io.reset()
     _sock_bytes.reset()

@@ -931,7 +931,9 @@ class RunState:
                 self.alone.discard(view.rank)
             return
         if ev.code == "local_rank_arg":  # a failure's hint (session), no finding by itself
-            if ev.local_rank is not None:
+            if ev.local_rank is not None and ev.read == ev.local_rank:  # the script set it
+                self.local_rank_reads.pop(view.rank, None)
+            elif ev.local_rank is not None:
                 self.local_rank_reads[view.rank] = (ev.read, ev.local_rank, bool(ev.dashed))
             return
         if ev.code not in self.notes:  # codes are a closed set (the schema): the dict stays tiny
