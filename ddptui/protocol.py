@@ -153,6 +153,12 @@ class Beat(Event, tag="beat"):
     #: runs' beats).
     evaluations: NonNegInt = 0
     collectives: Annotated[list[CollectiveMark], msgspec.Meta(max_length=MAX_BEAT_GROUPS)] = []
+    #: How many times the sampled thread (the one ``frame`` is of) has slept and woken so far:
+    #: its voluntary context switches (``/proc/self/task/<tid>/status``). A thread blocked in
+    #: one call (a lock, a read, one long sleep) wakes no more; a loop that waits a moment at a
+    #: time (polling for a file) wakes each time round, its stack sampled at the same line.
+    #: Only its growth is read. None: not known (another system, an older ddptui).
+    wakes: NonNegInt | None = None
 
 
 class Step(Event, tag="step"):

@@ -15,6 +15,7 @@ from ddptui.run.diagnosis import (
     CAUSES,
     GROWTH_NOTE_BYTES_S,
     IDLE_IO_BYTES_PER_S,
+    POLL_WAKES_PER_S,
     Diagnoser,
     Diagnosis,
     GrowthWatch,
@@ -324,7 +325,15 @@ def test_hang_limit(step_time, timeout, limit):
 
 
 def beat(
-    rank, seq, digest="d0", cpu=1.0, frame="main (train.py:9)", waiting=None, steps=0, io=None
+    rank,
+    seq,
+    digest="d0",
+    cpu=1.0,
+    frame="main (train.py:9)",
+    waiting=None,
+    steps=0,
+    io=None,
+    wakes=None,
 ):
     return protocol.Beat(
         run="r",
@@ -337,6 +346,7 @@ def beat(
         waiting=waiting,
         steps=steps,
         io=io,
+        wakes=wakes,
     )
 
 
@@ -397,6 +407,55 @@ def test_a_still_idle_rank_that_writes_to_storage_is_not_stuck(bytes_per_s, stuc
     assert bool(stuck_ranks(state, 40.0, 10.0, 10.0)) is stuck
     state.apply(beat(0, 410, "w", 1.0, io=5), now=41.0)  # the counter went back (a new process)
     assert stuck_ranks(state, 41.0, 10.0, 10.0) == {}  # stillness counts from there
+
+
+@pytest.mark.parametrize(
+    ("wakes_per_s", "waiting", "stuck"),
+    [
+        (2.0, None, False),  # while not exists(path): time.sleep(0.5)
+        (POLL_WAKES_PER_S, None, False),
+        (0.2, None, True),  # a DataLoader checking its hung worker every 5 s
+        (0.0, None, True),  # one long call: a lock, a read, time.sleep(10**9)
+        (2.0, "barrier", True),  # in a collective: judged as a wait, whatever wakes it
+    ],
+)
+def test_a_still_idle_rank_whose_thread_wakes_often_polls_and_is_not_stuck(
+    wakes_per_s, waiting, stuck
+):
+    """A loop that waits a moment at a time (a staged file, a flag): its stack sampled at
+    the same line, its CPU idle, its thread sleeping and waking each time round."""
+    state = announced(1)
+    t = 1.0
+    while t <= 40.0:
+        wakes = int(100 + wakes_per_s * t)
+        state.apply(beat(0, int(t * 10), "w", 1.0, waiting=waiting, wakes=wakes), now=t)
+        t += 1.0
+    assert bool(stuck_ranks(state, 40.0, 10.0, 10.0)) is stuck
+    if not stuck:  # a count that went back: another thread sampled; stillness from there
+        state.apply(beat(0, 410, "w", 1.0, wakes=3), now=41.0)
+        assert state.ranks[0].wakes_while_still == 0
+
+
+def test_a_rank_waiting_for_a_polling_rank_is_told_so_and_not_hung():
+    """Rank 0 polls for a file while rank 1 waits in a barrier: the note, no verdict."""
+    state = announced(2)
+    t = 1.0
+    while t <= 30.0:
+        state.apply(
+            beat(0, int(t * 10), "p", 1.0, frame="<module> (w.py:8)", wakes=int(2 * t)), now=t
+        )
+        state.apply(beat(1, int(t * 10), "b", 1.0, waiting="barrier", wakes=5), now=t)
+        t += 1.0
+    diagnoser = Diagnoser(hang_timeout=10)
+    found = diagnoser.check(state, 30.0) + diagnoser.check(state, 31.0)
+    assert [d.cause for d in found] == ["waiting"]
+    assert found[0].detail.startswith("rank 1 stood still for ")
+    assert "waiting for rank 0, which works (at <module> (w.py:8)), its stack in one place for" in (
+        found[0].detail
+    )
+    assert "waking 2.0 times a second (a loop that waits): not a hang while it does" in (
+        found[0].detail
+    )
 
 
 def test_a_step_is_progress():

@@ -350,6 +350,42 @@ def test_a_beat_carries_the_evaluation_batches_and_a_bad_source_reads_zero(monke
     assert heartbeat.evaluations() == 0  # no source: 0
 
 
+def test_a_beat_carries_how_often_the_sampled_thread_woke(monkeypatch):
+    """Over the real wire: the main thread's wakes (its voluntary context switches) grow by
+    its sleeps between two beats; once steps come from another thread, that thread's."""
+    monkeypatch.setattr(heartbeat, "_collectives", None)
+    monkeypatch.setattr(heartbeat, "_thread_source", None)
+    go, stop = threading.Event(), threading.Event()
+
+    def loop():
+        go.set()
+        stop.wait(10)
+
+    trainer = threading.Thread(target=loop)
+
+    def beats(beat):
+        beat.beat()
+        for _ in range(20):
+            time.sleep(0.001)
+        beat.beat()
+        trainer.start()
+        go.wait(5)
+        heartbeat.set_thread_source(lambda: trainer.ident)
+        beat.beat()
+
+    try:
+        first, second, third = _beats_sent(beats, 3)
+    finally:
+        heartbeat.set_thread_source(None)
+        stop.set()
+        trainer.join(5)
+    assert 20 <= second.wakes - first.wakes <= 40, (first.wakes, second.wakes)
+    assert third.frame.startswith("loop (test_heartbeat.py:")
+    assert third.wakes is not None and third.wakes < first.wakes  # the new thread's own count
+    assert heartbeat.thread_wakes(None) is None
+    assert heartbeat.thread_wakes(-1) is None
+
+
 def _beats_sent(send, count):
     """The beats a :class:`heartbeat.Heartbeat` sends through ``send(heartbeat)``, over the
     real wire (a reporter to a collector), once ``count`` events have arrived."""

@@ -238,3 +238,15 @@ def test_a_beats_evaluation_count_round_trips_and_an_older_beat_reads_zero():
         raw = msgspec.msgpack.encode([{"kind": "beat", "evaluations": bad, **BASE}])
         with pytest.raises(protocol.InvalidEvent):
             protocol.decode_batch(raw)
+
+
+def test_a_beats_wakes_round_trip_and_an_older_beat_reads_none():
+    beat = protocol.Beat(frame="<module> (w.py:8)", wakes=1234, **BASE)
+    assert protocol.decode_batch(protocol.encode_batch([beat])) == [beat]
+    assert protocol.from_json(protocol.to_json(beat)) == beat
+    older = b'{"kind":"beat","v":1,"run":"r1","rank":0,"t":1.0,"seq":0,"steps":3}'
+    assert protocol.from_json(older).wakes is None  # not known: never taken for polling
+    for bad in (-1, 1.5, "2", True):
+        raw = msgspec.msgpack.encode([{"kind": "beat", "wakes": bad, **BASE}])
+        with pytest.raises(protocol.InvalidEvent):
+            protocol.decode_batch(raw)

@@ -119,6 +119,27 @@ def main_frames(main_ident: int | None = None) -> list[Frame]:
     return [Frame(f.f_code.co_filename, f.f_lineno or 0, f.f_code.co_name) for f in chain]
 
 
+_WAKES = b"\nvoluntary_ctxt_switches:"
+
+
+def thread_wakes(ident: int | None) -> int | None:
+    """How many times the thread ``ident`` (a ``threading`` ident) has slept and woken: its
+    voluntary context switches, from ``/proc/self/task/<tid>/status``; None where not known
+    (no such thread, no ``/proc``)."""
+    native = next((t.native_id for t in threading.enumerate() if t.ident == ident), None)
+    if native is None:
+        return None
+    try:
+        status = _proc(f"/proc/self/task/{native}/status")
+    except OSError:
+        return None
+    at = status.find(_WAKES)
+    if at < 0:
+        return None
+    value = status[at + len(_WAKES) : status.find(b"\n", at + 1)].strip()
+    return int(value) if value.isdigit() else None
+
+
 #: Bytes this process has read from ``/proc`` to take its own CPU and I/O counts: taken off
 #: its I/O, which they would otherwise raise (a rank with 32 DataLoader workers reads about
 #: 20 KB of ``/proc`` a beat).
@@ -373,8 +394,9 @@ class Heartbeat:
         thread were named hung at ``t.join()``, "while no rank waits in a collective"."""
         trains = steps_thread()
         frames = main_frames(trains) if trains is not None else []
+        sampled = trains
         if not frames:  # the main thread, or the one that trained has ended
-            frames = main_frames(self.main_ident)
+            frames, sampled = main_frames(self.main_ident), self.main_ident
         ddp = ddp_possible()
         info = classify(frames, ddp=ddp)
         children = _children(os.getpid())
@@ -389,6 +411,7 @@ class Heartbeat:
             io=None if io is None else io + self.socket_moved(stack),
             ddp=ddp,
             evaluations=evaluations(),
+            wakes=thread_wakes(sampled),
         )
 
     def socket_moved(self, stack: str | None) -> int:
@@ -498,8 +521,9 @@ def last() -> None:
 
 def _forget_after_fork() -> None:
     """A forked child (a worker the script started) has no heartbeat thread: it starts its own
-    when it has a rank, and no check before its beats. Nor has it moved anything yet: its kernel counters start at 0, and
-    its parent's totals, kept, hid its own I/O until it had moved as much."""
+    when it has a rank, and no check before its beats. Nor has it moved anything yet: its
+    kernel counters start at 0, and its parent's totals, kept, hid its own I/O until it had
+    moved as much."""
     global _beat, _own_reads, _last_io, _before_beat
     _beat = None
     _before_beat = None  # the parent's check, of what the parent parsed

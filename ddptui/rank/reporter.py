@@ -662,10 +662,11 @@ class Reporter:
         io: int | None = None,
         ddp: bool | None = None,
         evaluations: Any = 0,
+        wakes: Any = None,
     ) -> None:
         """Send a heartbeat (see :mod:`ddptui.rank.heartbeat`); callable from any thread.
         ``ddp`` False: the rank holds no DDP module (sent only then). ``evaluations``: the
-        evaluation batches run so far."""
+        evaluation batches run so far; ``wakes``: the sampled thread's (None: not known)."""
         if self._socket is None:
             return
         marks = []
@@ -694,6 +695,7 @@ class Reporter:
             collectives=marks,
             ddp=False if ddp is False else None,
             evaluations=_count(evaluations) or 0,
+            wakes=_count(wakes),
         )
 
     def log_eval(self, **values: Any) -> None:

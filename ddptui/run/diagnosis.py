@@ -407,6 +407,15 @@ IDLE_IO_BYTES_PER_S = 64 * 1024
 #: endless loop read 3 s still beside a 5 s wait, .ci/run under load); and never under
 #: :data:`WAIT_STILL_BEATS` beats.
 STILL_TOO_SHARE = 0.75
+#: A rank standing still outside any collective whose sampled thread slept and woke at least
+#: this often a second meanwhile (``Beat.wakes``) polls: a loop that waits a moment at a time
+#: (for a staged file, a flag, a free GPU), its stack sampled at the same line each beat, is
+#: at work as a loop that computes is. Every rank of a script that waited 20 s for a file in
+#: ``while …: time.sleep(0.5)`` was torn down as hung at ``--hang-timeout 5``, "stack unchanged
+#: for 6 s, 0.0 CPU s". A thread blocked in one call (a lock, a read, one long sleep, a
+#: collective) wakes no more; torch's DataLoader checks its workers every 5 s while it waits
+#: for a batch (0.2 a second), so a loader whose worker hangs is still judged.
+POLL_WAKES_PER_S = 0.5
 #: Beats older than this many beat intervals: the rank's heartbeat itself has stopped.
 BEAT_LATE = 3
 #: Seconds of ddptui's own CPU and I/O samples that say what a rank whose beats stopped does now
@@ -521,9 +530,23 @@ def stuck_ranks(
             and used is not None
             and used < IDLE_CPU_SHARE * still
             and (io is None or io < IDLE_IO_BYTES_PER_S * still)
+            and not polls(view)
         ):
             stuck[rank] = Stuck(rank, still, used, view.frame, view.waiting)
     return stuck
+
+
+def polls(view: Any) -> bool:
+    """Whether a rank standing still outside any collective polls: its sampled thread woke
+    at least :data:`POLL_WAKES_PER_S` times a second while it stood still."""
+    wakes, still = view.wakes_while_still, view.still_for
+    return (
+        not view.waiting
+        and wakes is not None
+        and still is not None
+        and still > 0
+        and wakes >= POLL_WAKES_PER_S * still
+    )
 
 
 def working_ranks(
@@ -632,9 +655,14 @@ def _waiting_detail(
     # go) or a loop that never ends look alike from here; say so.
     still = view.still_for or 0.0
     if still >= max(STILL_TOO_SHARE * first.seconds - 2 * beat_s, WAIT_STILL_BEATS * beat_s):
-        at += (
-            f", its stack in one place for {still:.0f} s (one long call, or a loop that never ends)"
-        )
+        if polls(view):  # wakes_while_still is known there
+            at += (
+                f", its stack in one place for {still:.0f} s, waking "
+                f"{view.wakes_while_still / still:.1f} times a second (a loop that waits)"
+            )
+        else:
+            at += f", its stack in one place for {still:.0f} s (one long call, or a loop that "
+            at += "never ends)"
     ranks = "ranks" if len(stuck) > 1 else "rank"
     others = "ranks" if len(working) > 1 else "rank"
     return (

@@ -274,11 +274,14 @@ class RankView:
     cpu: float | None = None
     #: The bytes the process has read and written (files, pipes, TLS, storage) at the last beat.
     io: int | None = None
-    #: Since when neither the stack, the steps nor the collectives moved; the CPU seconds and
-    #: I/O bytes then.
+    #: How many times the thread its beats sample has slept and woken (``Beat.wakes``).
+    wakes: int | None = None
+    #: Since when neither the stack, the steps nor the collectives moved; the CPU seconds, I/O
+    #: bytes and wakes then.
     still_since: float | None = None
     cpu_since: float | None = None
     io_since: int | None = None
+    wakes_since: int | None = None
     #: Per process group and backend, the last collective started and the last completed:
     #: ``(group, op, started, completed, backend)`` (see :class:`protocol.CollectiveMark`).
     collectives: tuple = ()
@@ -346,6 +349,14 @@ class RankView:
         if self.io is None or self.io_since is None:
             return None
         return max(0, self.io - self.io_since)
+
+    @property
+    def wakes_while_still(self) -> int | None:
+        """How many times its sampled thread slept and woke while it stood still (up to the
+        last beat)."""
+        if self.wakes is None or self.wakes_since is None:
+            return None
+        return max(0, self.wakes - self.wakes_since)
 
     def after_first_steps(self) -> tuple[int, float]:
         """(samples, seconds) of its timed steps without each attempt's first (its warm-up)."""
@@ -785,6 +796,7 @@ class RunState:
             view.phases = phases
             self.phase_history.add(view.rank, phases, count)
         view.still_since, view.cpu_since, view.io_since = now, view.cpu, view.io  # progress
+        view.wakes_since = view.wakes
 
     def _lockstep(self, key: tuple[int, int], seconds: float) -> None:
         """One rank's time for the step ``key`` (attempt, step): the least over the ranks is
@@ -840,14 +852,17 @@ class RunState:
         view.frame, view.waiting, view.beat_at = ev.frame, ev.waiting, now
         view.no_ddp = ev.ddp is False
         view._digest, view.collectives = ev.digest, marks
-        view.cpu, view.io = ev.cpu, ev.io
+        view.cpu, view.io, view.wakes = ev.cpu, ev.io, ev.wakes
         if (
             moved
             or view.cpu_since is None
             or (ev.cpu is not None and ev.cpu < view.cpu_since)
             or (ev.io is not None and (view.io_since is None or ev.io < view.io_since))
+            # another thread sampled (a count that went back), or the first count
+            or (ev.wakes is not None and (view.wakes_since is None or ev.wakes < view.wakes_since))
         ):
             view.still_since, view.cpu_since, view.io_since = now, ev.cpu, ev.io
+            view.wakes_since = ev.wakes
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
         # Every rank reports the same all-reduced result; the first one to arrive counts,

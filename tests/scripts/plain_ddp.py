@@ -84,9 +84,9 @@ class Points(Dataset):
 
 
 def stall_forever():
-    """The injected hang: this rank never reaches its next collective."""
-    while True:
-        time.sleep(1)
+    """The injected hang: this rank never reaches its next collective, blocked in one call (a
+    loop that sleeps a moment at a time polls: ddptui takes that for work, not a hang)."""
+    time.sleep(10**9)
 
 
 def upload(path, size):
