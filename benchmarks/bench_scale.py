@@ -162,6 +162,7 @@ class SimRanks:
                         digest=f"{step:x}",  # the stack moves from step to step
                         cpu=time.process_time(),
                         steps=step,
+                        wakes=step,  # the sampled thread's wakes (a real beat's count grows too)
                         **self._common(rank),
                     )
                 )

@@ -145,6 +145,7 @@ def feed(endpoint: str, run_id: str, ranks: int, rate: float, seconds: float, ou
                         digest=f"{step:x}",
                         cpu=time.process_time(),
                         steps=step,
+                        wakes=step,  # the sampled thread's wakes (a real beat's count grows too)
                         **common(rank),
                     )
                 )
