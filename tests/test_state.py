@@ -238,7 +238,7 @@ def test_an_event_of_several_fast_steps_counts_each_of_them():
     view = s.ranks[1]
     assert view.steps_in_epoch == 8 and view.samples_total == 64
     assert view.step_time == pytest.approx(0.001)  # one step's, of the 3 in its last event
-    assert list(view.recent_step_times) == pytest.approx([0.001] * 3)
+    assert list(view.recent_step_times) == pytest.approx([0.001] * 8)  # a step an entry
     assert view.recent_step_time() == pytest.approx(0.001)  # the table's: not 8 ms / 3 events
     assert view.recent_rate() == pytest.approx(8 / 0.001)
     assert s.lockstep_time == pytest.approx(0.008)
@@ -707,6 +707,27 @@ def test_no_straggler_is_named_from_a_first_step():
     s.apply(step(1, 4, 4, 0.0, step_time=16.7), now=21.0)  # slow for good: named
     s.apply(step(1, 5, 5, 0.0, step_time=16.7), now=21.0)
     assert s.health(now=21.5)[1].startswith("straggler")
+
+
+def test_the_step_time_window_is_of_steps_not_events():
+    """A fast script's events each hold several steps (``Step.steps``). Kept one entry an
+    event, a 20-step run's window was its two slow first steps (DDP's first iterations) and
+    one event of 18: rank 1 read "straggler: step time 7 ms is 1.7x the median 4 ms" where
+    both ranks stepped in 1.3-1.5 ms, in lock step (the event times of that run)."""
+    s = RunState("r", 2)
+    events = {
+        0: [(1, 1, 8.70), (17, 16, 23.94), (20, 3, 3.69)],
+        1: [(1, 1, 7.11), (2, 1, 8.70), (20, 18, 22.87)],
+    }
+    for rank, steps in events.items():
+        s.apply(ev(protocol.Status, rank, 0, 0.0, state="started"), now=0.0)
+        for seq, (number, count, ms) in enumerate(steps, 1):
+            event = ev(protocol.Step, rank, seq, 0.0, step=number, steps=count,
+                       samples=4 * count, step_time=ms / 1000, samples_per_s=4000.0)  # fmt: skip
+            s.apply(event, now=1.0)
+    assert s.ranks[1].typical_step_time == pytest.approx(22.87e-3 / 18)
+    assert s.ranks[0].typical_step_time == pytest.approx(23.94e-3 / 16)
+    assert s.health(now=1.5) == {}
 
 
 def test_silent_rank_is_flagged_after_several_intervals():
