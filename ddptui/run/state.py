@@ -340,24 +340,24 @@ class RankView:
     @property
     def cpu_while_still(self) -> float | None:
         """CPU seconds the process used while it stood still (up to the last beat)."""
-        if self.cpu is None or self.cpu_since is None:
-            return None
-        return max(0.0, self.cpu - self.cpu_since)
+        return _grown(self.cpu, self.cpu_since)
 
     @property
     def io_while_still(self) -> int | None:
         """Storage bytes the process read or wrote while it stood still (up to the last beat)."""
-        if self.io is None or self.io_since is None:
-            return None
-        return max(0, self.io - self.io_since)
+        return _grown(self.io, self.io_since)
 
     @property
     def wakes_while_still(self) -> int | None:
         """How many times its sampled thread slept and woke while it stood still (up to the
         last beat)."""
-        if self.wakes is None or self.wakes_since is None:
-            return None
-        return max(0, self.wakes - self.wakes_since)
+        return _grown(self.wakes, self.wakes_since)
+
+    def still_from(self, now: float) -> None:
+        """The rank moved (a step, its stack, its collectives; or a counter that went back):
+        it stands still from ``now``, its counters counted from their values now."""
+        self.still_since, self.cpu_since = now, self.cpu
+        self.io_since, self.wakes_since = self.io, self.wakes
 
     def after_first_steps(self) -> tuple[int, float]:
         """(samples, seconds) of its timed steps without each attempt's first (its warm-up)."""
@@ -455,6 +455,14 @@ class RankView:
         if key != self._typical[0]:
             self._typical = (key, statistics.median(window) if window else None)
         return self._typical[1]
+
+
+def _grown(value: float | None, since: float | None) -> Any:
+    """How much a counter grew since ``since`` (never less than 0); None where either is not
+    known."""
+    if value is None or since is None:
+        return None
+    return max(0, value - since)
 
 
 class StepLoss:
@@ -804,8 +812,7 @@ class RunState:
                 self.lockstep = True
             view.phases = phases
             self.phase_history.add(view.rank, phases, count)
-        view.still_since, view.cpu_since, view.io_since = now, view.cpu, view.io  # progress
-        view.wakes_since = view.wakes
+        view.still_from(now)  # progress
 
     def _lockstep(self, key: tuple[int, int], seconds: float) -> None:
         """One rank's time for the step ``key`` (attempt, step): the least over the ranks is
@@ -870,8 +877,7 @@ class RunState:
             # another thread sampled (a count that went back), or the first count
             or (ev.wakes is not None and (view.wakes_since is None or ev.wakes < view.wakes_since))
         ):
-            view.still_since, view.cpu_since, view.io_since = now, ev.cpu, ev.io
-            view.wakes_since = ev.wakes
+            view.still_from(now)
 
     def _on_eval(self, view: RankView, ev: protocol.Eval, now: float) -> None:
         # Every rank reports the same all-reduced result; the first one to arrive counts,
